@@ -1,0 +1,67 @@
+// CPU compute kernels (xsimd; AVX-512 / AVX2+FMA / scalar chosen once at run time).
+//
+// Conventions: matrices are row-major. A weight matrix W has n rows of k elements
+// (ggml's ne = [k, n]); activations X have m rows of k elements; the output Y has m rows
+// of `ldy` floats and receives Y[i, r] = dot(W[r, :], X[i, :]) for r in [r0, r1).
+// Row ranges let a thread pool split the work; kernels never allocate and never lock.
+// k must be a multiple of 32 for the quantised paths.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "quant_blocks.hpp"
+
+namespace tandem::kernels {
+
+/// Name of the instruction set the dispatcher selected ("avx512", "avx2", "scalar").
+std::string_view cpu_isa_name() noexcept;
+/// Force the scalar implementation (tests compare it with the SIMD one). Not thread-safe:
+/// call before any kernel runs.
+void cpu_force_scalar(bool on) noexcept;
+
+float fp16_to_fp32(uint16_t h) noexcept;
+uint16_t fp32_to_fp16(float f) noexcept;  ///< round to nearest even, as F16C
+float bf16_to_fp32(uint16_t h) noexcept;
+
+void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept;
+void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) noexcept;
+
+/// Quantise `k` floats (k % 32 == 0) to Q8_0 exactly as ggml's x86 path does:
+/// amax = max|x|, d = amax / 127 stored as fp16, q = round-half-even(x * (127 / amax)),
+/// all-zero block -> d = 0, q = 0.
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept;
+
+void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t k) noexcept;
+void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept;
+
+/// Dot product of one Q4_0 row and one Q8_0 row of k elements: sum over blocks of
+/// fp16(d_w) * fp16(d_x) * sum_j (q_w - 8) * q_x (integer inner sum).
+float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept;
+float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept;
+float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
+float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept;  ///< f32 accumulate
+float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
+
+/// Y[i, r] for i < m, r0 <= r < r1. W: n x k Q4_0 (k/32 blocks per row, row-major).
+/// X: m x k, already quantised to Q8_0. Tiled over rows and columns so each weight block
+/// is loaded once per column tile (the prefill path); m == 1 is the decode GEMV.
+void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
+                    int64_t ldy, int64_t r0, int64_t r1) noexcept;
+void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
+                    int64_t ldy, int64_t r0, int64_t r1) noexcept;
+/// F32 weights x F32 activations.
+void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m,
+                  int64_t ldy, int64_t r0, int64_t r1) noexcept;
+/// F16 weights x activations already rounded to F16 (as ggml does), f32 accumulate.
+void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m,
+                  int64_t ldy, int64_t r0, int64_t r1) noexcept;
+/// BF16 weights x F32 activations.
+void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m,
+                   int64_t ldy, int64_t r0, int64_t r1) noexcept;
+
+/// y += a * x over n elements, x in fp16 (attention's V accumulation).
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept;
+
+}  // namespace tandem::kernels

@@ -1,0 +1,55 @@
+// Helpers shared by every test: where the shared data lives, and golden-file reading.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::test {
+
+/// ../shared (models/, golden/), overridable by TANDEM_SHARED.
+inline std::filesystem::path shared_dir() {
+  if (const char* env = std::getenv("TANDEM_SHARED"); env && *env) return env;
+  return std::filesystem::path(TANDEM_SOURCE_DIR) / ".." / "shared";
+}
+/// Model directory, overridable by TANDEM_MODELS.
+inline std::filesystem::path models_dir() {
+  if (const char* env = std::getenv("TANDEM_MODELS"); env && *env) return env;
+  return shared_dir() / "models";
+}
+inline std::filesystem::path golden_dir() { return shared_dir() / "golden"; }
+inline std::filesystem::path model_path(const std::string& name) {
+  return models_dir() / (name + ".gguf");
+}
+
+inline nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  if (!f) throw std::runtime_error("cannot open " + p.string());
+  return nlohmann::json::parse(f);
+}
+
+/// Raw little-endian float32 file.
+inline std::vector<float> read_f32(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary | std::ios::ate);
+  if (!f) throw std::runtime_error("cannot open " + p.string());
+  const auto n = static_cast<size_t>(f.tellg());
+  std::vector<float> v(n / sizeof(float));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(float)));
+  return v;
+}
+
+/// A scratch directory under the build tree, made fresh for each call site name.
+inline std::filesystem::path scratch_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("tandem-test-" + name);
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
+}  // namespace tandem::test
