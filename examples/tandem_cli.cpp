@@ -1,0 +1,221 @@
+// tandem-cli: generate text with a GGUF model on the CPU, or tokenize text.
+//
+//   tandem-cli -m MODEL.gguf -p "Once upon a time" -n 64 [-t N] [--temp T] [--top-k K]
+//              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
+//              [--prompt-ids 1,2,3] [--logits-out FILE] [--json] [--chat]
+//   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
+//
+// Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr,
+// exit status 1.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tandem/cpu_q4_executor.hpp"
+#include "tandem/gguf.hpp"
+#include "tandem/model.hpp"
+#include "tandem/session.hpp"
+#include "tandem/tokenizer.hpp"
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX) {
+      throw tandem::Error(tandem::ErrorCode::kInvalidArgument,
+                          fmt::format("--prompt-ids: '{}' is not a token id", item));
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "--prompt-ids: no ids given");
+  return ids;
+}
+
+// Chat formatting from the vocabulary's chat template family; plain turns otherwise.
+std::string format_turn(const tandem::Tokenizer& tok, const std::string& user, bool first) {
+  const std::string tmpl = tok.chat_template();
+  if (tmpl.find("<|im_start|>") != std::string::npos) {
+    return fmt::format("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", user);
+  }
+  if (tmpl.find("<|start_header_id|>") != std::string::npos) {
+    return fmt::format("<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
+                       "<|start_header_id|>assistant<|end_header_id|>\n\n", user);
+  }
+  return fmt::format("{}User: {}\nAssistant:", first ? "" : "\n", user);
+}
+
+int run_tokenize(const std::string& model_path, const std::string& text, bool no_bos, bool parse_special) {
+  auto gguf = tandem::GgufFile::open(model_path);
+  const tandem::Tokenizer tok = tandem::Tokenizer::from_gguf(*gguf);
+  const auto ids = tok.tokenize(text, !no_bos, parse_special);
+  std::cout << nlohmann::json(ids).dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tandem-cli: generate text with a GGUF model on the CPU"};
+  app.require_subcommand(0, 1);
+  std::string model_path, prompt = "", prompt_ids, logits_out;
+  int n_predict = 128, n_threads = 0, n_ctx = 0, n_batch = 512;
+  tandem::SamplingParams sp;
+  int64_t seed = -1;
+  bool json_out = false, chat = false, ignore_eos = false;
+  std::vector<std::string> stops;
+  app.add_option("-m,--model", model_path, "GGUF model file")->required();
+  app.add_option("-p,--prompt", prompt, "prompt text");
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
+  app.add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's, at most 4096)");
+  app.add_option("-b,--batch-size", n_batch, "prompt tokens per step");
+  app.add_option("--temp", sp.temperature, "temperature (0 = greedy)");
+  app.add_option("--top-k", sp.top_k, "top-k (0 = off)");
+  app.add_option("--top-p", sp.top_p, "top-p (1 = off)");
+  app.add_option("--min-p", sp.min_p, "min-p (0 = off)");
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1 = off)");
+  app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens of history to penalise");
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty");
+  app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty");
+  app.add_option("-s,--seed", seed, "sampling seed (-1 = random)");
+  app.add_option("--stop", stops, "stop string (repeatable)");
+  app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-generation tokens");
+  app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p");
+  app.add_option("--logits-out", logits_out, "write prompt logits as float32 [n_prompt, n_vocab]");
+  app.add_flag("--json", json_out, "print ids, text and timings as one JSON object");
+  app.add_flag("--chat", chat, "interactive chat on stdin");
+
+  auto* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
+  std::string tok_model, tok_text;
+  bool no_bos = false, parse_special = false;
+  tok_cmd->add_option("-m,--model", tok_model, "GGUF model or vocabulary file")->required();
+  tok_cmd->add_option("-p,--prompt", tok_text, "text")->required();
+  tok_cmd->add_flag("--no-bos", no_bos, "do not add BOS");
+  tok_cmd->add_flag("--parse-special", parse_special, "parse special-token text");
+  // The generate options are required only without a subcommand.
+  app.get_option("--model")->required(false);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (tok_cmd->parsed()) return run_tokenize(tok_model, tok_text, no_bos, parse_special);
+    if (model_path.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "--model is required");
+    if (seed < 0) seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+    sp.seed = static_cast<uint64_t>(seed);
+    sp.validate();
+
+    const auto t_load = std::chrono::steady_clock::now();
+    auto model = tandem::Model::load(model_path);
+    tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
+    tandem::SessionOptions so;
+    so.n_ctx = n_ctx;
+    so.n_batch = n_batch;
+    tandem::Session session(model, exec, so);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+
+    tandem::GenerateOptions go;
+    go.max_tokens = n_predict;
+    go.sampling = sp;
+    go.stop = stops;
+    go.ignore_eos = ignore_eos;
+    if (!json_out) {
+      go.on_text = [](std::string_view text, int32_t) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      };
+    }
+
+    if (chat) {
+      std::string line;
+      bool first = true;
+      std::fprintf(stderr, "tandem-cli: chat mode, one message per line, Ctrl-D to end\n> ");
+      while (std::getline(std::cin, line)) {
+        auto ids = model->tokenizer().tokenize(format_turn(model->tokenizer(), line, first), first, true);
+        if (first) go.stop.push_back("\nUser:");
+        first = false;
+        session.generate(std::span<const int32_t>(ids), go);
+        std::fprintf(stdout, "\n");
+        std::fprintf(stderr, "> ");
+      }
+      return 0;
+    }
+
+    std::vector<int32_t> ids = prompt_ids.empty()
+                                   ? model->tokenizer().tokenize(prompt, true, false)
+                                   : parse_ids(prompt_ids);
+    if (ids.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
+    const int32_t n_vocab = model->hparams().n_vocab;
+    tandem::GenerateResult r;
+    if (!logits_out.empty()) {
+      std::vector<float> all(ids.size() * size_t(n_vocab));
+      const auto t0 = std::chrono::steady_clock::now();
+      session.eval(ids, all);
+      const double prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::ofstream f(logits_out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+      if (!f) throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot write '{}'", logits_out));
+      r = session.generate(std::span<const int32_t>(), go);
+      r.n_prompt = static_cast<int32_t>(ids.size());
+      r.prompt_seconds = prompt_s;
+    } else {
+      if (!json_out) {
+        std::string shown;
+        for (int32_t id : ids) shown += model->tokenizer().token_to_piece(id, false);
+        std::fwrite(shown.data(), 1, shown.size(), stdout);
+      }
+      r = session.generate(std::span<const int32_t>(ids), go);
+    }
+    const double pp_tps = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
+    const double tg_tps = r.generate_seconds > 0 ? double(r.tokens.size()) / r.generate_seconds : 0.0;
+    if (json_out) {
+      nlohmann::json j;
+      j["model"] = model->name();
+      j["prompt_ids"] = ids;
+      j["ids"] = r.tokens;
+      j["text"] = r.text;
+      j["finish_reason"] = std::string(tandem::finish_reason_name(r.finish));
+      j["timings"] = {{"load_s", load_s}, {"prompt_s", r.prompt_seconds}, {"prompt_tokens_per_s", pp_tps},
+                      {"generate_s", r.generate_seconds}, {"generate_tokens_per_s", tg_tps},
+                      {"threads", exec.n_threads()}};
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else {
+      std::fprintf(stdout, "\n");
+    }
+    std::fprintf(stderr,
+                 "\ntandem-cli: load %.1f ms | prompt %d tokens, %.1f tokens/s | generate %zu tokens, %.1f tokens/s "
+                 "| %d threads | finish: %s\n",
+                 load_s * 1e3, r.n_prompt, pp_tps, r.tokens.size(), tg_tps, exec.n_threads(),
+                 std::string(tandem::finish_reason_name(r.finish)).c_str());
+    return 0;
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem-cli: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem-cli: error: %s\n", e.what());
+    return 1;
+  }
+}

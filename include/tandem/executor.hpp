@@ -1,0 +1,72 @@
+// Executor: the one interface every processor implements.
+//
+// A step runs the model over a batch of sequences. Each SequenceStep gives a sequence's
+// new token ids, the position of the first one, and the sequence's KV block table
+// (KvSequence). Prefill (many tokens of one sequence) and decode (one token for each of
+// many sequences) are the same call with different shapes. Logits come back for the rows
+// each sequence asks for, in batch order, as a row-major float32 [n_rows, n_vocab] array.
+//
+// Template method (as faiss's GpuIndex::search -> searchImpl_): step() validates the
+// whole batch and reserves KV pages before any compute, then calls step_impl(), which
+// may assume valid inputs. On an error thrown by step() nothing has been computed and
+// no sequence's n_tokens changed.
+//
+// Thread-safety: an executor runs one step at a time (the caller serialises; the
+// scheduler gives each executor one step loop). Different executors run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "tandem/kv_cache.hpp"
+#include "tandem/model.hpp"
+
+namespace tandem {
+
+enum class LogitsRows {
+  kNone,  ///< no logits (a prefill chunk that is not the last)
+  kLast,  ///< the row of the last new token
+  kAll,   ///< one row per new token
+};
+
+struct SequenceStep {
+  KvSequence* kv = nullptr;            ///< positions [0, pos0) already hold this sequence's KV
+  std::span<const int32_t> tokens;     ///< new token ids, at positions pos0 .. pos0 + n - 1
+  int32_t pos0 = 0;                    ///< must equal kv->n_tokens()
+  LogitsRows logits = LogitsRows::kLast;
+};
+
+class Executor {
+ public:
+  explicit Executor(std::shared_ptr<const Model> model) : model_(std::move(model)) {}
+  virtual ~Executor() = default;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  virtual std::string_view name() const noexcept = 0;
+  const Model& model() const noexcept { return *model_; }
+  const std::shared_ptr<const Model>& model_ptr() const noexcept { return model_; }
+
+  /// Number of logits rows a batch produces.
+  static int64_t logits_rows(std::span<const SequenceStep> batch) noexcept;
+
+  /// Run one step; `logits` must hold logits_rows(batch) * n_vocab floats.
+  /// Errors (nothing computed, no sequence changed): kInvalidArgument (null kv, empty
+  /// tokens, token id outside the vocabulary, the same sequence twice, logits too small,
+  /// a KV layout that does not fit the model), kBadPosition (pos0 != kv->n_tokens(), or
+  /// pos0 outside [0, max_tokens)), kContextOverflow (pos0 + n > max_tokens),
+  /// kOutOfMemory (no free KV page).
+  void step(std::span<const SequenceStep> batch, std::span<float> logits);
+
+ protected:
+  /// Compute the step. Inputs are valid and every KV page needed is reserved; must set
+  /// each sequence's n_tokens to pos0 + n when done.
+  virtual void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) = 0;
+
+ private:
+  std::shared_ptr<const Model> model_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,103 @@
+// Session: one conversation — its token history, its KV sequence, its sampler — running
+// on one executor.
+//
+// Context policy: a session holds at most n_ctx positions. A prompt that does not fit is
+// refused with Error(kContextOverflow) (needed vs n_ctx) before any compute, leaving the
+// session unchanged; generation that reaches n_ctx ends with FinishReason::kLength.
+// The last sampled token of a generation is not yet in the KV cache; it is fed first
+// when the conversation continues.
+//
+// Thread-safety: a Session is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/executor.hpp"
+#include "tandem/kv_cache.hpp"
+#include "tandem/model.hpp"
+#include "tandem/sampler.hpp"
+
+namespace tandem {
+
+struct SessionOptions {
+  int32_t n_ctx = 0;        ///< positions; 0 = the model's n_ctx_train, capped at 4096
+  int32_t n_batch = 512;    ///< prompt tokens per executor step (chunked prefill)
+  int32_t page_size = 16;   ///< KV page size in tokens
+};
+
+enum class FinishReason {
+  kStop,        ///< an end-of-generation token (EOS/EOT) was sampled
+  kStopString,  ///< a stop string appeared in the output (it is not included)
+  kLength,      ///< max_tokens generated, or the context is full
+  kCancelled,   ///< the token callback asked to stop
+};
+std::string_view finish_reason_name(FinishReason r) noexcept;  ///< "stop", "length", ...
+
+struct GenerateOptions {
+  int32_t max_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop;   ///< stop strings
+  bool ignore_eos = false;         ///< keep going past end-of-generation tokens
+  /// Called with each piece of valid UTF-8 text as it becomes final (text is held back
+  /// while it may still turn into a stop string or an incomplete UTF-8 sequence) and the
+  /// id of the token that completed it. Return false to stop (FinishReason::kCancelled).
+  std::function<bool(std::string_view text, int32_t token)> on_text;
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;   ///< generated ids (an EOS that stopped it is not included)
+  std::string text;              ///< their text, cut at a stop string
+  FinishReason finish = FinishReason::kLength;
+  int32_t n_prompt = 0;          ///< tokens evaluated for the prompt
+  double prompt_seconds = 0.0;   ///< wall time of the prompt evaluation
+  double generate_seconds = 0.0; ///< wall time from the first sampled token to the end
+};
+
+class Session {
+ public:
+  /// Throws Error(kInvalidArgument) for n_ctx < 0, n_batch < 1 or page_size < 1.
+  Session(std::shared_ptr<const Model> model, Executor& executor, const SessionOptions& options = {});
+
+  const Model& model() const noexcept { return *model_; }
+  int32_t n_ctx() const noexcept { return n_ctx_; }
+  /// Tokens whose KV is in the cache, in order.
+  const std::vector<int32_t>& tokens() const noexcept { return tokens_; }
+  /// Logits after the last evaluated token ([n_vocab]); empty before the first eval.
+  std::span<const float> logits() const noexcept;
+
+  /// Evaluate `ids` (appended to the conversation). When `all_logits` is non-empty it
+  /// receives [ids.size(), n_vocab] floats, row i = logits after ids[i]. Errors:
+  /// kContextOverflow (nothing evaluated), kInvalidArgument (bad id, small buffer).
+  void eval(std::span<const int32_t> ids, std::span<float> all_logits = {});
+
+  /// Evaluate `prompt` then sample up to max_tokens. An empty prompt continues from the
+  /// current state (there must be one). Errors as eval() plus sampling-parameter errors.
+  GenerateResult generate(std::span<const int32_t> prompt, const GenerateOptions& options);
+  /// Tokenise `text` (BOS added when the session is empty and the vocabulary asks for it;
+  /// special-token text parsed when `parse_special`) and generate.
+  GenerateResult generate(std::string_view text, const GenerateOptions& options, bool parse_special = false);
+
+  /// Forget everything (KV pages returned).
+  void reset();
+
+ private:
+  std::shared_ptr<const Model> model_;
+  Executor* executor_;
+  SessionOptions options_;
+  int32_t n_ctx_;
+  KvPagePool pool_;
+  KvSequence kv_;
+  std::vector<int32_t> tokens_;
+  std::optional<int32_t> pending_;  ///< sampled but not yet evaluated
+  std::vector<float> logits_;
+  bool have_logits_ = false;
+};
+
+}  // namespace tandem

@@ -1,0 +1,344 @@
+#include "tandem/cpu_q4_executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cpu/cpu_kernels.hpp"
+
+namespace tandem {
+
+namespace k = kernels;
+
+namespace {
+
+// A growable buffer: grows to the largest size requested, never shrinks, so a steady
+// decode loop reuses it without allocating.
+template <class T>
+class Buffer {
+ public:
+  T* get(size_t n) {
+    if (v_.size() < n) v_.resize(n);
+    return v_.data();
+  }
+
+ private:
+  std::vector<T> v_;
+};
+
+// Where the activations of the current matmul input have been prepared.
+struct PreparedInput {
+  const float* x = nullptr;
+  int64_t m = 0, k = 0;
+  bool q8 = false, f16 = false;
+};
+
+// One token of the batch: which sequence, its position, its row in the batch.
+struct TokenRef {
+  const SequenceStep* seq;
+  int32_t pos;
+};
+
+}  // namespace
+
+struct CpuQ4Executor::Scratch {
+  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope;
+  Buffer<k::BlockQ8_0> xq8;
+  Buffer<uint16_t> xf16;
+  Buffer<TokenRef> tokens;
+  Buffer<int64_t> out_index;
+  Buffer<float> scores;      // [n_threads][max positions]
+  Buffer<uint16_t> q16;      // [n_threads][head_dim]
+  Buffer<float> acc;         // [n_threads][head_dim]
+  PreparedInput prepared;
+};
+
+CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
+    : Executor(std::move(model)), pool_(options.n_threads), s_(std::make_unique<Scratch>()) {}
+
+CpuQ4Executor::~CpuQ4Executor() = default;
+
+namespace {
+
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+  const float mean = static_cast<float>(sum / double(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+}
+
+const float* f32_data(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+
+void embed_row(const TensorView& t, int32_t id, float* y) {
+  const std::byte* row = t.data + size_t(id) * t.row_bytes;
+  switch (t.type) {
+    case GgmlType::kF32: std::memcpy(y, row, size_t(t.k) * sizeof(float)); break;
+    case GgmlType::kF16: k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k); break;
+    case GgmlType::kBF16:
+      for (int64_t i = 0; i < t.k; ++i) y[i] = k::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
+      break;
+    case GgmlType::kQ4_0: k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k); break;
+    case GgmlType::kQ8_0: k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k); break;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
+            float* y);
+
+}  // namespace
+
+void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
+  Scratch& s = *s_;
+  const Model& model = this->model();
+  const HParams& hp = model.hparams();
+  const int64_t n_embd = hp.n_embd;
+  const int64_t hd = hp.head_dim;
+  const int64_t q_w = int64_t{hp.n_head} * hd;
+  const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
+  const int n_threads = pool_.size();
+
+  int64_t T = 0;
+  int32_t max_pos = 0;
+  for (const auto& sq : batch) {
+    T += static_cast<int64_t>(sq.tokens.size());
+    max_pos = std::max(max_pos, sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
+  }
+  TokenRef* toks = s.tokens.get(size_t(T));
+  {
+    int64_t t = 0;
+    for (const auto& sq : batch) {
+      for (size_t j = 0; j < sq.tokens.size(); ++j) toks[t++] = TokenRef{&sq, sq.pos0 + static_cast<int32_t>(j)};
+    }
+  }
+
+  float* x = s.x.get(size_t(T * n_embd));
+  float* xn = s.xn.get(size_t(T * n_embd));
+  float* q = s.q.get(size_t(T * q_w));
+  float* kk = s.kbuf.get(size_t(T * kv_w));
+  float* v = s.v.get(size_t(T * kv_w));
+  float* attn = s.attn.get(size_t(T * q_w));
+  float* tmp = s.tmp.get(size_t(T * n_embd));
+  float* gate = s.gate.get(size_t(T * hp.n_ff));
+  float* up = s.up.get(size_t(T * hp.n_ff));
+  float* rope = s.rope.get(size_t(T * hp.n_rot));  // [T][n_rot/2] cos then sin
+  float* scores = s.scores.get(size_t(n_threads) * size_t(max_pos));
+  uint16_t* q16 = s.q16.get(size_t(n_threads * hd));
+  float* acc = s.acc.get(size_t(n_threads * hd));
+
+  // Token embeddings.
+  {
+    int64_t t = 0;
+    for (const auto& sq : batch) {
+      for (int32_t id : sq.tokens) embed_row(model.token_embd(), id, x + (t++) * n_embd);
+    }
+  }
+
+  // RoPE angles per token: theta_i = freq_scale * pos * base^(-2i/n_rot), with the power
+  // built by repeated multiplication as ggml does (RoFormer, arXiv:2104.09864).
+  const int64_t half = hp.n_rot / 2;
+  const float theta_scale = std::pow(hp.rope_freq_base, -2.0f / float(hp.n_rot));
+  for (int64_t t = 0; t < T; ++t) {
+    float theta = static_cast<float>(toks[t].pos);
+    float* c = rope + t * hp.n_rot;
+    for (int64_t i = 0; i < half; ++i) {
+      const float th = hp.rope_freq_scale * theta;
+      c[i] = std::cos(th);
+      c[half + i] = std::sin(th);
+      theta *= theta_scale;
+    }
+  }
+  auto apply_rope = [&](float* vec, const float* c) {
+    if (hp.rope_type == RopeType::kNormal) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = vec[2 * i], x1 = vec[2 * i + 1];
+        vec[2 * i] = x0 * c[i] - x1 * c[half + i];
+        vec[2 * i + 1] = x0 * c[half + i] + x1 * c[i];
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = vec[i], x1 = vec[i + half];
+        vec[i] = x0 * c[i] - x1 * c[half + i];
+        vec[i + half] = x0 * c[half + i] + x1 * c[i];
+      }
+    }
+  };
+
+  const KvLayout& layout = batch[0].kv->pool().layout();
+  const int32_t P = layout.page_size;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t group = hp.n_head / hp.n_head_kv;
+
+  for (int32_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = model.layers()[size_t(il)];
+    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    s.prepared = {};
+    matmul(pool_, s, L.wq, xn, T, q);
+    matmul(pool_, s, L.wk, xn, T, kk);
+    matmul(pool_, s, L.wv, xn, T, v);
+
+    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        float* qt = q + t * q_w;
+        float* kt = kk + t * kv_w;
+        float* vt = v + t * kv_w;
+        if (L.bq) {
+          for (int64_t i = 0; i < q_w; ++i) qt[i] += f32_data(L.bq)[i];
+          for (int64_t i = 0; i < kv_w; ++i) kt[i] += f32_data(L.bk)[i];
+          for (int64_t i = 0; i < kv_w; ++i) vt[i] += f32_data(L.bv)[i];
+        }
+        for (int64_t h = 0; h < hp.n_head; ++h) {
+          if (L.q_norm) rms_norm_row(qt + h * hd, f32_data(L.q_norm), qt + h * hd, hd, hp.rms_eps);
+          apply_rope(qt + h * hd, rope + t * hp.n_rot);
+        }
+        for (int64_t h = 0; h < hp.n_head_kv; ++h) {
+          if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
+          apply_rope(kt + h * hd, rope + t * hp.n_rot);
+        }
+        // Store K and V of this position (f16, rounded to nearest even).
+        const TokenRef& tr = toks[t];
+        std::byte* page = tr.seq->kv->pool().page_data(tr.seq->kv->block_table()[size_t(tr.pos / P)]);
+        const int32_t slot = tr.pos % P;
+        k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(page + layout.row_offset(il, 0, slot)), kv_w);
+        k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(page + layout.row_offset(il, 1, slot)), kv_w);
+      }
+    });
+
+    // Causal GQA attention over the block table, one task per (token, head).
+    pool_.parallel_for(T * hp.n_head, 1, [&](int64_t b, int64_t e, int th) {
+      float* sc = scores + size_t(th) * size_t(max_pos);
+      uint16_t* qh16 = q16 + th * hd;
+      float* out = acc + th * hd;
+      for (int64_t task = b; task < e; ++task) {
+        const int64_t t = task / hp.n_head;
+        const int64_t h = task % hp.n_head;
+        const int64_t hk = h / group;
+        const TokenRef& tr = toks[t];
+        const auto& table = tr.seq->kv->block_table();
+        const KvPagePool& kvpool = tr.seq->kv->pool();
+        k::fp32_to_fp16_row(q + t * q_w + h * hd, qh16, hd);
+        const int32_t n_pos = tr.pos + 1;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int32_t p = 0; p < n_pos; ++p) {
+          const std::byte* page = kvpool.page_data(table[size_t(p / P)]);
+          const auto* krow = reinterpret_cast<const uint16_t*>(page + layout.row_offset(il, 0, p % P)) + hk * hd;
+          sc[p] = k::vec_dot_f16(krow, qh16, hd) * kq_scale;
+          mx = std::max(mx, sc[p]);
+        }
+        double sum = 0.0;
+        for (int32_t p = 0; p < n_pos; ++p) {
+          sc[p] = std::exp(sc[p] - mx);
+          sum += sc[p];
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        std::fill(out, out + hd, 0.0f);
+        for (int32_t p = 0; p < n_pos; ++p) {
+          const float prob = k::fp16_to_fp32(k::fp32_to_fp16(sc[p] * inv));
+          const std::byte* page = kvpool.page_data(table[size_t(p / P)]);
+          const auto* vrow = reinterpret_cast<const uint16_t*>(page + layout.row_offset(il, 1, p % P)) + hk * hd;
+          k::axpy_f16(prob, vrow, out, hd);
+        }
+        std::memcpy(attn + t * q_w + h * hd, out, size_t(hd) * sizeof(float));
+      }
+    });
+
+    s.prepared = {};
+    matmul(pool_, s, L.wo, attn, T, tmp);
+    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
+
+    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    s.prepared = {};
+    matmul(pool_, s, L.ffn_gate, xn, T, gate);
+    matmul(pool_, s, L.ffn_up, xn, T, up);
+    const int64_t n_ff_total = T * hp.n_ff;
+    pool_.parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202)
+      }
+    });
+    s.prepared = {};
+    matmul(pool_, s, L.ffn_down, gate, T, tmp);
+    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
+  }
+
+  // Final norm and output projection for the requested rows only.
+  const int64_t n_out = logits_rows(batch);
+  if (n_out > 0) {
+    float* rows = s.out_rows.get(size_t(n_out * n_embd));
+    int64_t r = 0, t = 0;
+    for (const auto& sq : batch) {
+      const auto n = static_cast<int64_t>(sq.tokens.size());
+      for (int64_t j = 0; j < n; ++j, ++t) {
+        const bool want = sq.logits == LogitsRows::kAll || (sq.logits == LogitsRows::kLast && j == n - 1);
+        if (want) rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
+      }
+    }
+    s.prepared = {};
+    matmul(pool_, s, model.output(), rows, n_out, logits.data());
+  }
+  for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
+}
+
+namespace {
+
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
+            float* y) {
+  const int64_t kdim = W.k;
+  const int64_t n = W.n;
+  PreparedInput& prep = s.prepared;
+  if (prep.x != x || prep.m != m || prep.k != kdim) prep = PreparedInput{x, m, kdim, false, false};
+  constexpr int64_t kRowGrain = 16;
+  switch (W.type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0: {
+      const int64_t nb = kdim / k::kQK;
+      k::BlockQ8_0* xq = s.xq8.get(size_t(m * nb));
+      if (!prep.q8) {
+        pool.parallel_for(m, 1, [&](int64_t b, int64_t e, int) {
+          for (int64_t i = b; i < e; ++i) k::quantize_row_q8_0(x + i * kdim, xq + i * nb, kdim);
+        });
+        prep.q8 = true;
+      }
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        if (W.type == GgmlType::kQ4_0) {
+          k::gemm_q4_0_q8_0(reinterpret_cast<const k::BlockQ4_0*>(W.data), xq, y, kdim, m, n, b, e);
+        } else {
+          k::gemm_q8_0_q8_0(reinterpret_cast<const k::BlockQ8_0*>(W.data), xq, y, kdim, m, n, b, e);
+        }
+      });
+      break;
+    }
+    case GgmlType::kF16: {
+      uint16_t* xh = s.xf16.get(size_t(m * kdim));
+      if (!prep.f16) {
+        k::fp32_to_fp16_row(x, xh, m * kdim);
+        prep.f16 = true;
+      }
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_f16_f16(reinterpret_cast<const uint16_t*>(W.data), xh, y, kdim, m, n, b, e);
+      });
+      break;
+    }
+    case GgmlType::kBF16:
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_bf16_f32(reinterpret_cast<const uint16_t*>(W.data), x, y, kdim, m, n, b, e);
+      });
+      break;
+    case GgmlType::kF32:
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_f32_f32(reinterpret_cast<const float*>(W.data), x, y, kdim, m, n, b, e);
+      });
+      break;
+  }
+}
+
+}  // namespace
+
+}  // namespace tandem

@@ -1,0 +1,171 @@
+#include "tandem/gguf_writer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+constexpr uint64_t kAlignment = 32;
+
+template <class T>
+void put(std::vector<std::byte>& out, const T& v) {
+  const auto* p = reinterpret_cast<const std::byte*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+void put_str(std::vector<std::byte>& out, const std::string& s) {
+  put<uint64_t>(out, s.size());
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  out.insert(out.end(), p, p + s.size());
+}
+
+uint64_t align_up(uint64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }
+
+class File {
+ public:
+  explicit File(const std::filesystem::path& p) : path_(p) {
+    fd_ = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail("open");
+  }
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const void* data, size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail("write");
+      p += w;
+      n -= size_t(w);
+    }
+  }
+  void sync_and_close() {
+    if (::fsync(fd_) != 0) fail("fsync");
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      fail("close");
+    }
+    fd_ = -1;
+  }
+  [[noreturn]] void fail(const char* what) const {
+    throw Error(ErrorCode::kIo, fmt::format("GGUF writer: {} '{}': {}", what, path_.string(), std::strerror(errno)));
+  }
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+void GgufWriter::put_key(const std::string& key, GgufValueType type) {
+  put_str(kv_, key);
+  put<uint32_t>(kv_, static_cast<uint32_t>(type));
+  ++n_kv_;
+}
+
+void GgufWriter::add_string(const std::string& key, const std::string& value) {
+  put_key(key, GgufValueType::kString);
+  put_str(kv_, value);
+}
+void GgufWriter::add_u32(const std::string& key, uint32_t value) {
+  put_key(key, GgufValueType::kUint32);
+  put(kv_, value);
+}
+void GgufWriter::add_i32(const std::string& key, int32_t value) {
+  put_key(key, GgufValueType::kInt32);
+  put(kv_, value);
+}
+void GgufWriter::add_f32(const std::string& key, float value) {
+  put_key(key, GgufValueType::kFloat32);
+  put(kv_, value);
+}
+void GgufWriter::add_bool(const std::string& key, bool value) {
+  put_key(key, GgufValueType::kBool);
+  put<uint8_t>(kv_, value ? 1 : 0);
+}
+void GgufWriter::add_string_array(const std::string& key, const std::vector<std::string>& values) {
+  put_key(key, GgufValueType::kArray);
+  put<uint32_t>(kv_, static_cast<uint32_t>(GgufValueType::kString));
+  put<uint64_t>(kv_, values.size());
+  for (const auto& v : values) put_str(kv_, v);
+}
+void GgufWriter::add_f32_array(const std::string& key, const std::vector<float>& values) {
+  put_key(key, GgufValueType::kArray);
+  put<uint32_t>(kv_, static_cast<uint32_t>(GgufValueType::kFloat32));
+  put<uint64_t>(kv_, values.size());
+  for (float v : values) put(kv_, v);
+}
+void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t>& values) {
+  put_key(key, GgufValueType::kArray);
+  put<uint32_t>(kv_, static_cast<uint32_t>(GgufValueType::kInt32));
+  put<uint64_t>(kv_, values.size());
+  for (int32_t v : values) put(kv_, v);
+}
+
+void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type, Fill fill) {
+  if (ne.empty() || ne.size() > 4) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("GGUF writer: tensor '{}' needs 1..4 dims", name));
+  }
+  for (const auto& t : tensors_) {
+    if (t.name == name) throw Error(ErrorCode::kInvalidArgument, fmt::format("GGUF writer: tensor '{}' added twice", name));
+  }
+  const int64_t be = ggml_block_elements(type);
+  if (ne[0] % be != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GGUF writer: tensor '{}' row of {} is not a multiple of {}", name, ne[0], be));
+  }
+  uint64_t n = 1;
+  for (int64_t d : ne) n *= uint64_t(d);
+  const uint64_t bytes = n / uint64_t(be) * uint64_t(ggml_block_bytes(type));
+  tensors_.push_back(Tensor{name, std::move(ne), type, bytes, std::move(fill)});
+}
+
+void GgufWriter::write(const std::filesystem::path& path) const {
+  std::vector<std::byte> head;
+  head.insert(head.end(), {std::byte{'G'}, std::byte{'G'}, std::byte{'U'}, std::byte{'F'}});
+  put<uint32_t>(head, 3);
+  put<uint64_t>(head, tensors_.size());
+  put<uint64_t>(head, n_kv_);
+  head.insert(head.end(), kv_.begin(), kv_.end());
+  uint64_t offset = 0;
+  for (const auto& t : tensors_) {
+    put_str(head, t.name);
+    put<uint32_t>(head, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t d : t.ne) put<uint64_t>(head, uint64_t(d));
+    put<uint32_t>(head, static_cast<uint32_t>(t.type));
+    put<uint64_t>(head, offset);
+    offset = align_up(offset + t.n_bytes);
+  }
+  head.resize(align_up(head.size()));
+
+  const auto tmp = std::filesystem::path(path.string() + ".tmp");
+  try {
+    File f(tmp);
+    f.write(head.data(), head.size());
+    std::vector<std::byte> buf;
+    for (const auto& t : tensors_) {
+      buf.assign(align_up(t.n_bytes), std::byte{0});
+      t.fill(std::span<std::byte>(buf.data(), t.n_bytes));
+      f.write(buf.data(), &t == &tensors_.back() ? t.n_bytes : buf.size());
+    }
+    f.sync_and_close();
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) throw Error(ErrorCode::kIo, fmt::format("GGUF writer: rename to '{}': {}", path.string(), ec.message()));
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace tandem

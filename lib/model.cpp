@@ -1,0 +1,231 @@
+#include "tandem/model.hpp"
+
+#include <fmt/format.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace tandem {
+
+std::string_view arch_name(Arch a) noexcept {
+  switch (a) {
+    case Arch::kLlama: return "llama";
+    case Arch::kQwen2: return "qwen2";
+    case Arch::kQwen3: return "qwen3";
+  }
+  return "?";
+}
+
+namespace {
+
+[[noreturn]] void bad_hparams(const std::string& msg) {
+  throw Error(ErrorCode::kModelBadHparams, "model: " + msg);
+}
+
+int32_t require_i32(const GgufFile& f, const std::string& key, int32_t min_value) {
+  const auto v = f.get_int(key);
+  if (!v) bad_hparams(fmt::format("required key '{}' is missing", key));
+  if (*v < min_value || *v > (1 << 24)) {
+    bad_hparams(fmt::format("key '{}' = {} is out of range [{}, {}]", key, *v, min_value, 1 << 24));
+  }
+  return static_cast<int32_t>(*v);
+}
+
+int32_t optional_i32(const GgufFile& f, const std::string& key, int32_t fallback, int32_t min_value) {
+  if (!f.find(key)) return fallback;
+  return require_i32(f, key, min_value);
+}
+
+float optional_positive_f32(const GgufFile& f, const std::string& key, float fallback) {
+  const auto v = f.get_float(key);
+  if (!v) return fallback;
+  if (!std::isfinite(*v) || *v <= 0.0f) {
+    bad_hparams(fmt::format("key '{}' = {} must be a finite positive number", key, *v));
+  }
+  return *v;
+}
+
+class TensorBinder {
+ public:
+  explicit TensorBinder(const GgufFile& f) : f_(f) {}
+
+  // A weight with row length k and n rows (n == 0: a 1-D vector of k elements).
+  TensorView get(const std::string& name, int64_t k, int64_t n, bool required = true) const {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) {
+      if (required) {
+        throw Error(ErrorCode::kModelMissingTensor,
+                    fmt::format("model: required tensor '{}' is missing", name));
+      }
+      return {};
+    }
+    const int64_t rows = t->n_rows();
+    const bool shape_ok = n == 0 ? (t->ne.size() == 1 && t->ne[0] == k)
+                                 : (t->ne.size() == 2 && t->ne[0] == k && t->ne[1] == n);
+    if (!shape_ok) {
+      std::string found;
+      for (size_t i = 0; i < t->ne.size(); ++i) found += (i ? ", " : "") + std::to_string(t->ne[i]);
+      throw Error(ErrorCode::kModelBadTensorShape,
+                  fmt::format("model: tensor '{}' has shape [{}], expected [{}{}]", name, found, k,
+                              n == 0 ? std::string() : ", " + std::to_string(n)));
+    }
+    if (n == 0 && t->type != GgmlType::kF32) {
+      throw Error(ErrorCode::kModelBadTensorShape,
+                  fmt::format("model: tensor '{}' must be F32 (a norm or bias vector), found {}",
+                              name, ggml_type_name(t->type)));
+    }
+    TensorView v;
+    v.info = t;
+    v.type = t->type;
+    v.k = t->ne[0];
+    v.n = rows;
+    v.data = t->data;
+    v.row_bytes = static_cast<size_t>(t->row_bytes());
+    return v;
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Model> Model::load(const std::filesystem::path& path,
+                                         const ModelOptions& options) {
+  std::shared_ptr<Model> m(new Model());
+  m->gguf_ = GgufFile::open(path, options.gguf);
+  const GgufFile& f = *m->gguf_;
+
+  const auto arch = f.get_string("general.architecture");
+  if (!arch) {
+    throw Error(ErrorCode::kModelUnsupportedArch,
+                "model: key 'general.architecture' is missing");
+  }
+  HParams& hp = m->hp_;
+  if (*arch == "llama") {
+    hp.arch = Arch::kLlama;
+    hp.rope_type = RopeType::kNormal;
+  } else if (*arch == "qwen2") {
+    hp.arch = Arch::kQwen2;
+    hp.rope_type = RopeType::kNeox;
+  } else if (*arch == "qwen3") {
+    hp.arch = Arch::kQwen3;
+    hp.rope_type = RopeType::kNeox;
+  } else {
+    throw Error(ErrorCode::kModelUnsupportedArch,
+                fmt::format("model: architecture '{}' is not supported (llama, qwen2, qwen3)", *arch));
+  }
+  const std::string a = *arch + ".";
+  hp.n_embd = require_i32(f, a + "embedding_length", 1);
+  hp.n_layer = require_i32(f, a + "block_count", 1);
+  hp.n_head = require_i32(f, a + "attention.head_count", 1);
+  hp.n_head_kv = optional_i32(f, a + "attention.head_count_kv", hp.n_head, 1);
+  hp.n_ff = require_i32(f, a + "feed_forward_length", 1);
+  hp.n_ctx_train = require_i32(f, a + "context_length", 1);
+  if (hp.n_embd % hp.n_head != 0 && !f.find(a + "attention.key_length")) {
+    bad_hparams(fmt::format("n_embd {} is not a multiple of n_head {} and '{}attention.key_length' is absent",
+                            hp.n_embd, hp.n_head, a));
+  }
+  hp.head_dim = optional_i32(f, a + "attention.key_length", hp.n_embd / hp.n_head, 1);
+  hp.head_dim_v = optional_i32(f, a + "attention.value_length", hp.head_dim, 1);
+  if (hp.head_dim_v != hp.head_dim) {
+    bad_hparams(fmt::format("attention.value_length {} != key_length {} is not supported",
+                            hp.head_dim_v, hp.head_dim));
+  }
+  if (hp.head_dim % 2 != 0) bad_hparams(fmt::format("head_dim {} must be even", hp.head_dim));
+  hp.n_rot = optional_i32(f, a + "rope.dimension_count", hp.head_dim, 2);
+  if (hp.n_rot > hp.head_dim || hp.n_rot % 2 != 0) {
+    bad_hparams(fmt::format("rope.dimension_count {} must be even and <= head_dim {}", hp.n_rot, hp.head_dim));
+  }
+  if (hp.n_head % hp.n_head_kv != 0) {
+    bad_hparams(fmt::format("attention.head_count {} is not a multiple of head_count_kv {}",
+                            hp.n_head, hp.n_head_kv));
+  }
+  hp.rms_eps = optional_positive_f32(f, a + "attention.layer_norm_rms_epsilon", 1e-5f);
+  hp.rope_freq_base = optional_positive_f32(f, a + "rope.freq_base", 10000.0f);
+  if (const auto type = f.get_string(a + "rope.scaling.type"); type && *type != "none") {
+    if (*type != "linear") {
+      bad_hparams(fmt::format("rope.scaling.type '{}' is not supported (none, linear)", *type));
+    }
+    hp.rope_freq_scale = 1.0f / optional_positive_f32(f, a + "rope.scaling.factor", 1.0f);
+  }
+
+  m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
+  hp.n_vocab = m->tokenizer_->n_vocab();
+
+  const TensorBinder b(f);
+  const int64_t q_width = int64_t{hp.n_head} * hp.head_dim;
+  const int64_t kv_width = int64_t{hp.n_head_kv} * hp.head_dim;
+  m->token_embd_ = b.get("token_embd.weight", hp.n_embd, hp.n_vocab);
+  m->output_norm_ = b.get("output_norm.weight", hp.n_embd, 0);
+  m->output_ = b.get("output.weight", hp.n_embd, hp.n_vocab, false);
+  if (!m->output_) {
+    m->output_ = m->token_embd_;
+    hp.tied_output = true;
+  }
+  m->layers_.resize(static_cast<size_t>(hp.n_layer));
+  for (int32_t il = 0; il < hp.n_layer; ++il) {
+    LayerWeights& L = m->layers_[static_cast<size_t>(il)];
+    const std::string p = fmt::format("blk.{}.", il);
+    L.attn_norm = b.get(p + "attn_norm.weight", hp.n_embd, 0);
+    L.wq = b.get(p + "attn_q.weight", hp.n_embd, q_width);
+    L.wk = b.get(p + "attn_k.weight", hp.n_embd, kv_width);
+    L.wv = b.get(p + "attn_v.weight", hp.n_embd, kv_width);
+    L.wo = b.get(p + "attn_output.weight", q_width, hp.n_embd);
+    if (hp.arch == Arch::kQwen2) {
+      L.bq = b.get(p + "attn_q.bias", q_width, 0);
+      L.bk = b.get(p + "attn_k.bias", kv_width, 0);
+      L.bv = b.get(p + "attn_v.bias", kv_width, 0);
+    }
+    if (hp.arch == Arch::kQwen3) {
+      L.q_norm = b.get(p + "attn_q_norm.weight", hp.head_dim, 0);
+      L.k_norm = b.get(p + "attn_k_norm.weight", hp.head_dim, 0);
+    }
+    L.ffn_norm = b.get(p + "ffn_norm.weight", hp.n_embd, 0);
+    L.ffn_gate = b.get(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
+    L.ffn_up = b.get(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
+    L.ffn_down = b.get(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+  }
+  for (const auto& t : f.tensors()) m->weight_bytes_ += t.n_bytes;
+  return m;
+}
+
+std::string Model::name() const {
+  if (auto n = gguf_->get_string("general.name"); n && !n->empty()) return *n;
+  return gguf_->path().stem().string();
+}
+
+uint64_t Model::decode_bytes_per_token() const noexcept {
+  const uint64_t embd = token_embd_.info ? token_embd_.info->n_bytes : 0;
+  if (hp_.tied_output) return weight_bytes_;
+  return weight_bytes_ - embd + token_embd_.row_bytes;
+}
+
+uint64_t Model::identity_hash() const {
+  std::call_once(hash_once_, [this] {
+    XXH3_state_t* st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    const HParams& h = hp_;
+    const int32_t ints[] = {static_cast<int32_t>(h.arch), h.n_vocab, h.n_embd, h.n_layer,
+                            h.n_head, h.n_head_kv, h.head_dim, h.head_dim_v, h.n_ff, h.n_rot,
+                            static_cast<int32_t>(h.rope_type), h.tied_output ? 1 : 0};
+    const float floats[] = {h.rms_eps, h.rope_freq_base, h.rope_freq_scale};
+    XXH3_64bits_update(st, ints, sizeof(ints));
+    XXH3_64bits_update(st, floats, sizeof(floats));
+    for (const auto& t : gguf_->tensors()) {
+      XXH3_64bits_update(st, t.name.data(), t.name.size());
+      XXH3_64bits_update(st, t.ne.data(), t.ne.size() * sizeof(int64_t));
+      const auto type = static_cast<uint32_t>(t.type);
+      XXH3_64bits_update(st, &type, sizeof(type));
+      XXH3_64bits_update(st, t.data, t.n_bytes);
+    }
+    identity_hash_ = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+  });
+  return identity_hash_;
+}
+
+}  // namespace tandem

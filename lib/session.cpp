@@ -1,0 +1,209 @@
+#include "tandem/session.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "tandem/tokenizer.hpp"
+
+namespace tandem {
+
+std::string_view finish_reason_name(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kStopString: return "stop_string";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "?";
+}
+
+namespace {
+
+int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
+  if (o.n_ctx < 0 || o.n_batch < 1 || o.page_size < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("session: n_ctx {} must be >= 0, n_batch {} and page_size {} >= 1", o.n_ctx,
+                            o.n_batch, o.page_size));
+  }
+  return o.n_ctx > 0 ? o.n_ctx : std::min(hp.n_ctx_train, 4096);
+}
+
+int32_t pages_for(int32_t n_ctx, int32_t page_size) { return (n_ctx + page_size - 1) / page_size; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Longest suffix of `text` that is a proper prefix of one of the stop strings.
+size_t stop_prefix_overlap(std::string_view text, const std::vector<std::string>& stops) {
+  size_t best = 0;
+  for (const auto& s : stops) {
+    for (size_t len = std::min(text.size(), s.size() - 1); len > best; --len) {
+      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
+        best = len;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Session::Session(std::shared_ptr<const Model> model, Executor& executor, const SessionOptions& options)
+    : model_(std::move(model)),
+      executor_(&executor),
+      options_(options),
+      n_ctx_(resolve_n_ctx(model_->hparams(), options)),
+      pool_(KvLayout::for_model(model_->hparams(), options.page_size), pages_for(n_ctx_, options.page_size)),
+      kv_(pool_, n_ctx_),
+      logits_(size_t(model_->hparams().n_vocab)) {
+  if (&executor.model() != model_.get()) {
+    throw Error(ErrorCode::kInvalidArgument, "session: the executor runs a different model");
+  }
+  tokens_.reserve(size_t(n_ctx_));
+}
+
+std::span<const float> Session::logits() const noexcept {
+  if (!have_logits_) return {};
+  return logits_;
+}
+
+void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
+  const int32_t n_vocab = model_->hparams().n_vocab;
+  const size_t n_new = ids.size() + (pending_ ? 1 : 0);
+  if (n_new == 0) return;
+  const int64_t need = static_cast<int64_t>(tokens_.size() + n_new);
+  if (need > n_ctx_) {
+    throw Error(ErrorCode::kContextOverflow,
+                fmt::format("context overflow: {} positions needed, n_ctx is {}", need, n_ctx_));
+  }
+  if (!all_logits.empty() && all_logits.size() < ids.size() * size_t(n_vocab)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("eval: logits buffer holds {} floats, {} needed", all_logits.size(),
+                            ids.size() * size_t(n_vocab)));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= n_vocab) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("eval: token id {} at index {} is outside the vocabulary [0, {})", ids[i], i, n_vocab));
+    }
+  }
+  if (pending_) {
+    const int32_t id = *pending_;
+    SequenceStep st{&kv_, std::span<const int32_t>(&id, 1), kv_.n_tokens(),
+                    ids.empty() ? LogitsRows::kLast : LogitsRows::kNone};
+    executor_->step(std::span<const SequenceStep>(&st, 1), logits_);
+    tokens_.push_back(id);
+    pending_.reset();
+    have_logits_ = ids.empty();
+  }
+  const size_t chunk = size_t(options_.n_batch);
+  for (size_t b = 0; b < ids.size(); b += chunk) {
+    const size_t n = std::min(chunk, ids.size() - b);
+    const bool last = b + n == ids.size();
+    SequenceStep st{&kv_, ids.subspan(b, n), kv_.n_tokens(), LogitsRows::kNone};
+    std::span<float> out;
+    if (!all_logits.empty()) {
+      st.logits = LogitsRows::kAll;
+      out = all_logits.subspan(b * size_t(n_vocab), n * size_t(n_vocab));
+    } else if (last) {
+      st.logits = LogitsRows::kLast;
+      out = logits_;
+    }
+    executor_->step(std::span<const SequenceStep>(&st, 1), out);
+    tokens_.insert(tokens_.end(), st.tokens.begin(), st.tokens.end());
+    if (last) {
+      if (!all_logits.empty()) {
+        std::copy_n(all_logits.begin() + std::ptrdiff_t((ids.size() - 1) * size_t(n_vocab)), n_vocab, logits_.begin());
+      }
+      have_logits_ = true;
+    }
+  }
+}
+
+GenerateResult Session::generate(std::string_view text, const GenerateOptions& options, bool parse_special) {
+  const bool first = tokens_.empty() && !pending_;
+  const auto ids = model_->tokenizer().tokenize(text, first, parse_special);
+  return generate(std::span<const int32_t>(ids), options);
+}
+
+GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options) {
+  const Tokenizer& tok = model_->tokenizer();
+  if (options.max_tokens < 0) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("generate: max_tokens {} must be >= 0", options.max_tokens));
+  }
+  for (const auto& s : options.stop) {
+    if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "generate: a stop string is empty");
+  }
+  Sampler sampler(options.sampling, model_->hparams().n_vocab);
+  GenerateResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (prompt.empty() && !pending_ && !have_logits_) {
+    throw Error(ErrorCode::kInvalidArgument, "generate: empty prompt and nothing to continue from");
+  }
+  r.n_prompt = static_cast<int32_t>(prompt.size()) + (pending_ ? 1 : 0);
+  eval(prompt);
+  r.prompt_seconds = seconds_since(t0);
+
+  const auto t1 = std::chrono::steady_clock::now();
+  StreamingDetokenizer detok(tok);
+  std::string held;          // final text not yet passed to on_text
+  size_t emitted_upto = 0;   // bytes of r.text already passed on
+  bool stop = false;
+  for (int32_t i = 0; i < options.max_tokens && !stop; ++i) {
+    const int32_t id = sampler.sample(logits_, tokens_);
+    if (tok.is_eog(id) && !options.ignore_eos) {
+      r.finish = FinishReason::kStop;
+      stop = true;
+      break;
+    }
+    r.tokens.push_back(id);
+    pending_ = id;
+    r.text += detok.push(id);
+    // Stop strings: cut the text at the first occurrence.
+    for (const auto& s : options.stop) {
+      const size_t from = emitted_upto > s.size() ? emitted_upto - s.size() : 0;
+      const size_t at = r.text.find(s, from);
+      if (at != std::string::npos) {
+        r.text.resize(at);
+        r.finish = FinishReason::kStopString;
+        stop = true;
+      }
+    }
+    const size_t hold = stop ? 0 : stop_prefix_overlap(r.text, options.stop);
+    if (r.text.size() - hold > emitted_upto) {
+      const std::string_view piece = std::string_view(r.text).substr(emitted_upto, r.text.size() - hold - emitted_upto);
+      emitted_upto += piece.size();
+      if (options.on_text && !options.on_text(piece, id) && !stop) {
+        r.finish = FinishReason::kCancelled;
+        stop = true;
+      }
+    }
+    if (stop) break;
+    if (i + 1 == options.max_tokens || static_cast<int32_t>(tokens_.size()) >= n_ctx_) {
+      r.finish = FinishReason::kLength;
+      break;
+    }
+    eval({});
+  }
+  if (!stop || r.finish == FinishReason::kStop || r.finish == FinishReason::kLength) {
+    r.text += detok.finish();
+    if (r.text.size() > emitted_upto && options.on_text) {
+      options.on_text(std::string_view(r.text).substr(emitted_upto), r.tokens.empty() ? -1 : r.tokens.back());
+    }
+  }
+  r.generate_seconds = seconds_since(t1);
+  return r;
+}
+
+void Session::reset() {
+  kv_.truncate(0);
+  tokens_.clear();
+  pending_.reset();
+  have_logits_ = false;
+}
+
+}  // namespace tandem
