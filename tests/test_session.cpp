@@ -1,0 +1,228 @@
+// Session and executor behaviour: context overflow (field case B15), bad positions,
+// chunked prefill and multi-sequence batches equal to single runs, stop strings,
+// streaming callbacks.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "executor_factories.hpp"
+#include "tandem/session.hpp"
+#include "test_support.hpp"
+
+using namespace tandem;
+
+namespace {
+
+std::shared_ptr<const Model> aidreams() {
+  static auto m = Model::load(test::model_path("aidreams260K-q4_0"));
+  return m;
+}
+
+std::vector<int32_t> some_ids(int n) {
+  std::vector<int32_t> ids{1};
+  for (int i = 1; i < n; ++i) ids.push_back(259 + (i * 37) % 250);
+  return ids;
+}
+
+template <class Fn>
+ErrorCode code_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+}  // namespace
+
+TEST_CASE("B15: context overflow is refused before any compute", "[session][field-case][parity]") {
+  const auto exec_name = GENERATE(from_range(test::executor_names()));
+  auto exec = test::make_executor(exec_name, aidreams());
+  SessionOptions so;
+  so.n_ctx = 32;
+
+  SECTION("(a) a 33-token prompt") {
+    Session s(aidreams(), *exec, so);
+    CHECK(code_of([&] { s.eval(some_ids(33)); }) == ErrorCode::kContextOverflow);
+    CHECK(s.tokens().empty());
+    CHECK(s.logits().empty());
+    GenerateOptions go;
+    go.sampling = SamplingParams::greedy();
+    CHECK(code_of([&] { s.generate(std::span<const int32_t>(some_ids(33)), go); }) == ErrorCode::kContextOverflow);
+  }
+  SECTION("(b) 28 prompt tokens and max_tokens 16 end with 'length' at 32 positions") {
+    Session s(aidreams(), *exec, so);
+    GenerateOptions go;
+    go.sampling = SamplingParams::greedy();
+    go.max_tokens = 16;
+    go.ignore_eos = true;
+    const auto r = s.generate(std::span<const int32_t>(some_ids(28)), go);
+    CHECK(r.finish == FinishReason::kLength);
+    CHECK(s.tokens().size() == 32);
+    CHECK(r.tokens.size() == 5);
+    // Continuing is refused: the pending token no longer fits.
+    CHECK(code_of([&] { s.generate(std::span<const int32_t>(), go); }) == ErrorCode::kContextOverflow);
+  }
+  SECTION("(c) a 5-token follow-up on a session holding 30") {
+    Session s(aidreams(), *exec, so);
+    s.eval(some_ids(30));
+    const std::vector<float> before(s.logits().begin(), s.logits().end());
+    CHECK(code_of([&] { s.eval(some_ids(5)); }) == ErrorCode::kContextOverflow);
+    CHECK(s.tokens().size() == 30);
+    CHECK(std::vector<float>(s.logits().begin(), s.logits().end()) == before);
+  }
+  SECTION("(d) low-level steps at positions 32, -1 and 40 (holding 10) are refused") {
+    KvPagePool pool(KvLayout::for_model(aidreams()->hparams()), 2);
+    KvSequence kv(pool, 32);
+    std::vector<float> logits(size_t(aidreams()->hparams().n_vocab));
+    const auto ten = some_ids(10);
+    SequenceStep st{&kv, ten, 0, LogitsRows::kLast};
+    exec->step(std::span<const SequenceStep>(&st, 1), logits);
+    REQUIRE(kv.n_tokens() == 10);
+    const std::vector<std::byte> snapshot(pool.page_data(0), pool.page_data(0) + 2 * pool.layout().page_bytes());
+    const int32_t id = 5;
+    for (int32_t pos : {32, -1, 40, 9, 11}) {
+      SequenceStep bad{&kv, std::span<const int32_t>(&id, 1), pos, LogitsRows::kLast};
+      INFO("position " << pos);
+      CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&bad, 1), logits); }) == ErrorCode::kBadPosition);
+      CHECK(kv.n_tokens() == 10);
+    }
+    CHECK(std::memcmp(snapshot.data(), pool.page_data(0), snapshot.size()) == 0);
+  }
+}
+
+TEST_CASE("executor refuses malformed batches without changing any sequence", "[executor][parity]") {
+  const auto exec_name = GENERATE(from_range(test::executor_names()));
+  auto exec = test::make_executor(exec_name, aidreams());
+  const int32_t n_vocab = aidreams()->hparams().n_vocab;
+  KvPagePool pool(KvLayout::for_model(aidreams()->hparams()), 8);
+  KvSequence kv(pool, 64);
+  std::vector<float> logits(size_t(n_vocab) * 4);
+  const std::vector<int32_t> good{1, 2, 3};
+  const std::vector<int32_t> bad_id{1, n_vocab};
+  const std::vector<int32_t> negative{1, -3};
+  const std::vector<int32_t> empty;
+
+  SequenceStep s1{&kv, bad_id, 0, LogitsRows::kLast};
+  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&s1, 1), logits); }) == ErrorCode::kInvalidArgument);
+  SequenceStep s2{&kv, negative, 0, LogitsRows::kLast};
+  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&s2, 1), logits); }) == ErrorCode::kInvalidArgument);
+  SequenceStep s3{&kv, empty, 0, LogitsRows::kLast};
+  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&s3, 1), logits); }) == ErrorCode::kInvalidArgument);
+  SequenceStep s4{nullptr, good, 0, LogitsRows::kLast};
+  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&s4, 1), logits); }) == ErrorCode::kInvalidArgument);
+  SequenceStep twice[2] = {{&kv, good, 0, LogitsRows::kLast}, {&kv, good, 0, LogitsRows::kLast}};
+  CHECK(code_of([&] { exec->step(twice, logits); }) == ErrorCode::kInvalidArgument);
+  SequenceStep all{&kv, good, 0, LogitsRows::kAll};
+  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2)); }) ==
+        ErrorCode::kInvalidArgument);
+  CHECK(kv.n_tokens() == 0);
+  CHECK(pool.used() == 0);
+
+  SECTION("a full KV pool is kOutOfMemory and leaves the sequence as it was") {
+    KvPagePool tiny(KvLayout::for_model(aidreams()->hparams(), 4), 1);
+    KvSequence small(tiny, 64);
+    const auto ids = some_ids(5);
+    SequenceStep st{&small, ids, 0, LogitsRows::kLast};
+    CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&st, 1), logits); }) == ErrorCode::kOutOfMemory);
+    CHECK(small.n_tokens() == 0);
+    CHECK(tiny.used() == 0);
+  }
+}
+
+TEST_CASE("chunked prefill and multi-sequence batches give the same logits as one run", "[executor][parity]") {
+  const auto exec_name = GENERATE(from_range(test::executor_names()));
+  const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
+  auto model = Model::load(test::model_path(model_name));
+  auto exec = test::make_executor(exec_name, model);
+  const int32_t n_vocab = model->hparams().n_vocab;
+  const auto ids = some_ids(40);
+  INFO(exec_name << " / " << model_name);
+
+  SessionOptions one;
+  Session whole(model, *exec, one);
+  std::vector<float> ref(ids.size() * size_t(n_vocab));
+  whole.eval(ids, ref);
+
+  SessionOptions chunked;
+  chunked.n_batch = 7;
+  chunked.page_size = 5;
+  Session parts(model, *exec, chunked);
+  std::vector<float> got(ref.size());
+  parts.eval(ids, got);
+  CHECK(got == ref);
+
+  // Two sequences of different lengths in one step, against each run alone.
+  KvPagePool pool(KvLayout::for_model(model->hparams()), 16);
+  KvSequence a(pool, 64), b(pool, 64);
+  const std::span<const int32_t> ia(ids.data(), 25), ib(ids.data() + 3, 11);
+  SequenceStep batch[2] = {{&a, ia, 0, LogitsRows::kAll}, {&b, ib, 0, LogitsRows::kLast}};
+  std::vector<float> both(size_t(25 + 1) * size_t(n_vocab));
+  exec->step(batch, both);
+  CHECK(std::equal(both.begin(), both.begin() + 25 * n_vocab, ref.begin()));
+  Session alone(model, *exec, one);
+  alone.eval(ib);
+  CHECK(std::equal(both.begin() + 25 * n_vocab, both.end(), alone.logits().begin()));
+  // Then one decode token for each, together, against the same alone.
+  const int32_t na = 7, nb = 9;
+  SequenceStep dec[2] = {{&a, std::span<const int32_t>(&na, 1), 25, LogitsRows::kLast},
+                         {&b, std::span<const int32_t>(&nb, 1), 11, LogitsRows::kLast}};
+  std::vector<float> two(2 * size_t(n_vocab));
+  exec->step(dec, two);
+  alone.eval(std::span<const int32_t>(&nb, 1));
+  CHECK(std::equal(two.begin() + n_vocab, two.end(), alone.logits().begin()));
+}
+
+TEST_CASE("stop strings cut the text and the stream holds back a possible stop", "[session]") {
+  auto model = aidreams();
+  CpuQ4Executor exec(model, CpuExecutorOptions{2});
+  const auto ids = model->tokenizer().tokenize("Once upon a time", true, false);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.max_tokens = 64;
+  Session plain(model, exec);
+  const auto full = plain.generate(std::span<const int32_t>(ids), go);
+  REQUIRE(full.text.find("flower") != std::string::npos);
+
+  Session s(model, exec);
+  std::string streamed;
+  go.stop = {"flower"};
+  go.on_text = [&](std::string_view t, int32_t) {
+    streamed += t;
+    return true;
+  };
+  const auto r = s.generate(std::span<const int32_t>(ids), go);
+  CHECK(r.finish == FinishReason::kStopString);
+  CHECK(r.text == full.text.substr(0, full.text.find("flower")));
+  CHECK(streamed == r.text);
+
+  Session c(model, exec);
+  int calls = 0;
+  go.stop.clear();
+  go.on_text = [&](std::string_view, int32_t) { return ++calls < 3; };
+  const auto rc = c.generate(std::span<const int32_t>(ids), go);
+  CHECK(rc.finish == FinishReason::kCancelled);
+  CHECK(calls == 3);
+}
+
+TEST_CASE("a continued session equals one long evaluation", "[session][parity]") {
+  const auto exec_name = GENERATE(from_range(test::executor_names()));
+  auto model = aidreams();
+  auto exec = test::make_executor(exec_name, model);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.max_tokens = 10;
+  go.ignore_eos = true;
+  Session s(model, *exec);
+  const auto first = s.generate(std::span<const int32_t>(some_ids(6)), go);
+  const auto follow = some_ids(4);
+  const auto second = s.generate(std::span<const int32_t>(follow), go);
+
+  std::vector<int32_t> all = some_ids(6);
+  all.insert(all.end(), first.tokens.begin(), first.tokens.end());
+  all.insert(all.end(), follow.begin(), follow.end());
+  Session once(model, *exec);
+  const auto r = once.generate(std::span<const int32_t>(all), go);
+  CHECK(r.tokens == second.tokens);
+}
