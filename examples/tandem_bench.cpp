@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     std::vector<float> logits(size_t(hp.n_vocab));
 
     auto run_pp = [&] {
-      std::vector<int32_t> ids(size_t(n_prompt));
+      std::vector<int32_t> ids(static_cast<size_t>(n_prompt));
       for (auto& id : ids) id = tok(rng);
       tandem::KvSequence kv(pool, n_ctx);
       tandem::SequenceStep st{&kv, ids, 0, tandem::LogitsRows::kLast};

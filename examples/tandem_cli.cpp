@@ -183,8 +183,7 @@ int main(int argc, char** argv) {
       r.prompt_seconds = prompt_s;
     } else {
       if (!json_out) {
-        std::string shown;
-        for (int32_t id : ids) shown += model->tokenizer().token_to_piece(id, false);
+        const std::string shown = model->tokenizer().detokenize(ids, true, false);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
       }
       r = session.generate(std::span<const int32_t>(ids), go);

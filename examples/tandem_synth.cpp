@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
         std::mt19937_64 rng(s);
         const float r = 0.02f * std::sqrt(3.0f);
         std::uniform_real_distribution<float> uni(-r, r);
-        std::vector<float> row(size_t(k));
+        std::vector<float> row(static_cast<size_t>(k));
         auto* blocks = reinterpret_cast<tandem::kernels::BlockQ4_0*>(dst.data());
         for (int64_t i = 0; i < n; ++i) {
           for (auto& v : row) v = uni(rng);

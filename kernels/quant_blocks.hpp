@@ -8,12 +8,18 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define TANDEM_HD __host__ __device__
 #else
 #define TANDEM_HD
 #endif
+
+// Helpers below are `static inline`: each translation unit gets its own copy, so a copy
+// compiled with -mavx512f in one ISA-specific TU can never be picked by the linker for a
+// call from the scalar TU (the classic multi-ISA ODR trap).
+#define TANDEM_HD_INLINE TANDEM_HD static inline
 
 namespace tandem::kernels {
 
@@ -30,5 +36,95 @@ struct BlockQ8_0 {
   int8_t qs[kQK];
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");
+
+// ---- fp16 <-> fp32, bit-exact with x86 F16C (VCVTPH2PS / VCVTPS2PH imm=0) -------------
+
+TANDEM_HD_INLINE uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+TANDEM_HD_INLINE float f32_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/// Exact widening. Subnormals are normalised; Inf stays Inf; NaN keeps sign and payload
+/// and becomes quiet (bit 22 set), as VCVTPH2PS does.
+TANDEM_HD_INLINE float fp16_bits_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu;
+  uint32_t m = h & 0x3FFu;
+  uint32_t bits;
+  if (e == 0x1F) {
+    bits = sign | 0x7F800000u | (m << 13) | (m ? 0x00400000u : 0u);
+  } else if (e != 0) {
+    bits = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    bits = sign;
+  } else {  // subnormal: m * 2^-24, normalise
+    uint32_t e32 = 113;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      --e32;
+    }
+    bits = sign | (e32 << 23) | ((m & 0x3FFu) << 13);
+  }
+  return f32_from_bits(bits);
+}
+
+/// Round to nearest, ties to even, with fp16 subnormals, overflow to Inf (|x| >= 65520),
+/// NaN -> quiet NaN keeping sign and the top 10 payload bits (as VCVTPS2PH imm=0).
+TANDEM_HD_INLINE uint16_t fp32_to_fp16_bits(float f) {
+  const uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((ax >> 13) & 0x3FFu));
+  if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520 -> Inf
+  if (ax >= 0x38800000u) {  // normal fp16 result (may round up into the next binade)
+    uint32_t h = (ax - 0x38000000u) >> 13;
+    const uint32_t rem = ax & 0x1FFFu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  const uint32_t e = ax >> 23;
+  if (e < 102) return static_cast<uint16_t>(sign);  // < 2^-25: rounds to zero
+  const uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u;
+  const uint32_t s = 126u - e;  // 14..24
+  uint32_t h = mant >> s;
+  const uint32_t rem = mant & ((1u << s) - 1u);
+  const uint32_t half = 1u << (s - 1u);
+  if (rem > half || (rem == half && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+TANDEM_HD_INLINE float bf16_bits_to_fp32(uint16_t h) {
+  return f32_from_bits(static_cast<uint32_t>(h) << 16);
+}
+
+// ---- per-block integer dot products (exact; |result| <= 32*8*128) ----------------------
+
+/// sum_j (q_w[j] - 8) * q_x[j] over one block.
+TANDEM_HD_INLINE int32_t dot_block_q4_0_q8_0(const BlockQ4_0& w, const BlockQ8_0& x) {
+  int32_t s = 0;
+  for (int j = 0; j < kQK / 2; ++j) {
+    s += (static_cast<int32_t>(w.qs[j] & 0x0F) - 8) * x.qs[j];
+    s += (static_cast<int32_t>(w.qs[j] >> 4) - 8) * x.qs[j + kQK / 2];
+  }
+  return s;
+}
+/// sum_j q_w[j] * q_x[j] over one block.
+TANDEM_HD_INLINE int32_t dot_block_q8_0_q8_0(const BlockQ8_0& w, const BlockQ8_0& x) {
+  int32_t s = 0;
+  for (int j = 0; j < kQK; ++j) s += static_cast<int32_t>(w.qs[j]) * x.qs[j];
+  return s;
+}
+/// Block contribution as ggml's x86 path forms it: (fp16(d_w) * fp16(d_x)) * isum in f32.
+/// d = 0 gives exactly +-0 for any finite partner; Inf/NaN scales propagate per IEEE
+/// (Inf * 0 = NaN when isum or the partner scale is 0).
+TANDEM_HD_INLINE float block_scale_product(uint16_t dw, uint16_t dx) {
+  return fp16_bits_to_fp32(dw) * fp16_bits_to_fp32(dx);
+}
 
 }  // namespace tandem::kernels

@@ -21,8 +21,8 @@ struct GoldenModel {
 // Guide from the issue: 5e-3 for F32, 2e-2 for Q4_0; tightened where measured lower
 // (see the per-model comments).
 const std::vector<GoldenModel> kModels = {
-    {"aidreams260K-f32", 1e-3},  // README: 4e-5..3e-4 vs exact math on this model
-    {"stories260K-f32", 5e-3},   // README: up to 4.3e-3 on `long` even for llama.cpp vs f64
+    {"aidreams260K-f32", 2e-4},  // measured 6.7e-5 (README: 4e-5..3e-4 vs exact math)
+    {"stories260K-f32", 1e-3},   // measured 6.4e-4 on `long` (README: llama.cpp vs f64 4.3e-3)
     {"aidreams260K-q4_0", 2e-2},
     {"stories260K-q4_0", 2e-2},
     {"synth-llama-small-q4_0", 2e-2},

@@ -15,7 +15,7 @@ using namespace tandem;
 namespace {
 
 std::vector<float> ramp_logits(int n) {
-  std::vector<float> l(size_t(n));
+  std::vector<float> l(static_cast<size_t>(n));
   std::iota(l.begin(), l.end(), 0.0f);
   return l;
 }

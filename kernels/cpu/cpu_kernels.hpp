@@ -20,6 +20,11 @@ std::string_view cpu_isa_name() noexcept;
 /// Force the scalar implementation (tests compare it with the SIMD one). Not thread-safe:
 /// call before any kernel runs.
 void cpu_force_scalar(bool on) noexcept;
+/// Select one ISA ("avx512", "avx2", "scalar") if this CPU supports it; false otherwise
+/// (selection unchanged). For tests and benchmarks; same thread-safety caveat as above.
+/// The environment variable TANDEM_CPU_ISA caps the automatic choice the same way.
+bool cpu_set_isa(std::string_view isa) noexcept;
+bool cpu_isa_supported(std::string_view isa) noexcept;
 
 float fp16_to_fp32(uint16_t h) noexcept;
 uint16_t fp32_to_fp16(float f) noexcept;  ///< round to nearest even, as F16C
@@ -36,6 +41,14 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept;
 void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t k) noexcept;
 void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept;
 
+/// Edge blocks (identical on every ISA): a block with scale d = 0 contributes exactly 0
+/// for any finite partner; subnormal and max (0x7BFF = 65504) fp16 scales are used exactly
+/// as the arithmetic says. Inf/NaN scales are NOT filtered here: they propagate per IEEE
+/// into every output the block touches. Dequantisation gives +-Inf (NaN where q == 8) or
+/// NaN exactly; a dot product is non-finite, but whether it is +-Inf or NaN may depend on
+/// the ISA (SIMD paths scale partial lane sums, so +Inf and -Inf can meet, as in ggml's
+/// AVX2 path; Inf * 0 = NaN everywhere). The GGUF loader refuses non-finite scales up
+/// front (field case B07, TANDEM_E_TENSOR_NONFINITE), so models never reach this.
 /// Dot product of one Q4_0 row and one Q8_0 row of k elements: sum over blocks of
 /// fp16(d_w) * fp16(d_x) * sum_j (q_w - 8) * q_x (integer inner sum).
 float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept;

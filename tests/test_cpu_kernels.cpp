@@ -1,0 +1,545 @@
+// CPU kernels against plain double-precision references, on every ISA this machine has
+// (dispatched SIMD paths and the forced scalar path), plus SIMD-vs-scalar agreement,
+// edge blocks (field case B07) and the inner-dimension tail sweep (field case B09, CPU side).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define TANDEM_TEST_X86 1
+#endif
+
+#include "cpu/cpu_kernels.hpp"
+
+using namespace tandem::kernels;
+
+namespace {
+
+std::vector<std::string> isas() {
+  std::vector<std::string> out;
+  for (const char* n : {"avx512", "avx2", "scalar"})
+    if (cpu_isa_supported(n)) out.emplace_back(n);
+  return out;
+}
+
+/// Selects one ISA for the scope; restores the automatic choice afterwards.
+struct IsaScope {
+  explicit IsaScope(const std::string& isa) {
+    if (isa == "scalar")
+      cpu_force_scalar(true);
+    else
+      REQUIRE(cpu_set_isa(isa));
+    REQUIRE(cpu_isa_name() == isa);
+  }
+  ~IsaScope() { cpu_force_scalar(false); }
+  IsaScope(const IsaScope&) = delete;
+  IsaScope& operator=(const IsaScope&) = delete;
+};
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::vector<float> rand_f32(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+std::vector<BlockQ4_0> rand_q4(std::mt19937& g, size_t nblocks) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
+  std::vector<BlockQ4_0> v(nblocks);
+  for (auto& b : v) {
+    b.d = fp32_to_fp16(sc(g));
+    for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+  }
+  return v;
+}
+std::vector<BlockQ8_0> rand_q8(std::mt19937& g, size_t nblocks) {
+  std::uniform_int_distribution<int> q8(-127, 127);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
+  std::vector<BlockQ8_0> v(nblocks);
+  for (auto& b : v) {
+    b.d = fp32_to_fp16(sc(g));
+    for (auto& q : b.qs) q = static_cast<int8_t>(q8(g));
+  }
+  return v;
+}
+
+// ---- double-precision references ----
+double ref_w(const BlockQ4_0& b, int j) {
+  const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+  return static_cast<double>(fp16_to_fp32(b.d)) * (q - 8);
+}
+double ref_x(const BlockQ8_0& b, int j) { return static_cast<double>(fp16_to_fp32(b.d)) * b.qs[j]; }
+
+template <class TW>
+double ref_wv(const TW& b, int j) {
+  if constexpr (std::is_same_v<TW, BlockQ4_0>)
+    return ref_w(b, j);
+  else
+    return ref_x(b, j);
+}
+
+/// Reference dot and sum of |terms| (the scale for the accumulation-order tolerance).
+template <class TW>
+std::pair<double, double> ref_dot_q(const TW* w, const BlockQ8_0* x, int64_t k) {
+  double s = 0, a = 0;
+  for (int64_t b = 0; b < k / 32; ++b)
+    for (int j = 0; j < 32; ++j) {
+      const double t = ref_wv(w[b], j) * ref_x(x[b], j);
+      s += t;
+      a += std::fabs(t);
+    }
+  return {s, a};
+}
+
+// Accumulation in f32 in a different order than the reference: allow a few ulp per term
+// relative to sum |terms|.
+constexpr double kRelTol = 1e-5;
+
+}  // namespace
+
+TEST_CASE("cpu kernels: dispatch names an ISA", "[kernels]") {
+  const auto name = cpu_isa_name();
+  CHECK((name == "avx512" || name == "avx2" || name == "scalar"));
+  CHECK(cpu_isa_supported("scalar"));
+  CHECK_FALSE(cpu_set_isa("sse9"));
+  WARN("dispatched ISA: " << std::string(name));
+}
+
+#if defined(TANDEM_TEST_X86)
+__attribute__((target("f16c"))) static float hw_h2f(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) static uint16_t hw_f2h(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, 0));
+}
+#endif
+
+TEST_CASE("fp16: all 65536 patterns round-trip and match F16C", "[kernels]") {
+  int bad_roundtrip = 0, bad_hw = 0;
+#if defined(TANDEM_TEST_X86)
+  const bool hw = __builtin_cpu_supports("f16c");
+#endif
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = fp16_to_fp32(static_cast<uint16_t>(h));
+    const bool nan = ((h >> 10) & 0x1F) == 0x1F && (h & 0x3FF);
+    if (!nan && fp32_to_fp16(f) != h) ++bad_roundtrip;
+    if (nan && !std::isnan(f)) ++bad_roundtrip;
+#if defined(TANDEM_TEST_X86)
+    if (hw && bits(hw_h2f(static_cast<uint16_t>(h))) != bits(f)) ++bad_hw;
+    if (hw && hw_f2h(f) != fp32_to_fp16(f)) ++bad_hw;
+#endif
+  }
+  CHECK(bad_roundtrip == 0);
+  CHECK(bad_hw == 0);
+
+  // Rounding: ties to even, subnormals, overflow.
+  CHECK(fp32_to_fp16(65504.f) == 0x7BFF);
+  CHECK(fp32_to_fp16(65519.99f) == 0x7BFF);
+  CHECK(fp32_to_fp16(65520.f) == 0x7C00);
+  CHECK(fp32_to_fp16(-1e9f) == 0xFC00);
+  CHECK(fp32_to_fp16(std::ldexp(1.f, -24)) == 0x0001);
+  CHECK(fp32_to_fp16(std::ldexp(1.f, -25)) == 0x0000);            // tie -> even (0)
+  CHECK(fp32_to_fp16(std::ldexp(3.f, -25)) == 0x0002);            // 1.5 ulp -> 2
+  CHECK(fp32_to_fp16(1.f + std::ldexp(1.f, -11)) == 0x3C00);      // tie -> even
+  CHECK(fp32_to_fp16(1.f + std::ldexp(3.f, -11)) == 0x3C02);      // tie -> even (up)
+  CHECK(fp16_to_fp32(0x0001) == std::ldexp(1.f, -24));
+  CHECK(bf16_to_fp32(0x3F80) == 1.0f);
+  CHECK(bf16_to_fp32(0xC040) == -3.0f);
+
+#if defined(TANDEM_TEST_X86)
+  if (hw) {  // random fp32 bit patterns vs VCVTPS2PH, including NaN payloads
+    std::mt19937 g(7);
+    int bad = 0;
+    for (int i = 0; i < 2000000; ++i) {
+      const float f = from_bits(static_cast<uint32_t>(g()));
+      if (hw_f2h(f) != fp32_to_fp16(f)) ++bad;
+    }
+    CHECK(bad == 0);
+  }
+#endif
+}
+
+TEST_CASE("fp16/fp32 row conversions agree bit for bit on every ISA", "[kernels]") {
+  std::mt19937 g(11);
+  const int64_t n = 1000 + 13;
+  std::vector<uint16_t> h(n);
+  std::vector<float> f(n);
+  for (int64_t i = 0; i < n; ++i) {
+    h[i] = static_cast<uint16_t>(g());
+    f[i] = from_bits(static_cast<uint32_t>(g()));
+  }
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    std::vector<float> y(n);
+    std::vector<uint16_t> hy(n);
+    fp16_to_fp32_row(h.data(), y.data(), n);
+    fp32_to_fp16_row(f.data(), hy.data(), n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (bits(y[i]) != bits(fp16_to_fp32(h[i]))) ++bad;
+      if (hy[i] != fp32_to_fp16(f[i])) ++bad;
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("quantize_row_q8_0: ggml numerics, bit-exact across ISAs", "[kernels]") {
+  std::mt19937 g(1234);
+  const int64_t k = 32 * 67;
+  std::vector<float> x = rand_f32(g, k, -3.f, 3.f);
+  // Block 1: all zero. Block 2: amax = 127 so id = 1 and x*id hits exact .5 ties.
+  for (int j = 0; j < 32; ++j) x[32 + j] = 0.f;
+  const float ties[] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, -126.5f, 127.f, -3.49f};
+  for (int j = 0; j < 32; ++j) x[64 + j] = j < 10 ? ties[j] : 0.25f * static_cast<float>(j);
+  // Block 3: tiny values (subnormal d), block 4: large values.
+  for (int j = 0; j < 32; ++j) x[96 + j] = 1e-6f * static_cast<float>(j - 16);
+  for (int j = 0; j < 32; ++j) x[128 + j] = 1e4f * static_cast<float>(j - 16);
+
+  std::vector<BlockQ8_0> ref(k / 32);
+  {
+    IsaScope s("scalar");
+    quantize_row_q8_0(x.data(), ref.data(), k);
+  }
+  // Scalar path against the definition.
+  int bad = 0;
+  for (int64_t b = 0; b < k / 32; ++b) {
+    double amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(static_cast<double>(x[b * 32 + j])));
+    const float famax = static_cast<float>(amax);
+    if (ref[b].d != fp32_to_fp16(famax / 127.f)) ++bad;
+    const float id = famax != 0 ? 127.f / famax : 0.f;
+    for (int j = 0; j < 32; ++j) {
+      const double v = static_cast<double>(x[b * 32 + j] * id);
+      double r = std::floor(v + 0.5);
+      if (r - v == 0.5 && std::fmod(r, 2.0) != 0) r -= 1;  // half to even
+      if (ref[b].qs[j] != static_cast<int>(r)) ++bad;
+    }
+  }
+  CHECK(bad == 0);
+  CHECK(ref[1].d == 0);
+  const int8_t want_ties[] = {0, 2, 2, 0, -2, -2, 126, -126, 127, -3};
+  for (int j = 0; j < 10; ++j) CHECK(ref[2].qs[j] == want_ties[j]);
+
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    std::vector<BlockQ8_0> y(k / 32);
+    quantize_row_q8_0(x.data(), y.data(), k);
+    CHECK(std::memcmp(y.data(), ref.data(), sizeof(BlockQ8_0) * y.size()) == 0);
+  }
+}
+
+TEST_CASE("dequantize rows: exact against fp64", "[kernels]") {
+  std::mt19937 g(99);
+  const int64_t k = 32 * 37;
+  auto w4 = rand_q4(g, k / 32);
+  auto w8 = rand_q8(g, k / 32);
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    std::vector<float> y4(k), y8(k);
+    dequantize_row_q4_0(w4.data(), y4.data(), k);
+    dequantize_row_q8_0(w8.data(), y8.data(), k);
+    int bad = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      if (y4[i] != static_cast<float>(ref_w(w4[i / 32], static_cast<int>(i % 32)))) ++bad;
+      if (y8[i] != static_cast<float>(ref_x(w8[i / 32], static_cast<int>(i % 32)))) ++bad;
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("quantised dot products vs fp64 reference and vs scalar", "[kernels]") {
+  std::mt19937 g(2024);
+  for (int64_t k : {32, 64, 96, 320, 2048, 4128}) {
+    auto w4 = rand_q4(g, k / 32);
+    auto w8 = rand_q8(g, k / 32);
+    auto x = rand_q8(g, k / 32);
+    const auto [r4, a4] = ref_dot_q(w4.data(), x.data(), k);
+    const auto [r8, a8] = ref_dot_q(w8.data(), x.data(), k);
+    float s4 = 0, s8 = 0;
+    {
+      IsaScope s("scalar");
+      s4 = vec_dot_q4_0_q8_0(w4.data(), x.data(), k);
+      s8 = vec_dot_q8_0_q8_0(w8.data(), x.data(), k);
+    }
+    for (const auto& isa : isas()) {
+      INFO("isa " << isa << " k " << k);
+      IsaScope s(isa);
+      const float d4 = vec_dot_q4_0_q8_0(w4.data(), x.data(), k);
+      const float d8 = vec_dot_q8_0_q8_0(w8.data(), x.data(), k);
+      CHECK(std::fabs(d4 - r4) <= kRelTol * a4);
+      CHECK(std::fabs(d8 - r8) <= kRelTol * a8);
+      CHECK(std::fabs(d4 - s4) <= kRelTol * a4);
+      CHECK(std::fabs(d8 - s8) <= kRelTol * a8);
+    }
+  }
+}
+
+TEST_CASE("float dot products and axpy vs fp64 reference", "[kernels]") {
+  std::mt19937 g(5);
+  for (int64_t n : {1, 7, 16, 33, 100, 4099}) {
+    auto a = rand_f32(g, n), b = rand_f32(g, n);
+    std::vector<uint16_t> ah(n), bh(n), ab(n);
+    for (int64_t i = 0; i < n; ++i) {
+      ah[i] = fp32_to_fp16(a[i]);
+      bh[i] = fp32_to_fp16(b[i]);
+      ab[i] = static_cast<uint16_t>(bits(a[i]) >> 16);
+    }
+    double r32 = 0, r16 = 0, rb = 0, abs32 = 0, abs16 = 0, absb = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      r32 += static_cast<double>(a[i]) * b[i];
+      abs32 += std::fabs(static_cast<double>(a[i]) * b[i]);
+      const double p16 = static_cast<double>(fp16_to_fp32(ah[i])) * fp16_to_fp32(bh[i]);
+      r16 += p16;
+      abs16 += std::fabs(p16);
+      const double pb = static_cast<double>(bf16_to_fp32(ab[i])) * b[i];
+      rb += pb;
+      absb += std::fabs(pb);
+    }
+    for (const auto& isa : isas()) {
+      INFO("isa " << isa << " n " << n);
+      IsaScope s(isa);
+      CHECK(std::fabs(vec_dot_f32(a.data(), b.data(), n) - r32) <= kRelTol * abs32 + 1e-30);
+      CHECK(std::fabs(vec_dot_f16(ah.data(), bh.data(), n) - r16) <= kRelTol * abs16 + 1e-30);
+      CHECK(std::fabs(vec_dot_bf16_f32(ab.data(), b.data(), n) - rb) <= kRelTol * absb + 1e-30);
+      std::vector<float> y = b;
+      axpy_f16(0.75f, ah.data(), y.data(), n);
+      int bad = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = static_cast<double>(b[i]) + 0.75 * fp16_to_fp32(ah[i]);
+        if (std::fabs(y[i] - want) > 1e-6 * (std::fabs(b[i]) + 1.0)) ++bad;
+      }
+      CHECK(bad == 0);
+    }
+  }
+}
+
+namespace {
+
+/// Runs one gemm through `call(y, r0, r1)` and checks it against ref (m x n, ldy = n + 3).
+template <class Call>
+void check_gemm(const std::string& what, int64_t m, int64_t n, const std::vector<double>& ref,
+                const std::vector<double>& abs, Call call) {
+  INFO(what << " m " << m << " n " << n);
+  const int64_t ldy = n + 3;
+  std::vector<float> y(m * ldy, std::numeric_limits<float>::quiet_NaN());
+  call(y.data(), ldy, int64_t{0}, n);
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r)
+      if (!(std::fabs(y[i * ldy + r] - ref[i * n + r]) <= kRelTol * abs[i * n + r] + 1e-30)) ++bad;
+  CHECK(bad == 0);
+  // Padding untouched.
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = n; r < ldy; ++r) CHECK(std::isnan(y[i * ldy + r]));
+  // Row-range split gives exactly the same as the full call.
+  std::vector<float> y2(m * ldy, std::numeric_limits<float>::quiet_NaN());
+  const int64_t cut1 = n / 3, cut2 = (2 * n) / 3 + 1;
+  call(y2.data(), ldy, int64_t{0}, cut1);
+  call(y2.data(), ldy, cut1, cut2);
+  call(y2.data(), ldy, cut2, n);
+  int diff = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t r = 0; r < n; ++r)
+      if (bits(y2[i * ldy + r]) != bits(y[i * ldy + r])) ++diff;
+  CHECK(diff == 0);
+}
+
+}  // namespace
+
+TEST_CASE("gemm kernels vs fp64 reference, tails, row-range split", "[kernels]") {
+  std::mt19937 g(77);
+  const int64_t n = 13;  // not a multiple of any row tile
+  for (int64_t k : {32, 96, 320}) {
+    for (int64_t m : {1, 2, 3, 5, 8, 17}) {
+      auto w4 = rand_q4(g, n * k / 32);
+      auto w8 = rand_q8(g, n * k / 32);
+      auto xq = rand_q8(g, m * k / 32);
+      auto wf = rand_f32(g, n * k), xf = rand_f32(g, m * k);
+      std::vector<uint16_t> wh(n * k), xh(m * k), wb(n * k);
+      for (int64_t i = 0; i < n * k; ++i) {
+        wh[i] = fp32_to_fp16(wf[i]);
+        wb[i] = static_cast<uint16_t>(bits(wf[i]) >> 16);
+      }
+      for (int64_t i = 0; i < m * k; ++i) xh[i] = fp32_to_fp16(xf[i]);
+      const int64_t nb = k / 32;
+      std::vector<double> r4(m * n), a4(m * n), r8(m * n), a8(m * n), rf(m * n), af(m * n),
+          rh(m * n), ah(m * n), rb(m * n), ab(m * n);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t r = 0; r < n; ++r) {
+          std::tie(r4[i * n + r], a4[i * n + r]) = ref_dot_q(&w4[r * nb], &xq[i * nb], k);
+          std::tie(r8[i * n + r], a8[i * n + r]) = ref_dot_q(&w8[r * nb], &xq[i * nb], k);
+          double s1 = 0, s2 = 0, s3 = 0, t1 = 0, t2 = 0, t3 = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const double p1 = static_cast<double>(wf[r * k + j]) * xf[i * k + j];
+            const double p2 = static_cast<double>(fp16_to_fp32(wh[r * k + j])) * fp16_to_fp32(xh[i * k + j]);
+            const double p3 = static_cast<double>(bf16_to_fp32(wb[r * k + j])) * xf[i * k + j];
+            s1 += p1, s2 += p2, s3 += p3;
+            t1 += std::fabs(p1), t2 += std::fabs(p2), t3 += std::fabs(p3);
+          }
+          rf[i * n + r] = s1, rh[i * n + r] = s2, rb[i * n + r] = s3;
+          af[i * n + r] = t1, ah[i * n + r] = t2, ab[i * n + r] = t3;
+        }
+      for (const auto& isa : isas()) {
+        IsaScope s(isa);
+        const std::string tag = isa + " k " + std::to_string(k);
+        check_gemm(tag + " q4_0", m, n, r4, a4, [&](float* y, int64_t ldy, int64_t r0, int64_t r1) {
+          gemm_q4_0_q8_0(w4.data(), xq.data(), y, k, m, ldy, r0, r1);
+        });
+        check_gemm(tag + " q8_0", m, n, r8, a8, [&](float* y, int64_t ldy, int64_t r0, int64_t r1) {
+          gemm_q8_0_q8_0(w8.data(), xq.data(), y, k, m, ldy, r0, r1);
+        });
+        check_gemm(tag + " f32", m, n, rf, af, [&](float* y, int64_t ldy, int64_t r0, int64_t r1) {
+          gemm_f32_f32(wf.data(), xf.data(), y, k, m, ldy, r0, r1);
+        });
+        check_gemm(tag + " f16", m, n, rh, ah, [&](float* y, int64_t ldy, int64_t r0, int64_t r1) {
+          gemm_f16_f16(wh.data(), xh.data(), y, k, m, ldy, r0, r1);
+        });
+        check_gemm(tag + " bf16", m, n, rb, ab, [&](float* y, int64_t ldy, int64_t r0, int64_t r1) {
+          gemm_bf16_f32(wb.data(), xf.data(), y, k, m, ldy, r0, r1);
+        });
+        // The quantised gemm agrees exactly with the single-row dot on the same ISA.
+        float y00 = 0;
+        gemm_q4_0_q8_0(w4.data(), xq.data(), &y00, k, 1, 1, 0, 1);
+        CHECK(bits(y00) == bits(vec_dot_q4_0_q8_0(w4.data(), xq.data(), k)));
+      }
+    }
+  }
+}
+
+TEST_CASE("edge blocks: zero, subnormal, 65504, Inf/NaN scales (B07)", "[kernels]") {
+  BlockQ4_0 w{};
+  std::memset(w.qs, 0x0F, sizeof w.qs);
+  std::vector<float> ones(32, 1.0f);
+  std::mt19937 g(3);
+  auto xr = rand_f32(g, 32, -100.f, 100.f);
+
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    BlockQ8_0 x1{}, xr8{}, x0{};
+    quantize_row_q8_0(ones.data(), &x1, 32);
+    quantize_row_q8_0(xr.data(), &xr8, 32);
+    std::vector<float> zeros(32, 0.f);
+    quantize_row_q8_0(zeros.data(), &x0, 32);
+    CHECK(x0.d == 0);
+    std::vector<float> y(32);
+
+    // Zero block (d = 0): all elements exactly 0, dot exactly 0 with any finite vector.
+    w.d = 0x0000;
+    dequantize_row_q4_0(&w, y.data(), 32);
+    for (float v : y) CHECK(v == 0.0f);
+    CHECK(vec_dot_q4_0_q8_0(&w, &x1, 32) == 0.0f);
+    CHECK(vec_dot_q4_0_q8_0(&w, &xr8, 32) == 0.0f);
+    float yg[3] = {NAN, NAN, NAN};
+    gemm_q4_0_q8_0(&w, &xr8, yg, 32, 1, 1, 0, 1);
+    CHECK(yg[0] == 0.0f);
+
+    // Subnormal scale: exact.
+    w.d = 0x0001;
+    dequantize_row_q4_0(&w, y.data(), 32);
+    CHECK(y[0] == std::ldexp(7.f, -24));
+    CHECK(y[16] == std::ldexp(-8.f, -24));
+    {
+      const auto [r, a] = ref_dot_q(&w, &xr8, 32);
+      CHECK(std::fabs(vec_dot_q4_0_q8_0(&w, &xr8, 32) - r) <= kRelTol * a);
+    }
+
+    // 65504 (0x7BFF): elements 0-15 = 458528, 16-31 = -524032; dot with 32 x 1.0.
+    w.d = 0x7BFF;
+    dequantize_row_q4_0(&w, y.data(), 32);
+    for (int j = 0; j < 16; ++j) CHECK(y[j] == 458528.0f);
+    for (int j = 16; j < 32; ++j) CHECK(y[j] == -524032.0f);
+    const float dmax = vec_dot_q4_0_q8_0(&w, &x1, 32);
+    CHECK(std::fabs(dmax - (-1048064.0)) <= 1e-3 * 1048064.0);
+    gemm_q4_0_q8_0(&w, &x1, yg, 32, 1, 1, 0, 1);
+    CHECK(bits(yg[0]) == bits(dmax));
+
+    // +Inf scale: dequantises to [+inf x16, -inf x16]. The dot is non-finite: the scalar
+    // path sums the block's integers first (Inf * -2032 = -Inf); SIMD paths scale partial
+    // lane sums of both signs (+Inf + -Inf = NaN), as ggml's AVX2 path does. Against an
+    // all-zero activation block it is NaN (Inf * 0) everywhere.
+    w.d = 0x7C00;
+    dequantize_row_q4_0(&w, y.data(), 32);
+    for (int j = 0; j < 16; ++j) CHECK((std::isinf(y[j]) && y[j] > 0));
+    for (int j = 16; j < 32; ++j) CHECK((std::isinf(y[j]) && y[j] < 0));
+    const float dinf = vec_dot_q4_0_q8_0(&w, &x1, 32);
+    CHECK_FALSE(std::isfinite(dinf));
+    if (isa == "scalar") CHECK((std::isinf(dinf) && dinf < 0));
+    CHECK(std::isnan(vec_dot_q4_0_q8_0(&w, &x0, 32)));
+    // -Inf scale mirrors it.
+    w.d = 0xFC00;
+    const float dninf = vec_dot_q4_0_q8_0(&w, &x1, 32);
+    CHECK_FALSE(std::isfinite(dninf));
+    if (isa == "scalar") CHECK((std::isinf(dninf) && dninf > 0));
+    // NaN scale: every element and the dot are NaN.
+    w.d = 0x7E00;
+    dequantize_row_q4_0(&w, y.data(), 32);
+    for (float v : y) CHECK(std::isnan(v));
+    CHECK(std::isnan(vec_dot_q4_0_q8_0(&w, &x1, 32)));
+    gemm_q4_0_q8_0(&w, &x1, yg, 32, 1, 1, 0, 1);
+    CHECK(std::isnan(yg[0]));
+  }
+}
+
+TEST_CASE("B09: Q4_0 gemm inner-dimension tails, CPU side", "[kernels]") {
+  constexpr int64_t kRows = 64;
+  for (int64_t k : {32, 64, 96, 320, 4128}) {
+    std::mt19937 g(static_cast<uint32_t>(9000 + k));
+    const int64_t nb = k / 32;
+    auto w = rand_q4(g, kRows * nb);
+    std::vector<double> wd(kRows * k);
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < k; ++j) wd[r * k + j] = ref_w(w[r * nb + j / 32], static_cast<int>(j % 32));
+    for (int64_t m : {1, 2, 8, 33, 512}) {
+      auto x = rand_f32(g, m * k);
+      std::vector<double> ref(m * kRows);
+      double maxref = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t r = 0; r < kRows; ++r) {
+          double s = 0;
+          for (int64_t j = 0; j < k; ++j) s += wd[r * k + j] * x[i * k + j];
+          ref[i * kRows + r] = s;
+          maxref = std::max(maxref, std::fabs(s));
+        }
+      std::vector<float> first;
+      for (const auto& isa : isas()) {
+        INFO("isa " << isa << " K " << k << " M " << m);
+        IsaScope s(isa);
+        std::vector<BlockQ8_0> xq(m * nb);
+        for (int64_t i = 0; i < m; ++i) quantize_row_q8_0(&x[i * k], &xq[i * nb], k);
+        std::vector<float> y(m * kRows, std::numeric_limits<float>::quiet_NaN());
+        gemm_q4_0_q8_0(w.data(), xq.data(), y.data(), k, m, kRows, 0, kRows);
+        int nan = 0, bad = 0, diff = 0;
+        for (int64_t i = 0; i < m * kRows; ++i) {
+          if (std::isnan(y[i])) ++nan;
+          if (!(std::fabs(y[i] - ref[i]) <= 0.01 * maxref)) ++bad;
+          if (!first.empty() && !(std::fabs(y[i] - first[i]) <= 0.01 * maxref)) ++diff;
+        }
+        CHECK(nan == 0);
+        CHECK(bad == 0);
+        CHECK(diff == 0);
+        if (first.empty()) first = y;
+      }
+    }
+  }
+}
