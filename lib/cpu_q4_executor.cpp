@@ -105,10 +105,10 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const int n_threads = pool_.size();
 
   int64_t T = 0;
-  int32_t max_pos = 0;
+  int32_t max_pos = 0;  // attention scores are sized for the largest context, so they never regrow
   for (const auto& sq : batch) {
     T += static_cast<int64_t>(sq.tokens.size());
-    max_pos = std::max(max_pos, sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
+    max_pos = std::max(max_pos, sq.kv->max_tokens());
   }
   TokenRef* toks = s.tokens.get(size_t(T));
   {

@@ -28,7 +28,7 @@ namespace tandem::kernels::detail::TANDEM_ISA_NS {
 
 #if TANDEM_ISA_AVX512
 using Arch = xsimd::avx512bw;
-constexpr int kQRows = 4, kQCols = 4;  // Q4_0/Q8_0 tile: 16 ymm accumulators of 32 regs
+constexpr int kQRows = 4, kQCols = 4;  // Q4_0/Q8_0 prefill tile: 16 zmm accumulators
 constexpr int kFRows = 4, kFCols = 4;  // float tile: 16 zmm accumulators
 #else
 using Arch = xsimd::fma3<xsimd::avx2>;
@@ -201,22 +201,34 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
 // the per-column correction is computed once per block and shared by all R rows.
 
 template <class TW>
-using TileFn = void (*)(const TW*, int64_t, const BlockQ8_0*, float*, int64_t) noexcept;
+using TileFn = void (*)(const TW*, int64_t, const BlockQ8_0*, float*, int64_t, const char*) noexcept;
 
+/// 16 packed bytes -> 32 bytes: low nibbles (weights 0-15) then high nibbles (16-31).
+/// Broadcast load + one variable shift of the upper 128-bit lane + mask.
 inline __m256i unpack_q4(const uint8_t* qs) noexcept {
-  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+  const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i v = _mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4));
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
+// pf: if not null, the start of the weights the next call will read (the next R rows,
+// contiguous); walked linearly at the pace this tile consumes its own R rows so the
+// decode GEMV keeps DRAM busy while it computes.
 template <class TW, int R, int C>
-void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy) noexcept {
+void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
+            const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const __m256i ones16 = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
+    if (pf != nullptr) {
+      const char* p = pf + b * R * static_cast<int64_t>(sizeof(TW));
+      _mm_prefetch(p, _MM_HINT_T0);
+      if constexpr (R * sizeof(TW) > 64) _mm_prefetch(p + 64, _MM_HINT_T0);
+      if constexpr (R * sizeof(TW) > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
+    }
     __m256i xq[C];
     __m256i xs[C];
     __m256 dx[C];
@@ -252,9 +264,96 @@ void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy) 
     for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum256(acc[r][c]);
 }
 
+#if TANDEM_ISA_AVX512
+// AVX-512 prefill tile: two consecutive blocks per 512-bit register (half the integer and
+// float instructions of the 256-bit tile); an odd last block goes through 256-bit ops.
+// Per (row, column) the arithmetic is the same as tile_q's: exact i32 lane sums per block,
+// times the f32 product fp16(d_w) * fp16(d_x), FMA-accumulated.
+inline __m512i unpack_q4_x2(const uint8_t* qs0, const uint8_t* qs1) noexcept {
+  const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)));
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)));
+  const __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  const __m512i v = _mm512_srlv_epi64(t, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+/// [fp16(d0) x 8, fp16(d1) x 8] as f32.
+inline __m512 scales_x2(uint16_t d0, uint16_t d1) noexcept {
+  const __m256i h = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(d0))), _mm_set1_epi16(static_cast<short>(d1)), 1);
+  return _mm512_cvtph_ps(h);
+}
+
+template <class TW, int R, int C>
+void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
+               const char* /*pf*/) noexcept {
+  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512i ones16 = _mm512_set1_epi16(1);
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    __m512i xq[C];
+    __m512i xs[C];
+    __m512 dx[C];
+    for (int c = 0; c < C; ++c) {
+      const BlockQ8_0& x0 = x[c * nb + b];
+      const BlockQ8_0& x1 = x[c * nb + b + 1];
+      xq[c] = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.qs))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.qs)), 1);
+      dx[c] = scales_x2(x0.d, x1.d);
+      if constexpr (kQ4)
+        xs[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(8), xq[c]), ones16);
+    }
+    for (int r = 0; r < R; ++r) {
+      const TW& w0 = w[r * nb + b];
+      const TW& w1 = w[r * nb + b + 1];
+      const __m512 dw = scales_x2(w0.d, w1.d);
+      if constexpr (kQ4) {
+        const __m512i wq = unpack_q4_x2(w0.qs, w1.qs);
+        for (int c = 0; c < C; ++c) {
+          const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(wq, xq[c]), ones16);
+          const __m512i s = _mm512_sub_epi32(p, xs[c]);
+          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[c]), _mm512_cvtepi32_ps(s), acc[r][c]);
+        }
+      } else {
+        const __m512i wq = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0.qs))),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1.qs)), 1);
+        const __m512i aw = _mm512_abs_epi8(wq);
+        const __mmask64 neg = _mm512_movepi8_mask(wq);
+        for (int c = 0; c < C; ++c) {
+          // sign(x, w) without AVX-512 psignb: negate x where w < 0 (w == 0 gives aw = 0).
+          const __m512i sx = _mm512_mask_sub_epi8(xq[c], neg, _mm512_setzero_si512(), xq[c]);
+          const __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones16);
+          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[c]), _mm512_cvtepi32_ps(s), acc[r][c]);
+        }
+      }
+    }
+  }
+  float tail[R][C] = {};
+  if (b < nb) {  // odd block count: last block with the 256-bit tile
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        tile_q<TW, 1, 1>(w + r * nb + b, 1, x + c * nb + b, &tail[r][c], 1, nullptr);
+  }
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+}
+#endif
+
 template <class TW, int RB, int CB, size_t... I>
 constexpr std::array<TileFn<TW>, RB * CB> make_q_tiles(std::index_sequence<I...>) {
   return {&tile_q<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+}
+template <class TW, int RB, int CB, size_t... I>
+constexpr std::array<TileFn<TW>, RB * CB> make_q_prefill_tiles(std::index_sequence<I...>) {
+#if TANDEM_ISA_AVX512
+  return {&tile_q512<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+#else
+  return {&tile_q<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+#endif
 }
 
 template <class TW>
@@ -266,12 +365,14 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
     static constexpr auto gemv = make_q_tiles<TW, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
     for (int64_t r = r0; r < r1; r += kGemvRows) {
       const int64_t rr = std::min<int64_t>(kGemvRows, r1 - r);
-      gemv[rr - 1](w + r * nb, nb, x, y + r, ldy);
+      const int64_t rn = r + kGemvRows;
+      const char* pf = rn < r1 ? reinterpret_cast<const char*>(w + rn * nb) : nullptr;
+      gemv[rr - 1](w + r * nb, nb, x, y + r, ldy, pf);
     }
     return;
   }
   static constexpr auto tiles =
-      make_q_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
+      make_q_prefill_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
   // Column chunk: keep the chunk's activations (~512 KiB) in L2 while all row tiles pass.
   const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
   int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
@@ -281,7 +382,8 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
       const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
       for (int64_t c = c0; c < c1; c += kQCols) {
         const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, x + c * nb, y + c * ldy + r, ldy);
+        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, x + c * nb, y + c * ldy + r, ldy,
+                                            nullptr);
       }
     }
   }
@@ -289,12 +391,12 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
 
 float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   float out = 0.0f;
-  tile_q<BlockQ4_0, 1, 1>(w, k / kQK, x, &out, 1);
+  tile_q<BlockQ4_0, 1, 1>(w, k / kQK, x, &out, 1, nullptr);
   return out;
 }
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   float out = 0.0f;
-  tile_q<BlockQ8_0, 1, 1>(w, k / kQK, x, &out, 1);
+  tile_q<BlockQ8_0, 1, 1>(w, k / kQK, x, &out, 1, nullptr);
   return out;
 }
 void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,

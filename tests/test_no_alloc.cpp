@@ -1,0 +1,51 @@
+// The per-token path does no heap allocation: after a warm-up, executor decode steps
+// allocate nothing. Global operator new is replaced by a counting version for the
+// whole test binary; the count is read only around the steps under test.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "tandem/cpu_q4_executor.hpp"
+#include "test_support.hpp"
+
+namespace {
+std::atomic<long> g_allocations{0};
+}
+
+void* operator new(std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace tandem;
+
+TEST_CASE("decode steps do no heap allocation after warm-up", "[executor][alloc]") {
+  const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen3-hd64-small-q4_0");
+  auto model = Model::load(test::model_path(model_name));
+  CpuQ4Executor exec(model, CpuExecutorOptions{2});
+  KvPagePool pool(KvLayout::for_model(model->hparams()), 8);
+  KvSequence kv(pool, 128);
+  std::vector<float> logits(static_cast<size_t>(model->hparams().n_vocab));
+  int32_t id = 1;
+  auto step = [&] {
+    SequenceStep st{&kv, std::span<const int32_t>(&id, 1), kv.n_tokens(), LogitsRows::kLast};
+    exec.step(std::span<const SequenceStep>(&st, 1), logits);
+    id = 3 + kv.n_tokens() % 100;
+  };
+  for (int i = 0; i < 40; ++i) step();  // warm-up: scratch grows to its steady size
+  const long before = g_allocations.load();
+  for (int i = 0; i < 40; ++i) step();
+  CHECK(g_allocations.load() - before == 0);
+}
