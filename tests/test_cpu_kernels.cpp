@@ -543,3 +543,39 @@ TEST_CASE("B09: Q4_0 gemm inner-dimension tails, CPU side", "[kernels]") {
     }
   }
 }
+
+TEST_CASE("gemm is batch-invariant: each column equals its own GEMV bit for bit", "[kernels]") {
+  // A sequence's logits must not depend on what else shares its batch (continuous
+  // batching, prefill chunking): every output column of an m-column gemm equals the
+  // m == 1 call on that column alone, on every ISA and for every weight type.
+  std::mt19937 g(99);
+  const int64_t n = 11;
+  for (int64_t k : {32, 64, 96, 352}) {
+    const int64_t m = 9, nb = k / 32;
+    auto w4 = rand_q4(g, n * nb);
+    auto w8 = rand_q8(g, n * nb);
+    auto xq = rand_q8(g, m * nb);
+    auto wf = rand_f32(g, n * k), xf = rand_f32(g, m * k);
+    std::vector<uint16_t> wh(n * k), xh(m * k);
+    for (int64_t i = 0; i < n * k; ++i) wh[i] = fp32_to_fp16(wf[i]);
+    for (int64_t i = 0; i < m * k; ++i) xh[i] = fp32_to_fp16(xf[i]);
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      auto check = [&](const char* what, auto&& run) {
+        std::vector<float> all(m * n), one(n);
+        run(0, m, all.data());
+        for (int64_t c = 0; c < m; ++c) {
+          run(c, 1, one.data());
+          for (int64_t r = 0; r < n; ++r) {
+            INFO(isa << " " << what << " k " << k << " column " << c << " row " << r);
+            CHECK(bits(all[c * n + r]) == bits(one[r]));
+          }
+        }
+      };
+      check("q4_0", [&](int64_t c, int64_t mm, float* y) { gemm_q4_0_q8_0(w4.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
+      check("q8_0", [&](int64_t c, int64_t mm, float* y) { gemm_q8_0_q8_0(w8.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
+      check("f32", [&](int64_t c, int64_t mm, float* y) { gemm_f32_f32(wf.data(), xf.data() + c * k, y, k, mm, n, 0, n); });
+      check("f16", [&](int64_t c, int64_t mm, float* y) { gemm_f16_f16(wh.data(), xh.data() + c * k, y, k, mm, n, 0, n); });
+    }
+  }
+}

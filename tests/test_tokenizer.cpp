@@ -505,3 +505,33 @@ TEST_CASE("tokenizer: streaming llama3 pieces equal the sanitized join", "[token
   all += sd.finish();
   CHECK(all == text);
 }
+
+TEST_CASE("tokenizer: random bytes never crash; BPE join is the lax-decoded text", "[tokenizer]") {
+  const Tokenizer bpe(byte_level_vocab("llama-bpe", {"AA", "AAAA", "<|x|>"}, {"A A", "AA AA"}));
+  const Tokenizer spm(spm_byte_vocab({{"\xe2\x96\x81", -3.0f}, {"A", -3.0f}, {"AA", -2.0f}}));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const char alphabet[] = {'A', ' ', '\n', '\'', 's', '1', '.', '\xe4', '\xb8', '\xad', '\xf0',
+                           '\x9f', '\x80', '\xff', '\xc0', '<', '|', 'x', '>', '\0'};
+  for (int iter = 0; iter < 300; ++iter) {
+    std::string s;
+    const size_t len = next() % 64;
+    for (size_t i = 0; i < len; ++i) s.push_back(alphabet[next() % sizeof(alphabet)]);
+    INFO("iteration " << iter);
+    for (bool parse : {false, true}) {
+      const auto ids = bpe.tokenize(s, false, parse);
+      std::vector<uint32_t> cps;
+      tandem::detail::utf8_decode_lax(s, cps);
+      std::string lax;
+      for (uint32_t cp : cps) tandem::detail::utf8_append(lax, cp);
+      CHECK(bpe.detokenize_raw(ids, true) == lax);
+      const auto sids = spm.tokenize(s, true, parse);
+      CHECK_NOTHROW(spm.detokenize(sids, true, true));
+    }
+  }
+}

@@ -182,7 +182,8 @@ class StreamingDetokenizer {
   /// Append one token; returns the newly completed text (possibly empty). Throws
   /// Error(kInvalidArgument) for a bad id (the stream is unchanged).
   std::string push(int32_t id);
-  /// Flush held-back bytes (as U+FFFD each) and reset the stream.
+  /// Flush held-back bytes (one U+FFFD each). The object may keep streaming afterwards;
+  /// the first-token space strip is not re-armed.
   std::string finish();
   /// Number of bytes currently held back (0..3).
   size_t pending_bytes() const noexcept { return pending_.size(); }

@@ -286,11 +286,20 @@ inline __m512 scales_x2(uint16_t d0, uint16_t d1) noexcept {
 template <class TW, int R, int C>
 void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
                const char* /*pf*/) noexcept {
+  // The integer work and the scale products run two blocks per 512-bit register; the
+  // f32 accumulation then takes the two halves in block order into 8 lanes, exactly as
+  // tile_q does, so prefill (m > 1) and decode (m == 1) give bit-identical dot products
+  // and a sequence's logits do not depend on what else shares its batch.
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
-  __m512 acc[R][C];
+  __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const __m512i ones16 = _mm512_set1_epi16(1);
+  auto accumulate = [](__m256& a, __m512 scale, __m512i s) {
+    const __m512 sf = _mm512_cvtepi32_ps(s);
+    a = _mm256_fmadd_ps(_mm512_castps512_ps256(scale), _mm512_castps512_ps256(sf), a);
+    a = _mm256_fmadd_ps(_mm512_extractf32x8_ps(scale, 1), _mm512_extractf32x8_ps(sf, 1), a);
+  };
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
     __m512i xq[C];
@@ -314,8 +323,7 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
         const __m512i wq = unpack_q4_x2(w0.qs, w1.qs);
         for (int c = 0; c < C; ++c) {
           const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(wq, xq[c]), ones16);
-          const __m512i s = _mm512_sub_epi32(p, xs[c]);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[c]), _mm512_cvtepi32_ps(s), acc[r][c]);
+          accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]), _mm512_sub_epi32(p, xs[c]));
         }
       } else {
         const __m512i wq = _mm512_inserti64x4(
@@ -326,20 +334,35 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
         for (int c = 0; c < C; ++c) {
           // sign(x, w) without AVX-512 psignb: negate x where w < 0 (w == 0 gives aw = 0).
           const __m512i sx = _mm512_mask_sub_epi8(xq[c], neg, _mm512_setzero_si512(), xq[c]);
-          const __m512i s = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones16);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx[c]), _mm512_cvtepi32_ps(s), acc[r][c]);
+          accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]),
+                     _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones16));
         }
       }
     }
   }
-  float tail[R][C] = {};
-  if (b < nb) {  // odd block count: last block with the 256-bit tile
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        tile_q<TW, 1, 1>(w + r * nb + b, 1, x + c * nb + b, &tail[r][c], 1, nullptr);
+  if (b < nb) {  // odd block count: the last block with 256-bit ops into the same lanes
+    const __m256i ones16_256 = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; ++c) {
+      const BlockQ8_0& xb = x[c * nb + b];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      const __m256 dx = _mm256_set1_ps(h2f(xb.d));
+      for (int r = 0; r < R; ++r) {
+        const TW& wb = w[r * nb + b];
+        const __m256 dw = _mm256_set1_ps(h2f(wb.d));
+        __m256i s;
+        if constexpr (kQ4) {
+          const __m256i xs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones16_256);
+          s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(unpack_q4(wb.qs), xq), ones16_256), xs);
+        } else {
+          const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs));
+          s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones16_256);
+        }
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s), acc[r][c]);
+      }
+    }
   }
   for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) y[c * ldy + r] = _mm512_reduce_add_ps(acc[r][c]) + tail[r][c];
+    for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum256(acc[r][c]);
 }
 #endif
 
