@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "tandem/cpu_q4_executor.hpp"
-#include "tandem/kv_cache.hpp"
+#include "tandem/kv_store.hpp"
 #include "tandem/model.hpp"
 #include "tandem/thread_pool.hpp"
 
@@ -82,7 +82,10 @@ int main(int argc, char** argv) {
     const auto& hp = model->hparams();
     tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
     const int32_t n_ctx = std::max(n_prompt, n_gen) + 1;
-    tandem::KvPagePool pool(tandem::KvLayout::for_model(hp), (n_ctx + 15) / 16);
+    tandem::KvStoreOptions so;
+    so.layout = tandem::KvLayout::for_model(hp);
+    so.host_pages = (n_ctx + 15) / 16;
+    tandem::KvStore pool(std::move(so));
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
     std::vector<float> logits(size_t(hp.n_vocab));

@@ -124,7 +124,6 @@ int main(int argc, char** argv) {
     if (tok_cmd->parsed()) return run_tokenize(tok_model, tok_text, no_bos, parse_special);
     if (model_path.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "--model is required");
     if (seed < 0) seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-    sp.seed = static_cast<uint64_t>(seed);
     sp.validate();
 
     const auto t_load = std::chrono::steady_clock::now();
@@ -133,6 +132,7 @@ int main(int argc, char** argv) {
     tandem::SessionOptions so;
     so.n_ctx = n_ctx;
     so.n_batch = n_batch;
+    so.seed = static_cast<uint64_t>(seed);
     tandem::Session session(model, exec, so);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 

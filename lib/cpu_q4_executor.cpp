@@ -170,8 +170,6 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
   };
 
-  const KvLayout& layout = batch[0].kv->pool().layout();
-  const int32_t P = layout.page_size;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t group = hp.n_head / hp.n_head_kv;
 
@@ -201,12 +199,22 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
           if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
           apply_rope(kt + h * hd, rope + t * hp.n_rot);
         }
-        // Store K and V of this position (f16, rounded to nearest even).
+        // Store K and V of this position (f16 rounded to nearest even, or f32).
         const TokenRef& tr = toks[t];
-        std::byte* page = tr.seq->kv->pool().page_data(tr.seq->kv->block_table()[size_t(tr.pos / P)]);
+        const KvStore& store = tr.seq->kv->store();
+        const KvLayout& layout = store.layout();
+        const int32_t P = layout.page_size;
+        std::byte* page = store.page_data(tr.seq->kv->block_table()[size_t(tr.pos / P)]);
         const int32_t slot = tr.pos % P;
-        k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(page + layout.row_offset(il, 0, slot)), kv_w);
-        k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(page + layout.row_offset(il, 1, slot)), kv_w);
+        std::byte* krow = page + layout.row_offset(il, 0, slot);
+        std::byte* vrow = page + layout.row_offset(il, 1, slot);
+        if (layout.dtype == KvDtype::kF16) {
+          k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(krow), kv_w);
+          k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(vrow), kv_w);
+        } else {
+          std::memcpy(krow, kt, size_t(kv_w) * sizeof(float));
+          std::memcpy(vrow, vt, size_t(kv_w) * sizeof(float));
+        }
       }
     });
 
@@ -221,14 +229,20 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         const int64_t hk = h / group;
         const TokenRef& tr = toks[t];
         const auto& table = tr.seq->kv->block_table();
-        const KvPagePool& kvpool = tr.seq->kv->pool();
-        k::fp32_to_fp16_row(q + t * q_w + h * hd, qh16, hd);
+        const KvStore& store = tr.seq->kv->store();
+        const KvLayout& layout = store.layout();
+        const int32_t P = layout.page_size;
+        const bool f16 = layout.dtype == KvDtype::kF16;
+        const float* qh = q + t * q_w + h * hd;
+        // As ggml: with an f16 cache q is rounded to f16 and the probabilities too.
+        if (f16) k::fp32_to_fp16_row(qh, qh16, hd);
         const int32_t n_pos = tr.pos + 1;
         float mx = -std::numeric_limits<float>::infinity();
         for (int32_t p = 0; p < n_pos; ++p) {
-          const std::byte* page = kvpool.page_data(table[size_t(p / P)]);
-          const auto* krow = reinterpret_cast<const uint16_t*>(page + layout.row_offset(il, 0, p % P)) + hk * hd;
-          sc[p] = k::vec_dot_f16(krow, qh16, hd) * kq_scale;
+          const std::byte* krow = store.page_data(table[size_t(p / P)]) + layout.row_offset(il, 0, p % P);
+          sc[p] = (f16 ? k::vec_dot_f16(reinterpret_cast<const uint16_t*>(krow) + hk * hd, qh16, hd)
+                       : k::vec_dot_f32(reinterpret_cast<const float*>(krow) + hk * hd, qh, hd)) *
+                  kq_scale;
           mx = std::max(mx, sc[p]);
         }
         double sum = 0.0;
@@ -239,10 +253,15 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         const float inv = static_cast<float>(1.0 / sum);
         std::fill(out, out + hd, 0.0f);
         for (int32_t p = 0; p < n_pos; ++p) {
-          const float prob = k::fp16_to_fp32(k::fp32_to_fp16(sc[p] * inv));
-          const std::byte* page = kvpool.page_data(table[size_t(p / P)]);
-          const auto* vrow = reinterpret_cast<const uint16_t*>(page + layout.row_offset(il, 1, p % P)) + hk * hd;
-          k::axpy_f16(prob, vrow, out, hd);
+          const std::byte* vrow = store.page_data(table[size_t(p / P)]) + layout.row_offset(il, 1, p % P);
+          if (f16) {
+            const float prob = k::fp16_to_fp32(k::fp32_to_fp16(sc[p] * inv));
+            k::axpy_f16(prob, reinterpret_cast<const uint16_t*>(vrow) + hk * hd, out, hd);
+          } else {
+            const float prob = sc[p] * inv;
+            const float* v32 = reinterpret_cast<const float*>(vrow) + hk * hd;
+            for (int64_t d = 0; d < hd; ++d) out[d] += prob * v32[d];
+          }
         }
         std::memcpy(attn + t * q_w + h * hd, out, size_t(hd) * sizeof(float));
       }

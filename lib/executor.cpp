@@ -19,12 +19,16 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceStep& s = batch[i];
     if (!s.kv) throw Error(ErrorCode::kInvalidArgument, fmt::format("step: sequence {} has no KV", i));
-    const KvLayout& l = s.kv->pool().layout();
-    if (l.n_layer != hp.n_layer || l.n_head_kv != hp.n_head_kv || l.head_dim != hp.head_dim) {
+    const KvLayout& l = s.kv->store().layout();
+    if (l.n_layer != hp.n_layer || l.layer_begin != 0 || l.n_head_kv != hp.n_head_kv || l.head_dim != hp.head_dim) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("step: sequence {} has a KV layout ({} layers, {} KV heads, head_dim {}) "
                               "that does not fit the model ({}, {}, {})",
                               i, l.n_layer, l.n_head_kv, l.head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
+    }
+    if (!supports(l.dtype)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("step: the {} executor does not support {} KV pages", name(), kv_dtype_name(l.dtype)));
     }
     if (s.tokens.empty()) throw Error(ErrorCode::kInvalidArgument, fmt::format("step: sequence {} has no tokens", i));
     for (size_t j = 0; j < i; ++j) {
@@ -55,6 +59,30 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
   if (static_cast<int64_t>(logits.size()) < need) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("step: logits buffer holds {} floats, {} needed", logits.size(), need));
+  }
+  struct Pins {
+    std::span<const SequenceStep> b;
+    explicit Pins(std::span<const SequenceStep> batch_) : b(batch_) {
+      for (const auto& s : b) s.kv->set_pinned(true);
+    }
+    ~Pins() {
+      for (const auto& s : b) s.kv->set_pinned(false);
+    }
+  } pins(batch);
+  const KvTier tier = kv_tier();
+  for (const auto& s : batch) {
+    if (s.kv->pages_outside(tier) > 0 && s.kv->store().has_tier(tier)) {
+      s.kv->make_resident(tier);
+    } else {
+      s.kv->touch();
+    }
+    for (PageId p : s.kv->block_table()) {
+      if (!can_read(s.kv->store().tier_of(p))) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("step: a KV page of sequence {} lives in the {} tier, which the {} executor cannot read",
+                                s.kv->id(), kv_tier_name(s.kv->store().tier_of(p)), name()));
+      }
+    }
   }
   for (const auto& s : batch) s.kv->reserve(s.pos0 + static_cast<int32_t>(s.tokens.size()));
   step_impl(batch, logits);

@@ -32,6 +32,21 @@ int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
 
 int32_t pages_for(int32_t n_ctx, int32_t page_size) { return (n_ctx + page_size - 1) / page_size; }
 
+std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, int32_t n_ctx) {
+  if (o.kv_store) return o.kv_store;
+  if (o.kv_tier == KvTier::kDevice) {
+    throw Error(ErrorCode::kInvalidArgument, "session: a Device-tier session needs a store from the GPU executor");
+  }
+  KvStoreOptions so;
+  so.layout = KvLayout::for_model(hp, o.page_size, o.kv_dtype);
+  // One spare page so a copy-on-write never fails for want of room.
+  const int32_t pages = pages_for(n_ctx, o.page_size) + 1;
+  (o.kv_tier == KvTier::kHost ? so.host_pages : so.file_pages) = pages;
+  so.file_dir = o.kv_dir;
+  so.file_chunk_pages = std::min(pages, 256);
+  return std::make_shared<KvStore>(std::move(so));
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -57,9 +72,10 @@ Session::Session(std::shared_ptr<const Model> model, Executor& executor, const S
       executor_(&executor),
       options_(options),
       n_ctx_(resolve_n_ctx(model_->hparams(), options)),
-      pool_(KvLayout::for_model(model_->hparams(), options.page_size), pages_for(n_ctx_, options.page_size)),
-      kv_(pool_, n_ctx_),
-      logits_(size_t(model_->hparams().n_vocab)) {
+      store_(own_store(model_->hparams(), options, n_ctx_)),
+      kv_(std::make_unique<KvSequence>(*store_, n_ctx_, options.kv_tier)),
+      logits_(size_t(model_->hparams().n_vocab)),
+      rng_(options.seed) {
   if (&executor.model() != model_.get()) {
     throw Error(ErrorCode::kInvalidArgument, "session: the executor runs a different model");
   }
@@ -93,7 +109,7 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
   }
   if (pending_) {
     const int32_t id = *pending_;
-    SequenceStep st{&kv_, std::span<const int32_t>(&id, 1), kv_.n_tokens(),
+    SequenceStep st{kv_.get(), std::span<const int32_t>(&id, 1), kv_->n_tokens(),
                     ids.empty() ? LogitsRows::kLast : LogitsRows::kNone};
     executor_->step(std::span<const SequenceStep>(&st, 1), logits_);
     tokens_.push_back(id);
@@ -104,7 +120,7 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
   for (size_t b = 0; b < ids.size(); b += chunk) {
     const size_t n = std::min(chunk, ids.size() - b);
     const bool last = b + n == ids.size();
-    SequenceStep st{&kv_, ids.subspan(b, n), kv_.n_tokens(), LogitsRows::kNone};
+    SequenceStep st{kv_.get(), ids.subspan(b, n), kv_->n_tokens(), LogitsRows::kNone};
     std::span<float> out;
     if (!all_logits.empty()) {
       st.logits = LogitsRows::kAll;
@@ -139,6 +155,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "generate: a stop string is empty");
   }
   Sampler sampler(options.sampling, model_->hparams().n_vocab);
+  if (options.sampling.seed == SamplingParams::kSessionSeed) sampler.set_rng(rng_);
   GenerateResult r;
   const auto t0 = std::chrono::steady_clock::now();
   if (prompt.empty() && !pending_ && !have_logits_) {
@@ -149,7 +166,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   r.prompt_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  StreamingDetokenizer detok(tok);
+  StreamingDetokenizer detok(tok, false, false);  // generated text follows a prompt: keep its leading space
   std::string held;          // final text not yet passed to on_text
   size_t emitted_upto = 0;   // bytes of r.text already passed on
   bool stop = false;
@@ -196,11 +213,12 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
   }
   r.generate_seconds = seconds_since(t1);
+  rng_ = sampler.rng();
   return r;
 }
 
 void Session::reset() {
-  kv_.truncate(0);
+  kv_->truncate(0);
   tokens_.clear();
   pending_.reset();
   have_logits_ = false;

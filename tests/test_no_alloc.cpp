@@ -35,8 +35,11 @@ TEST_CASE("decode steps do no heap allocation after warm-up", "[executor][alloc]
   const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen3-hd64-small-q4_0");
   auto model = Model::load(test::model_path(model_name));
   CpuQ4Executor exec(model, CpuExecutorOptions{2});
-  KvPagePool pool(KvLayout::for_model(model->hparams()), 8);
-  KvSequence kv(pool, 128);
+  KvStoreOptions so;
+  so.layout = KvLayout::for_model(model->hparams());
+  so.host_pages = 8;
+  KvStore store(std::move(so));
+  KvSequence kv(store, 128);
   std::vector<float> logits(static_cast<size_t>(model->hparams().n_vocab));
   int32_t id = 1;
   auto step = [&] {

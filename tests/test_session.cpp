@@ -24,6 +24,13 @@ std::vector<int32_t> some_ids(int n) {
   return ids;
 }
 
+std::shared_ptr<KvStore> host_store(const HParams& hp, int32_t pages, int32_t page_size = 16) {
+  KvStoreOptions o;
+  o.layout = KvLayout::for_model(hp, page_size);
+  o.host_pages = pages;
+  return std::make_shared<KvStore>(std::move(o));
+}
+
 template <class Fn>
 ErrorCode code_of(Fn&& fn) {
   try {
@@ -73,14 +80,15 @@ TEST_CASE("B15: context overflow is refused before any compute", "[session][fiel
     CHECK(std::vector<float>(s.logits().begin(), s.logits().end()) == before);
   }
   SECTION("(d) low-level steps at positions 32, -1 and 40 (holding 10) are refused") {
-    KvPagePool pool(KvLayout::for_model(aidreams()->hparams()), 2);
-    KvSequence kv(pool, 32);
+    auto pool = host_store(aidreams()->hparams(), 2);
+    KvSequence kv(*pool, 32);
     std::vector<float> logits(size_t(aidreams()->hparams().n_vocab));
     const auto ten = some_ids(10);
     SequenceStep st{&kv, ten, 0, LogitsRows::kLast};
     exec->step(std::span<const SequenceStep>(&st, 1), logits);
     REQUIRE(kv.n_tokens() == 10);
-    const std::vector<std::byte> snapshot(pool.page_data(0), pool.page_data(0) + 2 * pool.layout().page_bytes());
+    const std::vector<std::byte> snapshot(pool->page_data(kv.block_table()[0]),
+                                          pool->page_data(kv.block_table()[0]) + pool->layout().page_bytes());
     const int32_t id = 5;
     for (int32_t pos : {32, -1, 40, 9, 11}) {
       SequenceStep bad{&kv, std::span<const int32_t>(&id, 1), pos, LogitsRows::kLast};
@@ -88,7 +96,8 @@ TEST_CASE("B15: context overflow is refused before any compute", "[session][fiel
       CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&bad, 1), logits); }) == ErrorCode::kBadPosition);
       CHECK(kv.n_tokens() == 10);
     }
-    CHECK(std::memcmp(snapshot.data(), pool.page_data(0), snapshot.size()) == 0);
+    CHECK(std::memcmp(snapshot.data(), pool->page_data(kv.block_table()[0]), snapshot.size()) == 0);
+    CHECK(pool->used_pages() == 1);
   }
 }
 
@@ -96,8 +105,8 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
   const auto exec_name = GENERATE(from_range(test::executor_names()));
   auto exec = test::make_executor(exec_name, aidreams());
   const int32_t n_vocab = aidreams()->hparams().n_vocab;
-  KvPagePool pool(KvLayout::for_model(aidreams()->hparams()), 8);
-  KvSequence kv(pool, 64);
+  auto pool = host_store(aidreams()->hparams(), 8);
+  KvSequence kv(*pool, 64);
   std::vector<float> logits(size_t(n_vocab) * 4);
   const std::vector<int32_t> good{1, 2, 3};
   const std::vector<int32_t> bad_id{1, n_vocab};
@@ -118,16 +127,16 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
   CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2)); }) ==
         ErrorCode::kInvalidArgument);
   CHECK(kv.n_tokens() == 0);
-  CHECK(pool.used() == 0);
+  CHECK(pool->used_pages() == 0);
 
   SECTION("a full KV pool is kOutOfMemory and leaves the sequence as it was") {
-    KvPagePool tiny(KvLayout::for_model(aidreams()->hparams(), 4), 1);
-    KvSequence small(tiny, 64);
+    auto tiny = host_store(aidreams()->hparams(), 1, 4);
+    KvSequence small(*tiny, 64);
     const auto ids = some_ids(5);
     SequenceStep st{&small, ids, 0, LogitsRows::kLast};
     CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&st, 1), logits); }) == ErrorCode::kOutOfMemory);
     CHECK(small.n_tokens() == 0);
-    CHECK(tiny.used() == 0);
+    CHECK(tiny->used_pages() == 0);
   }
 }
 
@@ -154,8 +163,8 @@ TEST_CASE("chunked prefill and multi-sequence batches give the same logits as on
   CHECK(got == ref);
 
   // Two sequences of different lengths in one step, against each run alone.
-  KvPagePool pool(KvLayout::for_model(model->hparams()), 16);
-  KvSequence a(pool, 64), b(pool, 64);
+  auto pool = host_store(model->hparams(), 16);
+  KvSequence a(*pool, 64), b(*pool, 64);
   const std::span<const int32_t> ia(ids.data(), 25), ib(ids.data() + 3, 11);
   SequenceStep batch[2] = {{&a, ia, 0, LogitsRows::kAll}, {&b, ib, 0, LogitsRows::kLast}};
   std::vector<float> both(size_t(25 + 1) * size_t(n_vocab));

@@ -30,6 +30,10 @@ class CpuQ4Executor final : public Executor {
   CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options = {});
   ~CpuQ4Executor() override;
   std::string_view name() const noexcept override { return "cpu"; }
+  /// Computes on Host pages; File pages (memory-mapped) are readable too.
+  KvTier kv_tier() const noexcept override { return KvTier::kHost; }
+  bool can_read(KvTier tier) const noexcept override { return tier != KvTier::kDevice; }
+  bool supports(KvDtype) const noexcept override { return true; }
   int n_threads() const noexcept { return pool_.size(); }
 
  protected:

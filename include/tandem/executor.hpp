@@ -7,9 +7,12 @@
 // each sequence asks for, in batch order, as a row-major float32 [n_rows, n_vocab] array.
 //
 // Template method (as faiss's GpuIndex::search -> searchImpl_): step() validates the
-// whole batch and reserves KV pages before any compute, then calls step_impl(), which
-// may assume valid inputs. On an error thrown by step() nothing has been computed and
-// no sequence's n_tokens changed.
+// whole batch, brings every sequence's KV pages into the executor's tier (kv_tier():
+// Host for the CPU, Device for the GPU; a swapped-out sequence is brought back, evicting
+// least-recently-used inactive sequences to File when the tier is full), pins the
+// sequences against eviction, reserves the pages the new positions need, then calls
+// step_impl(), which may assume valid, resident inputs. On an error thrown by step()
+// nothing has been computed and no sequence's n_tokens changed.
 //
 // Thread-safety: an executor runs one step at a time (the caller serialises; the
 // scheduler gives each executor one step loop). Different executors run concurrently.
@@ -20,7 +23,7 @@
 #include <span>
 #include <string_view>
 
-#include "tandem/kv_cache.hpp"
+#include "tandem/kv_store.hpp"
 #include "tandem/model.hpp"
 
 namespace tandem {
@@ -46,6 +49,12 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   virtual std::string_view name() const noexcept = 0;
+  /// The KV tier this executor computes on.
+  virtual KvTier kv_tier() const noexcept = 0;
+  /// Whether step_impl can read pages that live in `tier` directly.
+  virtual bool can_read(KvTier tier) const noexcept { return tier == kv_tier(); }
+  /// Whether step_impl supports KV pages of this element type.
+  virtual bool supports(KvDtype dtype) const noexcept { return dtype == KvDtype::kF16; }
   const Model& model() const noexcept { return *model_; }
   const std::shared_ptr<const Model>& model_ptr() const noexcept { return model_; }
 
@@ -55,7 +64,7 @@ class Executor {
   /// Run one step; `logits` must hold logits_rows(batch) * n_vocab floats.
   /// Errors (nothing computed, no sequence changed): kInvalidArgument (null kv, empty
   /// tokens, token id outside the vocabulary, the same sequence twice, logits too small,
-  /// a KV layout that does not fit the model), kBadPosition (pos0 != kv->n_tokens(), or
+  /// a KV layout or dtype that does not fit the model or executor), kBadPosition (pos0 != kv->n_tokens(), or
   /// pos0 outside [0, max_tokens)), kContextOverflow (pos0 + n > max_tokens),
   /// kOutOfMemory (no free KV page).
   void step(std::span<const SequenceStep> batch, std::span<float> logits);

@@ -36,7 +36,10 @@ struct SamplingParams {
   int32_t repeat_last_n = 64;     ///< tokens of history the penalties look at
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  uint64_t seed = 0;              ///< same seed + same logits -> same tokens
+  /// Same seed + same logits -> same tokens. kSessionSeed: a Session continues its own
+  /// random engine (seeded by SessionOptions::seed, saved with the session).
+  uint64_t seed = kSessionSeed;
+  static constexpr uint64_t kSessionSeed = UINT64_MAX;
 
   static SamplingParams greedy() {
     SamplingParams p;

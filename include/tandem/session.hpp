@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tandem/executor.hpp"
-#include "tandem/kv_cache.hpp"
+#include "tandem/kv_store.hpp"
 #include "tandem/model.hpp"
 #include "tandem/sampler.hpp"
 
@@ -29,7 +29,14 @@ namespace tandem {
 struct SessionOptions {
   int32_t n_ctx = 0;        ///< positions; 0 = the model's n_ctx_train, capped at 4096
   int32_t n_batch = 512;    ///< prompt tokens per executor step (chunked prefill)
-  int32_t page_size = 16;   ///< KV page size in tokens
+  /// Where the KV pages live. Null: the session makes its own store sized for n_ctx,
+  /// with pages of `page_size` tokens and `kv_dtype` in `kv_tier` (Host or File).
+  std::shared_ptr<KvStore> kv_store;
+  int32_t page_size = 16;   ///< KV page size in tokens (own store only)
+  KvDtype kv_dtype = KvDtype::kF16;  ///< (own store only)
+  KvTier kv_tier = KvTier::kHost;    ///< tier new pages go to
+  std::filesystem::path kv_dir = std::filesystem::temp_directory_path();  ///< File tier directory (own store)
+  uint64_t seed = 0;        ///< initial state of the session's random engine
 };
 
 enum class FinishReason {
@@ -87,17 +94,22 @@ class Session {
   /// Forget everything (KV pages returned).
   void reset();
 
+  KvSequence& kv() noexcept { return *kv_; }
+  const std::shared_ptr<KvStore>& kv_store() const noexcept { return store_; }
+  Executor& executor() const noexcept { return *executor_; }
+
  private:
   std::shared_ptr<const Model> model_;
   Executor* executor_;
   SessionOptions options_;
   int32_t n_ctx_;
-  KvPagePool pool_;
-  KvSequence kv_;
+  std::shared_ptr<KvStore> store_;
+  std::unique_ptr<KvSequence> kv_;
   std::vector<int32_t> tokens_;
   std::optional<int32_t> pending_;  ///< sampled but not yet evaluated
   std::vector<float> logits_;
   bool have_logits_ = false;
+  std::mt19937_64 rng_;
 };
 
 }  // namespace tandem

@@ -1,0 +1,410 @@
+/*
+ * tandem.h -- the C ABI of Tandem (C99; no C++ in this header).
+ *
+ * One header, one library: libtandem.so (exports only tandem_* symbols) or libtandem.a.
+ * Find it with `pkg-config tandem` or CMake `find_package(Tandem)` (targets
+ * Tandem::tandem and Tandem::tandem_static).
+ *
+ * Conventions (they hold for every function below unless its comment says otherwise)
+ * -----------------------------------------------------------------------------------
+ * Status.    Every function returns a tandem_status: TANDEM_OK (0) or a TANDEM_E_* code.
+ *            The exceptions are tandem_version(), tandem_last_error() and
+ *            tandem_status_name(), which cannot fail. No C++ exception ever crosses this
+ *            boundary: the library turns each one into a status.
+ * Messages.  After a call that failed, tandem_last_error() returns a message naming the
+ *            argument, key, tensor or byte offset at fault. The message is per thread.
+ * Handles.   tandem_model and tandem_session are opaque handles. The library keeps a
+ *            registry of live handles and checks every handle it is given: NULL gives
+ *            TANDEM_E_INVALID_ARG; a handle that was freed already, that was never
+ *            returned by the library, or that names the wrong kind of object gives
+ *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check.
+ * Ownership. Every *_create / *_load has a *_free. *_free(NULL) is a no-op returning
+ *            TANDEM_OK; a second free of the same handle returns TANDEM_E_INVALID_HANDLE
+ *            (handle values are never reused within a process). Objects are reference
+ *            counted inside: a session keeps its model alive, so the model handle may be
+ *            freed before its sessions.
+ * Outputs.   Out-parameters for handles are set to NULL when a create fails. Other outputs
+ *            are left unchanged on failure unless stated.
+ * Structs.   Every struct begins with `size_t struct_size`, the caller's sizeof of the
+ *            struct. Fill one with its *_init(&s, sizeof s) function (sets struct_size and
+ *            the defaults) before changing fields. The library accepts a struct_size from
+ *            the size of version 0.1 of the struct (smaller: TANDEM_E_INVALID_ARG) up to
+ *            any larger size as long as the bytes it does not know are zero (a caller
+ *            built against a newer header that sets a field this library does not have
+ *            gets TANDEM_E_INVALID_ARG, never silent ignoring). Output structs are written
+ *            only up to struct_size.
+ * Strings.   Text passed in is UTF-8 and is validated: invalid UTF-8 gives
+ *            TANDEM_E_INVALID_ARG. Variable-length results (token ids, detokenized text,
+ *            token pieces, logits) go into CALLER-PROVIDED BUFFERS with a size query, as
+ *            llama.h does: pass buf = NULL and capacity = 0 to learn the size (returns
+ *            TANDEM_OK with the size in the out-count); a buffer that is too small gives
+ *            TANDEM_E_BUFFER_TOO_SMALL with the needed size in the out-count and nothing
+ *            written. Text buffers are always NUL-terminated, so they need size + 1
+ *            bytes. The only strings the library owns are constants with a stated
+ *            lifetime (tandem_version, tandem_status_name, tandem_last_error, the name
+ *            and arch in tandem_model_info); there is nothing for the caller to free.
+ * Threads.   Each function states its thread-safety. In short: models are immutable and
+ *            may be used from any number of threads at once; a session serves one call
+ *            at a time and refuses a concurrent call with TANDEM_E_BUSY (it never
+ *            blocks and never corrupts state); *_free may be called from any thread.
+ * Callbacks. A callback must return normally (no longjmp out of it). It may call any
+ *            tandem function; calls on the session that is generating return
+ *            TANDEM_E_BUSY, except tandem_session_free, which takes effect when the
+ *            generation returns.
+ *
+ * Planned, not in this version (the names are reserved; nothing is declared that does
+ * not work yet): session save/restore (tandem_session_save / tandem_session_restore into
+ * caller buffers), the scheduler (tandem_scheduler_create with executors,
+ * tandem_scheduler_submit -> tandem_request, tandem_request_poll, tandem_request_cancel,
+ * tandem_request_free, tandem_scheduler_free) and metrics
+ * (tandem_scheduler_metrics_json, a JSON snapshot in a caller buffer).
+ */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- version ------------------------------------------------------------------------ */
+
+#define TANDEM_VERSION_MAJOR 0
+#define TANDEM_VERSION_MINOR 1
+#define TANDEM_VERSION_PATCH 0
+#define TANDEM_VERSION_STRING "0.1.0"
+/* (major * 10000 + minor * 100 + patch), for #if comparisons. */
+#define TANDEM_VERSION_NUMBER \
+  (TANDEM_VERSION_MAJOR * 10000 + TANDEM_VERSION_MINOR * 100 + TANDEM_VERSION_PATCH)
+/* The shared library's soname is libtandem.so.<TANDEM_ABI_VERSION>. */
+#define TANDEM_ABI_VERSION 0
+
+#if defined(_WIN32)
+#  if defined(TANDEM_BUILDING_LIBRARY)
+#    define TANDEM_API __declspec(dllexport)
+#  elif defined(TANDEM_SHARED_LIBRARY)
+#    define TANDEM_API __declspec(dllimport)
+#  else
+#    define TANDEM_API
+#  endif
+#elif defined(__GNUC__) || defined(__clang__)
+#  define TANDEM_API __attribute__((visibility("default")))
+#else
+#  define TANDEM_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes ------------------------------------------------------------------- */
+
+/* A status: TANDEM_OK or one of the TANDEM_E_* values below. Values 0..99 are the numbers
+ * of tandem::ErrorCode in the C++ library (include/tandem/error.hpp); 100 and up exist
+ * only at the C boundary. Numbers never change meaning; new codes may be added. */
+typedef int32_t tandem_status;
+
+enum tandem_status_code {
+  TANDEM_OK = 0,
+  TANDEM_E_INVALID_ARG = 1,             /* an argument is NULL, out of range or malformed */
+  TANDEM_E_IO = 2,                      /* open/read/mmap failed (errno text in the message) */
+  TANDEM_E_OUT_OF_MEMORY = 3,           /* an allocation or capacity limit was exceeded */
+  TANDEM_E_GGUF_BAD_MAGIC = 10,         /* the file does not start with "GGUF" */
+  TANDEM_E_GGUF_BAD_VERSION = 11,       /* GGUF version other than 2 or 3 */
+  TANDEM_E_GGUF_TRUNCATED = 12,         /* a field or tensor runs past the end of the file */
+  TANDEM_E_GGUF_BAD_LENGTH = 13,        /* a length or count cannot fit in the file */
+  TANDEM_E_GGUF_BAD_ALIGNMENT = 14,     /* general.alignment invalid, or a misaligned tensor */
+  TANDEM_E_GGUF_DUPLICATE_KEY = 15,     /* the same metadata key twice */
+  TANDEM_E_GGUF_DUPLICATE_TENSOR = 16,  /* the same tensor name twice */
+  TANDEM_E_GGUF_BAD_TYPE = 17,          /* unknown value/tensor type, or a key of the wrong type */
+  TANDEM_E_GGUF_BAD_TENSOR = 18,        /* bad tensor dimensions */
+  TANDEM_E_TENSOR_NON_FINITE = 19,      /* a quantisation block scale is Inf or NaN */
+  TANDEM_E_MODEL_UNSUPPORTED_ARCH = 30, /* general.architecture is not llama/qwen2/qwen3 */
+  TANDEM_E_MODEL_MISSING_TENSOR = 31,   /* a required tensor is absent */
+  TANDEM_E_MODEL_BAD_HPARAMS = 32,      /* a hyper-parameter is missing or inconsistent */
+  TANDEM_E_MODEL_BAD_TENSOR_SHAPE = 33, /* a tensor's shape/type does not fit the model */
+  TANDEM_E_TOKENIZER = 40,              /* tokenizer metadata missing or inconsistent */
+  TANDEM_E_CONTEXT_OVERFLOW = 50,       /* more tokens than the session's context holds */
+  TANDEM_E_BAD_POSITION = 51,           /* a KV position that is out of range */
+  TANDEM_E_INTERNAL = 99,               /* a bug in Tandem (or a callback threw a C++ exception) */
+  TANDEM_E_INVALID_HANDLE = 100,        /* a freed, unknown or wrong-kind handle */
+  TANDEM_E_BUSY = 101,                  /* the session is in use by another call */
+  TANDEM_E_BUFFER_TOO_SMALL = 102       /* a caller buffer is too small (size in the out-count) */
+};
+
+/* ---- library-wide functions --------------------------------------------------------- */
+
+/* "MAJOR.MINOR.PATCH" of the library actually loaded (compare with TANDEM_VERSION_STRING
+ * to detect a header/library mismatch). Static storage. Thread-safe. */
+TANDEM_API const char* tandem_version(void);
+
+/* The message of the most recent failed call on the calling thread; "" if none failed
+ * yet. Never NULL. Valid until the next tandem call on this thread. Successful calls do
+ * not clear it. Thread-safe (each thread has its own message). */
+TANDEM_API const char* tandem_last_error(void);
+
+/* Stable name of a status without its prefix ("OK", "INVALID_ARG", "BUSY", ...;
+ * "UNKNOWN" for a number that is not a code). Static storage. Thread-safe. */
+TANDEM_API const char* tandem_status_name(tandem_status status);
+
+/* ---- handles ------------------------------------------------------------------------ */
+
+typedef struct tandem_model tandem_model;         /* an immutable loaded GGUF model */
+typedef struct tandem_session tandem_session;     /* one conversation: tokens, KV cache, executor */
+typedef struct tandem_scheduler tandem_scheduler; /* reserved: the multi-executor scheduler (planned) */
+typedef struct tandem_request tandem_request;     /* reserved: a scheduled request (planned) */
+
+/* ---- model -------------------------------------------------------------------------- */
+
+typedef struct tandem_model_params {
+  size_t struct_size;
+  int32_t check_block_scales; /* nonzero: refuse Q4_0/Q8_0 blocks with Inf/NaN scales at load
+                                 (reads every block scale once). Default 1. */
+  uint32_t max_alignment;     /* largest accepted general.alignment, a power of two.
+                                 Default 1 MiB. */
+} tandem_model_params;
+
+/* Set params->struct_size = struct_size and every field to its default.
+ * TANDEM_E_INVALID_ARG: params NULL, struct_size smaller than version 0.1 of the struct.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_model_params_init(tandem_model_params* params, size_t struct_size);
+
+/* Load, validate and memory-map a GGUF model. params may be NULL (defaults).
+ * On success *out_model is a new handle (free with tandem_model_free); on failure it is
+ * set to NULL. Errors: TANDEM_E_INVALID_ARG (path or out_model NULL, bad params),
+ * TANDEM_E_IO, the TANDEM_E_GGUF_* / TANDEM_E_TENSOR_NON_FINITE codes for a malformed
+ * file, TANDEM_E_MODEL_* , TANDEM_E_TOKENIZER, TANDEM_E_OUT_OF_MEMORY.
+ * Thread-safe (any number of loads at once). */
+TANDEM_API tandem_status tandem_model_load(const char* path, const tandem_model_params* params,
+                                           tandem_model** out_model);
+
+/* Release the handle. The weights stay mapped while sessions created from it exist.
+ * NULL: no-op, TANDEM_OK. Already freed / unknown: TANDEM_E_INVALID_HANDLE.
+ * Thread-safe, also while other threads use the model (their calls finish normally). */
+TANDEM_API tandem_status tandem_model_free(tandem_model* model);
+
+typedef struct tandem_model_info {
+  size_t struct_size;
+  const char* arch;     /* "llama", "qwen2" or "qwen3"; static storage */
+  const char* name;     /* general.name, or the file name without extension; owned by the
+                           model, valid until tandem_model_free of this handle */
+  int32_t n_vocab;      /* vocabulary size */
+  int32_t n_ctx_train;  /* context length the model was trained with */
+  int32_t n_embd;
+  int32_t n_layer;
+  int32_t n_head;
+  int32_t n_head_kv;
+  int32_t token_bos;    /* -1 if none */
+  int32_t token_eos;    /* -1 if none */
+  uint64_t weight_bytes; /* bytes of all tensor data */
+} tandem_model_info;
+
+/* Set info->struct_size = struct_size and zero the rest. Errors as the other *_init.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_model_info_init(tandem_model_info* info, size_t struct_size);
+
+/* Fill *info (up to info->struct_size). Cheap. Thread-safe. */
+TANDEM_API tandem_status tandem_model_get_info(const tandem_model* model, tandem_model_info* info);
+
+/* The model's identity hash: xxHash3-64 of the hyper-parameters and of every tensor's
+ * name, shape, type and data (not the file name). Equal hashes = same weights. The first
+ * call reads every weight once (seconds for a large model); later calls are cached.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_model_identity_hash(const tandem_model* model, uint64_t* out_hash);
+
+/* ---- tokenizer ---------------------------------------------------------------------- */
+
+#define TANDEM_TOKENIZE_ADD_SPECIAL 1u   /* add BOS (and EOS) as the vocabulary asks */
+#define TANDEM_TOKENIZE_PARSE_SPECIAL 2u /* text of control tokens ("<s>") becomes that token */
+
+/* Tokenize text_len bytes of UTF-8 (llama_tokenize semantics). text may be NULL only when
+ * text_len is 0. flags: TANDEM_TOKENIZE_* (unknown bits: TANDEM_E_INVALID_ARG).
+ * *out_n_tokens receives the number of ids; they are written to tokens[0..n) when
+ * capacity >= n. tokens NULL with capacity 0 is a size query (TANDEM_OK).
+ * Errors: TANDEM_E_INVALID_ARG (NULL model/out_n_tokens, invalid UTF-8, tokens NULL with
+ * capacity > 0), TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
+TANDEM_API tandem_status tandem_tokenize(const tandem_model* model, const char* text, size_t text_len,
+                                         uint32_t flags, int32_t* tokens, size_t capacity,
+                                         size_t* out_n_tokens);
+
+#define TANDEM_DETOKENIZE_REMOVE_SPECIAL 1u  /* drop a leading BOS / trailing EOS the vocabulary adds */
+#define TANDEM_DETOKENIZE_UNPARSE_SPECIAL 2u /* write control tokens as their text */
+
+/* Text of n_tokens ids (llama_detokenize semantics). The bytes may be invalid UTF-8 (for
+ * example half a character when the ids end inside one). *out_len receives the length in
+ * bytes without the NUL; buf gets the text and a NUL when capacity >= *out_len + 1.
+ * buf NULL with capacity 0 is a size query. tokens may be NULL only when n_tokens is 0.
+ * Errors: TANDEM_E_INVALID_ARG (NULL arguments, an id outside [0, n_vocab), unknown flag
+ * bits), TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
+TANDEM_API tandem_status tandem_detokenize(const tandem_model* model, const int32_t* tokens,
+                                           size_t n_tokens, uint32_t flags, char* buf,
+                                           size_t capacity, size_t* out_len);
+
+/* Raw bytes of one token (llama_token_to_piece): control tokens give "" unless flags has
+ * TANDEM_DETOKENIZE_UNPARSE_SPECIAL. Buffer rules and errors as tandem_detokenize.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_t token, uint32_t flags,
+                                               char* buf, size_t capacity, size_t* out_len);
+
+/* ---- session ------------------------------------------------------------------------ */
+
+typedef struct tandem_session_params {
+  size_t struct_size;
+  int32_t n_ctx;     /* context positions; 0 = the model's n_ctx_train capped at 4096 */
+  int32_t n_batch;   /* prompt tokens per executor step (chunked prefill), >= 1; default 512 */
+  int32_t page_size; /* KV page size in tokens, >= 1; default 16 */
+  int32_t n_threads; /* CPU threads of the session's executor, 0..512; 0 = physical cores */
+} tandem_session_params;
+
+/* Defaults: n_ctx 0, n_batch 512, page_size 16, n_threads 0. Thread-safe. */
+TANDEM_API tandem_status tandem_session_params_init(tandem_session_params* params, size_t struct_size);
+
+/* Create a session on `model` with its own CPU executor (CpuQ4Executor, n_threads
+ * threads) and a KV cache of n_ctx positions, allocated now. params may be NULL.
+ * On failure *out_session is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL model or
+ * out_session, a parameter out of range, n_ctx too large for a page count),
+ * TANDEM_E_INVALID_HANDLE, TANDEM_E_OUT_OF_MEMORY (the KV cache would not fit in physical
+ * memory, or allocation failed). Thread-safe (the model may serve many sessions). */
+TANDEM_API tandem_status tandem_session_create(const tandem_model* model, const tandem_session_params* params,
+                                               tandem_session** out_session);
+
+/* Release the session (KV cache, executor threads). NULL: no-op. Already freed:
+ * TANDEM_E_INVALID_HANDLE. May be called from any thread, also while another thread (or
+ * a callback) is inside a call on this session: the handle is invalid at once and the
+ * session is destroyed when that call returns. */
+TANDEM_API tandem_status tandem_session_free(tandem_session* session);
+
+typedef struct tandem_session_info {
+  size_t struct_size;
+  int32_t n_ctx;     /* context positions */
+  int32_t n_tokens;  /* tokens whose KV is in the cache */
+  int32_t n_batch;
+  int32_t page_size;
+  int32_t n_threads;  /* threads of the session's executor (resolved, >= 1) */
+  int32_t has_logits; /* nonzero when logits of the last evaluated token are available */
+} tandem_session_info;
+
+TANDEM_API tandem_status tandem_session_info_init(tandem_session_info* info, size_t struct_size);
+
+/* Fill *info. Session calls: one at a time per session; a concurrent call on the same
+ * session returns TANDEM_E_BUSY (this applies to every tandem_session_* function below). */
+TANDEM_API tandem_status tandem_session_get_info(const tandem_session* session, tandem_session_info* info);
+
+/* Forget the conversation (KV pages returned). TANDEM_E_BUSY as above. */
+TANDEM_API tandem_status tandem_session_reset(tandem_session* session);
+
+/* Evaluate n_tokens ids appended to the conversation (a pending sampled token, if any, is
+ * evaluated first). When logits is not NULL it receives [n_tokens, n_vocab] floats, row i
+ * = logits after tokens[i]; capacity is in floats. n_tokens 0 evaluates only the pending
+ * token. On any error nothing is evaluated and the session is unchanged.
+ * Errors: TANDEM_E_INVALID_ARG (NULL session, tokens NULL with n_tokens > 0, an id
+ * outside the vocabulary, logits NULL with capacity > 0), TANDEM_E_BUFFER_TOO_SMALL
+ * (capacity < n_tokens * n_vocab), TANDEM_E_CONTEXT_OVERFLOW, TANDEM_E_BUSY. */
+TANDEM_API tandem_status tandem_session_eval(tandem_session* session, const int32_t* tokens, size_t n_tokens,
+                                             float* logits, size_t capacity);
+
+/* Copy the logits after the last evaluated token ([n_vocab] floats; 0 floats before the
+ * first evaluation). Size query and TANDEM_E_BUFFER_TOO_SMALL as for tokenize. */
+TANDEM_API tandem_status tandem_session_get_logits(const tandem_session* session, float* logits, size_t capacity,
+                                                   size_t* out_n);
+
+/* Copy the ids whose KV is in the cache, in order. Size query as for tokenize. */
+TANDEM_API tandem_status tandem_session_get_tokens(const tandem_session* session, int32_t* tokens,
+                                                   size_t capacity, size_t* out_n);
+
+/* ---- sampling and generation -------------------------------------------------------- */
+
+/* The chain follows llama.cpp's common sampler: penalties -> top-k -> top-p -> min-p ->
+ * temperature -> draw (see include/tandem/sampler.hpp for the formulas). */
+typedef struct tandem_sampling_params {
+  size_t struct_size;
+  float temperature;       /* 0 = greedy (lowest id on ties); >= 0; default 0.8 */
+  int32_t top_k;           /* 0 = off; default 40 */
+  float top_p;             /* [0, 1]; 1 = off; default 0.95 */
+  float min_p;             /* [0, 1]; 0 = off; default 0.05 */
+  float repeat_penalty;    /* > 0; 1 = off (default) */
+  int32_t repeat_last_n;   /* >= 0; tokens of history the penalties see; default 64 */
+  float frequency_penalty; /* finite; default 0 */
+  float presence_penalty;  /* finite; default 0 */
+  uint64_t seed;           /* same seed + same logits -> same tokens; default 0 */
+} tandem_sampling_params;
+
+TANDEM_API tandem_status tandem_sampling_params_init(tandem_sampling_params* params, size_t struct_size);
+
+typedef struct tandem_generate_params {
+  size_t struct_size;
+  const tandem_sampling_params* sampling; /* NULL = tandem_sampling_params_init defaults */
+  const char* const* stop;                /* n_stop NUL-terminated, non-empty UTF-8 stop strings */
+  size_t n_stop;
+  int32_t max_tokens; /* >= 0; default 128 */
+  uint32_t flags;     /* TANDEM_GENERATE_* bits; default 0; unknown bits: TANDEM_E_INVALID_ARG */
+} tandem_generate_params;
+
+#define TANDEM_GENERATE_IGNORE_EOS 1u    /* do not stop at end-of-generation tokens */
+#define TANDEM_GENERATE_PARSE_SPECIAL 2u /* control-token text in a text prompt becomes the token */
+
+TANDEM_API tandem_status tandem_generate_params_init(tandem_generate_params* params, size_t struct_size);
+
+enum tandem_finish_reason {
+  TANDEM_FINISH_STOP = 0,        /* an end-of-generation token was sampled (not included) */
+  TANDEM_FINISH_STOP_STRING = 1, /* a stop string appeared (the text is cut before it) */
+  TANDEM_FINISH_LENGTH = 2,      /* max_tokens generated, or the context is full */
+  TANDEM_FINISH_CANCELLED = 3    /* the callback returned nonzero */
+};
+
+/* Generation result. The four buffer fields are INPUTS (optional; init sets them to
+ * NULL/0); the rest are outputs. */
+typedef struct tandem_generate_result {
+  size_t struct_size;
+  int32_t* tokens;   /* in: buffer for the generated ids, or NULL */
+  size_t tokens_cap; /* in: its capacity in ids */
+  char* text;        /* in: buffer for the generated text, or NULL */
+  size_t text_cap;   /* in: its capacity in bytes (NUL included) */
+  size_t n_tokens;   /* out: ids generated (min(n_tokens, tokens_cap) of them written) */
+  size_t text_len;   /* out: full text length in bytes; the buffer gets as much as fits,
+                        cut at a UTF-8 character boundary, NUL-terminated */
+  int32_t finish_reason;    /* out: a tandem_finish_reason */
+  int32_t n_prompt;         /* out: tokens evaluated for the prompt (pending token included) */
+  double prompt_seconds;    /* out: wall time of the prompt evaluation */
+  double generate_seconds;  /* out: wall time from the first sampled token to the end */
+} tandem_generate_result;
+
+TANDEM_API tandem_status tandem_generate_result_init(tandem_generate_result* result, size_t struct_size);
+
+/* Called with each piece of generated text as it becomes final: valid UTF-8, `len`
+ * bytes, NUL-terminated for convenience, valid only during the call. Text is held back
+ * while it may still become a stop string or an incomplete UTF-8 character, so a token
+ * may produce no call and a call may carry the text of several tokens; `token` is the id
+ * that completed the piece (-1 for a final flush with no token). The concatenation of all
+ * pieces is the generated text. Return 0 to continue, nonzero to stop (finish reason
+ * TANDEM_FINISH_CANCELLED; the call still returns TANDEM_OK). */
+typedef int (*tandem_token_callback)(const char* piece, size_t len, int32_t token, void* user_data);
+
+/* Tokenize prompt_utf8 (NUL-terminated; BOS added when the session is empty and the
+ * vocabulary asks for it), evaluate it, then sample up to max_tokens tokens, streaming
+ * text to `callback` (may be NULL) with `user_data` passed through untouched. An empty
+ * prompt continues from the current state (there must be one). params and result may be
+ * NULL (defaults / not wanted).
+ * Errors: TANDEM_E_INVALID_ARG (NULL session or prompt, invalid UTF-8 in the prompt or a
+ * stop string, bad sampling or generate params, empty prompt on an empty session),
+ * TANDEM_E_CONTEXT_OVERFLOW (the prompt does not fit: nothing evaluated, session
+ * unchanged), TANDEM_E_BUSY, TANDEM_E_INTERNAL (a C++ callback threw). Generation that
+ * reaches n_ctx ends with TANDEM_FINISH_LENGTH, not an error. After success the
+ * generated tokens are part of the conversation (the last one is evaluated when it
+ * continues). */
+TANDEM_API tandem_status tandem_session_generate(tandem_session* session, const char* prompt_utf8,
+                                                 const tandem_generate_params* params,
+                                                 tandem_token_callback callback, void* user_data,
+                                                 tandem_generate_result* result);
+
+/* As tandem_session_generate with the prompt given as token ids (nothing added to them).
+ * prompt may be NULL when n_prompt is 0 (continue). An id outside the vocabulary:
+ * TANDEM_E_INVALID_ARG, nothing evaluated. */
+TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session, const int32_t* prompt,
+                                                        size_t n_prompt, const tandem_generate_params* params,
+                                                        tandem_token_callback callback, void* user_data,
+                                                        tandem_generate_result* result);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TANDEM_H */

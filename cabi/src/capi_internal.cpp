@@ -1,0 +1,132 @@
+// Error state, handle registry and helpers of the C ABI (see capi_internal.hpp).
+#include "capi_internal.hpp"
+
+#include <fmt/format.h>
+
+namespace tandem::capi {
+
+namespace {
+constexpr size_t kMaxMessage = 1024;
+thread_local char tl_last_error[kMaxMessage] = "";
+}  // namespace
+
+tandem_status set_error(tandem_status code, const char* message) noexcept {
+  if (message == nullptr) message = "";
+  size_t n = std::strlen(message);
+  if (n >= kMaxMessage) {
+    n = kMaxMessage - 1;
+    // Do not cut a UTF-8 character in half: back up over continuation bytes.
+    while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xC0u) == 0x80u) --n;
+  }
+  std::memcpy(tl_last_error, message, n);
+  tl_last_error[n] = '\0';
+  return code;
+}
+
+const char* last_error() noexcept { return tl_last_error; }
+
+void fail(tandem_status code, const std::string& message) { throw CError(code, message); }
+
+Registry& Registry::instance() {
+  // Never destroyed: live objects (sessions own worker threads) must not be torn down by
+  // static destructors while other threads may still use them at exit.
+  static Registry* r = new Registry;
+  return *r;
+}
+
+uintptr_t Registry::add(Kind kind, std::shared_ptr<void> obj) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uintptr_t h = static_cast<uintptr_t>(next_id_++) << 4 | static_cast<uintptr_t>(kind);
+  live_.emplace(h, std::make_pair(kind, std::move(obj)));
+  return h;
+}
+
+std::shared_ptr<void> Registry::get(uintptr_t handle, Kind kind, const char* fn) const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(handle);
+    if (it != live_.end() && it->second.first == kind) return it->second.second;
+  }
+  fail(TANDEM_E_INVALID_HANDLE,
+       fmt::format("{}: {} handle {:#x} is not live (freed already, never created, or another kind)", fn,
+                   kind == Kind::kModel ? "model" : "session", handle));
+}
+
+std::shared_ptr<void> Registry::remove(uintptr_t handle, Kind kind) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = live_.find(handle);
+  if (it == live_.end() || it->second.first != kind) return nullptr;
+  auto obj = std::move(it->second.second);
+  live_.erase(it);
+  return obj;
+}
+
+std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn) {
+  require(h, fn, "model");
+  return std::static_pointer_cast<ModelObj>(
+      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kModel, fn));
+}
+
+std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn) {
+  require(h, fn, "session");
+  return std::static_pointer_cast<SessionObj>(
+      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kSession, fn));
+}
+
+BusyGuard::BusyGuard(SessionObj& s, const char* fn) : s_(s) {
+  if (s_.busy.exchange(true, std::memory_order_acquire)) {
+    fail(TANDEM_E_BUSY, std::string(fn) + ": the session is in use by another call (a session serves one call "
+                                          "at a time)");
+  }
+}
+
+BusyGuard::~BusyGuard() { s_.busy.store(false, std::memory_order_release); }
+
+size_t utf8_invalid_at(std::string_view s) noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;  // no overlongs
+      if (c == 0xED) hi = 0x9F;  // no surrogates
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;  // no overlongs
+      if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    if (p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if ((p[i + k] & 0xC0u) != 0x80u) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+bool check_capacity(const void* buf, size_t capacity, size_t needed, const char* fn, const char* what) {
+  if (buf == nullptr) {
+    if (capacity != 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: {} is NULL but capacity is {}", fn, what, capacity));
+    return false;  // size query
+  }
+  if (capacity < needed) {
+    fail(TANDEM_E_BUFFER_TOO_SMALL,
+         fmt::format("{}: {} holds {} elements, {} needed", fn, what, capacity, needed));
+  }
+  return true;
+}
+
+}  // namespace tandem::capi

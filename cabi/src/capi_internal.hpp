@@ -1,0 +1,205 @@
+// Internals of the C ABI (cabi/include/tandem.h): the one catch-all that turns exceptions
+// into status codes, the thread-local last-error message, the handle registry, and the
+// struct_size rules. Nothing here is exported (the library is built with
+// -fvisibility=hidden and a version script that keeps only tandem_*).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "tandem.h"
+#include "tandem/cpu_q4_executor.hpp"
+#include "tandem/error.hpp"
+#include "tandem/model.hpp"
+#include "tandem/session.hpp"
+
+namespace tandem::capi {
+
+/// An error raised by the C layer itself (codes that tandem::ErrorCode does not have).
+class CError : public std::exception {
+ public:
+  CError(tandem_status code, std::string message) : code_(code), message_(std::move(message)) {}
+  tandem_status code() const noexcept { return code_; }
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  tandem_status code_;
+  std::string message_;
+};
+
+/// Record `message` as this thread's last error and return `code`. Never throws and
+/// never allocates (fixed thread-local buffer; long messages are cut at a UTF-8
+/// boundary).
+tandem_status set_error(tandem_status code, const char* message) noexcept;
+const char* last_error() noexcept;
+
+/// The catch-all (as faiss's c_api macros_impl.h): run `body`, which reports failure by
+/// throwing; translate every exception to a status + message. Every exported function
+/// goes through it, so no exception crosses the C boundary.
+template <class Body>
+tandem_status guard(Body&& body) noexcept {
+  try {
+    body();
+    return TANDEM_OK;
+  } catch (const CError& e) {
+    return set_error(e.code(), e.what());
+  } catch (const tandem::Error& e) {
+    return set_error(static_cast<tandem_status>(e.code()), e.what());
+  } catch (const std::bad_alloc&) {
+    return set_error(TANDEM_E_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return set_error(TANDEM_E_INTERNAL, e.what());
+  } catch (...) {
+    return set_error(TANDEM_E_INTERNAL, "unknown exception (a callback threw?)");
+  }
+}
+
+[[noreturn]] void fail(tandem_status code, const std::string& message);
+/// NULL check for a required pointer argument: TANDEM_E_INVALID_ARG naming it.
+inline void require(const void* p, const char* fn, const char* what) {
+  if (p == nullptr) fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + what + " is NULL");
+}
+
+// ---- handles -------------------------------------------------------------------------
+
+enum class Kind : uintptr_t { kModel = 1, kSession = 2 };
+
+struct ModelObj {
+  std::shared_ptr<const tandem::Model> model;
+  std::string name;  ///< backing store of tandem_model_info::name
+};
+
+struct SessionObj {
+  std::shared_ptr<ModelObj> model;
+  std::unique_ptr<tandem::CpuQ4Executor> executor;
+  std::unique_ptr<tandem::Session> session;  ///< destroyed before the executor it uses
+  int32_t n_batch = 0;
+  int32_t page_size = 0;
+  std::atomic<bool> busy{false};
+  std::string piece;  ///< NUL-terminated copy of the current callback piece
+};
+
+/// Live handles. A handle value is (id << 4 | kind) with a 64-bit id that is never
+/// reused, so a freed handle stays invalid forever (no ABA through address reuse) and a
+/// handle is never dereferenced: the registry maps it to a shared_ptr. Calls hold that
+/// shared_ptr while they run, so a free from another thread (or from a callback) only
+/// unregisters; the object dies with the last reference.
+class Registry {
+ public:
+  static Registry& instance();
+  uintptr_t add(Kind kind, std::shared_ptr<void> obj);
+  /// The object of a live handle of this kind; throws INVALID_HANDLE otherwise.
+  std::shared_ptr<void> get(uintptr_t handle, Kind kind, const char* fn) const;
+  /// Unregister; false if the handle was not live (or of another kind).
+  std::shared_ptr<void> remove(uintptr_t handle, Kind kind);
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<uintptr_t, std::pair<Kind, std::shared_ptr<void>>> live_;
+  uint64_t next_id_ = 1;
+};
+
+std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn);
+std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn);
+
+/// Marks a session in use for the duration of one call; a second concurrent call gets
+/// TANDEM_E_BUSY (never blocks).
+class BusyGuard {
+ public:
+  BusyGuard(SessionObj& s, const char* fn);
+  ~BusyGuard();
+  BusyGuard(const BusyGuard&) = delete;
+  BusyGuard& operator=(const BusyGuard&) = delete;
+
+ private:
+  SessionObj& s_;
+};
+
+// ---- struct_size -----------------------------------------------------------------------
+//
+// Structs of version 0.1 have no tail padding on LP64 (checked by static_asserts in
+// tandem_c.cpp), so a field added later always starts at or after the current sizeof and
+// the "unknown bytes must be zero" rule covers it.
+
+/// Copy a caller's input struct into `out` (which holds the defaults). struct_size must
+/// be >= min_size; bytes past sizeof(T) must be zero.
+template <class T>
+void read_struct(const T* user, size_t min_size, T& out, const char* fn, const char* type) {
+  size_t n = 0;
+  std::memcpy(&n, user, sizeof n);
+  if (n < min_size) {
+    fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + ".struct_size " + std::to_string(n) +
+                                   " is smaller than " + std::to_string(min_size) +
+                                   " (use the *_init function)");
+  }
+  if (n > sizeof(T)) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(user);
+    for (size_t i = sizeof(T); i < n; ++i) {
+      if (bytes[i] != 0) {
+        fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + " sets a field at byte " +
+                                       std::to_string(i) + " that this library version (" +
+                                       TANDEM_VERSION_STRING + ") does not know");
+      }
+    }
+  }
+  std::memcpy(&out, user, std::min(n, sizeof(T)));
+  out.struct_size = sizeof(T);
+}
+
+/// Check an output struct's struct_size; returns how many bytes may be written.
+template <class T>
+size_t out_struct_size(const T* user, size_t min_size, const char* fn, const char* type) {
+  size_t n = 0;
+  std::memcpy(&n, user, sizeof n);
+  if (n < min_size) {
+    fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + ".struct_size " + std::to_string(n) +
+                                   " is smaller than " + std::to_string(min_size) +
+                                   " (use the *_init function)");
+  }
+  return std::min(n, sizeof(T));
+}
+
+/// Write `value` into the caller's output struct, at most `n` bytes, keeping the
+/// caller's struct_size.
+template <class T>
+void write_struct(T* user, const T& value, size_t n) {
+  const size_t caller_size = user->struct_size;
+  std::memcpy(user, &value, n);
+  user->struct_size = caller_size;
+}
+
+/// *_init: zero struct_size bytes, set struct_size, then the defaults that fit.
+template <class T>
+void init_struct(T* user, size_t struct_size, size_t min_size, const T& defaults, const char* fn,
+                 const char* type) {
+  require(user, fn, type);
+  if (struct_size < min_size) {
+    fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": struct_size " + std::to_string(struct_size) +
+                                   " is smaller than sizeof(" + type + ") of version 0.1 (" +
+                                   std::to_string(min_size) + ")");
+  }
+  std::memset(static_cast<void*>(user), 0, struct_size);
+  std::memcpy(static_cast<void*>(user), &defaults, std::min(struct_size, sizeof(T)));
+  user->struct_size = struct_size;
+}
+
+// ---- misc ---------------------------------------------------------------------------------
+
+/// Well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, <= U+10FFFF)?
+/// Returns the offset of the first bad byte, or npos.
+size_t utf8_invalid_at(std::string_view s) noexcept;
+
+/// Caller-buffer size rules shared by every "buffer + capacity + out count" function.
+/// Returns true when the data should be written.
+bool check_capacity(const void* buf, size_t capacity, size_t needed, const char* fn, const char* what);
+
+}  // namespace tandem::capi

@@ -1,0 +1,256 @@
+// KvStore: the paged KV cache, in tiers (Device / Host / File), with reference-counted
+// pages, per-sequence block tables, exact capacity accounting, moves between tiers and
+// LRU eviction of inactive sequences.
+//
+// Pages. A page holds `page_size` consecutive token positions of K and V for the layers
+// [layer_begin, layer_begin + n_layer). Inside a page (elements of `dtype`), for layer l
+// (0-based within the page), K then V, each [page_size][n_head_kv][head_dim]:
+//   row_offset(l, kind, slot) = ((l * 2 + kind) * page_size + slot) * n_head_kv * head_dim
+// A PageId names a page for its whole life; moving a page to another tier changes where
+// its bytes live, not its id, so block tables stay valid across moves.
+//
+// Tiers. Host: one allocation in RAM. File: pages in a memory-mapped file created in a
+// configurable directory, grown in chunks, removed when the store is destroyed (the OS
+// pages it in and out). Device: GPU memory through a KvDeviceBackend supplied by the GPU
+// executor (absent on CPU-only builds: capacity 0). Host and File pages are addressable by
+// the CPU; Device pages only through copies.
+//
+// Ownership. Pages are reference-counted: sequences sharing a prefix hold the same pages,
+// and a sequence about to write into a shared page first copies it (copy-on-write).
+// Every page has one owner at a time in the sense of the brief: the set of sequences (and
+// hand-off leases) holding a reference; the page returns to its tier's free list when the
+// last reference goes. Accounting (used / reserved / free per tier) is exact.
+//
+// Thread-safety: all KvStore members are internally synchronised (one mutex, taken only
+// when pages are allocated, released, moved or reserved — once per page_size tokens of a
+// growing sequence, never per token). page_data() is lock-free; the caller must not read a
+// page while another thread moves or releases it (a sequence is moved only between its
+// executor steps). A KvSequence is used by one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "tandem/model.hpp"
+
+namespace tandem {
+
+enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0 };
+enum class KvTier : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
+inline constexpr int kKvTierCount = 3;
+
+std::string_view kv_tier_name(KvTier t) noexcept;  ///< "device", "host", "file"
+std::string_view kv_dtype_name(KvDtype d) noexcept;  ///< "f16", "f32"
+
+struct KvLayout {
+  int32_t n_layer = 0;      ///< layers held by a page
+  int32_t layer_begin = 0;  ///< first model layer held
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+  int32_t page_size = 16;   ///< tokens per page
+  KvDtype dtype = KvDtype::kF16;
+
+  static KvLayout for_model(const HParams& hp, int32_t page_size = 16, KvDtype dtype = KvDtype::kF16);
+  size_t elem_bytes() const noexcept { return dtype == KvDtype::kF16 ? 2 : 4; }
+  /// Elements of one K (or V) row of one token in one layer: n_head_kv * head_dim.
+  size_t row_elems() const noexcept { return size_t(n_head_kv) * size_t(head_dim); }
+  size_t row_bytes() const noexcept { return row_elems() * elem_bytes(); }
+  size_t page_bytes() const noexcept { return size_t(n_layer) * 2 * size_t(page_size) * row_bytes(); }
+  /// Byte offset inside a page of the K (kind 0) or V (kind 1) row of `slot` in page-local `layer`.
+  size_t row_offset(int32_t layer, int kind, int32_t slot) const noexcept {
+    return ((size_t(layer) * 2 + size_t(kind)) * size_t(page_size) + size_t(slot)) * row_bytes();
+  }
+  bool operator==(const KvLayout&) const = default;
+};
+
+/// GPU memory for the Device tier, implemented by the GPU executor. Pages are slots of
+/// page_bytes in one device allocation. Copies are ordered on the backend's stream and
+/// complete before the call returns unless stated otherwise by the implementation.
+class KvDeviceBackend {
+ public:
+  virtual ~KvDeviceBackend() = default;
+  virtual int32_t capacity_pages() const noexcept = 0;
+  virtual void copy_to_device(int32_t slot, const std::byte* src, size_t bytes) = 0;
+  virtual void copy_to_host(int32_t slot, std::byte* dst, size_t bytes) = 0;
+  virtual void copy_device_to_device(int32_t dst_slot, int32_t src_slot, size_t bytes) = 0;
+};
+
+struct KvStoreOptions {
+  KvLayout layout;
+  int32_t host_pages = 0;     ///< capacity of the Host tier, in pages
+  int32_t file_pages = 0;     ///< capacity of the File tier, in pages (0 = no File tier)
+  std::filesystem::path file_dir = std::filesystem::temp_directory_path();
+  int32_t file_chunk_pages = 256;  ///< the file grows by this many pages at a time
+  std::unique_ptr<KvDeviceBackend> device;  ///< Device tier (null = none)
+  /// Capacities given in bytes instead (rounded down to whole pages); 0 = use the page counts.
+  static int32_t pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept;
+};
+
+struct KvTierUsage {
+  int32_t capacity = 0;  ///< pages
+  int32_t used = 0;      ///< pages holding data (referenced)
+  int32_t reserved = 0;  ///< pages promised to reservations, not yet used
+  int32_t free() const noexcept { return capacity - used - reserved; }
+  uint64_t used_bytes = 0;
+};
+
+using PageId = int32_t;
+
+/// What a move cost.
+struct KvMoveStats {
+  int32_t pages = 0;
+  uint64_t bytes = 0;
+  double seconds = 0.0;
+};
+
+class KvSequence;
+
+class KvStore {
+ public:
+  /// Throws Error(kInvalidArgument) for an empty layout or negative capacities,
+  /// kOutOfMemory when Host memory cannot be allocated, kIo when the File tier's
+  /// directory is unusable.
+  explicit KvStore(KvStoreOptions options);
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  const KvLayout& layout() const noexcept { return layout_; }
+  KvTierUsage usage(KvTier tier) const;
+  /// Pages used in all tiers together.
+  int32_t used_pages() const;
+  /// True when the tier exists (capacity > 0).
+  bool has_tier(KvTier tier) const noexcept;
+  /// The File tier's path ("" when there is none).
+  std::filesystem::path file_path() const;
+
+  /// A new page (refcount 1, zero-filled unless on the Device tier) in `tier`, or -1 when
+  /// the tier has no free page. `from_reservation` consumes one reserved page instead.
+  PageId allocate(KvTier tier, bool from_reservation = false);
+  void retain(PageId page);
+  void release(PageId page);
+  int32_t refcount(PageId page) const;
+  KvTier tier_of(PageId page) const;
+  /// Bytes of a Host or File page (nullptr for a Device page). Lock-free.
+  std::byte* page_data(PageId page) const noexcept;
+  /// Copy a page's bytes out to / in from host memory of page_bytes(), any tier.
+  void read_page(PageId page, std::byte* dst) const;
+  void write_page(PageId page, const std::byte* src);
+
+  /// Move `pages` to `dst` (whole-page copies; ids keep their meaning). Pages already in
+  /// `dst` are skipped. Throws Error(kOutOfMemory) when `dst` lacks room — then nothing
+  /// has moved.
+  KvMoveStats move_pages(std::span<const PageId> pages, KvTier dst);
+
+  /// Promise `n_pages` of `tier` to a caller (admission control). Reserved pages count
+  /// as not free until used or returned. Throws Error(kOutOfMemory) when not enough free.
+  void reserve(KvTier tier, int32_t n_pages);
+  void unreserve(KvTier tier, int32_t n_pages);
+
+  /// Move least-recently-used sequences that are not pinned from `from` down to `to`
+  /// until `pages_needed` pages of `from` are free or no candidate is left. Returns the
+  /// number of pages freed in `from`. `keep` is never evicted.
+  int32_t evict_lru(KvTier from, KvTier to, int32_t pages_needed, const KvSequence* keep = nullptr);
+
+  /// Sequences currently registered (alive).
+  size_t sequence_count() const;
+
+ private:
+  friend class KvSequence;
+  struct Tier;
+  struct Entry {
+    std::atomic<std::byte*> data{nullptr};  // host address (Host/File) or null (Device)
+    std::atomic<KvTier> tier{KvTier::kHost};
+    int32_t slot = -1;
+    int32_t refs = 0;
+  };
+  PageId allocate_locked(KvTier tier, bool from_reservation);
+  KvMoveStats move_pages_locked(std::span<const PageId> pages, KvTier dst, bool exclusive_only);
+  void release_locked(PageId page);
+  void copy_page_locked(int32_t src_tier, int32_t src_slot, int32_t dst_tier, int32_t dst_slot);
+  void register_sequence(KvSequence* s);
+  void unregister_sequence(KvSequence* s);
+  uint64_t next_use();
+
+  KvLayout layout_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<Tier> tiers_[kKvTierCount];
+  std::unique_ptr<Entry[]> entries_;
+  int32_t n_entries_ = 0;
+  std::vector<PageId> free_ids_;
+  std::vector<KvSequence*> sequences_;
+  std::atomic<uint64_t> use_clock_{0};
+  std::atomic<uint64_t> next_sequence_id_{1};
+};
+
+/// One sequence's KV: its block table in a KvStore and the number of positions filled.
+/// Move-only in spirit (not copyable); the destructor releases every page it references.
+class KvSequence {
+ public:
+  /// `max_tokens` bounds the sequence (the context size); the block table is reserved up
+  /// front so growing never allocates heap memory. Pages are allocated in `tier`.
+  KvSequence(KvStore& store, int32_t max_tokens, KvTier tier = KvTier::kHost);
+  ~KvSequence();
+  KvSequence(const KvSequence&) = delete;
+  KvSequence& operator=(const KvSequence&) = delete;
+
+  KvStore& store() const noexcept { return *store_; }
+  uint64_t id() const noexcept { return id_; }
+  int32_t n_tokens() const noexcept { return n_tokens_; }
+  int32_t max_tokens() const noexcept { return max_tokens_; }
+  const std::vector<PageId>& block_table() const noexcept { return block_table_; }
+  /// The tier new pages are allocated in and where the sequence is resident.
+  KvTier tier() const noexcept { return tier_; }
+
+  /// Make room to write positions [n_tokens, n): allocates pages and copies a shared
+  /// page about to be written (copy-on-write). Throws Error(kContextOverflow) when
+  /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing changed then).
+  void reserve(int32_t n);
+  /// Mark positions [0, n) as filled (n within reserved capacity). Called by executors.
+  void set_n_tokens(int32_t n) noexcept { n_tokens_ = n; }
+  /// Forget positions >= n and release pages no longer needed.
+  void truncate(int32_t n);
+
+  /// Share the first `n_tokens` positions of `other` (same store, same page size): the
+  /// pages are referenced, not copied. This sequence must be empty.
+  void share_prefix(const KvSequence& other, int32_t n_tokens);
+
+  /// Move every page to `tier` (swap out / bring back). Throws Error(kOutOfMemory) when
+  /// `tier` has no room even after nothing could be evicted; nothing moved then.
+  KvMoveStats move_to(KvTier tier);
+  /// Bring the sequence into `tier`, evicting LRU inactive sequences from it to File when
+  /// it is full. Marks it used now.
+  KvMoveStats make_resident(KvTier tier);
+  /// Record a use (for LRU eviction).
+  void touch() noexcept;
+  /// Pages of this sequence that are not in `tier` (lock-free; call between steps).
+  int32_t pages_outside(KvTier tier) const noexcept;
+  /// Attach a reservation of `n_pages` made with KvStore::reserve(tier(), n): pages this
+  /// sequence allocates draw from it first; what is left is returned on destruction.
+  void adopt_reservation(int32_t n_pages) noexcept { reserved_ += n_pages; }
+  int32_t reservation() const noexcept { return reserved_; }
+  uint64_t last_use() const noexcept { return last_use_; }
+  /// A pinned sequence is never evicted (an executor step in progress).
+  void set_pinned(bool pinned) noexcept { pinned_ = pinned; }
+  bool pinned() const noexcept { return pinned_; }
+
+ private:
+  friend class KvStore;
+  KvStore* store_;
+  uint64_t id_;
+  int32_t max_tokens_;
+  int32_t n_tokens_ = 0;
+  KvTier tier_;
+  std::vector<PageId> block_table_;
+  std::atomic<uint64_t> last_use_{0};
+  std::atomic<bool> pinned_{false};
+  int32_t reserved_ = 0;
+};
+
+}  // namespace tandem
