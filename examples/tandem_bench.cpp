@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     tandem::KvStore pool(std::move(so));
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
-    std::vector<float> logits(size_t(hp.n_vocab));
+    std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
 
     auto run_pp = [&] {
       std::vector<int32_t> ids(static_cast<size_t>(n_prompt));

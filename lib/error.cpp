@@ -26,6 +26,13 @@ std::string_view error_code_name(ErrorCode code) noexcept {
     case ErrorCode::kTokenizer: return "TOKENIZER";
     case ErrorCode::kContextOverflow: return "CONTEXT_OVERFLOW";
     case ErrorCode::kBadPosition: return "BAD_POSITION";
+    case ErrorCode::kKvMismatch: return "KV_MISMATCH";
+    case ErrorCode::kKvChecksum: return "KV_CHECKSUM";
+    case ErrorCode::kKvLeaseExpired: return "KV_LEASE_EXPIRED";
+    case ErrorCode::kKvTokenRange: return "KV_TOKEN_RANGE";
+    case ErrorCode::kSessionCorrupt: return "SESSION_CORRUPT";
+    case ErrorCode::kSessionModelMismatch: return "SESSION_MODEL_MISMATCH";
+    case ErrorCode::kSessionVersion: return "SESSION_VERSION";
     case ErrorCode::kInternal: return "INTERNAL";
   }
   return "UNKNOWN";

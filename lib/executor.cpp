@@ -71,7 +71,7 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
   } pins(batch);
   const KvTier tier = kv_tier();
   for (const auto& s : batch) {
-    if (s.kv->pages_outside(tier) > 0 && s.kv->store().has_tier(tier)) {
+    if ((s.kv->tier() != tier || s.kv->pages_outside(tier) > 0) && s.kv->store().has_tier(tier)) {
       s.kv->make_resident(tier);
     } else {
       s.kv->touch();
@@ -84,7 +84,11 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
       }
     }
   }
-  for (const auto& s : batch) s.kv->reserve(s.pos0 + static_cast<int32_t>(s.tokens.size()));
+  for (const auto& s : batch) {
+    const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
+    s.kv->make_room(end);
+    s.kv->reserve(end);
+  }
   step_impl(batch, logits);
 }
 

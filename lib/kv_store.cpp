@@ -425,7 +425,7 @@ void KvSequence::reserve(int32_t n) {
         store_->release_locked(block_table_.back());
         block_table_.pop_back();
       }
-      const KvStore::Tier& t = *store_->tiers_[int(tier_)];
+      const KvStore::Tier& t = *store_->tiers_[int(tier_.load())];
       throw Error(ErrorCode::kOutOfMemory,
                   fmt::format("KV store: {} tier exhausted: {} pages needed for {} positions, {} of {} in use",
                               kv_tier_name(tier_), need, n, t.used, t.capacity));
@@ -433,6 +433,15 @@ void KvSequence::reserve(int32_t n) {
     if (res) --reserved_;
     block_table_.push_back(p);
   }
+}
+
+void KvSequence::make_room(int32_t n) {
+  const int32_t ps = store_->layout().page_size;
+  const int32_t cow = (n > n_tokens_ && n_tokens_ % ps != 0) ? 1 : 0;
+  const int32_t need = (n + ps - 1) / ps - static_cast<int32_t>(block_table_.size()) + cow - reserved_;
+  if (need <= 0 || tier_ == KvTier::kFile || !store_->has_tier(KvTier::kFile)) return;
+  const int32_t free = store_->usage(tier_).free();
+  if (free < need) store_->evict_lru(tier_, KvTier::kFile, need - free, this);
 }
 
 void KvSequence::truncate(int32_t n) {
@@ -467,7 +476,7 @@ void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
     block_table_.push_back(other.block_table_[i]);
   }
   n_tokens_ = n_tokens;
-  tier_ = other.tier_;
+  tier_ = other.tier();
 }
 
 KvMoveStats KvSequence::move_to(KvTier tier) {
@@ -477,7 +486,7 @@ KvMoveStats KvSequence::move_to(KvTier tier) {
   std::lock_guard<std::mutex> lock(store_->mutex_);
   const KvMoveStats s = store_->move_pages_locked(block_table_, tier, false);
   if (reserved_ > 0) {  // a reservation belongs to the tier the sequence lived in
-    store_->tiers_[int(tier_)]->reserved -= std::min(reserved_, store_->tiers_[int(tier_)]->reserved);
+    store_->tiers_[int(tier_.load())]->reserved -= std::min(reserved_, store_->tiers_[int(tier_.load())]->reserved);
     reserved_ = 0;
   }
   tier_ = tier;
@@ -488,7 +497,10 @@ KvMoveStats KvSequence::make_resident(KvTier tier) {
   touch();
   const int32_t outside = pages_outside(tier);
   if (outside == 0) {
-    tier_ = tier;
+    if (tier_ != tier) {
+      std::lock_guard<std::mutex> lock(store_->mutex_);
+      tier_ = tier;
+    }
     return {};
   }
   const KvTierUsage u = store_->usage(tier);

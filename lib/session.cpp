@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "tandem/kv_contract.hpp"
 #include "tandem/tokenizer.hpp"
 
 namespace tandem {
@@ -214,6 +215,36 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   }
   r.generate_seconds = seconds_since(t1);
   rng_ = sampler.rng();
+  return r;
+}
+
+Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst_store) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!dst_store) {
+    SessionOptions o = options_;
+    o.kv_store = nullptr;
+    o.kv_tier = dst.kv_tier() == KvTier::kDevice ? KvTier::kHost : dst.kv_tier();
+    o.kv_dtype = store_->layout().dtype;
+    o.page_size = store_->layout().page_size;
+    dst_store = own_store(dst.model().hparams(), o, n_ctx_);
+  }
+  KvTier tier = dst.kv_tier();
+  for (KvTier t : {dst.kv_tier(), KvTier::kHost, KvTier::kFile}) {
+    if (dst_store->has_tier(t) && dst.can_read(t)) {
+      tier = t;
+      break;
+    }
+  }
+  KvHandoff h = kv_export(*kv_, *model_, tokens_);
+  auto seq = kv_import(std::span<const KvHandoff>(&h, 1), dst.model(), *dst_store, tier, n_ctx_, tokens_);
+  MoveReport r;
+  r.pages = static_cast<int32_t>(h.descriptor.n_pages());
+  r.bytes = uint64_t(r.pages) * h.descriptor.page_payload_bytes();
+  kv_ = std::move(seq);
+  store_ = std::move(dst_store);
+  executor_ = &dst;
+  model_ = dst.model_ptr();
+  r.seconds = seconds_since(t0);
   return r;
 }
 

@@ -98,8 +98,10 @@ extern "C" {
 /* ---- status codes ------------------------------------------------------------------- */
 
 /* A status: TANDEM_OK or one of the TANDEM_E_* values below. Values 0..99 are the numbers
- * of tandem::ErrorCode in the C++ library (include/tandem/error.hpp); 100 and up exist
- * only at the C boundary. Numbers never change meaning; new codes may be added. */
+ * of tandem::ErrorCode in the C++ library (include/tandem/error.hpp), passed through
+ * unchanged (a code the C++ library gains before this header names it still arrives with
+ * its number, and tandem_status_name knows it); 100 and up exist only at the C boundary.
+ * Numbers never change meaning; new codes may be added. */
 typedef int32_t tandem_status;
 
 enum tandem_status_code {
@@ -324,7 +326,8 @@ typedef struct tandem_sampling_params {
   int32_t repeat_last_n;   /* >= 0; tokens of history the penalties see; default 64 */
   float frequency_penalty; /* finite; default 0 */
   float presence_penalty;  /* finite; default 0 */
-  uint64_t seed;           /* same seed + same logits -> same tokens; default 0 */
+  uint64_t seed;           /* same seed + same logits -> same tokens; default: the C++
+                              library's SamplingParams default */
 } tandem_sampling_params;
 
 TANDEM_API tandem_status tandem_sampling_params_init(tandem_sampling_params* params, size_t struct_size);
@@ -381,8 +384,9 @@ typedef int (*tandem_token_callback)(const char* piece, size_t len, int32_t toke
 /* Tokenize prompt_utf8 (NUL-terminated; BOS added when the session is empty and the
  * vocabulary asks for it), evaluate it, then sample up to max_tokens tokens, streaming
  * text to `callback` (may be NULL) with `user_data` passed through untouched. An empty
- * prompt continues from the current state (there must be one). params and result may be
- * NULL (defaults / not wanted).
+ * prompt continues from the current state; on an empty session it starts from BOS alone
+ * (vocabularies that add no BOS: TANDEM_E_INVALID_ARG). params and result may be NULL
+ * (defaults / not wanted).
  * Errors: TANDEM_E_INVALID_ARG (NULL session or prompt, invalid UTF-8 in the prompt or a
  * stop string, bad sampling or generate params, empty prompt on an empty session),
  * TANDEM_E_CONTEXT_OVERFLOW (the prompt does not fit: nothing evaluated, session

@@ -37,6 +37,13 @@ enum class ErrorCode : int32_t {
   kTokenizer = 40,             ///< tokenizer metadata missing or inconsistent
   kContextOverflow = 50,       ///< more tokens than the context holds
   kBadPosition = 51,           ///< a position that is negative, >= n_ctx or not contiguous
+  kKvMismatch = 60,            ///< a KV hand-off for another model/tokenizer/RoPE/layout
+  kKvChecksum = 61,            ///< a KV page's bytes do not match its checksum
+  kKvLeaseExpired = 62,        ///< a KV hand-off's lease expired before it was imported
+  kKvTokenRange = 63,          ///< a KV hand-off's tokens/positions do not fit the receiver
+  kSessionCorrupt = 70,        ///< a session file is truncated, damaged or malformed
+  kSessionModelMismatch = 71,  ///< a session file was saved with another model or tokenizer
+  kSessionVersion = 72,        ///< a session file has a format version this build cannot read
   kInternal = 99,              ///< a broken invariant inside Tandem (a bug)
 };
 

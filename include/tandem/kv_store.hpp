@@ -206,12 +206,15 @@ class KvSequence {
   int32_t max_tokens() const noexcept { return max_tokens_; }
   const std::vector<PageId>& block_table() const noexcept { return block_table_; }
   /// The tier new pages are allocated in and where the sequence is resident.
-  KvTier tier() const noexcept { return tier_; }
+  KvTier tier() const noexcept { return tier_.load(std::memory_order_acquire); }
 
   /// Make room to write positions [n_tokens, n): allocates pages and copies a shared
   /// page about to be written (copy-on-write). Throws Error(kContextOverflow) when
   /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing changed then).
   void reserve(int32_t n);
+  /// Make sure reserve(n) will find free pages in tier(): when the tier is too full,
+  /// evict least-recently-used inactive sequences to File (if the store has one).
+  void make_room(int32_t n);
   /// Mark positions [0, n) as filled (n within reserved capacity). Called by executors.
   void set_n_tokens(int32_t n) noexcept { n_tokens_ = n; }
   /// Forget positions >= n and release pages no longer needed.
@@ -246,7 +249,7 @@ class KvSequence {
   uint64_t id_;
   int32_t max_tokens_;
   int32_t n_tokens_ = 0;
-  KvTier tier_;
+  std::atomic<KvTier> tier_;
   std::vector<PageId> block_table_;
   std::atomic<uint64_t> last_use_{0};
   std::atomic<bool> pinned_{false};

@@ -94,6 +94,29 @@ class Session {
   /// Forget everything (KV pages returned).
   void reset();
 
+  /// Write tokens, the pending token, the last logits, the random engine's state, the KV
+  /// descriptor and the KV pages to `path` atomically (a temporary file beside it,
+  /// fsync, rename). Format: "TANDEMSS", u32 version, ..., xxHash3-64 of everything
+  /// before it (lib/session_file.cpp). Errors: kIo.
+  void save(const std::filesystem::path& path) const;
+  /// Replace this session's state with the one saved in `path`. Refused, with the session
+  /// left exactly as it was: kIo (unreadable), kSessionCorrupt (not a session file,
+  /// truncated, any flipped byte, inconsistent fields), kSessionVersion (a newer format),
+  /// kSessionModelMismatch (saved with other weights, hyper-parameters or tokenizer),
+  /// kContextOverflow (more positions than this session's n_ctx), kOutOfMemory.
+  void restore(const std::filesystem::path& path);
+
+  struct MoveReport {
+    int32_t pages = 0;
+    uint64_t bytes = 0;
+    double seconds = 0.0;
+  };
+  /// Hand the conversation to executor `dst` (KV exported under a lease, imported into
+  /// `dst_store` — a new store like this session's own when null — verified, then the
+  /// old pages released). The session then runs on `dst`; generation continues exactly
+  /// as if it had not moved. On error the session stays on its current executor.
+  MoveReport migrate(Executor& dst, std::shared_ptr<KvStore> dst_store = nullptr);
+
   KvSequence& kv() noexcept { return *kv_; }
   const std::shared_ptr<KvStore>& kv_store() const noexcept { return store_; }
   Executor& executor() const noexcept { return *executor_; }

@@ -1,0 +1,642 @@
+// The C ABI (cabi/include/tandem.h) over the C++ library. Every function body runs inside
+// capi::guard(), which turns exceptions into status codes; handles are looked up in the
+// registry before anything is touched.
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "capi_internal.hpp"
+#include "tandem/tokenizer.hpp"
+
+using namespace tandem;
+using namespace tandem::capi;
+
+// ---- the status numbers are tandem::ErrorCode's ----------------------------------------
+
+#define TANDEM_SAME_CODE(c_name, cpp_name) \
+  static_assert(c_name == static_cast<int32_t>(ErrorCode::cpp_name), #c_name " != ErrorCode::" #cpp_name)
+TANDEM_SAME_CODE(TANDEM_OK, kOk);
+TANDEM_SAME_CODE(TANDEM_E_INVALID_ARG, kInvalidArgument);
+TANDEM_SAME_CODE(TANDEM_E_IO, kIo);
+TANDEM_SAME_CODE(TANDEM_E_OUT_OF_MEMORY, kOutOfMemory);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_MAGIC, kGgufBadMagic);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_VERSION, kGgufBadVersion);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_TRUNCATED, kGgufTruncated);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_LENGTH, kGgufBadLength);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_ALIGNMENT, kGgufBadAlignment);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_DUPLICATE_KEY, kGgufDuplicateKey);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_DUPLICATE_TENSOR, kGgufDuplicateTensor);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_TYPE, kGgufBadType);
+TANDEM_SAME_CODE(TANDEM_E_GGUF_BAD_TENSOR, kGgufBadTensor);
+TANDEM_SAME_CODE(TANDEM_E_TENSOR_NON_FINITE, kTensorNonFinite);
+TANDEM_SAME_CODE(TANDEM_E_MODEL_UNSUPPORTED_ARCH, kModelUnsupportedArch);
+TANDEM_SAME_CODE(TANDEM_E_MODEL_MISSING_TENSOR, kModelMissingTensor);
+TANDEM_SAME_CODE(TANDEM_E_MODEL_BAD_HPARAMS, kModelBadHparams);
+TANDEM_SAME_CODE(TANDEM_E_MODEL_BAD_TENSOR_SHAPE, kModelBadTensorShape);
+TANDEM_SAME_CODE(TANDEM_E_TOKENIZER, kTokenizer);
+TANDEM_SAME_CODE(TANDEM_E_CONTEXT_OVERFLOW, kContextOverflow);
+TANDEM_SAME_CODE(TANDEM_E_BAD_POSITION, kBadPosition);
+TANDEM_SAME_CODE(TANDEM_E_INTERNAL, kInternal);
+#undef TANDEM_SAME_CODE
+
+static_assert(static_cast<int>(FinishReason::kStop) == TANDEM_FINISH_STOP);
+static_assert(static_cast<int>(FinishReason::kStopString) == TANDEM_FINISH_STOP_STRING);
+static_assert(static_cast<int>(FinishReason::kLength) == TANDEM_FINISH_LENGTH);
+static_assert(static_cast<int>(FinishReason::kCancelled) == TANDEM_FINISH_CANCELLED);
+
+// ---- struct sizes of version 0.1 ----------------------------------------------------------
+//
+// The smallest struct_size each function accepts. These numbers are frozen: when a field is
+// added, sizeof grows and these stay. No struct may have tail padding (a later field could
+// hide in it), hence the checks.
+
+namespace {
+
+constexpr size_t kModelParamsV01 = sizeof(tandem_model_params);
+constexpr size_t kModelInfoV01 = sizeof(tandem_model_info);
+constexpr size_t kSessionParamsV01 = sizeof(tandem_session_params);
+constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);
+constexpr size_t kSamplingParamsV01 = sizeof(tandem_sampling_params);
+constexpr size_t kGenerateParamsV01 = sizeof(tandem_generate_params);
+constexpr size_t kGenerateResultV01 = sizeof(tandem_generate_result);
+
+#define TANDEM_NO_TAIL_PADDING(T, last) \
+  static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
+TANDEM_NO_TAIL_PADDING(tandem_model_params, max_alignment);
+TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
+TANDEM_NO_TAIL_PADDING(tandem_session_params, n_threads);
+TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
+TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
+TANDEM_NO_TAIL_PADDING(tandem_generate_params, flags);
+TANDEM_NO_TAIL_PADDING(tandem_generate_result, generate_seconds);
+#undef TANDEM_NO_TAIL_PADDING
+
+constexpr int32_t kMaxThreads = 512;
+constexpr uint32_t kTokenizeFlags = TANDEM_TOKENIZE_ADD_SPECIAL | TANDEM_TOKENIZE_PARSE_SPECIAL;
+constexpr uint32_t kDetokenizeFlags = TANDEM_DETOKENIZE_REMOVE_SPECIAL | TANDEM_DETOKENIZE_UNPARSE_SPECIAL;
+constexpr uint32_t kGenerateFlags = TANDEM_GENERATE_IGNORE_EOS | TANDEM_GENERATE_PARSE_SPECIAL;
+
+tandem_model_params default_model_params() {
+  tandem_model_params p{};
+  p.struct_size = sizeof p;
+  const GgufOpenOptions d;
+  p.check_block_scales = d.check_block_scales ? 1 : 0;
+  p.max_alignment = d.max_alignment;
+  return p;
+}
+
+tandem_session_params default_session_params() {
+  tandem_session_params p{};
+  p.struct_size = sizeof p;
+  const SessionOptions d;
+  p.n_ctx = d.n_ctx;
+  p.n_batch = d.n_batch;
+  p.page_size = d.page_size;
+  p.n_threads = 0;
+  return p;
+}
+
+tandem_sampling_params default_sampling_params() {
+  tandem_sampling_params p{};
+  p.struct_size = sizeof p;
+  const SamplingParams d;
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.repeat_penalty = d.repeat_penalty;
+  p.repeat_last_n = d.repeat_last_n;
+  p.frequency_penalty = d.frequency_penalty;
+  p.presence_penalty = d.presence_penalty;
+  p.seed = d.seed;
+  return p;
+}
+
+tandem_generate_params default_generate_params() {
+  tandem_generate_params p{};
+  p.struct_size = sizeof p;
+  p.max_tokens = GenerateOptions{}.max_tokens;
+  return p;
+}
+
+template <class T>
+T zeroed() {
+  T v{};
+  v.struct_size = sizeof v;
+  return v;
+}
+
+void check_flags(uint32_t flags, uint32_t known, const char* fn) {
+  if ((flags & ~known) != 0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: unknown flag bits {:#x}", fn, flags & ~known));
+  }
+}
+
+void check_utf8(std::string_view text, const char* fn, const char* what) {
+  const size_t bad = utf8_invalid_at(text);
+  if (bad != std::string_view::npos) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: {} is not valid UTF-8 (byte {} = {:#04x})", fn, what, bad,
+                                           static_cast<unsigned char>(text[bad])));
+  }
+}
+
+/// Copy text + NUL into a caller buffer under the size-query rules.
+void write_text(const std::string& text, char* buf, size_t capacity, size_t* out_len, const char* fn) {
+  *out_len = text.size();
+  if (check_capacity(buf, capacity, text.size() + 1, fn, "buf")) {
+    std::memcpy(buf, text.data(), text.size());
+    buf[text.size()] = '\0';
+  }
+}
+
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<double>::infinity();
+  return double(pages) * double(page);
+}
+
+SamplingParams to_sampling(const tandem_sampling_params* user, const char* fn) {
+  tandem_sampling_params p = default_sampling_params();
+  if (user != nullptr) read_struct(user, kSamplingParamsV01, p, fn, "tandem_sampling_params");
+  SamplingParams s;
+  s.temperature = p.temperature;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.min_p = p.min_p;
+  s.repeat_penalty = p.repeat_penalty;
+  s.repeat_last_n = p.repeat_last_n;
+  s.frequency_penalty = p.frequency_penalty;
+  s.presence_penalty = p.presence_penalty;
+  s.seed = p.seed;
+  s.validate();  // Error(kInvalidArgument) naming the field
+  return s;
+}
+
+struct PreparedGenerate {
+  GenerateOptions options;
+  bool parse_special = false;
+  tandem_generate_result result{};  // caller's input fields, when given
+  size_t result_bytes = 0;
+};
+
+PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_generate_result* result,
+                                  const char* fn) {
+  PreparedGenerate g;
+  tandem_generate_params p = default_generate_params();
+  if (user != nullptr) read_struct(user, kGenerateParamsV01, p, fn, "tandem_generate_params");
+  check_flags(p.flags, kGenerateFlags, fn);
+  if (p.max_tokens < 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: max_tokens {} must be >= 0", fn, p.max_tokens));
+  g.options.max_tokens = p.max_tokens;
+  g.options.ignore_eos = (p.flags & TANDEM_GENERATE_IGNORE_EOS) != 0;
+  g.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
+  g.options.sampling = to_sampling(p.sampling, fn);
+  if (p.n_stop > 0 && p.stop == nullptr) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop is NULL but n_stop is {}", fn, p.n_stop));
+  }
+  for (size_t i = 0; i < p.n_stop; ++i) {
+    if (p.stop[i] == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is NULL", fn, i));
+    const std::string_view s(p.stop[i]);
+    if (s.empty()) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is empty", fn, i));
+    check_utf8(s, fn, "a stop string");
+    g.options.stop.emplace_back(s);
+  }
+  if (result != nullptr) {
+    g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
+    std::memcpy(&g.result, result, g.result_bytes);
+    if (g.result.tokens == nullptr && g.result.tokens_cap != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->tokens is NULL but tokens_cap is {}", fn, g.result.tokens_cap));
+    }
+    if (g.result.text == nullptr && g.result.text_cap != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->text is NULL but text_cap is {}", fn, g.result.text_cap));
+    }
+  }
+  return g;
+}
+
+void attach_callback(PreparedGenerate& g, SessionObj& s, tandem_token_callback callback, void* user_data) {
+  if (callback == nullptr) return;
+  g.options.on_text = [&s, callback, user_data](std::string_view text, int32_t token) {
+    s.piece.assign(text.data(), text.size());  // NUL-terminated copy, reused between calls
+    return callback(s.piece.c_str(), s.piece.size(), token, user_data) == 0;
+  };
+}
+
+void write_result(const GenerateResult& r, PreparedGenerate& g, tandem_generate_result* result) {
+  if (result == nullptr) return;
+  tandem_generate_result out = g.result;  // keeps the caller's buffer fields
+  out.n_tokens = r.tokens.size();
+  out.text_len = r.text.size();
+  out.finish_reason = static_cast<int32_t>(r.finish);
+  out.n_prompt = r.n_prompt;
+  out.prompt_seconds = r.prompt_seconds;
+  out.generate_seconds = r.generate_seconds;
+  if (out.tokens != nullptr) {
+    std::copy_n(r.tokens.begin(), std::min(r.tokens.size(), out.tokens_cap), out.tokens);
+  }
+  if (out.text != nullptr && out.text_cap > 0) {
+    size_t n = std::min(r.text.size(), out.text_cap - 1);
+    if (n < r.text.size()) {
+      while (n > 0 && (static_cast<unsigned char>(r.text[n]) & 0xC0u) == 0x80u) --n;  // character boundary
+    }
+    std::memcpy(out.text, r.text.data(), n);
+    out.text[n] = '\0';
+  }
+  write_struct(result, out, g.result_bytes);
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- library-wide ------------------------------------------------------------------------
+
+const char* tandem_version(void) { return TANDEM_VERSION_STRING; }
+
+const char* tandem_last_error(void) { return last_error(); }
+
+const char* tandem_status_name(tandem_status status) {
+  switch (status) {
+    case TANDEM_OK: return "OK";
+    case TANDEM_E_INVALID_ARG: return "INVALID_ARG";
+    case TANDEM_E_IO: return "IO";
+    case TANDEM_E_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
+    case TANDEM_E_GGUF_BAD_MAGIC: return "GGUF_BAD_MAGIC";
+    case TANDEM_E_GGUF_BAD_VERSION: return "GGUF_BAD_VERSION";
+    case TANDEM_E_GGUF_TRUNCATED: return "GGUF_TRUNCATED";
+    case TANDEM_E_GGUF_BAD_LENGTH: return "GGUF_BAD_LENGTH";
+    case TANDEM_E_GGUF_BAD_ALIGNMENT: return "GGUF_BAD_ALIGNMENT";
+    case TANDEM_E_GGUF_DUPLICATE_KEY: return "GGUF_DUPLICATE_KEY";
+    case TANDEM_E_GGUF_DUPLICATE_TENSOR: return "GGUF_DUPLICATE_TENSOR";
+    case TANDEM_E_GGUF_BAD_TYPE: return "GGUF_BAD_TYPE";
+    case TANDEM_E_GGUF_BAD_TENSOR: return "GGUF_BAD_TENSOR";
+    case TANDEM_E_TENSOR_NON_FINITE: return "TENSOR_NON_FINITE";
+    case TANDEM_E_MODEL_UNSUPPORTED_ARCH: return "MODEL_UNSUPPORTED_ARCH";
+    case TANDEM_E_MODEL_MISSING_TENSOR: return "MODEL_MISSING_TENSOR";
+    case TANDEM_E_MODEL_BAD_HPARAMS: return "MODEL_BAD_HPARAMS";
+    case TANDEM_E_MODEL_BAD_TENSOR_SHAPE: return "MODEL_BAD_TENSOR_SHAPE";
+    case TANDEM_E_TOKENIZER: return "TOKENIZER";
+    case TANDEM_E_CONTEXT_OVERFLOW: return "CONTEXT_OVERFLOW";
+    case TANDEM_E_BAD_POSITION: return "BAD_POSITION";
+    case TANDEM_E_INTERNAL: return "INTERNAL";
+    case TANDEM_E_INVALID_HANDLE: return "INVALID_HANDLE";
+    case TANDEM_E_BUSY: return "BUSY";
+    case TANDEM_E_BUFFER_TOO_SMALL: return "BUFFER_TOO_SMALL";
+    default: break;
+  }
+  // Codes the C++ library has that this header does not name yet (it passes them
+  // through): tandem::error_code_name gives their stable names (string literals).
+  if (status > 0 && status < 100) return error_code_name(static_cast<ErrorCode>(status)).data();
+  return "UNKNOWN";
+}
+
+// ---- model ---------------------------------------------------------------------------------
+
+tandem_status tandem_model_params_init(tandem_model_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kModelParamsV01, default_model_params(), "tandem_model_params_init",
+                "tandem_model_params");
+  });
+}
+
+tandem_status tandem_model_load(const char* path, const tandem_model_params* params, tandem_model** out_model) {
+  static constexpr const char* fn = "tandem_model_load";
+  if (out_model != nullptr) *out_model = nullptr;
+  return guard([&] {
+    require(out_model, fn, "out_model");
+    require(path, fn, "path");
+    tandem_model_params p = default_model_params();
+    if (params != nullptr) read_struct(params, kModelParamsV01, p, fn, "tandem_model_params");
+    ModelOptions options;
+    options.gguf.check_block_scales = p.check_block_scales != 0;
+    options.gguf.max_alignment = p.max_alignment;
+    auto obj = std::make_shared<ModelObj>();
+    obj->model = Model::load(path, options);
+    obj->name = obj->model->name();
+    *out_model = reinterpret_cast<tandem_model*>(Registry::instance().add(Kind::kModel, std::move(obj)));
+  });
+}
+
+tandem_status tandem_model_free(tandem_model* model) {
+  return guard([&] {
+    if (model == nullptr) return;
+    auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(model), Kind::kModel);
+    if (!obj) {
+      fail(TANDEM_E_INVALID_HANDLE,
+           fmt::format("tandem_model_free: model handle {:#x} is not live (double free?)",
+                       reinterpret_cast<uintptr_t>(model)));
+    }
+  });
+}
+
+tandem_status tandem_model_info_init(tandem_model_info* info, size_t struct_size) {
+  return guard([&] {
+    init_struct(info, struct_size, kModelInfoV01, zeroed<tandem_model_info>(), "tandem_model_info_init",
+                "tandem_model_info");
+  });
+}
+
+tandem_status tandem_model_get_info(const tandem_model* model, tandem_model_info* info) {
+  static constexpr const char* fn = "tandem_model_get_info";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(info, fn, "info");
+    const size_t n = out_struct_size(info, kModelInfoV01, fn, "tandem_model_info");
+    const HParams& hp = m->model->hparams();
+    const Tokenizer& tok = m->model->tokenizer();
+    tandem_model_info out{};
+    out.arch = arch_name(hp.arch).data();  // string literals: NUL-terminated, static
+    out.name = m->name.c_str();
+    out.n_vocab = hp.n_vocab;
+    out.n_ctx_train = hp.n_ctx_train;
+    out.n_embd = hp.n_embd;
+    out.n_layer = hp.n_layer;
+    out.n_head = hp.n_head;
+    out.n_head_kv = hp.n_head_kv;
+    out.token_bos = tok.bos();
+    out.token_eos = tok.eos();
+    out.weight_bytes = m->model->weight_bytes();
+    write_struct(info, out, n);
+  });
+}
+
+tandem_status tandem_model_identity_hash(const tandem_model* model, uint64_t* out_hash) {
+  static constexpr const char* fn = "tandem_model_identity_hash";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_hash, fn, "out_hash");
+    *out_hash = m->model->identity_hash();
+  });
+}
+
+// ---- tokenizer ---------------------------------------------------------------------------
+
+tandem_status tandem_tokenize(const tandem_model* model, const char* text, size_t text_len, uint32_t flags,
+                              int32_t* tokens, size_t capacity, size_t* out_n_tokens) {
+  static constexpr const char* fn = "tandem_tokenize";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_n_tokens, fn, "out_n_tokens");
+    if (text == nullptr && text_len != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: text is NULL but text_len is {}", fn, text_len));
+    }
+    check_flags(flags, kTokenizeFlags, fn);
+    const std::string_view sv = text_len == 0 ? std::string_view() : std::string_view(text, text_len);
+    check_utf8(sv, fn, "text");
+    const auto ids = m->model->tokenizer().tokenize(sv, (flags & TANDEM_TOKENIZE_ADD_SPECIAL) != 0,
+                                                    (flags & TANDEM_TOKENIZE_PARSE_SPECIAL) != 0);
+    *out_n_tokens = ids.size();
+    if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+tandem_status tandem_detokenize(const tandem_model* model, const int32_t* tokens, size_t n_tokens, uint32_t flags,
+                                char* buf, size_t capacity, size_t* out_len) {
+  static constexpr const char* fn = "tandem_detokenize";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_len, fn, "out_len");
+    if (tokens == nullptr && n_tokens != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: tokens is NULL but n_tokens is {}", fn, n_tokens));
+    }
+    check_flags(flags, kDetokenizeFlags, fn);
+    const std::span<const int32_t> ids(tokens, n_tokens);
+    const int32_t n_vocab = m->model->tokenizer().n_vocab();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= n_vocab) {
+        fail(TANDEM_E_INVALID_ARG,
+             fmt::format("{}: token id {} at index {} is outside the vocabulary [0, {})", fn, ids[i], i, n_vocab));
+      }
+    }
+    const std::string text = m->model->tokenizer().detokenize(ids, (flags & TANDEM_DETOKENIZE_REMOVE_SPECIAL) != 0,
+                                                              (flags & TANDEM_DETOKENIZE_UNPARSE_SPECIAL) != 0);
+    write_text(text, buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_token_to_piece(const tandem_model* model, int32_t token, uint32_t flags, char* buf,
+                                    size_t capacity, size_t* out_len) {
+  static constexpr const char* fn = "tandem_token_to_piece";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_len, fn, "out_len");
+    check_flags(flags, kDetokenizeFlags, fn);
+    const std::string piece =
+        m->model->tokenizer().token_to_piece(token, (flags & TANDEM_DETOKENIZE_UNPARSE_SPECIAL) != 0);
+    write_text(piece, buf, capacity, out_len, fn);
+  });
+}
+
+// ---- session -------------------------------------------------------------------------------
+
+tandem_status tandem_session_params_init(tandem_session_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kSessionParamsV01, default_session_params(), "tandem_session_params_init",
+                "tandem_session_params");
+  });
+}
+
+tandem_status tandem_session_create(const tandem_model* model, const tandem_session_params* params,
+                                    tandem_session** out_session) {
+  static constexpr const char* fn = "tandem_session_create";
+  if (out_session != nullptr) *out_session = nullptr;
+  return guard([&] {
+    require(out_session, fn, "out_session");
+    auto m = get_model(model, fn);
+    tandem_session_params p = default_session_params();
+    if (params != nullptr) read_struct(params, kSessionParamsV01, p, fn, "tandem_session_params");
+    if (p.n_ctx < 0 || p.n_batch < 1 || p.page_size < 1 || p.n_threads < 0 || p.n_threads > kMaxThreads) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: n_ctx {} must be >= 0, n_batch {} and page_size {} >= 1, n_threads {} in [0, {}]", fn,
+                       p.n_ctx, p.n_batch, p.page_size, p.n_threads, kMaxThreads));
+    }
+    const HParams& hp = m->model->hparams();
+    const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : std::min(hp.n_ctx_train, 4096);
+    if (n_ctx > int64_t(std::numeric_limits<int32_t>::max()) - p.page_size) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_ctx {} with page_size {} overflows the page count", fn,
+                                             p.n_ctx, p.page_size));
+    }
+    // Refuse a KV cache that cannot fit in physical memory before allocating it (the
+    // pool is zero-filled at creation, so all of it would be touched at once).
+    const double n_pages = std::ceil(double(n_ctx) / double(p.page_size));
+    const double kv_bytes = n_pages * double(p.page_size) * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) *
+                            double(std::max(hp.head_dim, hp.head_dim_v)) * 2.0;
+    const double phys = physical_memory_bytes();
+    if (kv_bytes > phys) {
+      fail(TANDEM_E_OUT_OF_MEMORY,
+           fmt::format("{}: a KV cache of {} positions needs {:.3g} bytes, more than the {:.3g} bytes of physical "
+                       "memory",
+                       fn, n_ctx, kv_bytes, phys));
+    }
+    auto s = std::make_shared<SessionObj>();
+    s->model = m;
+    CpuExecutorOptions exec_options;
+    exec_options.n_threads = p.n_threads;
+    s->executor = std::make_unique<CpuQ4Executor>(m->model, exec_options);
+    SessionOptions session_options;
+    session_options.n_ctx = p.n_ctx;
+    session_options.n_batch = p.n_batch;
+    session_options.page_size = p.page_size;
+    s->session = std::make_unique<Session>(m->model, *s->executor, session_options);
+    s->n_batch = p.n_batch;
+    s->page_size = p.page_size;
+    *out_session = reinterpret_cast<tandem_session*>(Registry::instance().add(Kind::kSession, std::move(s)));
+  });
+}
+
+tandem_status tandem_session_free(tandem_session* session) {
+  return guard([&] {
+    if (session == nullptr) return;
+    auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(session), Kind::kSession);
+    if (!obj) {
+      fail(TANDEM_E_INVALID_HANDLE,
+           fmt::format("tandem_session_free: session handle {:#x} is not live (double free?)",
+                       reinterpret_cast<uintptr_t>(session)));
+    }
+  });
+}
+
+tandem_status tandem_session_info_init(tandem_session_info* info, size_t struct_size) {
+  return guard([&] {
+    init_struct(info, struct_size, kSessionInfoV01, zeroed<tandem_session_info>(), "tandem_session_info_init",
+                "tandem_session_info");
+  });
+}
+
+tandem_status tandem_session_get_info(const tandem_session* session, tandem_session_info* info) {
+  static constexpr const char* fn = "tandem_session_get_info";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(info, fn, "info");
+    const size_t n = out_struct_size(info, kSessionInfoV01, fn, "tandem_session_info");
+    BusyGuard busy(*s, fn);
+    tandem_session_info out{};
+    out.n_ctx = s->session->n_ctx();
+    out.n_tokens = static_cast<int32_t>(s->session->tokens().size());
+    out.n_batch = s->n_batch;
+    out.page_size = s->page_size;
+    out.n_threads = s->executor->n_threads();
+    out.has_logits = s->session->logits().empty() ? 0 : 1;
+    write_struct(info, out, n);
+  });
+}
+
+tandem_status tandem_session_reset(tandem_session* session) {
+  static constexpr const char* fn = "tandem_session_reset";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    BusyGuard busy(*s, fn);
+    s->session->reset();
+  });
+}
+
+tandem_status tandem_session_eval(tandem_session* session, const int32_t* tokens, size_t n_tokens, float* logits,
+                                  size_t capacity) {
+  static constexpr const char* fn = "tandem_session_eval";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    if (tokens == nullptr && n_tokens != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: tokens is NULL but n_tokens is {}", fn, n_tokens));
+    }
+    BusyGuard busy(*s, fn);
+    const size_t n_vocab = size_t(s->session->model().hparams().n_vocab);
+    std::span<float> out;
+    if (check_capacity(logits, capacity, n_tokens * n_vocab, fn, "logits") && n_tokens > 0) {
+      out = std::span<float>(logits, n_tokens * n_vocab);
+    }
+    s->session->eval(std::span<const int32_t>(tokens, n_tokens), out);
+  });
+}
+
+tandem_status tandem_session_get_logits(const tandem_session* session, float* logits, size_t capacity,
+                                        size_t* out_n) {
+  static constexpr const char* fn = "tandem_session_get_logits";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(out_n, fn, "out_n");
+    BusyGuard busy(*s, fn);
+    const auto l = s->session->logits();
+    *out_n = l.size();
+    if (check_capacity(logits, capacity, l.size(), fn, "logits")) std::copy(l.begin(), l.end(), logits);
+  });
+}
+
+tandem_status tandem_session_get_tokens(const tandem_session* session, int32_t* tokens, size_t capacity,
+                                        size_t* out_n) {
+  static constexpr const char* fn = "tandem_session_get_tokens";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(out_n, fn, "out_n");
+    BusyGuard busy(*s, fn);
+    const auto& t = s->session->tokens();
+    *out_n = t.size();
+    if (check_capacity(tokens, capacity, t.size(), fn, "tokens")) std::copy(t.begin(), t.end(), tokens);
+  });
+}
+
+// ---- sampling and generation ----------------------------------------------------------------
+
+tandem_status tandem_sampling_params_init(tandem_sampling_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kSamplingParamsV01, default_sampling_params(), "tandem_sampling_params_init",
+                "tandem_sampling_params");
+  });
+}
+
+tandem_status tandem_generate_params_init(tandem_generate_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kGenerateParamsV01, default_generate_params(), "tandem_generate_params_init",
+                "tandem_generate_params");
+  });
+}
+
+tandem_status tandem_generate_result_init(tandem_generate_result* result, size_t struct_size) {
+  return guard([&] {
+    init_struct(result, struct_size, kGenerateResultV01, zeroed<tandem_generate_result>(),
+                "tandem_generate_result_init", "tandem_generate_result");
+  });
+}
+
+tandem_status tandem_session_generate(tandem_session* session, const char* prompt_utf8,
+                                      const tandem_generate_params* params, tandem_token_callback callback,
+                                      void* user_data, tandem_generate_result* result) {
+  static constexpr const char* fn = "tandem_session_generate";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(prompt_utf8, fn, "prompt_utf8");
+    const std::string_view prompt(prompt_utf8);
+    check_utf8(prompt, fn, "the prompt");
+    PreparedGenerate g = prepare_generate(params, result, fn);
+    BusyGuard busy(*s, fn);
+    attach_callback(g, *s, callback, user_data);
+    const GenerateResult r = s->session->generate(prompt, g.options, g.parse_special);
+    write_result(r, g, result);
+  });
+}
+
+tandem_status tandem_session_generate_tokens(tandem_session* session, const int32_t* prompt, size_t n_prompt,
+                                             const tandem_generate_params* params, tandem_token_callback callback,
+                                             void* user_data, tandem_generate_result* result) {
+  static constexpr const char* fn = "tandem_session_generate_tokens";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    if (prompt == nullptr && n_prompt != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt is NULL but n_prompt is {}", fn, n_prompt));
+    }
+    PreparedGenerate g = prepare_generate(params, result, fn);
+    BusyGuard busy(*s, fn);
+    attach_callback(g, *s, callback, user_data);
+    const GenerateResult r = s->session->generate(std::span<const int32_t>(prompt, n_prompt), g.options);
+    write_result(r, g, result);
+  });
+}
+
+}  // extern "C"

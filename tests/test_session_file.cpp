@@ -1,0 +1,158 @@
+// Session save/restore and field case B20: truncated, corrupt and foreign session files
+// are refused with their own errors and leave the target session exactly as it was.
+#include <catch2/catch.hpp>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "kv_test_support.hpp"
+
+using namespace tandem;
+
+namespace {
+
+std::vector<char> read_all(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void write_all(const std::filesystem::path& p, const std::vector<char>& d) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(d.data(), static_cast<std::streamsize>(d.size()));
+}
+
+// Rewrite the trailing checksum so the parser (not the checksum) meets a bad field.
+void reseal(std::vector<char>& d) {
+  const uint64_t h = XXH3_64bits(d.data(), d.size() - 8);
+  std::memcpy(d.data() + d.size() - 8, &h, 8);
+}
+
+// Body offsets of fields (see lib/session_file.cpp): header is 24 bytes.
+constexpr size_t kHeader = 24;
+constexpr size_t kTokenCountAt = kHeader + 4 + 8 + 8 + 4 * 3 + 8 + 4 + 4 + 4 + 4 * 2 + 4 + 4 * 5 + 8;
+
+std::pair<ErrorCode, std::string> restore_error(Session& s, const std::filesystem::path& p) {
+  try {
+    s.restore(p);
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {ErrorCode::kOk, ""};
+}
+
+}  // namespace
+
+TEST_CASE("save then restore continues exactly, in another session and executor", "[session][kv]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor a(model, CpuExecutorOptions{2}), b(model, CpuExecutorOptions{1});
+  const auto dir = test::scratch_dir("save");
+  Session s(model, a);
+  GenerateOptions go;
+  go.max_tokens = 9;
+  go.sampling.temperature = 0.9f;  // sampled: the random state must travel too
+  go.sampling.seed = 77;
+  s.generate("Once upon a time", go);
+  s.save(dir / "s.session");
+  const auto saved_tokens = s.tokens();
+  CHECK_FALSE(std::filesystem::exists(dir / "s.session.tmp"));
+  go.sampling.seed = SamplingParams::kSessionSeed;  // continue the session's random stream
+  const auto expect = s.generate(" The end", go);
+
+  Session r(model, b);
+  r.restore(dir / "s.session");
+  CHECK(r.tokens() == saved_tokens);
+  const auto got = r.generate(" The end", go);
+  CHECK(got.tokens == expect.tokens);
+  CHECK(got.text == expect.text);
+}
+
+TEST_CASE("B20: damaged, truncated, future and foreign session files are refused", "[session][field-case]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor ex(model, CpuExecutorOptions{2});
+  const auto dir = test::scratch_dir("b20");
+  const auto good = dir / "good.session";
+  {
+    Session src(model, ex);
+    src.eval(test::prompt_ids(20, model->hparams().n_vocab));
+    src.save(good);
+  }
+  const auto bytes = read_all(good);
+  REQUIRE(bytes.size() > 200);
+
+  // The target holds its own conversation; every refusal must leave it as it was.
+  Session target(model, ex);
+  const auto own = test::prompt_ids(7, model->hparams().n_vocab);
+  target.eval(own);
+  const auto own_sums = test::page_checksums(target.kv(), *model, target.tokens());
+  auto unchanged = [&] {
+    CHECK(target.tokens() == own);
+    CHECK(test::page_checksums(target.kv(), *model, target.tokens()) == own_sums);
+    CHECK(target.kv_store()->used_pages() == 1);
+  };
+  auto refused = [&](const std::vector<char>& data, ErrorCode want, const char* name) {
+    const auto p = dir / (std::string(name) + ".session");
+    write_all(p, data);
+    const auto [code, msg] = restore_error(target, p);
+    INFO(name << ": " << msg);
+    CHECK(code == want);
+    unchanged();
+  };
+
+  refused(std::vector<char>(bytes.begin(), bytes.begin() + std::ptrdiff_t(bytes.size() / 2)), ErrorCode::kSessionCorrupt, "half");
+  refused(std::vector<char>(bytes.begin(), bytes.begin() + 8), ErrorCode::kSessionCorrupt, "eight");
+  refused({}, ErrorCode::kSessionCorrupt, "empty");
+  auto magic = bytes;
+  magic[0] ^= 0x20;
+  refused(magic, ErrorCode::kSessionCorrupt, "magic");
+  auto future = bytes;
+  const uint32_t v9999 = 9999;
+  std::memcpy(future.data() + 8, &v9999, 4);
+  refused(future, ErrorCode::kSessionVersion, "version9999");
+  auto count = bytes;
+  const uint64_t huge = uint64_t{1} << 31;
+  std::memcpy(count.data() + kTokenCountAt, &huge, 8);
+  refused(count, ErrorCode::kSessionCorrupt, "token-count-unsealed");
+  reseal(count);
+  refused(count, ErrorCode::kSessionCorrupt, "token-count-sealed");  // caught by the bounds check
+  auto body = bytes;
+  const uint64_t big = bytes.size() * 4;
+  std::memcpy(body.data() + 16, &big, 8);
+  reseal(body);
+  refused(body, ErrorCode::kSessionCorrupt, "body-length");
+  // A flipped byte anywhere (header, tokens, logits, pages) is caught.
+  for (size_t at = 0; at < bytes.size(); at += 61) {
+    auto flipped = bytes;
+    flipped[at] ^= 0x01;
+    const auto p = dir / "flipped.session";
+    write_all(p, flipped);
+    const auto [code, msg] = restore_error(target, p);
+    INFO("flipped byte " << at << ": " << msg);
+    CHECK((code == ErrorCode::kSessionCorrupt || code == ErrorCode::kSessionVersion));
+  }
+  unchanged();
+  CHECK(restore_error(target, dir / "missing.session").first == ErrorCode::kIo);
+  CHECK(restore_error(target, dir).first == ErrorCode::kIo);
+
+  // Foreign: same shapes, other weights; and another shape altogether.
+  auto f32 = Model::load(test::model_path("aidreams260K-f32"));
+  CpuQ4Executor ex32(f32, CpuExecutorOptions{1});
+  Session other(f32, ex32);
+  CHECK(restore_error(other, good).first == ErrorCode::kSessionModelMismatch);
+  auto wide = Model::load(test::model_path("synth-llama-small-q4_0"));
+  CpuQ4Executor exw(wide, CpuExecutorOptions{1});
+  Session third(wide, exw);
+  CHECK(restore_error(third, good).first == ErrorCode::kSessionModelMismatch);
+  // A context too small for the saved positions.
+  SessionOptions small;
+  small.n_ctx = 16;
+  Session tight(model, ex, small);
+  CHECK(restore_error(tight, good).first == ErrorCode::kContextOverflow);
+
+  // After all that, the target still generates exactly as an untouched twin does.
+  Session twin(model, ex);
+  twin.eval(own);
+  CHECK(test::greedy(target, 10) == test::greedy(twin, 10));
+}
