@@ -1,6 +1,12 @@
 // tandem-bench: prompt processing (pp) and token generation (tg) speed, like llama-bench.
 //
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--json]
+//   tandem-bench kv -m MODEL.gguf [-c 4096] [-t 2] [--kv-dir DIR] [--json]
+//
+// kv: KV tier moves. A session of c prompt tokens is moved Host -> File -> Host (GB/s),
+// beside a plain sequential write and read of a file of the same size in the same
+// directory; then time-to-resume from the File tier and from a saved session file
+// (bring back + one decode step) against recomputing the prefill.
 //
 // pp: one executor step over p random prompt tokens in an empty sequence (tokens/s).
 // tg: n single-token decode steps starting from an empty sequence (tokens/s).
@@ -12,6 +18,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -20,6 +29,7 @@
 
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/kv_store.hpp"
+#include "tandem/session.hpp"
 #include "tandem/model.hpp"
 #include "tandem/thread_pool.hpp"
 
@@ -61,6 +71,108 @@ double measure_read_bandwidth(int n_threads) {
   return double(n * sizeof(uint64_t)) / median(times);
 }
 
+double seconds_of(const std::function<void()>& fn) {
+  const auto t0 = Clock::now();
+  fn();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Sequential write then read of `bytes` through a file in `dir` (page cache, no fsync:
+// the same path the File tier's memory-mapped pages take), bytes per second each way.
+std::pair<double, double> file_bandwidth(const std::filesystem::path& dir, size_t bytes) {
+  const auto path = dir / "tandem-bench-seq.bin";
+  std::vector<char> buf(size_t(1) << 20, 'x');
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + path.string());
+  const double w = seconds_of([&] {
+    for (size_t done = 0; done < bytes; done += buf.size()) std::fwrite(buf.data(), 1, std::min(buf.size(), bytes - done), f);
+    std::fflush(f);
+  });
+  std::fclose(f);
+  f = std::fopen(path.c_str(), "rb");
+  size_t got = 0;
+  const double r = seconds_of([&] {
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) got += n;
+  });
+  std::fclose(f);
+  std::filesystem::remove(path);
+  return {double(bytes) / w, double(got) / r};
+}
+
+int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::string& kv_dir, bool json_out) {
+  auto model = tandem::Model::load(model_path);
+  const auto& hp = model->hparams();
+  tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
+  const std::filesystem::path dir = kv_dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(kv_dir);
+  tandem::KvStoreOptions so;
+  so.layout = tandem::KvLayout::for_model(hp);
+  so.host_pages = n_ctx / 16 + 2;
+  so.file_pages = n_ctx / 16 + 2;
+  so.file_dir = dir;
+  auto store = std::make_shared<tandem::KvStore>(std::move(so));
+  tandem::SessionOptions sopt;
+  sopt.kv_store = store;
+  sopt.n_ctx = n_ctx + 2;
+  tandem::Session s(model, exec, sopt);
+  std::mt19937 rng(1);
+  std::vector<int32_t> ids(static_cast<size_t>(n_ctx - 1));
+  for (auto& id : ids) id = int32_t(rng() % uint32_t(hp.n_vocab));
+  const double prefill_s = seconds_of([&] { s.eval(ids); });
+  // The first move grows and maps the file; the figures are of a second, warm round trip.
+  const tandem::KvMoveStats cold = s.kv().move_to(tandem::KvTier::kFile);
+  s.kv().move_to(tandem::KvTier::kHost);
+  const tandem::KvMoveStats down = s.kv().move_to(tandem::KvTier::kFile);
+  const tandem::KvMoveStats up = s.kv().move_to(tandem::KvTier::kHost);
+  const auto [seq_w, seq_r] = file_bandwidth(dir, down.bytes);
+  const int32_t next = 5;
+  s.kv().move_to(tandem::KvTier::kFile);
+  const double resume_file_s = seconds_of([&] { s.eval(std::span<const int32_t>(&next, 1)); });
+  const auto path = dir / "tandem-bench.session";
+  const double save_s = seconds_of([&] { s.save(path); });
+  tandem::SessionOptions fresh_opts;
+  fresh_opts.n_ctx = n_ctx + 2;
+  tandem::Session fresh(model, exec, fresh_opts);
+  const double resume_saved_s = seconds_of([&] {
+    fresh.restore(path);
+    fresh.eval(std::span<const int32_t>(&next, 1));
+  });
+  std::filesystem::remove(path);
+  if (json_out) {
+    nlohmann::json j;
+    j["model"] = model->name();
+    j["tokens"] = n_ctx - 1;
+    j["kv_bytes"] = down.bytes;
+    j["host_to_file_bytes_per_s"] = double(down.bytes) / down.seconds;
+    j["host_to_file_first_bytes_per_s"] = double(cold.bytes) / cold.seconds;
+    j["file_to_host_bytes_per_s"] = double(up.bytes) / up.seconds;
+    j["sequential_write_bytes_per_s"] = seq_w;
+    j["sequential_read_bytes_per_s"] = seq_r;
+    j["prefill_s"] = prefill_s;
+    j["resume_from_file_tier_s"] = resume_file_s;
+    j["save_s"] = save_s;
+    j["resume_from_saved_session_s"] = resume_saved_s;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    fmt::print("model {}, {} tokens of KV = {:.1f} MB, {} threads, directory {}\n", model->name(), n_ctx - 1,
+               double(down.bytes) / 1e6, exec.n_threads(), dir.string());
+    fmt::print("| move | GB/s | sequential file I/O, same size, same dir | GB/s | ratio |\n|---|---:|---|---:|---:|\n");
+    fmt::print("| Host -> File | {:.2f} | write | {:.2f} | {:.2f} |\n", down.bytes / down.seconds / 1e9, seq_w / 1e9,
+               down.bytes / down.seconds / seq_w);
+    fmt::print("| File -> Host | {:.2f} | read | {:.2f} | {:.2f} |\n", up.bytes / up.seconds / 1e9, seq_r / 1e9,
+               up.bytes / up.seconds / seq_r);
+    fmt::print("(first Host -> File move, growing the file: {:.2f} GB/s)\n", cold.bytes / cold.seconds / 1e9);
+    fmt::print("\n| resume a {}-token session | seconds | vs recomputing the prefill |\n|---|---:|---:|\n", n_ctx - 1);
+    fmt::print("| recompute prefill | {:.4f} | 1.00x |\n", prefill_s);
+    fmt::print("| from the File tier (bring back + 1 decode step) | {:.4f} | {:.1f}x faster |\n", resume_file_s,
+               prefill_s / resume_file_s);
+    fmt::print("| from a saved session file (restore + 1 decode step) | {:.4f} | {:.1f}x faster |\n", resume_saved_s,
+               prefill_s / resume_saved_s);
+    fmt::print("(saving the session file took {:.4f} s)\n", save_s);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,7 +187,29 @@ int main(int argc, char** argv) {
   app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::PositiveNumber);
   app.add_flag("--json", json_out, "print JSON");
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory bandwidth measurement");
+  auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
+  std::string kv_model, kv_dir;
+  int kv_ctx = 4096, kv_threads = 0;
+  bool kv_json = false;
+  kv_cmd->add_option("-m,--model", kv_model, "GGUF model")->required();
+  kv_cmd->add_option("-c,--ctx", kv_ctx, "session length in tokens")->check(CLI::Range(17, 1 << 20));
+  kv_cmd->add_option("-t,--threads", kv_threads, "threads");
+  kv_cmd->add_option("--kv-dir", kv_dir, "directory of the File tier");
+  kv_cmd->add_flag("--json", kv_json, "print JSON");
+  app.get_option("--model")->required(false);
   CLI11_PARSE(app, argc, argv);
+  if (kv_cmd->parsed()) {
+    try {
+      return run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json);
+    } catch (const std::exception& e) {
+      std::cerr << "tandem-bench: error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  if (model_path.empty()) {
+    std::cerr << "tandem-bench: error: --model is required\n";
+    return 1;
+  }
 
   try {
     auto model = tandem::Model::load(model_path);

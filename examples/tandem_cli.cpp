@@ -3,6 +3,7 @@
 //   tandem-cli -m MODEL.gguf -p "Once upon a time" -n 64 [-t N] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
 //              [--prompt-ids 1,2,3] [--logits-out FILE] [--json] [--chat]
+//              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
 //
 // Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr,
@@ -12,7 +13,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -81,6 +84,8 @@ int main(int argc, char** argv) {
   tandem::SamplingParams sp;
   int64_t seed = -1;
   bool json_out = false, chat = false, ignore_eos = false;
+  std::string session_path, kv_tier = "host", kv_dir;
+  int migrate_after = -1;
   std::vector<std::string> stops;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("-p,--prompt", prompt, "prompt text");
@@ -103,6 +108,14 @@ int main(int argc, char** argv) {
   app.add_option("--logits-out", logits_out, "write prompt logits as float32 [n_prompt, n_vocab]");
   app.add_flag("--json", json_out, "print ids, text and timings as one JSON object");
   app.add_flag("--chat", chat, "interactive chat on stdin");
+  app.add_option("--session", session_path,
+                 "restore the conversation from FILE if it exists (no recompute), save it there at the end");
+  app.add_option("--kv-tier", kv_tier, "where KV pages live: host (RAM) or file (memory-mapped file)")
+      ->check(CLI::IsMember({"host", "file"}));
+  app.add_option("--kv-dir", kv_dir, "directory of the file tier (default: the temp directory)");
+  app.add_option("--migrate-after", migrate_after,
+                 "hand the session to a second CPU executor after N generated tokens")
+      ->check(CLI::NonNegativeNumber);
 
   auto* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
   std::string tok_model, tok_text;
@@ -129,11 +142,18 @@ int main(int argc, char** argv) {
     const auto t_load = std::chrono::steady_clock::now();
     auto model = tandem::Model::load(model_path);
     tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
+    std::optional<tandem::CpuQ4Executor> second;  // the --migrate-after target; outlives the session's use
     tandem::SessionOptions so;
     so.n_ctx = n_ctx;
     so.n_batch = n_batch;
     so.seed = static_cast<uint64_t>(seed);
+    so.kv_tier = kv_tier == "file" ? tandem::KvTier::kFile : tandem::KvTier::kHost;
+    if (!kv_dir.empty()) so.kv_dir = kv_dir;
     tandem::Session session(model, exec, so);
+    if (!session_path.empty() && std::filesystem::exists(session_path)) {
+      session.restore(session_path);
+      std::fprintf(stderr, "tandem-cli: restored %zu tokens from %s\n", session.tokens().size(), session_path.c_str());
+    }
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
     tandem::GenerateOptions go;
@@ -164,10 +184,10 @@ int main(int argc, char** argv) {
       return 0;
     }
 
-    std::vector<int32_t> ids = prompt_ids.empty()
-                                   ? model->tokenizer().tokenize(prompt, true, false)
-                                   : parse_ids(prompt_ids);
-    if (ids.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
+    const bool fresh = session.tokens().empty();
+    std::vector<int32_t> ids = prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false)
+                                                  : parse_ids(prompt_ids);
+    if (ids.empty() && fresh) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
     const int32_t n_vocab = model->hparams().n_vocab;
     tandem::GenerateResult r;
     if (!logits_out.empty()) {
@@ -186,8 +206,30 @@ int main(int argc, char** argv) {
         const std::string shown = model->tokenizer().detokenize(ids, true, false);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
       }
-      r = session.generate(std::span<const int32_t>(ids), go);
+      if (migrate_after >= 0 && migrate_after < n_predict) {
+        // Generate N tokens here, hand the session (KV pages under the contract) to a
+        // second executor with its own thread pool, and continue there.
+        second.emplace(model, tandem::CpuExecutorOptions{n_threads});
+        tandem::GenerateOptions first = go;
+        first.max_tokens = migrate_after;
+        first.flush_text = false;
+        r = session.generate(std::span<const int32_t>(ids), first);
+        if (r.finish == tandem::FinishReason::kLength && static_cast<int>(r.tokens.size()) == migrate_after) {
+          const auto m = session.migrate(*second);
+          std::fprintf(stderr, "\ntandem-cli: migrated after %d tokens: %d pages, %llu bytes, %.0f us\n",
+                       migrate_after, m.pages, static_cast<unsigned long long>(m.bytes), m.seconds * 1e6);
+          go.max_tokens = n_predict - migrate_after;
+          auto rest = session.generate(std::span<const int32_t>(), go);
+          r.tokens.insert(r.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+          r.text += rest.text;
+          r.finish = rest.finish;
+          r.generate_seconds += rest.generate_seconds;
+        }
+      } else {
+        r = session.generate(std::span<const int32_t>(ids), go);
+      }
     }
+    if (!session_path.empty()) session.save(session_path);
     const double pp_tps = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
     const double tg_tps = r.generate_seconds > 0 ? double(r.tokens.size()) / r.generate_seconds : 0.0;
     if (json_out) {

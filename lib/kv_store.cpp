@@ -85,12 +85,16 @@ struct KvStore::Tier {
     if (!chunks[c]) {
       const size_t chunk_bytes = size_t(chunk_pages) * page_bytes;
       const off_t end = static_cast<off_t>((c + 1) * chunk_bytes);
+      // Allocate the chunk's blocks now (a full disk fails here, not with SIGBUS on a
+      // later page fault) and map it pre-faulted, so page moves are plain copies.
       struct stat st {};
-      if (::fstat(fd, &st) != 0 || (st.st_size < end && ::ftruncate(fd, end) != 0)) {
+      if (::fstat(fd, &st) != 0 ||
+          (st.st_size < end && ::posix_fallocate(fd, static_cast<off_t>(c * chunk_bytes),
+                                                 static_cast<off_t>(chunk_bytes)) != 0 && ::ftruncate(fd, end) != 0)) {
         throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot grow '{}' to {} bytes: {}", path.string(),
                                                  static_cast<long long>(end), std::strerror(errno)));
       }
-      void* p = ::mmap(nullptr, chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+      void* p = ::mmap(nullptr, chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                        static_cast<off_t>(c * chunk_bytes));
       if (p == MAP_FAILED) {
         throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot map chunk {} of '{}': {}", c, path.string(),

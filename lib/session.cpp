@@ -76,7 +76,8 @@ Session::Session(std::shared_ptr<const Model> model, Executor& executor, const S
       store_(own_store(model_->hparams(), options, n_ctx_)),
       kv_(std::make_unique<KvSequence>(*store_, n_ctx_, options.kv_tier)),
       logits_(size_t(model_->hparams().n_vocab)),
-      rng_(options.seed) {
+      rng_(options.seed),
+      detok_(model_->tokenizer(), false, false) {
   if (&executor.model() != model_.get()) {
     throw Error(ErrorCode::kInvalidArgument, "session: the executor runs a different model");
   }
@@ -167,7 +168,6 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   r.prompt_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  StreamingDetokenizer detok(tok, false, false);  // generated text follows a prompt: keep its leading space
   std::string held;          // final text not yet passed to on_text
   size_t emitted_upto = 0;   // bytes of r.text already passed on
   bool stop = false;
@@ -180,7 +180,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
     r.tokens.push_back(id);
     pending_ = id;
-    r.text += detok.push(id);
+    r.text += detok_.push(id);
     // Stop strings: cut the text at the first occurrence.
     for (const auto& s : options.stop) {
       const size_t from = emitted_upto > s.size() ? emitted_upto - s.size() : 0;
@@ -207,8 +207,9 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     }
     eval({});
   }
-  if (!stop || r.finish == FinishReason::kStop || r.finish == FinishReason::kLength) {
-    r.text += detok.finish();
+  const bool hold = !options.flush_text && r.finish == FinishReason::kLength;
+  if (!hold && (!stop || r.finish == FinishReason::kStop || r.finish == FinishReason::kLength)) {
+    r.text += detok_.finish();
     if (r.text.size() > emitted_upto && options.on_text) {
       options.on_text(std::string_view(r.text).substr(emitted_upto), r.tokens.empty() ? -1 : r.tokens.back());
     }
@@ -249,6 +250,7 @@ Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst
 }
 
 void Session::reset() {
+  detok_.finish();
   kv_->truncate(0);
   tokens_.clear();
   pending_.reset();

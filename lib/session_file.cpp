@@ -317,6 +317,7 @@ void Session::restore(const std::filesystem::path& path) {
   have_logits_ = n_logits != 0;
   if (have_logits_) std::memcpy(logits_.data(), logits, size_t(n_logits) * sizeof(float));
   rng_ = rng;
+  detok_.finish();  // text held back from before the restore belongs to the old conversation
 }
 
 }  // namespace tandem

@@ -23,6 +23,7 @@
 #include "tandem/kv_store.hpp"
 #include "tandem/model.hpp"
 #include "tandem/sampler.hpp"
+#include "tandem/tokenizer.hpp"
 
 namespace tandem {
 
@@ -52,6 +53,10 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<std::string> stop;   ///< stop strings
   bool ignore_eos = false;         ///< keep going past end-of-generation tokens
+  /// At the end, write an incomplete UTF-8 sequence out as U+FFFD (one per byte). When
+  /// false and generation stopped at max_tokens, the bytes stay held in the session and
+  /// complete with the next generate() (a conversation continued in several calls).
+  bool flush_text = true;
   /// Called with each piece of valid UTF-8 text as it becomes final (text is held back
   /// while it may still turn into a stop string or an incomplete UTF-8 sequence) and the
   /// id of the token that completed it. Return false to stop (FinishReason::kCancelled).
@@ -133,6 +138,7 @@ class Session {
   std::vector<float> logits_;
   bool have_logits_ = false;
   std::mt19937_64 rng_;
+  StreamingDetokenizer detok_;  ///< generated text so far, incomplete UTF-8 held back
 };
 
 }  // namespace tandem

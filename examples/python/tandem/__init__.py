@@ -1,0 +1,589 @@
+"""Tandem from Python, through the C ABI (cabi/include/tandem.h) with ctypes only.
+
+No third-party packages. The library is found, in order, from:
+  TANDEM_LIB      path of libtandem.so itself
+  TANDEM_PREFIX   an install prefix (PREFIX/lib/libtandem.so)
+  the system      ctypes.util.find_library("tandem")
+
+    import tandem
+    model = tandem.Model("aidreams260K-q4_0.gguf")
+    session = tandem.Session(model, n_threads=2)
+    for piece in session.generate("Once upon a time", max_tokens=64, temperature=0):
+        print(piece, end="", flush=True)
+
+Errors raise tandem.TandemError (status code, status name, the library's message).
+Thread-safety is the C ABI's: a Model may be shared by threads; a Session serves one
+call at a time and refuses a concurrent one with TandemError(BUSY).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import queue
+import threading
+from array import array
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence
+
+__all__ = [
+    "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult",
+    "version", "library_path", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY", "E_CONTEXT_OVERFLOW",
+    "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL",
+]
+
+# ---- status codes (tandem.h) ------------------------------------------------------------
+OK = 0
+E_INVALID_ARG = 1
+E_IO = 2
+E_OUT_OF_MEMORY = 3
+E_GGUF_BAD_MAGIC = 10
+E_TOKENIZER = 40
+E_CONTEXT_OVERFLOW = 50
+E_INTERNAL = 99
+E_INVALID_HANDLE = 100
+E_BUSY = 101
+E_BUFFER_TOO_SMALL = 102
+
+TOKENIZE_ADD_SPECIAL = 1
+TOKENIZE_PARSE_SPECIAL = 2
+DETOKENIZE_REMOVE_SPECIAL = 1
+DETOKENIZE_UNPARSE_SPECIAL = 2
+GENERATE_IGNORE_EOS = 1
+GENERATE_PARSE_SPECIAL = 2
+
+FINISH_REASONS = {0: "stop", 1: "stop_string", 2: "length", 3: "cancelled"}
+
+
+# ---- the library --------------------------------------------------------------------------
+
+def _find_library() -> str:
+    env = os.environ.get("TANDEM_LIB")
+    if env:
+        return env
+    prefix = os.environ.get("TANDEM_PREFIX")
+    if prefix:
+        for libdir in ("lib", "lib64", os.path.join("lib", "x86_64-linux-gnu")):
+            path = os.path.join(prefix, libdir, "libtandem.so")
+            if os.path.exists(path):
+                return path
+    found = ctypes.util.find_library("tandem")
+    return found or "libtandem.so.0"
+
+
+library_path = _find_library()
+_lib = ctypes.CDLL(library_path)
+
+_status = ctypes.c_int32
+_handle = ctypes.c_void_p
+_size = ctypes.c_size_t
+_i32p = ctypes.POINTER(ctypes.c_int32)
+_f32p = ctypes.POINTER(ctypes.c_float)
+
+
+class _ModelParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("check_block_scales", ctypes.c_int32),
+                ("max_alignment", ctypes.c_uint32)]
+
+
+class _ModelInfo(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("arch", ctypes.c_char_p), ("name", ctypes.c_char_p),
+                ("n_vocab", ctypes.c_int32), ("n_ctx_train", ctypes.c_int32), ("n_embd", ctypes.c_int32),
+                ("n_layer", ctypes.c_int32), ("n_head", ctypes.c_int32), ("n_head_kv", ctypes.c_int32),
+                ("token_bos", ctypes.c_int32), ("token_eos", ctypes.c_int32),
+                ("weight_bytes", ctypes.c_uint64)]
+
+
+class _SessionParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("n_ctx", ctypes.c_int32), ("n_batch", ctypes.c_int32),
+                ("page_size", ctypes.c_int32), ("n_threads", ctypes.c_int32)]
+
+
+class _SessionInfo(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("n_ctx", ctypes.c_int32), ("n_tokens", ctypes.c_int32),
+                ("n_batch", ctypes.c_int32), ("page_size", ctypes.c_int32), ("n_threads", ctypes.c_int32),
+                ("has_logits", ctypes.c_int32)]
+
+
+class _SamplingParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("temperature", ctypes.c_float), ("top_k", ctypes.c_int32),
+                ("top_p", ctypes.c_float), ("min_p", ctypes.c_float), ("repeat_penalty", ctypes.c_float),
+                ("repeat_last_n", ctypes.c_int32), ("frequency_penalty", ctypes.c_float),
+                ("presence_penalty", ctypes.c_float), ("seed", ctypes.c_uint64)]
+
+
+class _GenerateParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("sampling", ctypes.POINTER(_SamplingParams)),
+                ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size),
+                ("max_tokens", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+
+
+class _GenerateResult(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("tokens", _i32p), ("tokens_cap", _size),
+                ("text", ctypes.c_char_p), ("text_cap", _size), ("n_tokens", _size), ("text_len", _size),
+                ("finish_reason", ctypes.c_int32), ("n_prompt", ctypes.c_int32),
+                ("prompt_seconds", ctypes.c_double), ("generate_seconds", ctypes.c_double)]
+
+
+_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, _size, ctypes.c_int32, ctypes.c_void_p)
+
+
+def _proto(name, restype, *argtypes):
+    fn = getattr(_lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_version = _proto("tandem_version", ctypes.c_char_p)
+_last_error = _proto("tandem_last_error", ctypes.c_char_p)
+_status_name = _proto("tandem_status_name", ctypes.c_char_p, _status)
+_model_params_init = _proto("tandem_model_params_init", _status, ctypes.POINTER(_ModelParams), _size)
+_model_load = _proto("tandem_model_load", _status, ctypes.c_char_p, ctypes.POINTER(_ModelParams),
+                     ctypes.POINTER(_handle))
+_model_free = _proto("tandem_model_free", _status, _handle)
+_model_info_init = _proto("tandem_model_info_init", _status, ctypes.POINTER(_ModelInfo), _size)
+_model_get_info = _proto("tandem_model_get_info", _status, _handle, ctypes.POINTER(_ModelInfo))
+_model_identity_hash = _proto("tandem_model_identity_hash", _status, _handle, ctypes.POINTER(ctypes.c_uint64))
+_tokenize = _proto("tandem_tokenize", _status, _handle, ctypes.c_char_p, _size, ctypes.c_uint32, _i32p, _size,
+                   ctypes.POINTER(_size))
+_detokenize = _proto("tandem_detokenize", _status, _handle, _i32p, _size, ctypes.c_uint32, ctypes.c_char_p,
+                     _size, ctypes.POINTER(_size))
+_token_to_piece = _proto("tandem_token_to_piece", _status, _handle, ctypes.c_int32, ctypes.c_uint32,
+                         ctypes.c_char_p, _size, ctypes.POINTER(_size))
+_session_params_init = _proto("tandem_session_params_init", _status, ctypes.POINTER(_SessionParams), _size)
+_session_create = _proto("tandem_session_create", _status, _handle, ctypes.POINTER(_SessionParams),
+                         ctypes.POINTER(_handle))
+_session_free = _proto("tandem_session_free", _status, _handle)
+_session_info_init = _proto("tandem_session_info_init", _status, ctypes.POINTER(_SessionInfo), _size)
+_session_get_info = _proto("tandem_session_get_info", _status, _handle, ctypes.POINTER(_SessionInfo))
+_session_reset = _proto("tandem_session_reset", _status, _handle)
+_session_eval = _proto("tandem_session_eval", _status, _handle, _i32p, _size, _f32p, _size)
+_session_get_logits = _proto("tandem_session_get_logits", _status, _handle, _f32p, _size, ctypes.POINTER(_size))
+_session_get_tokens = _proto("tandem_session_get_tokens", _status, _handle, _i32p, _size, ctypes.POINTER(_size))
+_sampling_params_init = _proto("tandem_sampling_params_init", _status, ctypes.POINTER(_SamplingParams), _size)
+_generate_params_init = _proto("tandem_generate_params_init", _status, ctypes.POINTER(_GenerateParams), _size)
+_generate_result_init = _proto("tandem_generate_result_init", _status, ctypes.POINTER(_GenerateResult), _size)
+_session_generate = _proto("tandem_session_generate", _status, _handle, ctypes.c_char_p,
+                           ctypes.POINTER(_GenerateParams), _CALLBACK, ctypes.c_void_p,
+                           ctypes.POINTER(_GenerateResult))
+_session_generate_tokens = _proto("tandem_session_generate_tokens", _status, _handle, _i32p, _size,
+                                  ctypes.POINTER(_GenerateParams), _CALLBACK, ctypes.c_void_p,
+                                  ctypes.POINTER(_GenerateResult))
+
+
+class TandemError(Exception):
+    """A tandem_* call failed: .status (the number), .name ("INVALID_ARG", ...), .message."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.name = _status_name(status).decode()
+        self.message = message
+        super().__init__(f"{self.name} ({status}): {message}")
+
+
+def _check(status: int) -> None:
+    if status != OK:
+        raise TandemError(status, _last_error().decode("utf-8", "replace"))
+
+
+def _init(struct_type, init_fn):
+    s = struct_type()
+    _check(init_fn(ctypes.byref(s), ctypes.sizeof(s)))
+    return s
+
+
+def version() -> str:
+    """Version of the loaded library ("MAJOR.MINOR.PATCH")."""
+    return _version().decode()
+
+
+def _ids_array(ids: Sequence[int]):
+    arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
+    return arr, len(ids)
+
+
+# ---- model --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str
+    name: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    token_bos: int
+    token_eos: int
+    weight_bytes: int
+
+
+class Model:
+    """An immutable loaded GGUF model. Safe to share between threads."""
+
+    def __init__(self, path: str | os.PathLike, check_block_scales: bool = True):
+        params = _init(_ModelParams, _model_params_init)
+        params.check_block_scales = 1 if check_block_scales else 0
+        handle = _handle()
+        _check(_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))
+        self._h = handle.value
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise TandemError(E_INVALID_HANDLE, "the model is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Release the handle (sessions created from it keep working). Idempotent."""
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            _check(_model_free(h))
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def info(self) -> ModelInfo:
+        i = _init(_ModelInfo, _model_info_init)
+        _check(_model_get_info(self.handle, ctypes.byref(i)))
+        return ModelInfo(i.arch.decode(), i.name.decode("utf-8", "replace"), i.n_vocab, i.n_ctx_train, i.n_embd,
+                         i.n_layer, i.n_head, i.n_head_kv, i.token_bos, i.token_eos, i.weight_bytes)
+
+    def identity_hash(self) -> int:
+        h = ctypes.c_uint64()
+        _check(_model_identity_hash(self.handle, ctypes.byref(h)))
+        return h.value
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> List[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        flags = (TOKENIZE_ADD_SPECIAL if add_special else 0) | (TOKENIZE_PARSE_SPECIAL if parse_special else 0)
+        n = _size()
+        _check(_tokenize(self.handle, data, len(data), flags, None, 0, ctypes.byref(n)))  # size query
+        out = (ctypes.c_int32 * max(n.value, 1))()
+        _check(_tokenize(self.handle, data, len(data), flags, out, n.value, ctypes.byref(n)))
+        return list(out[: n.value])
+
+    def detokenize_bytes(self, ids: Sequence[int], remove_special: bool = False,
+                         unparse_special: bool = False) -> bytes:
+        arr, n_ids = _ids_array(ids)
+        flags = (DETOKENIZE_REMOVE_SPECIAL if remove_special else 0) | (
+            DETOKENIZE_UNPARSE_SPECIAL if unparse_special else 0)
+        n = _size()
+        _check(_detokenize(self.handle, arr, n_ids, flags, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _check(_detokenize(self.handle, arr, n_ids, flags, buf, n.value + 1, ctypes.byref(n)))
+        return buf.raw[: n.value]
+
+    def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
+        """Text of `ids` (bytes that are not valid UTF-8 become U+FFFD)."""
+        return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        flags = DETOKENIZE_UNPARSE_SPECIAL if special else 0
+        n = _size()
+        _check(_token_to_piece(self.handle, token, flags, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(n.value + 1)
+        _check(_token_to_piece(self.handle, token, flags, buf, n.value + 1, ctypes.byref(n)))
+        return buf.raw[: n.value]
+
+
+# ---- session ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SessionInfo:
+    n_ctx: int
+    n_tokens: int
+    n_batch: int
+    page_size: int
+    n_threads: int
+    has_logits: bool
+
+
+@dataclass
+class GenerateResult:
+    text: str = ""
+    tokens: List[int] = field(default_factory=list)
+    finish_reason: str = ""
+    n_prompt: int = 0
+    prompt_seconds: float = 0.0
+    generate_seconds: float = 0.0
+
+
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+                    "frequency_penalty", "presence_penalty", "seed")
+
+
+class _Call:
+    """The C structs and buffers of one generate call (kept alive for its duration)."""
+
+    def __init__(self, max_tokens: int, stop: Optional[Iterable[str]], ignore_eos: bool, parse_special: bool,
+                 sampling: dict):
+        unknown = set(sampling) - set(_SAMPLING_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
+        self.sampling = _init(_SamplingParams, _sampling_params_init)
+        for k, v in sampling.items():
+            if v is not None:
+                setattr(self.sampling, k, v)
+        self.params = _init(_GenerateParams, _generate_params_init)
+        self.params.sampling = ctypes.pointer(self.sampling)
+        self.params.max_tokens = max_tokens
+        self.params.flags = (GENERATE_IGNORE_EOS if ignore_eos else 0) | (
+            GENERATE_PARSE_SPECIAL if parse_special else 0)
+        stops = [s.encode("utf-8") for s in (stop or [])]
+        self.stop_array = (ctypes.c_char_p * max(len(stops), 1))(*stops)
+        if stops:
+            self.params.stop = self.stop_array
+            self.params.n_stop = len(stops)
+        self.result = _init(_GenerateResult, _generate_result_init)
+        self.tokens = (ctypes.c_int32 * max(max_tokens, 1))()
+        self.result.tokens = self.tokens
+        self.result.tokens_cap = max(max_tokens, 0)
+
+    def to_result(self, pieces: List[str]) -> GenerateResult:
+        r = self.result
+        n = min(r.n_tokens, r.tokens_cap)
+        return GenerateResult("".join(pieces), list(self.tokens[:n]), FINISH_REASONS.get(r.finish_reason, "?"),
+                              r.n_prompt, r.prompt_seconds, r.generate_seconds)
+
+
+class _Stream:
+    """State shared by a Generation and its worker thread. The worker references only
+    this, never the Generation, so dropping the Generation runs its __del__ (cancel +
+    join) at once."""
+
+    DONE = object()
+
+    def __init__(self):
+        self.queue: "queue.Queue" = queue.Queue(maxsize=256)
+        self.cancel = threading.Event()
+        self.status = OK
+        self.error = ""
+
+        def on_piece(ptr, length, token, user_data):
+            if self.cancel.is_set():
+                return 1
+            text = ctypes.string_at(ptr, length).decode("utf-8")
+            while True:
+                try:
+                    self.queue.put(text, timeout=0.05)
+                    return 0
+                except queue.Full:
+                    if self.cancel.is_set():
+                        return 1
+
+        self.callback = _CALLBACK(on_piece)  # referenced for the call's lifetime
+
+    def run(self, start: Callable[[_CALLBACK], int]) -> None:
+        status = start(self.callback)
+        if status != OK:
+            self.status = status
+            self.error = _last_error().decode("utf-8", "replace")  # per thread: read it here
+        self.queue.put(_Stream.DONE)
+
+
+class Generation:
+    """A streaming generation: iterate for text pieces (str) as they are produced;
+    `.result` (GenerateResult) is set once the iteration is finished. `close()` (or
+    leaving a `with` block, or dropping the iterator) cancels a generation in progress
+    and waits until the session is free again.
+
+    The C call runs in a worker thread and hands pieces over through a bounded queue, so
+    the text streams while the model computes; ctypes releases the GIL during the call."""
+
+    def __init__(self, start: Callable[[_CALLBACK], int], call: _Call):
+        self.result: Optional[GenerateResult] = None
+        self._call = call
+        self._pieces: List[str] = []
+        self._finished = False
+        self._stream = _Stream()
+        self._thread = threading.Thread(target=self._stream.run, args=(start,), name="tandem-generate",
+                                        daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        if self._finished:
+            raise StopIteration
+        item = self._stream.queue.get()
+        if item is _Stream.DONE:
+            self._thread.join()
+            self._finished = True
+            if self._stream.status != OK:
+                raise TandemError(self._stream.status, self._stream.error)
+            self.result = self._call.to_result(self._pieces)
+            raise StopIteration
+        self._pieces.append(item)
+        return item
+
+    def close(self) -> None:
+        """Stop the generation (finish reason "cancelled") and wait for the worker."""
+        if self._finished:
+            return
+        self._stream.cancel.set()
+        while self._thread.is_alive():
+            try:
+                item = self._stream.queue.get(timeout=0.05)
+                if item is not _Stream.DONE:
+                    self._pieces.append(item)
+            except queue.Empty:
+                pass
+        self._thread.join()
+        self._finished = True
+        if self._stream.status == OK:
+            self.result = self._call.to_result(self._pieces)
+
+    def __enter__(self) -> "Generation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def text(self) -> str:
+        """Consume the rest and return the whole text."""
+        for _ in self:
+            pass
+        return self.result.text if self.result else "".join(self._pieces)
+
+
+class Session:
+    """One conversation with its own CPU executor. One call at a time (a concurrent call
+    raises TandemError with status E_BUSY)."""
+
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, page_size: int = 16,
+                 n_threads: int = 0):
+        params = _init(_SessionParams, _session_params_init)
+        params.n_ctx, params.n_batch, params.page_size, params.n_threads = n_ctx, n_batch, page_size, n_threads
+        handle = _handle()
+        _check(_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        self._h = handle.value
+        self.n_vocab = model.info.n_vocab
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise TandemError(E_INVALID_HANDLE, "the session is closed")
+        return self._h
+
+    def close(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            _check(_session_free(h))
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def info(self) -> SessionInfo:
+        i = _init(_SessionInfo, _session_info_init)
+        _check(_session_get_info(self.handle, ctypes.byref(i)))
+        return SessionInfo(i.n_ctx, i.n_tokens, i.n_batch, i.page_size, i.n_threads, bool(i.has_logits))
+
+    def reset(self) -> None:
+        _check(_session_reset(self.handle))
+
+    def eval(self, ids: Sequence[int], all_logits: bool = False) -> Optional[List[array]]:
+        """Append `ids` to the conversation. With all_logits, return one row of n_vocab
+        floats (array('f')) per id."""
+        arr, n = _ids_array(ids)
+        if not all_logits:
+            _check(_session_eval(self.handle, arr, n, None, 0))
+            return None
+        buf = (ctypes.c_float * max(n * self.n_vocab, 1))()
+        _check(_session_eval(self.handle, arr, n, buf, n * self.n_vocab))
+        flat = array("f", bytes(buf)[: n * self.n_vocab * 4])
+        return [flat[i * self.n_vocab:(i + 1) * self.n_vocab] for i in range(n)]
+
+    def logits(self) -> array:
+        """Logits after the last evaluated token (empty before the first evaluation)."""
+        n = _size()
+        _check(_session_get_logits(self.handle, None, 0, ctypes.byref(n)))
+        buf = (ctypes.c_float * max(n.value, 1))()
+        _check(_session_get_logits(self.handle, buf, n.value, ctypes.byref(n)))
+        return array("f", bytes(buf)[: n.value * 4])
+
+    def tokens(self) -> List[int]:
+        """Ids whose KV is in the cache, in order."""
+        n = _size()
+        _check(_session_get_tokens(self.handle, None, 0, ctypes.byref(n)))
+        buf = (ctypes.c_int32 * max(n.value, 1))()
+        _check(_session_get_tokens(self.handle, buf, n.value, ctypes.byref(n)))
+        return list(buf[: n.value])
+
+    # -- generation --
+
+    def _starter(self, prompt, call: _Call):
+        handle = self.handle
+        if isinstance(prompt, (str, bytes)):
+            data = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+            if b"\0" in data:
+                raise TandemError(E_INVALID_ARG, "the prompt contains a NUL byte")
+            return lambda cb: _session_generate(handle, data, ctypes.byref(call.params), cb, None,
+                                                ctypes.byref(call.result))
+        arr, n = _ids_array(list(prompt))
+        return lambda cb: _session_generate_tokens(handle, arr, n, ctypes.byref(call.params), cb, None,
+                                                   ctypes.byref(call.result))
+
+    def generate(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
+                 stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
+                 **sampling) -> Generation:
+        """Stream a generation: returns a Generation, an iterator of text pieces. `prompt`
+        is text (UTF-8; BOS added on an empty session) or a list of token ids. Sampling
+        keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
+        repeat_last_n, frequency_penalty, presence_penalty, seed."""
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)
+        return Generation(self._starter(prompt, call), call)
+
+    def complete(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
+                 stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
+                 on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, **sampling) -> GenerateResult:
+        """Generate in the calling thread. `on_piece(text, token)` is called for each piece;
+        returning True stops the generation (finish reason "cancelled")."""
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)
+        pieces: List[str] = []
+        raised: List[BaseException] = []
+
+        def cb(ptr, length, token, user_data):
+            try:
+                text = ctypes.string_at(ptr, length).decode("utf-8")
+                pieces.append(text)
+                return 1 if on_piece is not None and on_piece(text, token) else 0
+            except BaseException as e:  # never let an exception unwind through C
+                raised.append(e)
+                return 1
+
+        status = self._starter(prompt, call)(_CALLBACK(cb))
+        if raised:
+            raise raised[0]
+        _check(status)
+        return call.to_result(pieces)
