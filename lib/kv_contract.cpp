@@ -143,6 +143,7 @@ KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const i
     mstore.retain(p);
     pages.push_back(p);
   }
+  seq.mark_pages_shared();  // a sender that keeps writing copies its tail page first
   KvHandoff h;
   h.descriptor = std::move(d);
   h.lease = std::make_shared<KvLease>(mstore, std::move(pages), std::chrono::steady_clock::now() + ttl);

@@ -400,6 +400,8 @@ void KvSequence::reserve(int32_t n) {
   }
   const int32_t ps = store_->layout().page_size;
   const size_t need = size_t((n + ps - 1) / ps);
+  const bool cow_check = shares_pages_.load(std::memory_order_acquire) && n > n_tokens_ && n_tokens_ % ps != 0;
+  if (need <= block_table_.size() && !cow_check) return;  // the per-token fast path: no lock
   std::lock_guard<std::mutex> lock(store_->mutex_);
   // Copy-on-write: the page that position n_tokens_ falls in is about to be written.
   if (n > n_tokens_ && n_tokens_ % ps != 0) {
@@ -481,6 +483,8 @@ void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
   }
   n_tokens_ = n_tokens;
   tier_ = other.tier();
+  shares_pages_.store(true, std::memory_order_release);
+  other.shares_pages_.store(true, std::memory_order_release);
 }
 
 KvMoveStats KvSequence::move_to(KvTier tier) {

@@ -288,3 +288,24 @@ TEST_CASE("B17: moves at page boundaries continue like the unmoved baseline", "[
     }
   }
 }
+
+TEST_CASE("a sender that keeps generating during a pending hand-off does not change the leased pages",
+          "[kv][contract]") {
+  auto model = load("aidreams260K-q4_0");
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  const auto& hp = model->hparams();
+  auto src = make_store(hp, 8), dst = make_store(hp, 8);
+  SessionOptions so;
+  so.kv_store = src;
+  so.n_ctx = 128;
+  Session s(model, ex, so);
+  s.eval(test::prompt_ids(21, hp.n_vocab));
+  const auto sent_tokens = s.tokens();
+  KvHandoff h = kv_export(s.kv(), *model, s.tokens());
+  test::greedy(s, 6);  // writes positions 21.. into the tail page: it must be copied first
+  auto got = kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 128, sent_tokens);
+  CHECK(got->n_tokens() == 21);
+  Session twin(model, ex, so);
+  twin.eval(sent_tokens);
+  CHECK(test::page_checksums(*got, *model, sent_tokens) == test::page_checksums(twin.kv(), *model, sent_tokens));
+}

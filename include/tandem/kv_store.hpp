@@ -230,6 +230,9 @@ class KvSequence {
   /// Bring the sequence into `tier`, evicting LRU inactive sequences from it to File when
   /// it is full. Marks it used now.
   KvMoveStats make_resident(KvTier tier);
+  /// Note that another holder (a sequence or a hand-off lease) references some of these
+  /// pages, so the next write into a shared page must copy it first.
+  void mark_pages_shared() const noexcept { shares_pages_.store(true, std::memory_order_release); }
   /// Record a use (for LRU eviction).
   void touch() noexcept;
   /// Pages of this sequence that are not in `tier` (lock-free; call between steps).
@@ -254,6 +257,9 @@ class KvSequence {
   std::atomic<uint64_t> last_use_{0};
   std::atomic<bool> pinned_{false};
   int32_t reserved_ = 0;
+  /// Set once pages of this sequence may be shared (share_prefix either way): only then
+  /// does reserve() look for a copy-on-write under the store's lock.
+  mutable std::atomic<bool> shares_pages_{false};
 };
 
 }  // namespace tandem

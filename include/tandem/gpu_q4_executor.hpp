@@ -1,0 +1,102 @@
+// GpuQ4Executor: the transformer forward pass on one CUDA device, with the same Q4_0
+// weights and the same numerics as CpuQ4Executor (lib/cpu_q4_executor.cpp).
+//
+// Built when CMake finds CUDA: tandem_core then carries the compile definition
+// TANDEM_HAVE_CUDA=1 (public). The header compiles everywhere, but its functions are only
+// defined in CUDA builds: guard uses with `#if TANDEM_HAVE_CUDA`.
+//
+// Weights are uploaded once at construction. Q4_0 and Q8_0 matrices are repacked into
+// separate quant-byte and scale arrays (a pure rearrangement of the GGUF blocks,
+// kernels/cuda/block_math.cuh); F32/F16/BF16 matrices are copied as they are; norms and
+// biases as F32. The token-embedding table stays on the host (one row per token is
+// dequantised there, exactly as the CPU does) unless the output projection is tied to it.
+//
+// Numerics: activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 on the device
+// bit-identically to kernels/cpu (amax / 127, round-half-even), each block's integer dot
+// is exact (dp4a), so CPU and GPU differ only in the order of float accumulation. RMSNorm
+// sums in double; RoPE uses the CPU's cos/sin table (computed on the host the same way);
+// with an f16 KV cache q and the attention probabilities are rounded to f16; softmax
+// subtracts the max and sums in double. Logits agree with the CPU within 5e-3 x max|logit|.
+//
+// KV: the executor computes on Device pages (kv_tier() == kDevice) of a KvStore whose
+// Device tier is this executor's backend (make_kv_device_backend / make_kv_store): the
+// attention kernel reads them in place through the block table. Host and File pages are
+// also readable (a store without a Device tier, as a default Session makes): their pages
+// are staged into VRAM for the step and the written pages copied back, which is correct
+// but moves the whole sequence's KV every step — use a Device store for speed.
+//
+// Streams: all compute runs on the executor's own non-blocking stream; KV page copies of
+// a device backend run on the backend's own non-blocking stream with pinned staging, so
+// a scheduler thread moving pages overlaps with a step in progress. step() returns after
+// the logits are on the host (the compute stream is synchronised).
+//
+// Memory: per-step device buffers grow to the largest batch seen and are then reused, so
+// a steady decode loop allocates nothing. CUDA graphs for the decode step are not used yet.
+//
+// Thread-safety: as every executor, one step at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "tandem/executor.hpp"
+#include "tandem/kv_store.hpp"
+
+namespace tandem {
+
+struct GpuExecutorOptions {
+  int device = 0;  ///< CUDA device ordinal
+};
+
+class GpuQ4Executor final : public Executor {
+ public:
+  /// Uploads the weights. Throws Error(kInvalidArgument) when there is no such CUDA device
+  /// or the model has a shape the kernels do not take (head_dim > 1024), kOutOfMemory when the weights do not fit, kInternal on
+  /// another CUDA error.
+  GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options = {});
+  ~GpuQ4Executor() override;
+
+  std::string_view name() const noexcept override { return "gpu"; }
+  KvTier kv_tier() const noexcept override { return KvTier::kDevice; }
+  /// Device pages are read in place; Host and File pages are staged through VRAM.
+  bool can_read(KvTier) const noexcept override { return true; }
+  bool supports(KvDtype) const noexcept override { return true; }
+
+  /// Number of CUDA devices visible (0 without a driver or device).
+  static int device_count() noexcept;
+  int device() const noexcept;
+  /// Bytes of VRAM holding the model's weights.
+  uint64_t weight_bytes() const noexcept;
+  /// Bytes of VRAM held by per-step buffers (grow to the largest batch seen).
+  uint64_t scratch_bytes() const noexcept;
+  /// The compute stream (a cudaStream_t), for a scheduler that records events on it.
+  void* stream() const noexcept;
+
+  /// A Device tier of `pages` page slots in one VRAM allocation on this executor's device.
+  /// Throws Error(kOutOfMemory) when it does not fit.
+  std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const;
+  /// A KvStore for this model with `device_pages` in VRAM and optional Host/File tiers.
+  std::shared_ptr<KvStore> make_kv_store(int32_t device_pages, int32_t host_pages = 0, int32_t page_size = 16,
+                                         KvDtype dtype = KvDtype::kF16, int32_t file_pages = 0) const;
+
+ protected:
+  void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override;
+
+ public:
+  struct Impl;  ///< opaque: device buffers, streams
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+namespace gpu_testing {
+/// Field case B09 harness: y[m][n] = W x^T on the device, W [n][k] Q4_0 blocks, x [m][k]
+/// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
+/// Throws Error(kInvalidArgument) without a device.
+void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
+/// Q8_0 quantisation of x [m][k] on the device, returned as GGUF Q8_0 blocks (34 bytes each).
+void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device = 0);
+}  // namespace gpu_testing
+
+}  // namespace tandem

@@ -1,0 +1,97 @@
+// RoutingPolicy: who prefills and who decodes a request — a replaceable object.
+//
+// The Scheduler calls route() once per request, at submission, with a view of every
+// executor (measured prefill/decode speed, queue, running sequences, free KV pages, how
+// much of this prompt's prefix it already holds). The decision names a prefill executor
+// and a decode executor; when they differ, the KV moves once after the prefill, through
+// the KV contract (kv_export / kv_import under a lease). Every decision carries a
+// human-readable reason with the numbers it used; the Scheduler logs it.
+//
+// The default policy follows ../shared/docs/brief.md ("Routing policy"); its decision
+// table is docs/routing-policy.md and tests/test_routing_policy.cpp checks one case per
+// row.
+//
+// Thread-safety: route() is called under the Scheduler's routing mutex (one call at a
+// time); a policy need not be thread-safe itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace tandem {
+
+enum class SlaClass : int32_t { kInteractive = 0, kStandard = 1, kBatch = 2 };
+inline constexpr int kSlaClassCount = 3;
+std::string_view sla_class_name(SlaClass c) noexcept;  ///< "interactive", "standard", "batch"
+/// Parse "interactive" / "standard" / "batch"; nullopt otherwise.
+std::optional<SlaClass> parse_sla_class(std::string_view s) noexcept;
+
+/// What the router sees of one executor (a snapshot; numbers are estimates).
+struct ExecutorView {
+  int index = 0;
+  std::string_view name;
+  /// An accelerator (GPU-like: big batches, fast prefill). Default: kv_tier() == Device;
+  /// configurable per executor (cpu+cpu runs mark one CPU pool as the primary).
+  bool accelerator = false;
+  double prefill_tps = 0.0;       ///< measured prompt tokens/s (EWMA over steps)
+  double decode_tps = 0.0;        ///< measured decode tokens/s per sequence (EWMA)
+  int32_t queued = 0;             ///< requests waiting for admission
+  int64_t queued_tokens = 0;      ///< prompt tokens of requests waiting for admission
+  int32_t running = 0;            ///< admitted sequences
+  int32_t max_running = 1;        ///< decode slots
+  int32_t kv_free_pages = 0;      ///< free pages in its compute tier
+  int32_t page_size = 16;
+  int32_t prefix_tokens = 0;      ///< tokens of this request's prompt whose KV it already holds
+};
+
+struct RouteInput {
+  SlaClass sla = SlaClass::kStandard;
+  int32_t prompt_tokens = 0;
+  int32_t max_tokens = 0;              ///< expected output length
+  double deadline_s = 0.0;             ///< seconds from now; 0 = none
+  int session_executor = -1;           ///< where the continued session's KV lives (-1 = none)
+};
+
+struct RouteDecision {
+  int prefill = 0;     ///< executor index that runs the prompt
+  int decode = 0;      ///< executor index that generates (== prefill: no hand-off)
+  std::string rule;    ///< the policy-table row that decided ("R1".."R8")
+  std::string reason;  ///< human-readable reason with the numbers used
+};
+
+class RoutingPolicy {
+ public:
+  virtual ~RoutingPolicy() = default;
+  /// `executors` is non-empty; the returned indices must be valid.
+  virtual RouteDecision route(const RouteInput& in, std::span<const ExecutorView> executors) = 0;
+};
+
+struct DefaultRoutingOptions {
+  int32_t long_prompt_tokens = 256;   ///< a prompt this long (after prefix reuse) is "long"
+  double decode_scarce_fraction = 0.75;  ///< decode slots are scarce when running >= this * max_running
+  double prefix_fraction = 0.5;       ///< a holder of >= this fraction of the prompt is preferred ...
+  double prefix_slack = 1.5;          ///< ... unless its estimated time exceeds the best by this factor
+  double overload_factor = 3.0;       ///< a preferred executor is skipped when its estimate exceeds the best's by this
+};
+
+/// The brief's policy; see docs/routing-policy.md for the table.
+class DefaultRoutingPolicy final : public RoutingPolicy {
+ public:
+  explicit DefaultRoutingPolicy(DefaultRoutingOptions o = {}) : o_(o) {}
+  RouteDecision route(const RouteInput& in, std::span<const ExecutorView> executors) override;
+  const DefaultRoutingOptions& options() const noexcept { return o_; }
+
+  /// Estimated seconds until executor `e` has prefilled `prompt_tokens` new tokens of a
+  /// request (its queue first): (queued_tokens + prompt - prefix) / prefill_tps.
+  static double est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept;
+  /// Estimated seconds to decode `n` tokens there: n / decode_tps, slowed by a full batch.
+  static double est_decode_s(const ExecutorView& e, int32_t n) noexcept;
+
+ private:
+  DefaultRoutingOptions o_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,684 @@
+// GpuQ4Executor host code: weight upload, the Device-tier KV backend, per-step staging and
+// the layer loop that enqueues the kernels of kernels/cuda on the compute stream.
+// Compiled by the host compiler into tandem_core (CUDA builds only).
+#include "tandem/gpu_q4_executor.hpp"
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/cpu_kernels.hpp"
+#include "cuda/cuda_kernels.hpp"
+
+namespace tandem {
+
+namespace ck = kernels::cuda;
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+  throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
+              fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+#define TANDEM_CUDA(expr) cuda_check((expr), #expr)
+
+void set_device(int device) { TANDEM_CUDA(cudaSetDevice(device)); }
+
+// Device memory, freed on destruction.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  explicit DevBuf(size_t bytes) { alloc(bytes); }
+  ~DevBuf() { reset(); }
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr, o.bytes_ = 0; }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = o.p_, bytes_ = o.bytes_;
+      o.p_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  void alloc(size_t bytes) {
+    reset();
+    if (bytes == 0) return;
+    TANDEM_CUDA(cudaMalloc(&p_, bytes));
+    bytes_ = bytes;
+  }
+  void reset() noexcept {
+    if (p_) cudaFree(p_);
+    p_ = nullptr, bytes_ = 0;
+  }
+  /// Grow (contents not kept) to at least `bytes`.
+  void* get(size_t bytes) {
+    if (bytes_ < bytes) alloc(bytes);
+    return p_;
+  }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory, grown on demand (contents not kept).
+class PinnedBuf {
+ public:
+  PinnedBuf() = default;
+  ~PinnedBuf() { reset(); }
+  PinnedBuf(const PinnedBuf&) = delete;
+  PinnedBuf& operator=(const PinnedBuf&) = delete;
+  void* get(size_t bytes) {
+    if (bytes_ < bytes) {
+      reset();
+      TANDEM_CUDA(cudaMallocHost(&p_, bytes));
+      bytes_ = bytes;
+    }
+    return p_;
+  }
+  void reset() noexcept {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr, bytes_ = 0;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { TANDEM_CUDA(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const noexcept { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// ---- the Device tier --------------------------------------------------------------------
+
+class GpuKvBackend;
+
+// Locating a Device page: KvStore exposes a page's slot only through its backend's copy
+// calls, so the executor asks the store to read the page while this thread-local probe is
+// armed; GpuKvBackend::copy_to_host then records (backend, slot) instead of copying.
+struct SlotProbe {
+  bool armed = false;
+  const GpuKvBackend* backend = nullptr;
+  int32_t slot = -1;
+};
+thread_local SlotProbe t_probe;
+
+class GpuKvBackend final : public KvDeviceBackend {
+ public:
+  GpuKvBackend(int device, size_t page_bytes, int32_t pages) : device_(device), page_bytes_(page_bytes), pages_(pages) {
+    set_device(device);
+    if (pages < 0) throw Error(ErrorCode::kInvalidArgument, "GPU KV backend: negative page count");
+    try {
+      mem_.alloc(page_bytes * size_t(pages));
+    } catch (const Error&) {
+      throw Error(ErrorCode::kOutOfMemory,
+                  fmt::format("GPU KV backend: {} pages of {} bytes do not fit in device {}'s memory", pages,
+                              page_bytes, device));
+    }
+    staging_bytes_ = std::min<size_t>(page_bytes, size_t(8) << 20);
+    staging_.get(staging_bytes_);
+  }
+  ~GpuKvBackend() override {
+    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(stream_.get());
+  }
+
+  int32_t capacity_pages() const noexcept override { return pages_; }
+
+  void copy_to_device(int32_t slot, const std::byte* src, size_t bytes) override {
+    check(slot, bytes);
+    set_device(device_);
+    std::byte* dst = slot_ptr(slot);
+    auto* stage = static_cast<std::byte*>(staging_.get(staging_bytes_));
+    for (size_t off = 0; off < bytes; off += staging_bytes_) {
+      const size_t n = std::min(staging_bytes_, bytes - off);
+      std::memcpy(stage, src + off, n);
+      TANDEM_CUDA(cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice, stream_.get()));
+      TANDEM_CUDA(cudaStreamSynchronize(stream_.get()));  // the staging buffer is reused next
+    }
+  }
+
+  void copy_to_host(int32_t slot, std::byte* dst, size_t bytes) override {
+    if (t_probe.armed) {
+      t_probe.backend = this;
+      t_probe.slot = slot;
+      return;
+    }
+    check(slot, bytes);
+    set_device(device_);
+    const std::byte* src = slot_ptr(slot);
+    auto* stage = static_cast<std::byte*>(staging_.get(staging_bytes_));
+    for (size_t off = 0; off < bytes; off += staging_bytes_) {
+      const size_t n = std::min(staging_bytes_, bytes - off);
+      TANDEM_CUDA(cudaMemcpyAsync(stage, src + off, n, cudaMemcpyDeviceToHost, stream_.get()));
+      TANDEM_CUDA(cudaStreamSynchronize(stream_.get()));
+      std::memcpy(dst + off, stage, n);
+    }
+  }
+
+  void copy_device_to_device(int32_t dst_slot, int32_t src_slot, size_t bytes) override {
+    check(dst_slot, bytes);
+    check(src_slot, bytes);
+    set_device(device_);
+    TANDEM_CUDA(cudaMemcpyAsync(slot_ptr(dst_slot), slot_ptr(src_slot), bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    TANDEM_CUDA(cudaStreamSynchronize(stream_.get()));
+  }
+
+  std::byte* slot_ptr(int32_t slot) const noexcept { return mem_.as<std::byte>() + size_t(slot) * page_bytes_; }
+  int device() const noexcept { return device_; }
+
+ private:
+  void check(int32_t slot, size_t bytes) const {
+    if (slot < 0 || slot >= pages_ || bytes > page_bytes_) {
+      throw Error(ErrorCode::kInternal,
+                  fmt::format("GPU KV backend: slot {} / {} bytes outside {} pages of {} bytes", slot, bytes, pages_,
+                              page_bytes_));
+    }
+  }
+
+  int device_;
+  size_t page_bytes_;
+  int32_t pages_;
+  DevBuf mem_;
+  Stream stream_;
+  PinnedBuf staging_;
+  size_t staging_bytes_ = 0;
+};
+
+// ---- weights ----------------------------------------------------------------------------
+
+struct DevLayer {
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;
+  ck::DevWeight wq, wk, wv, wo, gate, up, down;
+};
+
+// An embedding row on the host, exactly as the CPU executor forms it.
+void embed_row(const TensorView& t, int32_t id, float* y) {
+  const std::byte* row = t.data + size_t(id) * t.row_bytes;
+  switch (t.type) {
+    case GgmlType::kF32: std::memcpy(y, row, size_t(t.k) * sizeof(float)); break;
+    case GgmlType::kF16: kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k); break;
+    case GgmlType::kBF16:
+      for (int64_t i = 0; i < t.k; ++i) y[i] = kernels::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
+      break;
+    case GgmlType::kQ4_0:
+      kernels::dequantize_row_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(row), y, t.k);
+      break;
+    case GgmlType::kQ8_0:
+      kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
+      break;
+  }
+}
+
+}  // namespace
+
+// ---- the executor -------------------------------------------------------------------------
+
+struct GpuQ4Executor::Impl {
+  int device = 0;
+  std::vector<DevBuf> weight_mem;
+  uint64_t weight_bytes = 0;
+  std::vector<DevLayer> layers;
+  const float* output_norm = nullptr;
+  ck::DevWeight output;
+  int32_t score_capacity = 0;
+  Stream stream;
+
+  // Per-step device buffers (grow, never shrink).
+  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
+  // Per-step host buffers.
+  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index;
+  std::vector<std::byte> probe_sink;
+  struct StagedPage {
+    std::byte* host;
+    std::byte* dev;
+  };
+  std::vector<StagedPage> write_back;
+
+  explicit Impl(int dev) : device(dev) {}
+
+  const void* upload_bytes(const void* src, size_t bytes) {
+    weight_mem.emplace_back(bytes);
+    TANDEM_CUDA(cudaMemcpy(weight_mem.back().as<void>(), src, bytes, cudaMemcpyHostToDevice));
+    weight_bytes += bytes;
+    return weight_mem.back().as<void>();
+  }
+
+  const float* upload_f32(const TensorView& t, const char* what) {
+    if (!t) return nullptr;
+    if (t.type != GgmlType::kF32) {
+      throw Error(ErrorCode::kModelBadTensorShape,
+                  fmt::format("GPU executor: {} must be F32, found {}", what, ggml_type_name(t.type)));
+    }
+    return static_cast<const float*>(upload_bytes(t.data, t.row_bytes * size_t(t.n)));
+  }
+
+  // Q4_0 / Q8_0: split each block into its quant bytes and its scale (pure rearrangement).
+  ck::DevWeight upload_matrix(const TensorView& t) {
+    ck::DevWeight w;
+    w.n = t.n;
+    w.k = t.k;
+    const size_t n = size_t(t.n);
+    switch (t.type) {
+      case GgmlType::kQ4_0:
+      case GgmlType::kQ8_0: {
+        const bool q4 = t.type == GgmlType::kQ4_0;
+        const size_t nb = size_t(t.k) / kernels::kQK;
+        const size_t qbytes = q4 ? kernels::kQK / 2 : kernels::kQK;
+        const size_t bbytes = q4 ? sizeof(kernels::BlockQ4_0) : sizeof(kernels::BlockQ8_0);
+        std::vector<uint8_t> qs(n * nb * qbytes);
+        std::vector<uint16_t> d(n * nb);
+        for (size_t r = 0; r < n; ++r) {
+          const std::byte* row = t.data + r * t.row_bytes;
+          for (size_t b = 0; b < nb; ++b) {
+            const std::byte* blk = row + b * bbytes;
+            std::memcpy(&d[r * nb + b], blk, sizeof(uint16_t));
+            std::memcpy(&qs[(r * nb + b) * qbytes], blk + sizeof(uint16_t), qbytes);
+          }
+        }
+        w.type = q4 ? ck::WType::kQ4_0 : ck::WType::kQ8_0;
+        w.q = upload_bytes(qs.data(), qs.size());
+        w.d = static_cast<const uint16_t*>(upload_bytes(d.data(), d.size() * sizeof(uint16_t)));
+        break;
+      }
+      case GgmlType::kF32: w.type = ck::WType::kF32; w.q = upload_bytes(t.data, t.row_bytes * n); break;
+      case GgmlType::kF16: w.type = ck::WType::kF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
+      case GgmlType::kBF16: w.type = ck::WType::kBF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
+    }
+    return w;
+  }
+};
+
+namespace {
+
+template <class T>
+T* dev(DevBuf& b, size_t n) {
+  return static_cast<T*>(b.get(std::max<size_t>(n, 1) * sizeof(T)));
+}
+template <class T>
+T* pinned(PinnedBuf& b, size_t n) {
+  return static_cast<T*>(b.get(std::max<size_t>(n, 1) * sizeof(T)));
+}
+
+}  // namespace
+
+int GpuQ4Executor::device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options)
+    : Executor(std::move(model)) {
+  const int n_dev = device_count();
+  if (options.device < 0 || options.device >= n_dev) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GPU executor: CUDA device {} requested, {} visible", options.device, n_dev));
+  }
+  const HParams& hp = this->model().hparams();
+  if (hp.head_dim > 1024 || hp.head_dim < 1 || hp.n_rot > hp.head_dim) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GPU executor: head_dim {} (n_rot {}) outside the kernels' range (1..1024)", hp.head_dim,
+                            hp.n_rot));
+  }
+  set_device(options.device);
+  impl_ = std::make_unique<Impl>(options.device);
+  Impl& im = *impl_;
+  const Model& m = this->model();
+  for (const LayerWeights& L : m.layers()) {
+    DevLayer d;
+    d.attn_norm = im.upload_f32(L.attn_norm, "attn_norm");
+    d.ffn_norm = im.upload_f32(L.ffn_norm, "ffn_norm");
+    d.bq = im.upload_f32(L.bq, "attn_q.bias");
+    d.bk = im.upload_f32(L.bk, "attn_k.bias");
+    d.bv = im.upload_f32(L.bv, "attn_v.bias");
+    d.q_norm = im.upload_f32(L.q_norm, "attn_q_norm");
+    d.k_norm = im.upload_f32(L.k_norm, "attn_k_norm");
+    d.wq = im.upload_matrix(L.wq);
+    d.wk = im.upload_matrix(L.wk);
+    d.wv = im.upload_matrix(L.wv);
+    d.wo = im.upload_matrix(L.wo);
+    d.gate = im.upload_matrix(L.ffn_gate);
+    d.up = im.upload_matrix(L.ffn_up);
+    d.down = im.upload_matrix(L.ffn_down);
+    im.layers.push_back(d);
+  }
+  im.output_norm = im.upload_f32(m.output_norm(), "output_norm");
+  im.output = im.upload_matrix(m.output());
+  im.score_capacity = ck::attention_score_capacity(options.device);
+}
+
+GpuQ4Executor::~GpuQ4Executor() {
+  if (impl_ && cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream.get());
+}
+
+int GpuQ4Executor::device() const noexcept { return impl_->device; }
+uint64_t GpuQ4Executor::weight_bytes() const noexcept { return impl_->weight_bytes; }
+void* GpuQ4Executor::stream() const noexcept { return impl_->stream.get(); }
+
+uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
+  const Impl& im = *impl_;
+  uint64_t b = 0;
+  for (const DevBuf* d : {&im.x, &im.xn, &im.q, &im.k, &im.v, &im.attn, &im.gate, &im.up, &im.xq, &im.xd, &im.rope,
+                          &im.pages, &im.page_off, &im.pos, &im.out_index, &im.rows, &im.logits, &im.stage}) {
+    b += d->bytes();
+  }
+  return b;
+}
+
+std::unique_ptr<KvDeviceBackend> GpuQ4Executor::make_kv_device_backend(const KvLayout& layout, int32_t pages) const {
+  set_device(impl_->device);  // the backend's stream is created on the current device
+  return std::make_unique<GpuKvBackend>(impl_->device, layout.page_bytes(), pages);
+}
+
+std::shared_ptr<KvStore> GpuQ4Executor::make_kv_store(int32_t device_pages, int32_t host_pages, int32_t page_size,
+                                                      KvDtype dtype, int32_t file_pages) const {
+  KvStoreOptions o;
+  o.layout = KvLayout::for_model(model().hparams(), page_size, dtype);
+  o.host_pages = host_pages;
+  o.file_pages = file_pages;
+  o.device = make_kv_device_backend(o.layout, device_pages);
+  return std::make_shared<KvStore>(std::move(o));
+}
+
+void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
+  const Model& model = this->model();
+  const HParams& hp = model.hparams();
+  const int32_t n_vocab = hp.n_vocab;
+
+  // The kernels take one page size and dtype per step: a batch mixing stores with
+  // different layouts runs one sequence at a time.
+  for (const auto& s : batch) {
+    const KvLayout& l = s.kv->store().layout();
+    const KvLayout& l0 = batch[0].kv->store().layout();
+    if (l.page_size != l0.page_size || l.dtype != l0.dtype) {
+      size_t row = 0;
+      for (const auto& one : batch) {
+        const auto sub = std::span<const SequenceStep>(&one, 1);
+        const size_t rows = size_t(logits_rows(sub));
+        step_impl(sub, logits.subspan(row * size_t(n_vocab), rows * size_t(n_vocab)));
+        row += rows;
+      }
+      return;
+    }
+  }
+
+  Impl& im = *impl_;
+  set_device(im.device);
+  cudaStream_t st = im.stream.get();
+  const KvLayout& layout = batch[0].kv->store().layout();
+  const int32_t P = layout.page_size;
+  const size_t pb = layout.page_bytes();
+  const int64_t n_embd = hp.n_embd, hd = hp.head_dim, n_ff = hp.n_ff;
+  const int64_t q_w = int64_t{hp.n_head} * hd;
+  const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
+  const int64_t max_k = std::max({n_embd, q_w, n_ff});
+
+  int64_t T = 0;
+  size_t n_pages = 0;
+  int32_t max_pos = 1;
+  for (const auto& s : batch) {
+    const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
+    T += static_cast<int64_t>(s.tokens.size());
+    n_pages += size_t((end + P - 1) / P);
+    max_pos = std::max(max_pos, end);
+  }
+  const int64_t n_out = logits_rows(batch);
+
+  // ---- host side: page table, staging of Host/File pages, token inputs ----------------
+  auto* h_pages = pinned<void*>(im.h_pages, n_pages);
+  auto* h_page_off = pinned<int32_t>(im.h_page_off, size_t(T));
+  auto* h_pos = pinned<int32_t>(im.h_pos, size_t(T));
+  auto* h_out_index = pinned<int32_t>(im.h_out_index, size_t(n_out));
+  auto* h_x = pinned<float>(im.h_x, size_t(T * n_embd));
+  auto* h_rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
+
+  size_t n_staged = 0;
+  for (const auto& s : batch) {
+    const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
+    for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
+      const PageId pid = s.kv->block_table()[size_t(j)];
+      if (s.kv->store().tier_of(pid) != KvTier::kDevice) ++n_staged;
+    }
+  }
+  auto* stage = n_staged ? dev<std::byte>(im.stage, n_staged * pb) : nullptr;
+  im.write_back.clear();
+  {
+    size_t pi = 0, si = 0;
+    int64_t t = 0, r = 0;
+    for (const auto& s : batch) {
+      const KvStore& store = s.kv->store();
+      const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
+      const auto page_base = static_cast<int32_t>(pi);
+      for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
+        const PageId pid = s.kv->block_table()[size_t(j)];
+        if (store.tier_of(pid) == KvTier::kDevice) {
+          // Find the page's slot (see SlotProbe); a foreign backend copies into the sink.
+          if (im.probe_sink.size() < pb) im.probe_sink.resize(pb);
+          t_probe = SlotProbe{true, nullptr, -1};
+          try {
+            store.read_page(pid, im.probe_sink.data());
+          } catch (...) {
+            t_probe = SlotProbe{};
+            throw;
+          }
+          const SlotProbe found = t_probe;
+          t_probe = SlotProbe{};
+          if (!found.backend || found.backend->device() != im.device) {
+            throw Error(ErrorCode::kInvalidArgument,
+                        fmt::format("GPU executor: a Device KV page of sequence {} is not in a Device tier of "
+                                    "CUDA device {} made by a GpuQ4Executor",
+                                    s.kv->id(), im.device));
+          }
+          h_pages[pi++] = found.backend->slot_ptr(found.slot);
+        } else {
+          std::byte* host = store.page_data(pid);
+          std::byte* d = stage + (si++) * pb;
+          TANDEM_CUDA(cudaMemcpyAsync(d, host, pb, cudaMemcpyHostToDevice, st));
+          if (j >= s.pos0 / P) im.write_back.push_back({host, d});
+          h_pages[pi++] = d;
+        }
+      }
+      const auto n = static_cast<int64_t>(s.tokens.size());
+      for (int64_t j = 0; j < n; ++j, ++t) {
+        h_page_off[t] = page_base;
+        h_pos[t] = s.pos0 + static_cast<int32_t>(j);
+        embed_row(model.token_embd(), s.tokens[size_t(j)], h_x + t * n_embd);
+        const bool want = s.logits == LogitsRows::kAll || (s.logits == LogitsRows::kLast && j == n - 1);
+        if (want) h_out_index[r++] = static_cast<int32_t>(t);
+      }
+    }
+  }
+  // RoPE cos/sin per token, built exactly as the CPU builds them (repeated multiplication).
+  const int64_t half = hp.n_rot / 2;
+  const float theta_scale = std::pow(hp.rope_freq_base, -2.0f / float(hp.n_rot));
+  for (int64_t t = 0; t < T; ++t) {
+    float theta = static_cast<float>(h_pos[t]);
+    float* c = h_rope + t * hp.n_rot;
+    for (int64_t i = 0; i < half; ++i) {
+      const float th = hp.rope_freq_scale * theta;
+      c[i] = std::cos(th);
+      c[half + i] = std::sin(th);
+      theta *= theta_scale;
+    }
+  }
+
+  // ---- device buffers and uploads ----------------------------------------------------
+  float* x = dev<float>(im.x, size_t(T * n_embd));
+  float* xn = dev<float>(im.xn, size_t(T * n_embd));
+  float* q = dev<float>(im.q, size_t(T * q_w));
+  float* kk = dev<float>(im.k, size_t(T * kv_w));
+  float* v = dev<float>(im.v, size_t(T * kv_w));
+  float* attn = dev<float>(im.attn, size_t(T * q_w));
+  float* gate = dev<float>(im.gate, size_t(T * n_ff));
+  float* up = dev<float>(im.up, size_t(T * n_ff));
+  auto* xq = dev<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
+  auto* xd = dev<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
+  float* rope = dev<float>(im.rope, size_t(T * hp.n_rot));
+  auto* d_pages = dev<void*>(im.pages, n_pages);
+  auto* d_page_off = dev<int32_t>(im.page_off, size_t(T));
+  auto* d_pos = dev<int32_t>(im.pos, size_t(T));
+  auto* d_out_index = dev<int32_t>(im.out_index, size_t(n_out));
+  float* rows = dev<float>(im.rows, size_t(n_out * n_embd));
+  float* d_logits = dev<float>(im.logits, size_t(n_out * n_vocab));
+
+  TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  if (n_out > 0) {
+    TANDEM_CUDA(cudaMemcpyAsync(d_out_index, h_out_index, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  }
+  TANDEM_CUDA(cudaMemcpyAsync(x, h_x, size_t(T * n_embd) * sizeof(float), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(rope, h_rope, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
+
+  // y = W x (or y += W x), quantising x to Q8_0 first when W is quantised. `prepared`
+  // remembers which input is already quantised (several matmuls share one input).
+  const float* prepared = nullptr;
+  auto matmul = [&](const ck::DevWeight& w, const float* in, int64_t m, float* out, bool accumulate) {
+    if (w.quantized() && prepared != in) {
+      ck::quantize_q8_0(in, m, w.k, xq, xd, st);
+      prepared = in;
+    }
+    ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st);
+  };
+
+  ck::KvArgs kv;
+  kv.pages = d_pages;
+  kv.page_off = d_page_off;
+  kv.pos = d_pos;
+  kv.page_size = P;
+  kv.n_head_kv = hp.n_head_kv;
+  kv.head_dim = hp.head_dim;
+  kv.f16 = layout.dtype == KvDtype::kF16;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool neox = hp.rope_type == RopeType::kNeox;
+
+  for (int32_t il = 0; il < hp.n_layer; ++il) {
+    const DevLayer& L = im.layers[size_t(il)];
+    ck::rms_norm(x, L.attn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
+    prepared = nullptr;
+    matmul(L.wq, xn, T, q, false);
+    matmul(L.wk, xn, T, kk, false);
+    matmul(L.wv, xn, T, v, false);
+    if (L.bq) {
+      ck::add_bias(q, L.bq, T, q_w, st);
+      ck::add_bias(kk, L.bk, T, kv_w, st);
+      ck::add_bias(v, L.bv, T, kv_w, st);
+    }
+    if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
+    if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
+    ck::rope(q, rope, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
+    ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
+    kv.layer = il;
+    ck::kv_store_rows(kv, kk, v, T, st);
+    ck::attention(kv, q, attn, T, hp.n_head, kq_scale, max_pos, im.score_capacity, st);
+    prepared = nullptr;
+    matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
+    ck::rms_norm(x, L.ffn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
+    prepared = nullptr;
+    matmul(L.gate, xn, T, gate, false);
+    matmul(L.up, xn, T, up, false);
+    ck::swiglu(gate, up, T * n_ff, st);
+    prepared = nullptr;
+    matmul(L.down, gate, T, x, true);  // residual: x += W_down h
+  }
+
+  if (n_out > 0) {
+    ck::rms_norm(x, im.output_norm, rows, n_out, n_embd, hp.rms_eps, d_out_index, st);
+    prepared = nullptr;
+    matmul(im.output, rows, n_out, d_logits, false);
+    TANDEM_CUDA(cudaMemcpyAsync(logits.data(), d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
+                                cudaMemcpyDeviceToHost, st));
+  }
+  for (const auto& w : im.write_back) {
+    TANDEM_CUDA(cudaMemcpyAsync(w.host, w.dev, pb, cudaMemcpyDeviceToHost, st));
+  }
+  TANDEM_CUDA(cudaGetLastError());  // launch errors
+  TANDEM_CUDA(cudaStreamSynchronize(st));
+  for (const auto& s : batch) s.kv->set_n_tokens(s.pos0 + static_cast<int32_t>(s.tokens.size()));
+}
+
+// ---- test hooks ---------------------------------------------------------------------------
+
+namespace gpu_testing {
+
+void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device) {
+  if (device < 0 || device >= GpuQ4Executor::device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
+  }
+  set_device(device);
+  const size_t nb = size_t(k) / kernels::kQK;
+  DevBuf dx(size_t(m * k) * sizeof(float)), dq(size_t(m * k)), dd(size_t(m) * nb * sizeof(uint16_t));
+  TANDEM_CUDA(cudaMemcpy(dx.as<void>(), x, dx.bytes(), cudaMemcpyHostToDevice));
+  ck::quantize_q8_0(dx.as<float>(), m, k, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
+  TANDEM_CUDA(cudaGetLastError());
+  std::vector<int8_t> q(size_t(m * k));
+  std::vector<uint16_t> d(size_t(m) * nb);
+  TANDEM_CUDA(cudaMemcpy(q.data(), dq.as<void>(), q.size(), cudaMemcpyDeviceToHost));
+  TANDEM_CUDA(cudaMemcpy(d.data(), dd.as<void>(), d.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  auto* out = static_cast<kernels::BlockQ8_0*>(blocks_out);
+  for (size_t b = 0; b < size_t(m) * nb; ++b) {
+    out[b].d = d[b];
+    std::memcpy(out[b].qs, &q[b * kernels::kQK], kernels::kQK);
+  }
+}
+
+void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device) {
+  if (device < 0 || device >= GpuQ4Executor::device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
+  }
+  set_device(device);
+  const size_t nb = size_t(k) / kernels::kQK;
+  const auto* blocks = static_cast<const kernels::BlockQ4_0*>(w_blocks);
+  std::vector<uint8_t> qs(size_t(n) * nb * 16);
+  std::vector<uint16_t> d(size_t(n) * nb);
+  for (size_t b = 0; b < size_t(n) * nb; ++b) {
+    d[b] = blocks[b].d;
+    std::memcpy(&qs[b * 16], blocks[b].qs, 16);
+  }
+  DevBuf dqs(qs.size()), dd(d.size() * sizeof(uint16_t)), dx(size_t(m * k) * sizeof(float)), dxq(size_t(m * k)),
+      dxd(size_t(m) * nb * sizeof(uint16_t)), dy(size_t(m * n) * sizeof(float));
+  TANDEM_CUDA(cudaMemcpy(dqs.as<void>(), qs.data(), qs.size(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(dd.as<void>(), d.data(), d.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(dx.as<void>(), x, dx.bytes(), cudaMemcpyHostToDevice));
+  ck::DevWeight w;
+  w.type = ck::WType::kQ4_0;
+  w.n = n;
+  w.k = k;
+  w.q = dqs.as<void>();
+  w.d = dd.as<uint16_t>();
+  ck::fill_nan(dy.as<float>(), m * n, nullptr);
+  ck::quantize_q8_0(dx.as<float>(), m, k, dxq.as<int8_t>(), dxd.as<uint16_t>(), nullptr);
+  ck::gemm(w, dx.as<float>(), dxq.as<int8_t>(), dxd.as<uint16_t>(), m, dy.as<float>(), n, false, nullptr);
+  TANDEM_CUDA(cudaGetLastError());
+  TANDEM_CUDA(cudaMemcpy(y, dy.as<void>(), dy.bytes(), cudaMemcpyDeviceToHost));
+}
+
+}  // namespace gpu_testing
+
+}  // namespace tandem

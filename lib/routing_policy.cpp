@@ -1,0 +1,178 @@
+#include "tandem/routing_policy.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace tandem {
+
+std::string_view sla_class_name(SlaClass c) noexcept {
+  switch (c) {
+    case SlaClass::kInteractive: return "interactive";
+    case SlaClass::kStandard: return "standard";
+    case SlaClass::kBatch: return "batch";
+  }
+  return "?";
+}
+
+std::optional<SlaClass> parse_sla_class(std::string_view s) noexcept {
+  if (s == "interactive") return SlaClass::kInteractive;
+  if (s == "standard") return SlaClass::kStandard;
+  if (s == "batch") return SlaClass::kBatch;
+  return std::nullopt;
+}
+
+double DefaultRoutingPolicy::est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept {
+  const double tps = std::max(e.prefill_tps, 1e-6);
+  const double fresh = double(std::max<int64_t>(0, int64_t{prompt_tokens} - e.prefix_tokens));
+  return (double(e.queued_tokens) + fresh) / tps;
+}
+
+double DefaultRoutingPolicy::est_decode_s(const ExecutorView& e, int32_t n) noexcept {
+  const double tps = std::max(e.decode_tps, 1e-6);
+  // A full batch slows each sequence; waiting for a slot costs about one more run.
+  const double load = 1.0 + double(e.running + e.queued) / double(std::max(e.max_running, 1));
+  return double(n) / tps * load;
+}
+
+namespace {
+
+std::string view_numbers(const ExecutorView& e, int32_t prompt, int32_t out) {
+  return fmt::format("{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
+                     "est prefill {:.3f}s decode {:.3f}s]",
+                     e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running,
+                     e.kv_free_pages, e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt),
+                     DefaultRoutingPolicy::est_decode_s(e, out));
+}
+
+template <class Pred, class Key>
+int best_of(std::span<const ExecutorView> ex, Pred pred, Key key) {
+  int best = -1;
+  double best_key = std::numeric_limits<double>::infinity();
+  for (const auto& e : ex) {
+    if (!pred(e)) continue;
+    const double k = key(e);
+    if (best < 0 || k < best_key) {
+      best = e.index;
+      best_key = k;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const ExecutorView> ex) {
+  RouteDecision d;
+  const int32_t p = in.prompt_tokens, n = in.max_tokens;
+  auto total = [&](const ExecutorView& e) { return est_prefill_s(e, p) + est_decode_s(e, n); };
+  auto at = [&](int idx) -> const ExecutorView& {
+    for (const auto& e : ex) {
+      if (e.index == idx) return e;
+    }
+    return ex.front();
+  };
+  auto numbers = [&] {
+    std::string s;
+    for (const auto& e : ex) {
+      s += ' ';
+      s += view_numbers(e, p, n);
+    }
+    return s;
+  };
+  auto whole = [&](int idx, const char* rule, std::string why) {
+    d.prefill = d.decode = idx;
+    d.rule = rule;
+    d.reason = fmt::format("{}: {} (sla {}, prompt {}, out {}) ->{}", rule, why, sla_class_name(in.sla), p, n, numbers());
+    return d;
+  };
+  const bool any_accel = std::any_of(ex.begin(), ex.end(), [](const ExecutorView& e) { return e.accelerator; });
+  const bool any_host = std::any_of(ex.begin(), ex.end(), [](const ExecutorView& e) { return !e.accelerator; });
+  auto is_accel = [](const ExecutorView& e) { return e.accelerator; };
+  auto is_host = [](const ExecutorView& e) { return !e.accelerator; };
+  auto all = [](const ExecutorView&) { return true; };
+
+  // R1: one executor.
+  if (ex.size() == 1) return whole(ex.front().index, "R1", "single executor");
+
+  // R2: a continued session stays where its KV is, unless an interactive request finds it
+  // on a non-accelerator while an accelerator exists (SLA upgrade: migrate once).
+  if (in.session_executor >= 0) {
+    const ExecutorView& s = at(in.session_executor);
+    if (in.sla == SlaClass::kInteractive && !s.accelerator && any_accel) {
+      const int a = best_of(ex, is_accel, total);
+      return whole(a, "R2", fmt::format("SLA upgrade: session on {} (not an accelerator) migrates to {}", s.name, at(a).name));
+    }
+    return whole(s.index, "R2", fmt::format("session affinity: its KV is on {}", s.name));
+  }
+
+  // R3: prefix holder, when it holds enough of the prompt and is not much slower.
+  {
+    const ExecutorView* holder = nullptr;
+    for (const auto& e : ex) {
+      if (e.prefix_tokens > 0 && (!holder || e.prefix_tokens > holder->prefix_tokens)) holder = &e;
+    }
+    if (holder && double(holder->prefix_tokens) >= o_.prefix_fraction * double(p)) {
+      const int b = best_of(ex, all, total);
+      const double hb = total(*holder), bb = total(at(b));
+      if (hb <= o_.prefix_slack * bb + 1e-12) {
+        return whole(holder->index, "R3",
+                     fmt::format("prefix: {} holds {} of {} prompt tokens, est {:.3f}s <= {:.1f} x best {:.3f}s",
+                                 holder->name, holder->prefix_tokens, p, hb, o_.prefix_slack, bb));
+      }
+    }
+  }
+
+  if (!any_accel || !any_host) {
+    // R8 (homogeneous executors): least estimated completion time.
+    const int b = best_of(ex, all, total);
+    return whole(b, "R8", fmt::format("homogeneous executors: least estimated completion on {}", at(b).name));
+  }
+
+  const int a = best_of(ex, is_accel, [&](const ExecutorView& e) { return est_prefill_s(e, p); });
+  const ExecutorView& av = at(a);
+  const int32_t fresh = std::max(0, p - av.prefix_tokens);
+  // R4/R5: long prompt -> prefill on the accelerator.
+  if (fresh >= o_.long_prompt_tokens) {
+    const bool scarce = double(av.running + av.queued) >= o_.decode_scarce_fraction * double(av.max_running);
+    if (in.sla != SlaClass::kInteractive && scarce) {
+      const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
+      d.prefill = a;
+      d.decode = h;
+      d.rule = "R5";
+      d.reason = fmt::format(
+          "R5: long prompt ({} >= {}) prefills on {}; its decode slots are scarce ({}+{} queued >= {:.2f} x {}) so "
+          "{} decode goes to {} after one KV move (sla {}, prompt {}, out {}) ->{}",
+          fresh, o_.long_prompt_tokens, av.name, av.running, av.queued, o_.decode_scarce_fraction, av.max_running,
+          sla_class_name(in.sla), at(h).name, sla_class_name(in.sla), p, n, numbers());
+      return d;
+    }
+    return whole(a, "R4",
+                 fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens,
+                             av.name, in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free"));
+  }
+  // R6: short interactive -> whole on the accelerator.
+  if (in.sla == SlaClass::kInteractive) {
+    const int b = best_of(ex, is_accel, total);
+    return whole(b, "R6", fmt::format("short interactive runs whole on accelerator {}", at(b).name));
+  }
+  // R7: short standard -> whole on the host executor, unless it is overloaded.
+  if (in.sla == SlaClass::kStandard) {
+    const int h = best_of(ex, is_host, total);
+    const int b = best_of(ex, is_accel, total);
+    const double th = total(at(h)), tb = total(at(b));
+    if (th > o_.overload_factor * tb) {
+      return whole(b, "R7",
+                   fmt::format("short standard: host {} overloaded (est {:.3f}s > {:.1f} x {:.3f}s on {}), overflow to {}",
+                               at(h).name, th, o_.overload_factor, tb, at(b).name, at(b).name));
+    }
+    return whole(h, "R7", fmt::format("short standard runs whole on host {} (est {:.3f}s; accelerator {:.3f}s)",
+                                      at(h).name, th, tb));
+  }
+  // R8: batch -> least estimated completion time anywhere.
+  const int b = best_of(ex, all, total);
+  return whole(b, "R8", fmt::format("batch: least estimated completion on {}", at(b).name));
+}
+
+}  // namespace tandem
