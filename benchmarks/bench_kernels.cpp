@@ -145,9 +145,12 @@ void gemv_shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
+BENCHMARK_CAPTURE(BM_GemvQ4_0, avx512vnni, std::string("avx512vnni"))->Apply(gemv_shapes);
 BENCHMARK_CAPTURE(BM_GemvQ4_0, avx512, std::string("avx512"))->Apply(gemv_shapes);
 BENCHMARK_CAPTURE(BM_GemvQ4_0, avx2, std::string("avx2"))->Apply(gemv_shapes);
 BENCHMARK_CAPTURE(BM_GemvQ4_0, scalar, std::string("scalar"))->Args({2048, 2048, 1})->ArgNames({"k", "n", "cold"});
+BENCHMARK_CAPTURE(BM_GemmQ4_0, avx512vnni, std::string("avx512vnni"))
+    ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0, avx512, std::string("avx512"))
     ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0, avx2, std::string("avx2"))

@@ -24,7 +24,7 @@ namespace {
 
 std::vector<std::string> isas() {
   std::vector<std::string> out;
-  for (const char* n : {"avx512", "avx2", "scalar"})
+  for (const char* n : {"avx512vnni", "avx512", "avx2", "scalar"})
     if (cpu_isa_supported(n)) out.emplace_back(n);
   return out;
 }
@@ -118,7 +118,7 @@ constexpr double kRelTol = 1e-5;
 
 TEST_CASE("cpu kernels: dispatch names an ISA", "[kernels]") {
   const auto name = cpu_isa_name();
-  CHECK((name == "avx512" || name == "avx2" || name == "scalar"));
+  CHECK((name == "avx512vnni" || name == "avx512" || name == "avx2" || name == "scalar"));
   CHECK(cpu_isa_supported("scalar"));
   CHECK_FALSE(cpu_set_isa("sse9"));
   WARN("dispatched ISA: " << std::string(name));

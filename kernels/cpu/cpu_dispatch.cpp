@@ -1,7 +1,7 @@
 // Run-time selection of the CPU kernel table (once, lock-free) and the public entry points.
 //
-// Order of preference: avx512 (F/BW/DQ/CD/VL + FMA + F16C), avx2 (AVX2 + FMA + F16C),
-// scalar. The environment variable TANDEM_CPU_ISA=avx512|avx2|scalar caps the choice
+// Order of preference: avx512vnni (avx512 + VNNI), avx512 (F/BW/DQ/CD/VL + FMA + F16C), avx2 (AVX2 + FMA + F16C),
+// scalar. The environment variable TANDEM_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice
 // (a request for an ISA the CPU lacks falls back to the best supported one).
 #include <atomic>
 #include <cstdlib>
@@ -22,10 +22,11 @@ bool cpu_has(std::string_view isa) noexcept {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
   if (isa == "avx2") return avx2;
-  if (isa == "avx512")
-    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
-           __builtin_cpu_supports("avx512vl");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (isa == "avx512") return avx512;
+  if (isa == "avx512vnni") return avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
   return false;
 }
@@ -33,6 +34,7 @@ bool cpu_has(std::string_view isa) noexcept {
 const KernelTable* table_for(std::string_view isa) noexcept {
   if (!cpu_has(isa)) return nullptr;
 #if defined(TANDEM_CPU_X86)
+  if (isa == "avx512vnni") return &detail::table_avx512vnni();
   if (isa == "avx512") return &detail::table_avx512();
   if (isa == "avx2") return &detail::table_avx2();
 #endif
@@ -40,7 +42,7 @@ const KernelTable* table_for(std::string_view isa) noexcept {
 }
 
 const KernelTable* best_table() noexcept {
-  static constexpr std::string_view kOrder[] = {"avx512", "avx2", "scalar"};
+  static constexpr std::string_view kOrder[] = {"avx512vnni", "avx512", "avx2", "scalar"};
   size_t first = 0;
   if (const char* env = std::getenv("TANDEM_CPU_ISA"); env && *env) {
     for (size_t i = 0; i < std::size(kOrder); ++i)

@@ -276,6 +276,16 @@ inline __m512i unpack_q4_x2(const uint8_t* qs0, const uint8_t* qs1) noexcept {
   const __m512i v = _mm512_srlv_epi64(t, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
   return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
 }
+/// Sums of four u8 x s8 products per i32 lane: one vpdpbusd with AVX512-VNNI, else
+/// maddubs + madd. The same integers either way (the i16 pair sums cannot saturate:
+/// |q| <= 15 x 127 or 128 x 127 per pair), so every ISA gives identical block dots.
+inline __m512i dot_u8s8(__m512i u, __m512i s) noexcept {
+#if TANDEM_ISA_VNNI
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
 /// [fp16(d0) x 8, fp16(d1) x 8] as f32.
 inline __m512 scales_x2(uint16_t d0, uint16_t d1) noexcept {
   const __m256i h = _mm256_inserti128_si256(
@@ -294,7 +304,6 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  const __m512i ones16 = _mm512_set1_epi16(1);
   auto accumulate = [](__m256& a, __m512 scale, __m512i s) {
     const __m512 sf = _mm512_cvtepi32_ps(s);
     a = _mm256_fmadd_ps(_mm512_castps512_ps256(scale), _mm512_castps512_ps256(sf), a);
@@ -313,7 +322,7 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.qs)), 1);
       dx[c] = scales_x2(x0.d, x1.d);
       if constexpr (kQ4)
-        xs[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(8), xq[c]), ones16);
+        xs[c] = dot_u8s8(_mm512_set1_epi8(8), xq[c]);
     }
     for (int r = 0; r < R; ++r) {
       const TW& w0 = w[r * nb + b];
@@ -322,7 +331,7 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
       if constexpr (kQ4) {
         const __m512i wq = unpack_q4_x2(w0.qs, w1.qs);
         for (int c = 0; c < C; ++c) {
-          const __m512i p = _mm512_madd_epi16(_mm512_maddubs_epi16(wq, xq[c]), ones16);
+          const __m512i p = dot_u8s8(wq, xq[c]);
           accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]), _mm512_sub_epi32(p, xs[c]));
         }
       } else {
@@ -335,7 +344,7 @@ void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ld
           // sign(x, w) without AVX-512 psignb: negate x where w < 0 (w == 0 gives aw = 0).
           const __m512i sx = _mm512_mask_sub_epi8(xq[c], neg, _mm512_setzero_si512(), xq[c]);
           accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]),
-                     _mm512_madd_epi16(_mm512_maddubs_epi16(aw, sx), ones16));
+                     dot_u8s8(aw, sx));
         }
       }
     }

@@ -38,6 +38,7 @@ const KernelTable& table_scalar() noexcept;
 #if defined(TANDEM_CPU_X86)
 const KernelTable& table_avx2() noexcept;    ///< AVX2 + FMA + F16C
 const KernelTable& table_avx512() noexcept;  ///< AVX-512 F/BW/DQ/CD/VL + FMA + F16C
+const KernelTable& table_avx512vnni() noexcept;  ///< the same + AVX512-VNNI integer dots
 #endif
 
 }  // namespace tandem::kernels::detail

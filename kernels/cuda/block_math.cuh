@@ -1,0 +1,128 @@
+// Per-block math of the CUDA kernels, written once as __host__ __device__ functions so the
+// CPU unit tests (tests/test_cuda_block_math.cpp) exercise exactly what the GPU runs.
+//
+// GPU memory layout of quantised data (a pure rearrangement of the GGUF blocks, nothing
+// is re-quantised):
+//   Q4_0 weights [n rows][nb = k/32 blocks] -> qs: [n][nb][16] bytes (the block's 16
+//       packed bytes, 16-byte aligned so a block is one 128-bit load), d: [n][nb] fp16 bits.
+//   Q8_0 weights and Q8_0 activations [m][nb] -> qs: [m][nb][32] int8, d: [m][nb] fp16 bits.
+// The integer dot of one block is computed with dp4a (four int8 products per
+// instruction); the result is the exact integer sum_j (q_w[j] - 8) * q_x[j] that
+// kernels/quant_blocks.hpp's dot_block_q4_0_q8_0 gives, so CPU and GPU agree on every
+// block's integer dot and only the float accumulation order differs.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "quant_blocks.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
+namespace tandem::kernels::cuda {
+
+/// a . b over four signed bytes, plus c (the __dp4a instruction on the device).
+TANDEM_HD_INLINE int32_t dp4a(int32_t a, int32_t b, int32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __dp4a(a, b, c);
+#else
+  for (int i = 0; i < 4; ++i) {
+    c += static_cast<int32_t>(static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * i))) *
+         static_cast<int32_t>(static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * i)));
+  }
+  return c;
+#endif
+}
+
+/// fp16 bits -> float, exact (the hardware conversion on the device; identical for every
+/// non-NaN input to quant_blocks.hpp's fp16_bits_to_fp32).
+TANDEM_HD_INLINE float h2f(uint16_t h) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(h));
+#else
+  return fp16_bits_to_fp32(h);
+#endif
+}
+
+/// Round a float to fp16 and back (the value an f16 KV cache or f16 activation holds).
+TANDEM_HD_INLINE float round_f16(float x) { return h2f(fp32_to_fp16_bits(x)); }
+
+/// Bytes of four consecutive Q4_0 weight nibbles, minus 8, as four signed bytes.
+/// `word` holds packed bytes 4i..4i+3 of a block; `high` selects the high nibbles
+/// (weights 16+4i..16+4i+3) instead of the low ones (weights 4i..4i+3).
+TANDEM_HD_INLINE int32_t q4_nibbles_minus8(uint32_t word, bool high) {
+  const uint32_t v = (high ? (word >> 4) : word) & 0x0F0F0F0Fu;
+  // Each byte is in [0, 15]; v | 0x80 per byte then - 8 never borrows across bytes:
+  // (v + 0x78) & 0xFF ^ 0x80 == v - 8 as a signed byte.
+  return static_cast<int32_t>(((v + 0x78787878u) ^ 0x80808080u));
+}
+
+/// Integer dot of one Q4_0 block (16 packed bytes as 4 words) with one Q8_0 block
+/// (32 int8 as 8 words): sum_j (q_w[j] - 8) * q_x[j], exact.
+TANDEM_HD_INLINE int32_t dot_q4_0_q8_0_words(const uint32_t w[4], const int32_t x[8]) {
+  int32_t s = 0;
+  for (int i = 0; i < 4; ++i) {
+    s = dp4a(q4_nibbles_minus8(w[i], false), x[i], s);
+    s = dp4a(q4_nibbles_minus8(w[i], true), x[4 + i], s);
+  }
+  return s;
+}
+
+/// Integer dot of two Q8_0 blocks given as 8 words each, exact.
+TANDEM_HD_INLINE int32_t dot_q8_0_q8_0_words(const int32_t w[8], const int32_t x[8]) {
+  int32_t s = 0;
+  for (int i = 0; i < 8; ++i) s = dp4a(w[i], x[i], s);
+  return s;
+}
+
+/// The float contribution of one block, as the CPU forms it:
+/// (fp16(d_w) * fp16(d_x)) * float(isum).
+TANDEM_HD_INLINE float block_contribution(uint16_t dw, uint16_t dx, int32_t isum) {
+  return (h2f(dw) * h2f(dx)) * static_cast<float>(isum);
+}
+
+// ---- Q8_0 quantisation of activations, exactly as kernels/cpu --------------------------
+// amax = max |x| over the block; d = amax / 127 (stored as fp16, round-half-even);
+// id = 127 / amax (0 for an all-zero block); q = clamp(round-half-even(x * id)).
+
+struct Q8Scale {
+  uint16_t d;  ///< fp16 bits of amax / 127
+  float id;    ///< 127 / amax, or 0
+};
+
+TANDEM_HD_INLINE Q8Scale q8_scale_from_amax(float amax) {
+  Q8Scale s;
+  s.d = fp32_to_fp16_bits(amax / 127.f);
+  s.id = amax != 0.0f ? 127.f / amax : 0.0f;
+  return s;
+}
+
+TANDEM_HD_INLINE int8_t q8_quantize_value(float x, float id) {
+  const float v = rintf(x * id);  // round half to even (the default rounding mode)
+  return static_cast<int8_t>(v > 127.f ? 127 : (v < -128.f ? -128 : static_cast<int>(v)));
+}
+
+/// One block of 32 floats -> fp16 scale bits + 32 int8 (the host reference of the
+/// one-warp-per-block device kernel, which computes amax with a shuffle reduction).
+TANDEM_HD_INLINE uint16_t quantize_block_q8_0(const float* x, int8_t* q) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQK; ++j) {
+    const float a = fabsf(x[j]);
+    amax = a > amax ? a : amax;
+  }
+  const Q8Scale s = q8_scale_from_amax(amax);
+  for (int j = 0; j < kQK; ++j) q[j] = q8_quantize_value(x[j], s.id);
+  return s.d;
+}
+
+// ---- KV page addressing (kv_store.hpp's KvLayout::row_offset, in elements) --------------
+
+/// Element offset inside a page of the K (kind 0) or V (kind 1) row of `slot` in `layer`.
+TANDEM_HD_INLINE int64_t kv_row_elem_offset(int32_t layer, int kind, int32_t slot, int32_t page_size,
+                                            int32_t row_elems) {
+  return ((int64_t(layer) * 2 + kind) * page_size + slot) * int64_t(row_elems);
+}
+
+}  // namespace tandem::kernels::cuda

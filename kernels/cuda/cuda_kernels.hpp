@@ -1,0 +1,88 @@
+// Host-callable launchers of the CUDA kernels (kernels/cuda/*.cu). Plain C++: included by
+// the GPU executor's host code (lib/gpu/), compiled by the host compiler.
+//
+// Conventions as kernels/cpu: a weight matrix has n rows of k elements; activations X are
+// m rows of k floats; outputs Y[c * ldy + r] = dot(W row r, X row c). All pointers are
+// device pointers; every launcher enqueues on `stream` and returns at once.
+// Numerics mirror lib/cpu_q4_executor.cpp (see block_math.cuh and each kernel's comment).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace tandem::kernels::cuda {
+
+enum class WType : int32_t { kQ4_0, kQ8_0, kF32, kF16, kBF16 };
+
+/// A weight matrix in VRAM. Q4_0: q = [n][nb][16] packed bytes, d = [n][nb] fp16 scales;
+/// Q8_0: q = [n][nb][32] int8, d = [n][nb]; F32: q = [n][k] float; F16/BF16: q = [n][k]
+/// 16-bit values, d unused. (block_math.cuh: the rearrangement is a pure repacking.)
+struct DevWeight {
+  WType type = WType::kF32;
+  int64_t n = 0, k = 0;
+  const void* q = nullptr;
+  const uint16_t* d = nullptr;
+  bool quantized() const noexcept { return type == WType::kQ4_0 || type == WType::kQ8_0; }
+};
+
+/// X [m][k] floats -> Q8_0: xq [m][k] int8, xd [m][k/32] fp16 scales (k % 32 == 0),
+/// bit-identical to kernels/cpu quantize_row_q8_0 on the same floats.
+void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* xd, cudaStream_t stream);
+
+/// Y[c * ldy + r] (= or, with `accumulate`, +=) W[r] . X[c] for r < w.n, c < m.
+/// Quantised weights read xq/xd (from quantize_q8_0 of X); float weights read x (rounded to
+/// f16 first for F16 weights, as the CPU does). Any m >= 1 and any n; k % 32 == 0 for
+/// quantised weights.
+void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
+          int64_t ldy, bool accumulate, cudaStream_t stream);
+
+/// y row i = RMSNorm(x row src_i) * w, src_i = rows ? rows[i] : i; n elements per row,
+/// x and y rows strided by n. Sum of squares in double. In place allowed (y == x, rows null).
+void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps,
+              const int32_t* rows, cudaStream_t stream);
+
+/// y[r][i] += b[i] for r < n_rows, i < n.
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n, cudaStream_t stream);
+
+/// RoPE in place on x [T][n_heads][head_dim]: the first n_rot dims of each head rotated
+/// by cs [T][n_rot] (cos of the n_rot/2 angles, then their sin). neox: pairs (i, i+n_rot/2),
+/// else (2i, 2i+1).
+void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_dim, int32_t n_rot, bool neox,
+          cudaStream_t stream);
+
+/// gate[i] = silu(gate[i]) * up[i].
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+/// Where a step's tokens read and write KV: token t's sequence has its page pointers at
+/// pages[page_off[t]...] (one per page_size positions), t is at position pos[t] and
+/// attends to positions [0, pos[t]].
+struct KvArgs {
+  void* const* pages = nullptr;
+  const int32_t* page_off = nullptr;
+  const int32_t* pos = nullptr;
+  int32_t page_size = 16;
+  int32_t n_head_kv = 0;
+  int32_t head_dim = 0;
+  int32_t layer = 0;  ///< page-local layer
+  bool f16 = true;
+};
+
+/// Write K and V rows ([T][n_head_kv * head_dim] floats) of layer kv.layer at each token's
+/// position (f16 round-to-nearest-even, or f32).
+void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, cudaStream_t stream);
+
+/// Largest score count the attention kernel keeps in shared memory on this device.
+int32_t attention_score_capacity(int device);
+
+/// Causal GQA attention: out [T][n_head][head_dim] from q [T][n_head][head_dim] and the KV
+/// pages. One thread block per (token, head). As the CPU: with f16 KV, q and the
+/// probabilities are rounded to f16; softmax max-subtracted, sum in double.
+/// `max_pos` bounds pos[t] + 1 over the step (sizes the shared score buffer).
+void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale,
+               int32_t max_pos, int32_t score_capacity, cudaStream_t stream);
+
+/// Fill n floats with quiet NaN (tests).
+void fill_nan(float* y, int64_t n, cudaStream_t stream);
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,199 @@
+// Q8_0 activation quantisation and the matmul kernels (decode GEMV and prefill GEMM are
+// one kernel family: a warp per weight row and a tile of MT activation rows).
+//
+// Quantised weights: lane i of the warp takes blocks i, i+32, ... of the weight row, so
+// the warp reads the row's blocks contiguously (16-byte loads of the repacked Q4_0 data,
+// 32-byte loads of the Q8_0 activations), computes each block's exact integer dot with
+// dp4a (block_math.cuh), scales it by fp16(d_w) * fp16(d_x) and accumulates in f32; the
+// 32 lane sums are then added with a shuffle tree. Every index is bounds-checked: any m,
+// any n, and any number of blocks per row (field case B09: no assumption that k is a
+// multiple of 64 or 128).
+#include <cuda_runtime.h>
+
+#include "block_math.cuh"
+#include "cuda_kernels.hpp"
+
+namespace tandem::kernels::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 4;  // warps per thread block, one weight row each
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+// One warp per Q8_0 block of 32 values: lane j quantises value j.
+__global__ void quantize_q8_0_kernel(const float* __restrict__ x, int64_t n_blocks, int8_t* __restrict__ xq,
+                                     uint16_t* __restrict__ xd) {
+  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
+  const float v = x[blk * kQK + lane];
+  float amax = fabsf(v);
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, amax, o);
+    amax = other > amax ? other : amax;
+  }
+  const Q8Scale s = q8_scale_from_amax(amax);
+  xq[blk * kQK + lane] = q8_quantize_value(v, s.id);
+  if (lane == 0) xd[blk] = s.d;
+}
+
+// The weight block's words, loaded once per block and reused for every activation row.
+template <WType W>
+struct WeightWords;
+template <>
+struct WeightWords<WType::kQ4_0> {
+  uint32_t v[4];
+  __device__ __forceinline__ void load(const void* wq, int64_t blk) {
+    const uint4 w = reinterpret_cast<const uint4*>(wq)[blk];
+    v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+  }
+  __device__ __forceinline__ int32_t dot(const int32_t x[8]) const { return dot_q4_0_q8_0_words(v, x); }
+};
+template <>
+struct WeightWords<WType::kQ8_0> {
+  int32_t v[8];
+  __device__ __forceinline__ void load(const void* wq, int64_t blk) {
+    const int4* p = reinterpret_cast<const int4*>(static_cast<const int8_t*>(wq) + blk * kQK);
+    const int4 w0 = p[0], w1 = p[1];
+    v[0] = w0.x, v[1] = w0.y, v[2] = w0.z, v[3] = w0.w, v[4] = w1.x, v[5] = w1.y, v[6] = w1.z, v[7] = w1.w;
+  }
+  __device__ __forceinline__ int32_t dot(const int32_t x[8]) const { return dot_q8_0_q8_0_words(v, x); }
+};
+
+// grid: (ceil(n / kRowsPerBlock), ceil(m / MT)); block: kRowsPerBlock warps.
+template <WType W, int MT>
+__global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n,
+                                  int64_t nb, const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd,
+                                  int64_t m, float* __restrict__ y, int64_t ldy, bool accumulate) {
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t c0 = int64_t(blockIdx.y) * MT;
+  if (r >= n) return;  // a whole warp leaves together
+  float acc[MT];
+#pragma unroll
+  for (int c = 0; c < MT; ++c) acc[c] = 0.0f;
+  for (int64_t b = lane; b < nb; b += kWarp) {
+    const int64_t wblk = r * nb + b;
+    const uint16_t dw = wd[wblk];
+    WeightWords<W> ww;
+    ww.load(wq, wblk);
+#pragma unroll
+    for (int c = 0; c < MT; ++c) {
+      if (c0 + c < m) {
+        const int64_t xblk = (c0 + c) * nb + b;
+        const int4* xp = reinterpret_cast<const int4*>(xq + xblk * kQK);
+        const int4 x0 = xp[0], x1 = xp[1];
+        const int32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        acc[c] += block_contribution(dw, xd[xblk], ww.dot(xv));
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < MT; ++c) {
+    const float s = warp_sum(acc[c]);
+    if (lane == 0 && c0 + c < m) {
+      float* out = y + (c0 + c) * ldy + r;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <WType W>
+__device__ __forceinline__ float load_w(const void* w, int64_t i) {
+  if constexpr (W == WType::kF32) return static_cast<const float*>(w)[i];
+  if constexpr (W == WType::kF16) return h2f(static_cast<const uint16_t*>(w)[i]);
+  if constexpr (W == WType::kBF16) return bf16_bits_to_fp32(static_cast<const uint16_t*>(w)[i]);
+  return 0.0f;
+}
+
+// Float weights (F32, F16 with f16-rounded activations, BF16): lanes stride over k.
+template <WType W, int MT>
+__global__ void gemm_float_kernel(const void* __restrict__ w, int64_t n, int64_t k, const float* __restrict__ x,
+                                  int64_t m, float* __restrict__ y, int64_t ldy, bool accumulate) {
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t c0 = int64_t(blockIdx.y) * MT;
+  if (r >= n) return;
+  float acc[MT];
+#pragma unroll
+  for (int c = 0; c < MT; ++c) acc[c] = 0.0f;
+  for (int64_t i = lane; i < k; i += kWarp) {
+    const float wv = load_w<W>(w, r * k + i);
+#pragma unroll
+    for (int c = 0; c < MT; ++c) {
+      if (c0 + c < m) {
+        float xv = x[(c0 + c) * k + i];
+        if constexpr (W == WType::kF16) xv = round_f16(xv);
+        acc[c] += wv * xv;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < MT; ++c) {
+    const float s = warp_sum(acc[c]);
+    if (lane == 0 && c0 + c < m) {
+      float* out = y + (c0 + c) * ldy + r;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
+template <int MT>
+void launch_gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
+                 int64_t ldy, bool accumulate, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((w.n + kRowsPerBlock - 1) / kRowsPerBlock),
+                  static_cast<unsigned>((m + MT - 1) / MT));
+  const dim3 block(kRowsPerBlock * kWarp);
+  const int64_t nb = w.k / kQK;
+  switch (w.type) {
+    case WType::kQ4_0:
+      gemm_quant_kernel<WType::kQ4_0, MT><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
+      break;
+    case WType::kQ8_0:
+      gemm_quant_kernel<WType::kQ8_0, MT><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
+      break;
+    case WType::kF32:
+      gemm_float_kernel<WType::kF32, MT><<<grid, block, 0, stream>>>(w.q, w.n, w.k, x, m, y, ldy, accumulate);
+      break;
+    case WType::kF16:
+      gemm_float_kernel<WType::kF16, MT><<<grid, block, 0, stream>>>(w.q, w.n, w.k, x, m, y, ldy, accumulate);
+      break;
+    case WType::kBF16:
+      gemm_float_kernel<WType::kBF16, MT><<<grid, block, 0, stream>>>(w.q, w.n, w.k, x, m, y, ldy, accumulate);
+      break;
+  }
+}
+
+}  // namespace
+
+void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* xd, cudaStream_t stream) {
+  const int64_t n_blocks = m * (k / kQK);
+  if (n_blocks <= 0) return;
+  constexpr int kThreads = 256;
+  const int64_t grid = (n_blocks * kWarp + kThreads - 1) / kThreads;
+  quantize_q8_0_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, n_blocks, xq, xd);
+}
+
+void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
+          int64_t ldy, bool accumulate, cudaStream_t stream) {
+  if (m <= 0 || w.n <= 0) return;
+  if (m == 1) {
+    launch_gemm<1>(w, x, xq, xd, m, y, ldy, accumulate, stream);
+    return;
+  }
+  // grid.y is limited to 65535 tiles: very tall activations go in slices.
+  constexpr int64_t kSlice = int64_t{65535} * 8;
+  const int64_t nb = w.k / kQK;
+  for (int64_t c = 0; c < m; c += kSlice) {
+    const int64_t mc = m - c < kSlice ? m - c : kSlice;
+    launch_gemm<8>(w, x ? x + c * w.k : nullptr, xq ? xq + c * w.k : nullptr, xd ? xd + c * nb : nullptr, mc,
+                   y + c * ldy, ldy, accumulate, stream);
+  }
+}
+
+}  // namespace tandem::kernels::cuda

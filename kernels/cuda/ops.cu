@@ -1,0 +1,267 @@
+// Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU), the KV row store and paged
+// attention. Numerics follow lib/cpu_q4_executor.cpp; the library is compiled with
+// --fmad=false so a * b - c * d and friends round exactly as the CPU's (uncontracted)
+// arithmetic does.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+#include "block_math.cuh"
+#include "cuda_kernels.hpp"
+
+namespace tandem::kernels::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+
+unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+// Block-wide reductions (blockDim.x a multiple of 32, at most 1024). `red` holds 32
+// values; every thread gets the result. Ends with a barrier, so `red` may be reused.
+template <class T, class Op>
+__device__ T block_reduce(T v, T* red, Op op) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  __syncthreads();  // `red` may still be read from a previous reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  T r = red[0];
+  for (int w = 1; w < n_warps; ++w) r = op(r, red[w]);
+  __syncthreads();
+  return r;
+}
+
+struct SumD {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
+struct MaxF {
+  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
+
+__global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* y, int64_t n, float eps,
+                                const int32_t* __restrict__ rows) {
+  __shared__ double red[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + (rows ? int64_t(rows[row]) : row) * n;
+  float* yr = y + row * n;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
+  sum = block_reduce(sum, red, SumD{});
+  const float mean = static_cast<float>(sum / double(n));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* __restrict__ b, int64_t total, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < total) y[i] += b[i % n];
+}
+
+// One thread per rotated pair.
+__global__ void rope_kernel(float* x, const float* __restrict__ cs, int64_t total_pairs, int32_t n_heads,
+                            int32_t head_dim, int32_t n_rot, bool neox) {
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total_pairs) return;
+  const int32_t half = n_rot / 2;
+  const int64_t i = idx % half;
+  const int64_t th = idx / half;  // token * n_heads + head
+  const int64_t t = th / n_heads;
+  const float c = cs[t * n_rot + i];
+  const float s = cs[t * n_rot + half + i];
+  float* v = x + th * head_dim;
+  const int64_t i0 = neox ? i : 2 * i;
+  const int64_t i1 = neox ? i + half : 2 * i + 1;
+  const float x0 = v[i0], x1 = v[i1];
+  v[i0] = x0 * c - x1 * s;
+  v[i1] = x0 * s + x1 * c;
+}
+
+__global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float g = gate[i];
+  gate[i] = g / (1.0f + expf(-g)) * up[i];
+}
+
+__global__ void fill_nan_kernel(float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __int_as_float(0x7FC00000);
+}
+
+__device__ __forceinline__ char* kv_row(const KvArgs& kv, int64_t t, int32_t p, int kind) {
+  const int32_t row_elems = kv.n_head_kv * kv.head_dim;
+  char* page = static_cast<char*>(kv.pages[kv.page_off[t] + p / kv.page_size]);
+  const int64_t off = kv_row_elem_offset(kv.layer, kind, p % kv.page_size, kv.page_size, row_elems);
+  return page + off * (kv.f16 ? 2 : 4);
+}
+
+// grid: T tokens; threads over the row's elements.
+__global__ void kv_store_kernel(KvArgs kv, const float* __restrict__ k, const float* __restrict__ v) {
+  const int64_t t = blockIdx.x;
+  const int32_t row_elems = kv.n_head_kv * kv.head_dim;
+  const int32_t p = kv.pos[t];
+  char* krow = kv_row(kv, t, p, 0);
+  char* vrow = kv_row(kv, t, p, 1);
+  for (int32_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
+    const float kv_k = k[t * row_elems + e], kv_v = v[t * row_elems + e];
+    if (kv.f16) {
+      reinterpret_cast<uint16_t*>(krow)[e] = fp32_to_fp16_bits(kv_k);
+      reinterpret_cast<uint16_t*>(vrow)[e] = fp32_to_fp16_bits(kv_v);
+    } else {
+      reinterpret_cast<float*>(krow)[e] = kv_k;
+      reinterpret_cast<float*>(vrow)[e] = kv_v;
+    }
+  }
+}
+
+template <bool F16>
+__device__ __forceinline__ float kv_load(const char* row, int32_t d) {
+  if constexpr (F16) return h2f(reinterpret_cast<const uint16_t*>(row)[d]);
+  return reinterpret_cast<const float*>(row)[d];
+}
+
+// q . K[p] of one head, summed in order over the head's dims (the CPU's scalar order),
+// times the scale. The same function serves every pass, so a recomputed score equals the
+// stored one.
+template <bool F16>
+__device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t p, int32_t hk, const float* qs,
+                                            float scale) {
+  const char* row = kv_row(kv, t, p, 0) + int64_t(hk) * kv.head_dim * (F16 ? 2 : 4);
+  float s = 0.0f;
+  for (int32_t d = 0; d < kv.head_dim; ++d) s += qs[d] * kv_load<F16>(row, d);
+  return s * scale;
+}
+
+// One thread block per (token, head); blockDim >= head_dim (a multiple of 32).
+// Shared memory: q [head_dim] | scores [cap] | partial outputs [G][head_dim].
+// Pass 1: scores (thread per position), max. Pass 2: e = exp(s - max), sum in double.
+// Pass 3: out[d] = sum_p prob_p * V[p][d], prob rounded to f16 with an f16 cache, the
+// positions split over G = blockDim / head_dim groups, group partials added in order.
+// Positions beyond the shared capacity recompute their score instead of storing it.
+template <bool F16>
+__global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* __restrict__ out, int32_t n_head,
+                                 int32_t group, float scale, int32_t cap) {
+  extern __shared__ float sh[];
+  __shared__ double red_d[32];
+  __shared__ float red_f[32];
+  const int32_t hd = kv.head_dim;
+  float* qs = sh;
+  float* sc = sh + hd;
+  float* part = sc + cap;
+  const int64_t t = blockIdx.x / n_head;
+  const int32_t h = blockIdx.x % n_head;
+  const int32_t hk = h / group;
+  const int32_t n_pos = kv.pos[t] + 1;
+  const float* qh = q + (t * n_head + h) * hd;
+  for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = F16 ? round_f16(qh[d]) : qh[d];
+  __syncthreads();
+
+  float mx = -FLT_MAX;
+  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {
+    const float s = attn_score<F16>(kv, t, p, hk, qs, scale);
+    if (p < cap) sc[p] = s;
+    mx = s > mx ? s : mx;
+  }
+  mx = block_reduce(mx, red_f, MaxF{});
+
+  double sum = 0.0;
+  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {  // same p -> thread map as pass 1
+    const float s = p < cap ? sc[p] : attn_score<F16>(kv, t, p, hk, qs, scale);
+    const float e = expf(s - mx);
+    if (p < cap) sc[p] = e;
+    sum += e;
+  }
+  sum = block_reduce(sum, red_d, SumD{});  // ends with a barrier: every sc[p] is visible
+  const float inv = static_cast<float>(1.0 / sum);
+
+  const int32_t G = static_cast<int32_t>(blockDim.x) / hd;
+  const int32_t g = static_cast<int32_t>(threadIdx.x) / hd;
+  const int32_t d = static_cast<int32_t>(threadIdx.x) % hd;
+  if (g < G) {
+    float acc = 0.0f;
+    for (int32_t p = g; p < n_pos; p += G) {
+      const float e = p < cap ? sc[p] : expf(attn_score<F16>(kv, t, p, hk, qs, scale) - mx);
+      const float prob = F16 ? round_f16(e * inv) : e * inv;
+      const char* vrow = kv_row(kv, t, p, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
+      acc += prob * kv_load<F16>(vrow, d);
+    }
+    part[g * hd + d] = acc;
+  }
+  __syncthreads();
+  if (threadIdx.x < hd) {
+    float r = 0.0f;
+    for (int32_t j = 0; j < G; ++j) r += part[j * hd + threadIdx.x];
+    out[(t * n_head + h) * hd + threadIdx.x] = r;
+  }
+}
+
+int attention_threads(int32_t head_dim) {
+  const int need = ((head_dim + kWarp - 1) / kWarp) * kWarp;
+  return need > 128 ? need : 128;
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps, const int32_t* rows,
+              cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, w, y, n, eps, rows);
+}
+
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n, cudaStream_t stream) {
+  const int64_t total = n_rows * n;
+  if (total <= 0) return;
+  add_bias_kernel<<<blocks_for(total, 256), 256, 0, stream>>>(y, b, total, n);
+}
+
+void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_dim, int32_t n_rot, bool neox,
+          cudaStream_t stream) {
+  const int64_t pairs = T * n_heads * (n_rot / 2);
+  if (pairs <= 0) return;
+  rope_kernel<<<blocks_for(pairs, 256), 256, 0, stream>>>(x, cs, pairs, n_heads, head_dim, n_rot, neox);
+}
+
+void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+}
+
+void fill_nan(float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_nan_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, n);
+}
+
+void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, cudaStream_t stream) {
+  if (T <= 0) return;
+  kv_store_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(kv, k, v);
+}
+
+int32_t attention_score_capacity(int device) {
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) optin = 48 * 1024;
+  // Room for q and the group partials (at most 1024 + 1024 floats) and the static reductions.
+  const int64_t avail = int64_t(optin) - int64_t(2048) * 4 - 512;
+  return static_cast<int32_t>(avail > 0 ? avail / 4 : 0);
+}
+
+void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale,
+               int32_t max_pos, int32_t score_capacity, cudaStream_t stream) {
+  if (T <= 0) return;
+  const int threads = attention_threads(kv.head_dim);
+  const int32_t cap = max_pos < score_capacity ? max_pos : score_capacity;
+  const int32_t G = threads / kv.head_dim;
+  const size_t shmem = (size_t(kv.head_dim) + size_t(cap) + size_t(G) * size_t(kv.head_dim)) * sizeof(float);
+  const int32_t group = n_head / kv.n_head_kv;
+  const unsigned grid = static_cast<unsigned>(T * n_head);
+  if (kv.f16) {
+    cudaFuncSetAttribute(attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
+    attention_kernel<true><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
+  } else {
+    cudaFuncSetAttribute(attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
+    attention_kernel<false><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
+  }
+}
+
+}  // namespace tandem::kernels::cuda
