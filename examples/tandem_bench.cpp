@@ -14,6 +14,7 @@
 // machine's read bandwidth (t threads summing a 1 GiB buffer) and reports decode speed
 // as a fraction of the bandwidth limit: bytes of weights read per token x tokens/s /
 // bandwidth.
+#include "bench_serve.hpp"
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -196,8 +197,11 @@ int main(int argc, char** argv) {
   kv_cmd->add_option("-t,--threads", kv_threads, "threads");
   kv_cmd->add_option("--kv-dir", kv_dir, "directory of the File tier");
   kv_cmd->add_flag("--json", kv_json, "print JSON");
+  tandem::bench::ServeOptions serve_opt;
+  tandem::bench::add_serve_options(app, serve_opt);
   app.get_option("--model")->required(false);
   CLI11_PARSE(app, argc, argv);
+  if (serve_opt.cmd->parsed()) return tandem::bench::run_serve(serve_opt);
   if (kv_cmd->parsed()) {
     try {
       return run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json);

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "tandem/cpu_q4_executor.hpp"
+#if TANDEM_HAVE_CUDA
+#include "tandem/gpu_q4_executor.hpp"
+#endif
 
 namespace tandem::test {
 
@@ -17,7 +20,7 @@ struct ExecutorFactory {
 };
 
 inline std::vector<ExecutorFactory> executor_factories() {
-  return {
+  std::vector<ExecutorFactory> f = {
       {"cpu-2threads", [](std::shared_ptr<const Model> m) {
          return std::make_unique<CpuQ4Executor>(std::move(m), CpuExecutorOptions{2});
        }},
@@ -25,6 +28,15 @@ inline std::vector<ExecutorFactory> executor_factories() {
          return std::make_unique<CpuQ4Executor>(std::move(m), CpuExecutorOptions{1});
        }},
   };
+#if TANDEM_HAVE_CUDA
+  // Built with CUDA: the GPU executor joins when a device is present at run time.
+  if (GpuQ4Executor::device_count() > 0) {
+    f.push_back({"gpu", [](std::shared_ptr<const Model> m) -> std::unique_ptr<Executor> {
+                   return std::make_unique<GpuQ4Executor>(std::move(m));
+                 }});
+  }
+#endif
+  return f;
 }
 
 inline std::vector<std::string> executor_names() {

@@ -17,7 +17,8 @@
  *            registry of live handles and checks every handle it is given: NULL gives
  *            TANDEM_E_INVALID_ARG; a handle that was freed already, that was never
  *            returned by the library, or that names the wrong kind of object gives
- *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check.
+ *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check (handle
+ *            values are registry keys >= 1 MiB, not addresses: never dereference one).
  * Ownership. Every *_create / *_load has a *_free. *_free(NULL) is a no-op returning
  *            TANDEM_OK; a second free of the same handle returns TANDEM_E_INVALID_HANDLE
  *            (handle values are never reused within a process). Objects are reference
@@ -46,15 +47,17 @@
  * Threads.   Each function states its thread-safety. In short: models are immutable and
  *            may be used from any number of threads at once; a session serves one call
  *            at a time and refuses a concurrent call with TANDEM_E_BUSY (it never
- *            blocks and never corrupts state); *_free may be called from any thread.
- * Callbacks. A callback must return normally (no longjmp out of it). It may call any
- *            tandem function; calls on the session that is generating return
- *            TANDEM_E_BUSY, except tandem_session_free, which takes effect when the
- *            generation returns.
+ *            blocks and never corrupts state); *_free may be called from any thread;
+ *            the *_init functions only write the struct they are given.
+ * Callbacks. A callback must return normally (no longjmp out of it); a C++ callback
+ *            that throws ends the call with TANDEM_E_INTERNAL (the exception stops at the
+ *            boundary). It may call any tandem function; calls on the session that is
+ *            generating return TANDEM_E_BUSY, except tandem_session_free, which takes
+ *            effect when the generation returns.
  *
  * Planned, not in this version (the names are reserved; nothing is declared that does
- * not work yet): session save/restore (tandem_session_save / tandem_session_restore into
- * caller buffers), the scheduler (tandem_scheduler_create with executors,
+ * not work yet): session save/restore (tandem_session_save / tandem_session_restore),
+ * the scheduler (tandem_scheduler_create with executors,
  * tandem_scheduler_submit -> tandem_request, tandem_request_poll, tandem_request_cancel,
  * tandem_request_free, tandem_scheduler_free) and metrics
  * (tandem_scheduler_metrics_json, a JSON snapshot in a caller buffer).

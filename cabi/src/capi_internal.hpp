@@ -88,11 +88,13 @@ struct SessionObj {
   std::string piece;  ///< NUL-terminated copy of the current callback piece
 };
 
-/// Live handles. A handle value is (id << 4 | kind) with a 64-bit id that is never
-/// reused, so a freed handle stays invalid forever (no ABA through address reuse) and a
-/// handle is never dereferenced: the registry maps it to a shared_ptr. Calls hold that
-/// shared_ptr while they run, so a free from another thread (or from a callback) only
-/// unregisters; the object dies with the last reference.
+/// Live handles. A handle value is (id << 4 | kind) with an id that is never reused, so a
+/// freed handle stays invalid forever (no ABA through address reuse) and a handle is never
+/// dereferenced: the registry maps it to a shared_ptr. Calls hold that shared_ptr while
+/// they run, so a free from another thread (or from a callback) only unregisters; the
+/// object dies with the last reference. Ids start at 2^16, so handle values are >= 1 MiB:
+/// garbage-collected callers keep handles in pointer-typed variables, and Go aborts on a
+/// pointer-typed value below 4096 ("invalid pointer found on stack").
 class Registry {
  public:
   static Registry& instance();
@@ -105,7 +107,7 @@ class Registry {
  private:
   mutable std::mutex mutex_;
   std::unordered_map<uintptr_t, std::pair<Kind, std::shared_ptr<void>>> live_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_ = uint64_t(1) << 16;
 };
 
 std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn);

@@ -140,6 +140,13 @@ void check_flags(uint32_t flags, uint32_t known, const char* fn) {
   }
 }
 
+/// Token counts beyond int32 cannot fit any context (and n * n_vocab must not overflow).
+void check_count(size_t n, const char* fn, const char* what) {
+  if (n > size_t(std::numeric_limits<int32_t>::max())) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: {} {} is larger than any context", fn, what, n));
+  }
+}
+
 void check_utf8(std::string_view text, const char* fn, const char* what) {
   const size_t bad = utf8_invalid_at(text);
   if (bad != std::string_view::npos) {
@@ -546,6 +553,7 @@ tandem_status tandem_session_eval(tandem_session* session, const int32_t* tokens
     if (tokens == nullptr && n_tokens != 0) {
       fail(TANDEM_E_INVALID_ARG, fmt::format("{}: tokens is NULL but n_tokens is {}", fn, n_tokens));
     }
+    check_count(n_tokens, fn, "n_tokens");
     BusyGuard busy(*s, fn);
     const size_t n_vocab = size_t(s->session->model().hparams().n_vocab);
     std::span<float> out;
@@ -631,6 +639,7 @@ tandem_status tandem_session_generate_tokens(tandem_session* session, const int3
     if (prompt == nullptr && n_prompt != 0) {
       fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt is NULL but n_prompt is {}", fn, n_prompt));
     }
+    check_count(n_prompt, fn, "n_prompt");
     PreparedGenerate g = prepare_generate(params, result, fn);
     BusyGuard busy(*s, fn);
     attach_callback(g, *s, callback, user_data);

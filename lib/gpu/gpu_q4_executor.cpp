@@ -431,6 +431,12 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   Impl& im = *impl_;
   set_device(im.device);
   cudaStream_t st = im.stream.get();
+  // Whatever happens below, nothing of this step is in flight when step_impl returns (the
+  // pinned buffers are rewritten by the next step). A no-op after the final sync.
+  struct DrainOnExit {
+    cudaStream_t s;
+    ~DrainOnExit() { (void)cudaStreamSynchronize(s); }
+  } drain{st};
   const KvLayout& layout = batch[0].kv->store().layout();
   const int32_t P = layout.page_size;
   const size_t pb = layout.page_bytes();

@@ -503,6 +503,32 @@ static void test_failed_create(void) {
   CHECK_STATUS(tandem_model_load(g_model_path, &mp, &m), TANDEM_E_INVALID_ARG);
   CHECK(m == NULL);
   CHECK_MSG_CONTAINS("struct_size");
+  {
+    /* A caller built against a newer header: zero tail accepted, nonzero refused. */
+    unsigned char big[sizeof(tandem_model_params) + 8];
+    tandem_model_params* bp = (tandem_model_params*)big;
+    CHECK_OK(tandem_model_params_init(bp, sizeof big));
+    bp->check_block_scales = 0;
+    CHECK_OK(tandem_model_load(g_model_path, bp, &m));
+    CHECK(m != NULL);
+    CHECK_OK(tandem_model_free(m));
+    big[sizeof big - 1] = 7;
+    CHECK_STATUS(tandem_model_load(g_model_path, bp, &m), TANDEM_E_INVALID_ARG);
+    CHECK(m == NULL);
+  }
+  {
+    unsigned char big[sizeof(tandem_session_params) + 8];
+    tandem_session_params* bp = (tandem_session_params*)big;
+    CHECK_OK(tandem_session_params_init(bp, sizeof big));
+    bp->n_ctx = 16;
+    bp->n_threads = 1;
+    CHECK_OK(tandem_session_create(g_model, bp, &s));
+    CHECK(s != NULL);
+    CHECK_OK(tandem_session_free(s));
+    big[sizeof(tandem_session_params)] = 1;
+    CHECK_STATUS(tandem_session_create(g_model, bp, &s), TANDEM_E_INVALID_ARG);
+    CHECK(s == NULL);
+  }
 
   /* Sessions that cannot be created. */
   CHECK_OK(tandem_session_params_init(&sp, sizeof sp));
@@ -761,6 +787,8 @@ static void test_session_eval(const golden_case* g) {
   ids[2] = g_n_vocab;
   CHECK_STATUS(tandem_session_eval(s, ids, g->n_prompt, NULL, 0), TANDEM_E_INVALID_ARG);
   /* Too many tokens for n_ctx 32. */
+  CHECK_STATUS(tandem_session_eval(s, ids, (size_t)INT32_MAX + 1, NULL, 0), TANDEM_E_INVALID_ARG); /* absurd count */
+  CHECK_STATUS(tandem_session_generate_tokens(s, ids, (size_t)INT32_MAX + 1, NULL, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
   for (i = 0; i < 40; ++i) too_many[i] = 5;
   CHECK_STATUS(tandem_session_eval(s, too_many, 40, NULL, 0), TANDEM_E_CONTEXT_OVERFLOW);
   CHECK_MSG_CONTAINS("n_ctx");
@@ -918,6 +946,31 @@ static void test_generate_errors(const golden_case* g) {
   smp.struct_size = 1;
   CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
   smp.struct_size = sizeof smp;
+  smp.top_k = -1;
+  CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("top_k");
+  smp.top_k = 40;
+  smp.min_p = 2.0f; /* out of [0, 1] */
+  CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("min_p");
+  smp.min_p = 0.05f;
+  smp.repeat_penalty = 0.0f;
+  CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("repeat_penalty");
+  smp.repeat_penalty = 1.0f;
+  {
+    /* Sampling params from a "newer header": zero tail fine, nonzero refused. */
+    unsigned char sbig[sizeof(tandem_sampling_params) + 8];
+    memset(sbig, 0, sizeof sbig);
+    memcpy(sbig, &smp, sizeof smp);
+    ((tandem_sampling_params*)sbig)->struct_size = sizeof sbig;
+    gp.sampling = (tandem_sampling_params*)sbig;
+    CHECK_OK(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL));
+    CHECK_OK(tandem_session_reset(s));
+    sbig[sizeof sbig - 1] = 1;
+    CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
+    gp.sampling = &smp;
+  }
   /* Bad generate parameters. */
   gp.max_tokens = -1;
   CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);

@@ -367,8 +367,8 @@ class _Stream:
 
     DONE = object()
 
-    def __init__(self):
-        self.queue: "queue.Queue" = queue.Queue(maxsize=256)
+    def __init__(self, lookahead: int):
+        self.queue: "queue.Queue" = queue.Queue(maxsize=max(1, lookahead))
         self.cancel = threading.Event()
         self.status = OK
         self.error = ""
@@ -404,12 +404,12 @@ class Generation:
     The C call runs in a worker thread and hands pieces over through a bounded queue, so
     the text streams while the model computes; ctypes releases the GIL during the call."""
 
-    def __init__(self, start: Callable[[_CALLBACK], int], call: _Call):
+    def __init__(self, start: Callable[[_CALLBACK], int], call: _Call, lookahead: int = 256):
         self.result: Optional[GenerateResult] = None
         self._call = call
         self._pieces: List[str] = []
         self._finished = False
-        self._stream = _Stream()
+        self._stream = _Stream(lookahead)
         self._thread = threading.Thread(target=self._stream.run, args=(start,), name="tandem-generate",
                                         daemon=True)
         self._thread.start()
@@ -556,13 +556,14 @@ class Session:
 
     def generate(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
                  stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
-                 **sampling) -> Generation:
+                 lookahead: int = 256, **sampling) -> Generation:
         """Stream a generation: returns a Generation, an iterator of text pieces. `prompt`
         is text (UTF-8; BOS added on an empty session) or a list of token ids. Sampling
         keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
-        repeat_last_n, frequency_penalty, presence_penalty, seed."""
+        repeat_last_n, frequency_penalty, presence_penalty, seed. `lookahead`: how many
+        pieces generation may run ahead of the consumer before it waits (backpressure)."""
         call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)
-        return Generation(self._starter(prompt, call), call)
+        return Generation(self._starter(prompt, call), call, lookahead)
 
     def complete(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
                  stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,

@@ -36,6 +36,15 @@ class TestLibrary(TandemTestCase):
     def test_version(self):
         self.assertRegex(tandem.version(), r"^\d+\.\d+\.\d+$")
 
+    def test_struct_layouts_match_the_header(self):
+        import ctypes
+        if ctypes.sizeof(ctypes.c_void_p) != 8:
+            self.skipTest("sizes below are LP64")
+        sizes = {"_ModelParams": 16, "_ModelInfo": 64, "_SessionParams": 24, "_SessionInfo": 32,
+                 "_SamplingParams": 48, "_GenerateParams": 40, "_GenerateResult": 80}
+        for name, size in sizes.items():
+            self.assertEqual(ctypes.sizeof(getattr(tandem, name)), size, name)
+
     def test_model_info(self):
         info = self.model.info
         self.assertEqual(info.arch, "llama")
@@ -136,7 +145,8 @@ class TestGenerate(TandemTestCase):
 
     def test_iterator_close_cancels(self):
         with self.session() as s:
-            gen = s.generate(self.case["prompt_text"], max_tokens=64, temperature=0, ignore_eos=True)
+            # lookahead 1: the worker cannot run to the end before close() (deterministic)
+            gen = s.generate(self.case["prompt_text"], max_tokens=64, temperature=0, ignore_eos=True, lookahead=1)
             first = next(gen)
             self.assertTrue(first)
             gen.close()

@@ -1,0 +1,134 @@
+// tandem-gpu-bench: prompt processing (pp) and token generation (tg) speed of the GPU
+// executor, as llama-bench measures them: pp = one step of P prompt tokens from an empty
+// context; tg = N single-token steps from an empty context. KV pages in VRAM.
+//
+//   tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-r 3] [--device 0] [--json]
+//
+// Prints the environment (device, driver, weights in VRAM) beside the figures.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tandem/gpu_q4_executor.hpp"
+
+using namespace tandem;
+
+namespace {
+
+struct Stats {
+  double mean = 0, sd = 0;
+};
+Stats stats(const std::vector<double>& v) {
+  Stats s;
+  for (double x : v) s.mean += x;
+  s.mean /= double(v.size());
+  for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+  s.sd = v.size() > 1 ? std::sqrt(s.sd / double(v.size() - 1)) : 0.0;
+  return s;
+}
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-r 3] [--device 0] [--json]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path;
+  int p = 512, n = 128, reps = 3, device = 0;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (a == "-m" && (v = next())) path = v;
+    else if (a == "-p" && (v = next())) p = std::atoi(v);
+    else if (a == "-n" && (v = next())) n = std::atoi(v);
+    else if (a == "-r" && (v = next())) reps = std::atoi(v);
+    else if (a == "--device" && (v = next())) device = std::atoi(v);
+    else if (a == "--json") json = true;
+    else return usage();
+  }
+  if (path.empty() || p < 0 || n < 0 || reps < 1) return usage();
+  try {
+    auto model = Model::load(path);
+    const HParams& hp = model->hparams();
+    const double t_up = now();
+    GpuQ4Executor gpu(model, GpuExecutorOptions{device});
+    const double upload_s = now() - t_up;
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device);
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+
+    const int32_t ctx = std::max(p, n) + 1;
+    const int32_t page_size = 16;
+    auto store = gpu.make_kv_store((ctx + page_size - 1) / page_size + 1, 0, page_size);
+    std::vector<float> logits(size_t(hp.n_vocab));
+    std::vector<int32_t> prompt(size_t(std::max(p, 1)));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + (i * 131) % size_t(hp.n_vocab - 3));
+
+    auto run_pp = [&]() {
+      KvSequence seq(*store, ctx, KvTier::kDevice);
+      SequenceStep s{&seq, std::span<const int32_t>(prompt.data(), size_t(p)), 0, LogitsRows::kLast};
+      const double t0 = now();
+      gpu.step(std::span<const SequenceStep>(&s, 1), logits);
+      return now() - t0;
+    };
+    auto run_tg = [&]() {
+      KvSequence seq(*store, ctx, KvTier::kDevice);
+      const double t0 = now();
+      for (int i = 0; i < n; ++i) {
+        const int32_t tok = prompt[size_t(i) % prompt.size()];
+        SequenceStep s{&seq, std::span<const int32_t>(&tok, 1), i, LogitsRows::kLast};
+        gpu.step(std::span<const SequenceStep>(&s, 1), logits);
+      }
+      return now() - t0;
+    };
+    std::vector<double> pp_tps, tg_tps;
+    if (p > 0) {
+      run_pp();  // warm-up (buffers grow once)
+      for (int r = 0; r < reps; ++r) pp_tps.push_back(double(p) / run_pp());
+    }
+    if (n > 0) {
+      run_tg();
+      for (int r = 0; r < reps; ++r) tg_tps.push_back(double(n) / run_tg());
+    }
+    const Stats pp = p > 0 ? stats(pp_tps) : Stats{}, tg = n > 0 ? stats(tg_tps) : Stats{};
+    const double weights_mib = double(gpu.weight_bytes()) / (1024.0 * 1024.0);
+    const double scratch_mib = double(gpu.scratch_bytes()) / (1024.0 * 1024.0);
+    const char* commit = std::getenv("TANDEM_COMMIT");
+    if (json) {
+      fmt::print(
+          "{{\"model\": \"{}\", \"device\": \"{}\", \"cc\": \"{}.{}\", \"driver\": {}, \"runtime\": {}, "
+          "\"weights_vram_mib\": {:.1f}, \"scratch_vram_mib\": {:.1f}, \"upload_s\": {:.3f}, \"p\": {}, \"n\": {}, "
+          "\"reps\": {}, \"pp_tps\": {:.2f}, \"pp_sd\": {:.2f}, \"tg_tps\": {:.2f}, \"tg_sd\": {:.2f}, "
+          "\"commit\": \"{}\"}}\n",
+          model->name(), prop.name, prop.major, prop.minor, driver, runtime, weights_mib, scratch_mib, upload_s, p, n,
+          reps, pp.mean, pp.sd, tg.mean, tg.sd, commit ? commit : "");
+    } else {
+      fmt::print("model {} | device {} (sm_{}{}) | driver {} runtime {} | weights in VRAM {:.1f} MiB, scratch "
+                 "{:.1f} MiB, upload {:.2f} s\n",
+                 model->name(), prop.name, prop.major, prop.minor, driver, runtime, weights_mib, scratch_mib, upload_s);
+      if (p > 0) fmt::print("pp{}: {:.2f} +- {:.2f} tokens/s\n", p, pp.mean, pp.sd);
+      if (n > 0) fmt::print("tg{}: {:.2f} +- {:.2f} tokens/s\n", n, tg.mean, tg.sd);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem-gpu-bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,447 @@
+// tandem-bench serve: replay a workload against the Scheduler in-process.
+//
+// Workload: a JSONL trace (one request per line: "t" arrival seconds, "prompt_tokens" or
+// "prompt" text, "output_tokens", "sla", optional "prefix_id" + "prefix_tokens") or a
+// generated one (Poisson arrivals at --rate, prompt/output lengths from P50/P95/P99,
+// class mix). Reports TTFT / TPOT / end-to-end percentiles per SLA class, throughput,
+// SLA attainment and goodput (requests/s meeting their SLA), KV moves; as a table or
+// JSON. --sweep finds the highest rate whose attainment meets --target.
+#include "bench_serve.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/cpu_q4_executor.hpp"
+#include "tandem/scheduler.hpp"
+#if TANDEM_HAVE_CUDA
+#include "tandem/gpu_q4_executor.hpp"
+#endif
+
+namespace tandem::bench {
+
+namespace {
+
+struct Item {
+  double t = 0;
+  int32_t prompt_tokens = 0;
+  std::string prompt;  // text (overrides prompt_tokens)
+  int32_t output_tokens = 16;
+  SlaClass sla = SlaClass::kStandard;
+  std::string prefix_id;
+  int32_t prefix_tokens = 0;
+};
+
+struct Slo {
+  double ttft_s, tpot_s;
+};
+
+// Per-class SLOs (defaults; --slo-scale multiplies them).
+Slo slo_of(SlaClass c, double scale) {
+  switch (c) {
+    case SlaClass::kInteractive: return {0.5 * scale, 0.05 * scale};
+    case SlaClass::kStandard: return {2.0 * scale, 0.10 * scale};
+    case SlaClass::kBatch: return {30.0 * scale, 1.0 * scale};
+  }
+  return {1, 1};
+}
+
+/// Quantile function through (0.5, p50), (0.95, p95), (0.99, p99), log-linear pieces.
+int32_t draw_len(std::mt19937_64& rng, double p50, double p95, double p99) {
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  const double lo = std::max(1.0, p50 / 4);
+  struct P {
+    double q, v;
+  } pts[] = {{0.0, lo}, {0.5, p50}, {0.95, p95}, {0.99, p99}, {1.0, p99 * 1.1}};
+  for (int i = 1; i < 5; ++i) {
+    if (u <= pts[i].q) {
+      const double f = (u - pts[i - 1].q) / (pts[i].q - pts[i - 1].q);
+      return std::max(1, int32_t(std::lround(std::exp(std::log(pts[i - 1].v) * (1 - f) + std::log(pts[i].v) * f))));
+    }
+  }
+  return int32_t(p99);
+}
+
+std::vector<Item> load_trace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot open trace " + path);
+  std::vector<Item> v;
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    ++n;
+    if (line.empty() || line[0] == '#') continue;
+    const auto j = nlohmann::json::parse(line);
+    Item it;
+    it.t = j.value("t", 0.0);
+    it.prompt_tokens = j.value("prompt_tokens", 0);
+    it.prompt = j.value("prompt", std::string());
+    it.output_tokens = j.value("output_tokens", 16);
+    const auto sla = parse_sla_class(j.value("sla", std::string("standard")));
+    if (!sla) throw std::runtime_error(fmt::format("{}:{}: unknown sla", path, n));
+    it.sla = *sla;
+    it.prefix_id = j.value("prefix_id", std::string());
+    it.prefix_tokens = j.value("prefix_tokens", 0);
+    if (it.prompt.empty() && it.prompt_tokens < 1) throw std::runtime_error(fmt::format("{}:{}: no prompt", path, n));
+    v.push_back(std::move(it));
+  }
+  std::sort(v.begin(), v.end(), [](const Item& a, const Item& b) { return a.t < b.t; });
+  return v;
+}
+
+std::vector<Item> generate(const ServeOptions& o, double rate) {
+  std::mt19937_64 rng(o.seed);
+  std::exponential_distribution<double> gap(rate);
+  std::vector<Item> v;
+  double t = 0;
+  const double wi = o.mix[0], ws = o.mix[1], wb = o.mix[2];
+  std::discrete_distribution<int> cls({wi, ws, wb});
+  for (int i = 0; i < o.n_requests; ++i) {
+    Item it;
+    it.t = t;
+    t += gap(rng);
+    it.prompt_tokens = draw_len(rng, o.prompt_p[0], o.prompt_p[1], o.prompt_p[2]);
+    it.output_tokens = draw_len(rng, o.output_p[0], o.output_p[1], o.output_p[2]);
+    it.sla = SlaClass(cls(rng));
+    if (o.shared_prefix_tokens > 0 && o.n_prefixes > 0) {
+      it.prefix_id = fmt::format("p{}", rng() % uint64_t(o.n_prefixes));
+      it.prefix_tokens = o.shared_prefix_tokens;
+    }
+    v.push_back(it);
+  }
+  return v;
+}
+
+std::vector<int32_t> ids_for(const Item& it, const Model& m, uint64_t salt) {
+  const int32_t nv = m.hparams().n_vocab;
+  std::vector<int32_t> ids;
+  if (!it.prompt.empty()) return m.tokenizer().tokenize(it.prompt, true, false);
+  const int32_t bos = m.tokenizer().bos();
+  ids.push_back(bos >= 0 ? bos : 1);
+  std::mt19937_64 prng(std::hash<std::string>{}(it.prefix_id));
+  for (int32_t i = 0; i < it.prefix_tokens && int32_t(ids.size()) < it.prompt_tokens; ++i) {
+    ids.push_back(3 + int32_t(prng() % uint64_t(nv - 3)));
+  }
+  std::mt19937_64 rng(salt);
+  while (int32_t(ids.size()) < it.prompt_tokens) ids.push_back(3 + int32_t(rng() % uint64_t(nv - 3)));
+  return ids;
+}
+
+double pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(idx);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+struct RunResult {
+  nlohmann::json json;
+  double attainment = 0;
+  double goodput = 0;
+};
+
+RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, const std::vector<Item>& items,
+                   double rate_label) {
+  // Executors.
+  std::vector<std::unique_ptr<Executor>> exs;
+  std::vector<std::shared_ptr<KvStore>> stores;
+  SchedulerOptions so;
+  so.max_queued = o.max_queued;
+  so.max_context = o.n_ctx;
+  so.prefix_cache_entries = o.prefix_cache;
+  std::mutex log_mu;
+  std::ofstream logf;
+  if (!o.log_path.empty()) {
+    logf.open(o.log_path);
+    so.log = [&](std::string_view s) {
+      std::lock_guard<std::mutex> lk(log_mu);
+      logf << s << '\n';
+    };
+  }
+  DefaultRoutingOptions ro;
+  if (o.long_prompt_tokens > 0) ro.long_prompt_tokens = o.long_prompt_tokens;
+  so.policy = std::make_shared<DefaultRoutingPolicy>(ro);
+  const int32_t ps = 16;
+  const int32_t pages = std::max<int32_t>(64, int32_t(int64_t(o.max_running) * ((o.n_ctx + ps - 1) / ps + 1)));
+  auto add_cpu = [&](int threads, bool accel, const std::string& name) {
+    exs.push_back(std::make_unique<CpuQ4Executor>(model, CpuExecutorOptions{threads}));
+    KvStoreOptions ko;
+    ko.layout = KvLayout::for_model(model->hparams(), ps);
+    ko.host_pages = pages;
+    ko.file_pages = pages;
+    ko.file_chunk_pages = 64;
+    stores.push_back(std::make_shared<KvStore>(std::move(ko)));
+    ExecutorConfig c;
+    c.executor = exs.back().get();
+    c.store = stores.back();
+    c.max_running = o.max_running;
+    c.step_token_budget = std::max(o.step_budget, o.max_running);
+    c.prefill_chunk = o.prefill_chunk;
+    c.accelerator = accel;
+    c.name = name;
+    so.executors.push_back(c);
+  };
+  [[maybe_unused]] auto add_gpu = [&]() {
+#if TANDEM_HAVE_CUDA
+    auto g = std::make_unique<GpuQ4Executor>(model);
+    stores.push_back(g->make_kv_store(pages * 2, pages, ps, KvDtype::kF16, pages));
+    ExecutorConfig c;
+    c.executor = g.get();
+    c.store = stores.back();
+    c.max_running = o.max_running * 4;
+    c.step_token_budget = std::max(o.step_budget * 4, c.max_running);
+    c.prefill_chunk = o.prefill_chunk * 4;
+    c.name = "gpu";
+    exs.push_back(std::move(g));
+    so.executors.push_back(c);
+#else
+    throw std::runtime_error("this build has no GPU executor (configure with -DTANDEM_CUDA=ON)");
+#endif
+  };
+  const int t = o.threads > 0 ? o.threads : physical_core_count();
+  if (o.executors == "cpu") {
+    add_cpu(t, false, "cpu");
+  } else if (o.executors == "cpu+cpu") {
+    add_cpu(std::max(1, t - t / 2), true, "cpuA");
+    add_cpu(std::max(1, t / 2), false, "cpuB");
+  } else if (o.executors == "gpu") {
+    add_gpu();
+  } else if (o.executors == "cpu+gpu") {
+    add_gpu();
+    add_cpu(t, false, "cpu");
+  } else {
+    throw std::runtime_error("--executors must be cpu, gpu, cpu+gpu or cpu+cpu");
+  }
+
+  Scheduler sched(std::move(so));
+  std::vector<RequestHandle> hs(items.size());
+  const auto t0 = Clock::now();
+  auto last_progress = t0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(items[i].t));
+    std::this_thread::sleep_until(at);
+    Request r;
+    r.prompt_ids = ids_for(items[i], *model, o.seed * 1000003 + i);
+    r.max_tokens = items[i].output_tokens;
+    r.ignore_eos = true;
+    r.sla = items[i].sla;
+    r.sampling = SamplingParams::greedy();
+    hs[i] = sched.submit(std::move(r));
+    if (o.progress && Clock::now() - last_progress > std::chrono::seconds(1)) {
+      last_progress = Clock::now();
+      const auto m = sched.metrics();
+      fmt::print(stderr, "\r[serve {:.2f} req/s] submitted {}/{} finished {} queued {}   ", rate_label, i + 1,
+                 items.size(), m.finished, m.queued);
+    }
+  }
+  while (true) {
+    bool all = true;
+    for (auto& h : hs) all = all && h.done();
+    if (all) break;
+    if (o.progress && Clock::now() - last_progress > std::chrono::seconds(1)) {
+      last_progress = Clock::now();
+      const auto m = sched.metrics();
+      fmt::print(stderr, "\r[serve {:.2f} req/s] submitted {}/{} finished {} queued {}   ", rate_label, items.size(),
+                 items.size(), m.finished, m.queued);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (o.progress) fmt::print(stderr, "\r{:80}\r", "");
+  const auto m = sched.metrics();
+
+  // Aggregate.
+  struct Acc {
+    std::vector<double> ttft, tpot, e2e, queue;
+    int n = 0, ok = 0, met = 0;
+    uint64_t tokens = 0;
+  } acc[kSlaClassCount + 1];
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& r = hs[i].wait();
+    for (int k : {int(items[i].sla), kSlaClassCount}) {
+      Acc& a = acc[k];
+      ++a.n;
+      if (r.finish != RequestFinish::kLength && r.finish != RequestFinish::kStop) continue;
+      ++a.ok;
+      a.tokens += r.tokens.size();
+      a.ttft.push_back(r.metrics.ttft_s);
+      if (r.metrics.generated_tokens > 1) a.tpot.push_back(r.metrics.tpot_s);
+      a.e2e.push_back(r.metrics.e2e_s);
+      a.queue.push_back(r.metrics.queue_s);
+      const Slo s = slo_of(items[i].sla, o.slo_scale);
+      if (r.metrics.ttft_s <= s.ttft_s && r.metrics.tpot_s <= s.tpot_s) ++a.met;
+    }
+  }
+  RunResult rr;
+  nlohmann::json j;
+  j["executors"] = o.executors;
+  j["rate"] = rate_label;
+  j["requests"] = items.size();
+  j["wall_s"] = wall;
+  const Acc& all = acc[kSlaClassCount];
+  j["throughput_tokens_per_s"] = double(all.tokens) / wall;
+  j["throughput_requests_per_s"] = double(all.ok) / wall;
+  rr.attainment = all.n ? double(all.met) / double(all.n) : 0.0;
+  rr.goodput = double(all.met) / wall;
+  j["sla_attainment"] = rr.attainment;
+  j["goodput_requests_per_s"] = rr.goodput;
+  j["kv_moves"] = {{"count", m.migrations}, {"bytes", m.migration_bytes}, {"seconds", m.migration_s}};
+  j["prefix_hit_rate"] = m.prefix_hit_rate;
+  j["preemptions"] = m.preemptions;
+  for (int k = 0; k <= kSlaClassCount; ++k) {
+    const Acc& a = acc[k];
+    if (a.n == 0) continue;
+    const std::string name = k == kSlaClassCount ? "all" : std::string(sla_class_name(SlaClass(k)));
+    auto trio = [&](const std::vector<double>& v) {
+      return nlohmann::json{{"p50", pct(v, 50)}, {"p95", pct(v, 95)}, {"p99", pct(v, 99)}};
+    };
+    j["classes"][name] = {{"requests", a.n},      {"completed", a.ok},     {"ttft_s", trio(a.ttft)},
+                          {"tpot_s", trio(a.tpot)}, {"e2e_s", trio(a.e2e)}, {"queue_s", trio(a.queue)},
+                          {"attainment", double(a.met) / double(a.n)}};
+    if (k < kSlaClassCount) {
+      const Slo s = slo_of(SlaClass(k), o.slo_scale);
+      j["classes"][name]["slo"] = {{"ttft_s", s.ttft_s}, {"tpot_s", s.tpot_s}};
+    }
+  }
+  j["scheduler"] = nlohmann::json::parse(m.to_json());
+  rr.json = j;
+  return rr;
+}
+
+void print_table(const nlohmann::json& j) {
+  fmt::print("\nexecutors {} | rate {:.2f} req/s | {} requests in {:.2f} s | {:.1f} tok/s | {:.2f} req/s | "
+             "attainment {:.1f}% | goodput {:.2f} req/s | KV moves {} ({} bytes) | prefix hit {:.1f}%\n",
+             j["executors"].get<std::string>(), j["rate"].get<double>(), j["requests"].get<size_t>(),
+             j["wall_s"].get<double>(), j["throughput_tokens_per_s"].get<double>(),
+             j["throughput_requests_per_s"].get<double>(), 100 * j["sla_attainment"].get<double>(),
+             j["goodput_requests_per_s"].get<double>(), j["kv_moves"]["count"].get<uint64_t>(),
+             j["kv_moves"]["bytes"].get<uint64_t>(), 100 * j["prefix_hit_rate"].get<double>());
+  fmt::print("| class | n | TTFT p50/p95/p99 ms | TPOT p50/p95/p99 ms | e2e p50/p95/p99 ms | attainment |\n");
+  fmt::print("|---|---:|---:|---:|---:|---:|\n");
+  for (const char* c : {"interactive", "standard", "batch", "all"}) {
+    if (!j["classes"].contains(c)) continue;
+    const auto& k = j["classes"][c];
+    auto ms = [&](const char* f) {
+      return fmt::format("{:.1f} / {:.1f} / {:.1f}", 1e3 * k[f]["p50"].get<double>(), 1e3 * k[f]["p95"].get<double>(),
+                         1e3 * k[f]["p99"].get<double>());
+    };
+    fmt::print("| {} | {} | {} | {} | {} | {:.1f}% |\n", c, k["requests"].get<int>(), ms("ttft_s"), ms("tpot_s"),
+               ms("e2e_s"), 100 * k["attainment"].get<double>());
+  }
+  for (const auto& e : j["scheduler"]["executors"]) {
+    fmt::print("  {}: {:.1f} tok/s, utilisation {:.1f}%, batch occupancy {:.1f}%, steps {}\n",
+               e["name"].get<std::string>(), e["tokens_per_s"].get<double>(), 100 * e["utilisation"].get<double>(),
+               100 * e["batch_occupancy"].get<double>(), e["steps"].get<uint64_t>());
+  }
+}
+
+}  // namespace
+
+void add_serve_options(CLI::App& app, ServeOptions& o) {
+  auto* c = app.add_subcommand("serve", "replay a workload against the Scheduler (TTFT/TPOT/e2e, goodput)");
+  o.cmd = c;
+  c->add_option("-m,--model", o.model, "GGUF model")->required();
+  c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)");
+  c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them)");
+  c->add_option("--trace", o.trace, "JSONL trace (t, prompt_tokens|prompt, output_tokens, sla, prefix_id, prefix_tokens)");
+  c->add_option("--rate", o.rate, "generated: Poisson arrivals per second");
+  c->add_option("-n,--requests", o.n_requests, "generated: number of requests");
+  c->add_option("--prompt-p", o.prompt_p, "generated: prompt length P50 P95 P99")->expected(3);
+  c->add_option("--output-p", o.output_p, "generated: output length P50 P95 P99")->expected(3);
+  c->add_option("--mix", o.mix, "generated: interactive standard batch weights")->expected(3);
+  c->add_option("--shared-prefix", o.shared_prefix_tokens, "generated: tokens of a shared prefix (0 = none)");
+  c->add_option("--prefixes", o.n_prefixes, "generated: number of distinct shared prefixes");
+  c->add_option("--seed", o.seed, "random seed");
+  c->add_option("-c,--ctx", o.n_ctx, "context per sequence");
+  c->add_option("--max-running", o.max_running, "decode slots per CPU executor");
+  c->add_option("--max-queued", o.max_queued, "bounded queue");
+  c->add_option("--step-budget", o.step_budget, "tokens per step");
+  c->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per sequence per step");
+  c->add_option("--prefix-cache", o.prefix_cache, "finished prompts kept per executor");
+  c->add_option("--long-prompt", o.long_prompt_tokens, "routing: long-prompt threshold (0 = policy default)");
+  c->add_option("--slo-scale", o.slo_scale, "multiply the per-class TTFT/TPOT SLOs");
+  c->add_flag("--sweep", o.sweep, "find the highest rate meeting --target attainment");
+  c->add_option("--target", o.target, "sweep: attainment target (0..1)");
+  c->add_option("--log", o.log_path, "write the scheduler's routing log here");
+  c->add_flag("--json", o.json, "print JSON");
+  c->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+}
+
+int run_serve(const ServeOptions& o) {
+  try {
+    auto model = Model::load(o.model);
+    if (!o.trace.empty()) {
+      const auto items = load_trace(o.trace);
+      const double span = items.empty() ? 0.0 : items.back().t;
+      const auto r = run_once(o, model, items, span > 0 ? double(items.size()) / span : 0.0);
+      if (o.json) {
+        std::cout << r.json.dump(2) << "\n";
+      } else {
+        print_table(r.json);
+      }
+      return 0;
+    }
+    if (!o.sweep) {
+      const auto r = run_once(o, model, generate(o, o.rate), o.rate);
+      if (o.json) {
+        std::cout << r.json.dump(2) << "\n";
+      } else {
+        print_table(r.json);
+      }
+      return 0;
+    }
+    // Sweep: double the rate until attainment drops below the target, then bisect.
+    nlohmann::json runs = nlohmann::json::array();
+    double lo = 0, hi = 0, rate = o.rate;
+    nlohmann::json best;
+    for (int i = 0; i < 12 && hi == 0; ++i, rate *= 2) {
+      const auto r = run_once(o, model, generate(o, rate), rate);
+      runs.push_back(r.json);
+      if (!o.json) fmt::print("sweep rate {:.2f}: attainment {:.1f}%\n", rate, 100 * r.attainment);
+      if (r.attainment >= o.target) {
+        lo = rate;
+        best = r.json;
+      } else {
+        hi = rate;
+      }
+    }
+    for (int i = 0; i < 4 && hi > 0 && lo > 0; ++i) {
+      const double mid = (lo + hi) / 2;
+      const auto r = run_once(o, model, generate(o, mid), mid);
+      runs.push_back(r.json);
+      if (!o.json) fmt::print("sweep rate {:.2f}: attainment {:.1f}%\n", mid, 100 * r.attainment);
+      if (r.attainment >= o.target) {
+        lo = mid;
+        best = r.json;
+      } else {
+        hi = mid;
+      }
+    }
+    if (o.json) {
+      std::cout << nlohmann::json{{"target", o.target}, {"max_rate", lo}, {"best", best}, {"runs", runs}}.dump(2)
+                << "\n";
+    } else {
+      fmt::print("\nhighest rate meeting {:.0f}% attainment: {:.2f} req/s{}\n", 100 * o.target, lo,
+                 lo == 0 ? " (none met it: lower --rate)" : "");
+      if (!best.is_null()) print_table(best);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "tandem-bench serve: error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace tandem::bench

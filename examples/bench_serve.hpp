@@ -1,0 +1,44 @@
+// tandem-bench serve: options and entry point (examples/bench_serve.cpp).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::bench {
+
+struct ServeOptions {
+  CLI::App* cmd = nullptr;
+  std::string model;
+  std::string executors = "cpu";
+  int threads = 0;
+  std::string trace;
+  double rate = 2.0;
+  int n_requests = 100;
+  std::vector<double> prompt_p{64, 256, 512};
+  std::vector<double> output_p{32, 96, 128};
+  std::vector<double> mix{0.3, 0.5, 0.2};
+  int32_t shared_prefix_tokens = 0;
+  int n_prefixes = 4;
+  uint64_t seed = 1;
+  int32_t n_ctx = 1024;
+  int32_t max_running = 8;
+  int32_t max_queued = 4096;
+  int32_t step_budget = 256;
+  int32_t prefill_chunk = 128;
+  int32_t prefix_cache = 4;
+  int32_t long_prompt_tokens = 0;
+  double slo_scale = 1.0;
+  bool sweep = false;
+  double target = 0.9;
+  std::string log_path;
+  bool json = false;
+  bool progress = true;
+};
+
+void add_serve_options(CLI::App& app, ServeOptions& o);
+int run_serve(const ServeOptions& o);
+
+}  // namespace tandem::bench

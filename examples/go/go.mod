@@ -1,0 +1,3 @@
+module tandem.example/tandem
+
+go 1.19

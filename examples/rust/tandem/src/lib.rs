@@ -1,0 +1,478 @@
+//! Safe Rust over the Tandem C ABI (`tandem.h`), with hand-written `extern "C"` bindings
+//! ([`sys`]) and no crates.io dependencies.
+//!
+//! ```no_run
+//! let model = tandem::Model::load("aidreams260K-q4_0.gguf")?;
+//! let mut session = tandem::Session::new(&model, &tandem::SessionParams::default())?;
+//! let opts = tandem::GenerateOptions { max_tokens: 64, temperature: Some(0.0), ..Default::default() };
+//! let result = session.generate("Once upon a time", &opts, |piece, _token| {
+//!     print!("{piece}");
+//!     false // true would stop the generation
+//! })?;
+//! println!("\n{} tokens, {:?}", result.tokens.len(), result.finish_reason);
+//! # Ok::<(), tandem::Error>(())
+//! ```
+//!
+//! Thread-safety follows the C ABI: a [`Model`] is `Send + Sync` (immutable, shared by
+//! sessions and threads); a [`Session`] is `Send` and takes `&mut self` for every call
+//! that changes it, so safe Rust cannot use one session from two threads at once (the C
+//! library would refuse that with `TANDEM_E_BUSY`).
+
+pub mod sys;
+
+use std::any::Any;
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::os::raw::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::ptr;
+
+/// A failed call: the status code, its name and the library's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub status: i32,
+    pub name: String,
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.name, self.status, self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+fn cstr_to_string(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Name of a status ("OK", "INVALID_ARG", "BUSY", ...).
+pub fn status_name(status: i32) -> String {
+    cstr_to_string(unsafe { sys::tandem_status_name(status) })
+}
+
+fn check(status: sys::tandem_status) -> Result<()> {
+    if status == sys::TANDEM_OK {
+        return Ok(());
+    }
+    Err(Error { status, name: status_name(status), message: cstr_to_string(unsafe { sys::tandem_last_error() }) })
+}
+
+fn invalid_arg(message: &str) -> Error {
+    Error { status: sys::TANDEM_E_INVALID_ARG, name: status_name(sys::TANDEM_E_INVALID_ARG), message: message.into() }
+}
+
+/// A struct filled by its `*_init` function (struct_size and defaults).
+fn init<T>(f: unsafe extern "C" fn(*mut T, usize) -> sys::tandem_status) -> T {
+    let mut v = MaybeUninit::<T>::zeroed();
+    // The init functions cannot fail for a non-null pointer and the exact size.
+    let st = unsafe { f(v.as_mut_ptr(), std::mem::size_of::<T>()) };
+    assert_eq!(st, sys::TANDEM_OK, "tandem *_init failed: {}", status_name(st));
+    unsafe { v.assume_init() }
+}
+
+/// Version of the loaded library ("MAJOR.MINOR.PATCH").
+pub fn version() -> String {
+    cstr_to_string(unsafe { sys::tandem_version() })
+}
+
+// ---- model ---------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub arch: String,
+    pub name: String,
+    pub n_vocab: i32,
+    pub n_ctx_train: i32,
+    pub n_embd: i32,
+    pub n_layer: i32,
+    pub n_head: i32,
+    pub n_head_kv: i32,
+    pub token_bos: i32,
+    pub token_eos: i32,
+    pub weight_bytes: u64,
+}
+
+/// An immutable loaded GGUF model.
+pub struct Model {
+    raw: *mut sys::tandem_model,
+}
+
+// The C ABI documents models as immutable and usable from any number of threads.
+unsafe impl Send for Model {}
+unsafe impl Sync for Model {}
+
+impl Model {
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = CString::new(path.as_ref().as_os_str().as_bytes()).map_err(|_| invalid_arg("path contains NUL"))?;
+        let params: sys::tandem_model_params = init(sys::tandem_model_params_init);
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::tandem_model_load(c_path.as_ptr(), &params, &mut raw) })?;
+        Ok(Model { raw })
+    }
+
+    /// The raw handle (owned by this Model).
+    pub fn as_ptr(&self) -> *mut sys::tandem_model {
+        self.raw
+    }
+
+    pub fn info(&self) -> Result<ModelInfo> {
+        let mut i: sys::tandem_model_info = init(sys::tandem_model_info_init);
+        check(unsafe { sys::tandem_model_get_info(self.raw, &mut i) })?;
+        Ok(ModelInfo {
+            arch: cstr_to_string(i.arch),
+            name: cstr_to_string(i.name),
+            n_vocab: i.n_vocab,
+            n_ctx_train: i.n_ctx_train,
+            n_embd: i.n_embd,
+            n_layer: i.n_layer,
+            n_head: i.n_head,
+            n_head_kv: i.n_head_kv,
+            token_bos: i.token_bos,
+            token_eos: i.token_eos,
+            weight_bytes: i.weight_bytes,
+        })
+    }
+
+    pub fn identity_hash(&self) -> Result<u64> {
+        let mut h = 0u64;
+        check(unsafe { sys::tandem_model_identity_hash(self.raw, &mut h) })?;
+        Ok(h)
+    }
+
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<i32>> {
+        self.tokenize_bytes(text.as_bytes(), add_special, parse_special)
+    }
+
+    /// Tokenize raw bytes (must be valid UTF-8, or the library returns INVALID_ARG).
+    pub fn tokenize_bytes(&self, text: &[u8], add_special: bool, parse_special: bool) -> Result<Vec<i32>> {
+        let flags = if add_special { sys::TANDEM_TOKENIZE_ADD_SPECIAL } else { 0 }
+            | if parse_special { sys::TANDEM_TOKENIZE_PARSE_SPECIAL } else { 0 };
+        let mut n = 0usize;
+        let tp = text.as_ptr() as *const c_char;
+        check(unsafe { sys::tandem_tokenize(self.raw, tp, text.len(), flags, ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0i32; n];
+        check(unsafe { sys::tandem_tokenize(self.raw, tp, text.len(), flags, out.as_mut_ptr(), out.len(), &mut n) })?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Bytes of `ids` (may be invalid UTF-8, e.g. half a character).
+    pub fn detokenize(&self, ids: &[i32], remove_special: bool, unparse_special: bool) -> Result<Vec<u8>> {
+        let flags = if remove_special { sys::TANDEM_DETOKENIZE_REMOVE_SPECIAL } else { 0 }
+            | if unparse_special { sys::TANDEM_DETOKENIZE_UNPARSE_SPECIAL } else { 0 };
+        let mut n = 0usize;
+        check(unsafe { sys::tandem_detokenize(self.raw, ids.as_ptr(), ids.len(), flags, ptr::null_mut(), 0, &mut n) })?;
+        let mut buf = vec![0u8; n + 1];
+        check(unsafe {
+            sys::tandem_detokenize(self.raw, ids.as_ptr(), ids.len(), flags, buf.as_mut_ptr() as *mut c_char, buf.len(), &mut n)
+        })?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    pub fn token_to_piece(&self, token: i32, special: bool) -> Result<Vec<u8>> {
+        let flags = if special { sys::TANDEM_DETOKENIZE_UNPARSE_SPECIAL } else { 0 };
+        let mut n = 0usize;
+        check(unsafe { sys::tandem_token_to_piece(self.raw, token, flags, ptr::null_mut(), 0, &mut n) })?;
+        let mut buf = vec![0u8; n + 1];
+        check(unsafe { sys::tandem_token_to_piece(self.raw, token, flags, buf.as_mut_ptr() as *mut c_char, buf.len(), &mut n) })?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_model_free(self.raw) };
+    }
+}
+
+// ---- session -------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct SessionParams {
+    pub n_ctx: i32,
+    pub n_batch: i32,
+    pub page_size: i32,
+    pub n_threads: i32,
+}
+
+impl Default for SessionParams {
+    fn default() -> Self {
+        let p: sys::tandem_session_params = init(sys::tandem_session_params_init);
+        SessionParams { n_ctx: p.n_ctx, n_batch: p.n_batch, page_size: p.page_size, n_threads: p.n_threads }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub n_ctx: i32,
+    pub n_tokens: i32,
+    pub n_batch: i32,
+    pub page_size: i32,
+    pub n_threads: i32,
+    pub has_logits: bool,
+}
+
+/// Sampling and generation options; `None` keeps the library's default.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: i32,
+    pub temperature: Option<f32>,
+    pub top_k: Option<i32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub parse_special: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        let g: sys::tandem_generate_params = init(sys::tandem_generate_params_init);
+        GenerateOptions {
+            max_tokens: g.max_tokens,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repeat_penalty: None,
+            repeat_last_n: None,
+            frequency_penalty: None,
+            presence_penalty: None,
+            seed: None,
+            stop: Vec::new(),
+            ignore_eos: false,
+            parse_special: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    StopString,
+    Length,
+    Cancelled,
+    Other(i32),
+}
+
+impl From<i32> for FinishReason {
+    fn from(v: i32) -> Self {
+        match v {
+            sys::TANDEM_FINISH_STOP => FinishReason::Stop,
+            sys::TANDEM_FINISH_STOP_STRING => FinishReason::StopString,
+            sys::TANDEM_FINISH_LENGTH => FinishReason::Length,
+            sys::TANDEM_FINISH_CANCELLED => FinishReason::Cancelled,
+            other => FinishReason::Other(other),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateResult {
+    /// The streamed text (the concatenation of every piece).
+    pub text: String,
+    pub tokens: Vec<i32>,
+    pub finish_reason: FinishReason,
+    pub n_prompt: i32,
+    pub prompt_seconds: f64,
+    pub generate_seconds: f64,
+}
+
+/// One conversation with its own CPU executor.
+pub struct Session {
+    raw: *mut sys::tandem_session,
+    n_vocab: usize,
+}
+
+// A session may move between threads; it is used by one at a time (&mut self).
+unsafe impl Send for Session {}
+
+struct CallbackState<'a> {
+    f: &'a mut dyn FnMut(&str, i32) -> bool,
+    text: String,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+unsafe extern "C" fn trampoline(piece: *const c_char, len: usize, token: i32, user_data: *mut c_void) -> c_int {
+    let state = &mut *(user_data as *mut CallbackState);
+    let bytes = std::slice::from_raw_parts(piece as *const u8, len);
+    let text = String::from_utf8_lossy(bytes); // always valid UTF-8 by contract
+    state.text.push_str(&text);
+    // A panic must not unwind through C: catch it, stop, and resume it after the call.
+    match catch_unwind(AssertUnwindSafe(|| (state.f)(&text, token))) {
+        Ok(stop) => c_int::from(stop),
+        Err(p) => {
+            state.panic = Some(p);
+            1
+        }
+    }
+}
+
+enum Prompt<'a> {
+    Text(&'a str),
+    Tokens(&'a [i32]),
+}
+
+impl Session {
+    pub fn new(model: &Model, params: &SessionParams) -> Result<Session> {
+        let mut p: sys::tandem_session_params = init(sys::tandem_session_params_init);
+        p.n_ctx = params.n_ctx;
+        p.n_batch = params.n_batch;
+        p.page_size = params.page_size;
+        p.n_threads = params.n_threads;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::tandem_session_create(model.raw, &p, &mut raw) })?;
+        Ok(Session { raw, n_vocab: model.info()?.n_vocab as usize })
+    }
+
+    /// The raw handle (owned by this Session).
+    pub fn as_ptr(&self) -> *mut sys::tandem_session {
+        self.raw
+    }
+
+    pub fn info(&self) -> Result<SessionInfo> {
+        let mut i: sys::tandem_session_info = init(sys::tandem_session_info_init);
+        check(unsafe { sys::tandem_session_get_info(self.raw, &mut i) })?;
+        Ok(SessionInfo {
+            n_ctx: i.n_ctx,
+            n_tokens: i.n_tokens,
+            n_batch: i.n_batch,
+            page_size: i.page_size,
+            n_threads: i.n_threads,
+            has_logits: i.has_logits != 0,
+        })
+    }
+
+    pub fn reset(&mut self) -> Result<()> {
+        check(unsafe { sys::tandem_session_reset(self.raw) })
+    }
+
+    pub fn eval(&mut self, ids: &[i32]) -> Result<()> {
+        check(unsafe { sys::tandem_session_eval(self.raw, ids.as_ptr(), ids.len(), ptr::null_mut(), 0) })
+    }
+
+    /// Evaluate and return the logits of every id: `[ids.len() * n_vocab]`, row-major.
+    pub fn eval_logits(&mut self, ids: &[i32]) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; ids.len() * self.n_vocab];
+        check(unsafe { sys::tandem_session_eval(self.raw, ids.as_ptr(), ids.len(), out.as_mut_ptr(), out.len()) })?;
+        Ok(out)
+    }
+
+    /// Logits after the last evaluated token (empty before the first evaluation).
+    pub fn logits(&self) -> Result<Vec<f32>> {
+        let mut n = 0usize;
+        check(unsafe { sys::tandem_session_get_logits(self.raw, ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0f32; n];
+        check(unsafe { sys::tandem_session_get_logits(self.raw, out.as_mut_ptr(), out.len(), &mut n) })?;
+        Ok(out)
+    }
+
+    /// Ids whose KV is in the cache.
+    pub fn tokens(&self) -> Result<Vec<i32>> {
+        let mut n = 0usize;
+        check(unsafe { sys::tandem_session_get_tokens(self.raw, ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0i32; n];
+        check(unsafe { sys::tandem_session_get_tokens(self.raw, out.as_mut_ptr(), out.len(), &mut n) })?;
+        Ok(out)
+    }
+
+    /// Generate from a text prompt, streaming each piece to `on_piece(text, token)`;
+    /// return `true` from it to stop (finish reason Cancelled).
+    pub fn generate<F: FnMut(&str, i32) -> bool>(
+        &mut self,
+        prompt: &str,
+        opts: &GenerateOptions,
+        mut on_piece: F,
+    ) -> Result<GenerateResult> {
+        self.run(Prompt::Text(prompt), opts, &mut on_piece)
+    }
+
+    /// As [`Session::generate`] with the prompt as token ids.
+    pub fn generate_tokens<F: FnMut(&str, i32) -> bool>(
+        &mut self,
+        prompt: &[i32],
+        opts: &GenerateOptions,
+        mut on_piece: F,
+    ) -> Result<GenerateResult> {
+        self.run(Prompt::Tokens(prompt), opts, &mut on_piece)
+    }
+
+    fn run(&mut self, prompt: Prompt, opts: &GenerateOptions, f: &mut dyn FnMut(&str, i32) -> bool) -> Result<GenerateResult> {
+        let mut sampling: sys::tandem_sampling_params = init(sys::tandem_sampling_params_init);
+        if let Some(v) = opts.temperature { sampling.temperature = v; }
+        if let Some(v) = opts.top_k { sampling.top_k = v; }
+        if let Some(v) = opts.top_p { sampling.top_p = v; }
+        if let Some(v) = opts.min_p { sampling.min_p = v; }
+        if let Some(v) = opts.repeat_penalty { sampling.repeat_penalty = v; }
+        if let Some(v) = opts.repeat_last_n { sampling.repeat_last_n = v; }
+        if let Some(v) = opts.frequency_penalty { sampling.frequency_penalty = v; }
+        if let Some(v) = opts.presence_penalty { sampling.presence_penalty = v; }
+        if let Some(v) = opts.seed { sampling.seed = v; }
+        let stops: Vec<CString> = opts
+            .stop
+            .iter()
+            .map(|s| CString::new(s.as_str()).map_err(|_| invalid_arg("a stop string contains NUL")))
+            .collect::<Result<_>>()?;
+        let stop_ptrs: Vec<*const c_char> = stops.iter().map(|s| s.as_ptr()).collect();
+        let mut params: sys::tandem_generate_params = init(sys::tandem_generate_params_init);
+        params.sampling = &sampling;
+        params.stop = if stop_ptrs.is_empty() { ptr::null() } else { stop_ptrs.as_ptr() };
+        params.n_stop = stop_ptrs.len();
+        params.max_tokens = opts.max_tokens;
+        params.flags = if opts.ignore_eos { sys::TANDEM_GENERATE_IGNORE_EOS } else { 0 }
+            | if opts.parse_special { sys::TANDEM_GENERATE_PARSE_SPECIAL } else { 0 };
+
+        let mut tokens = vec![0i32; opts.max_tokens.max(0) as usize];
+        let mut result: sys::tandem_generate_result = init(sys::tandem_generate_result_init);
+        result.tokens = tokens.as_mut_ptr();
+        result.tokens_cap = tokens.len();
+
+        let mut state = CallbackState { f, text: String::new(), panic: None };
+        let ud = &mut state as *mut CallbackState as *mut c_void;
+        let status = match prompt {
+            Prompt::Text(text) => {
+                let c = CString::new(text).map_err(|_| invalid_arg("the prompt contains NUL"))?;
+                unsafe { sys::tandem_session_generate(self.raw, c.as_ptr(), &params, Some(trampoline), ud, &mut result) }
+            }
+            Prompt::Tokens(ids) => unsafe {
+                sys::tandem_session_generate_tokens(self.raw, ids.as_ptr(), ids.len(), &params, Some(trampoline), ud, &mut result)
+            },
+        };
+        if let Some(p) = state.panic.take() {
+            resume_unwind(p);
+        }
+        check(status)?;
+        tokens.truncate(result.n_tokens.min(result.tokens_cap));
+        Ok(GenerateResult {
+            text: state.text,
+            tokens,
+            finish_reason: result.finish_reason.into(),
+            n_prompt: result.n_prompt,
+            prompt_seconds: result.prompt_seconds,
+            generate_seconds: result.generate_seconds,
+        })
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_session_free(self.raw) };
+    }
+}

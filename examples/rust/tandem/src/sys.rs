@@ -1,0 +1,225 @@
+//! Raw declarations of cabi/include/tandem.h (version 0.1), written by hand. Layouts must
+//! match the C structs exactly (`#[repr(C)]`, same field order and types).
+#![allow(non_camel_case_types)]
+
+use std::os::raw::{c_char, c_int, c_void};
+
+pub type tandem_status = i32;
+
+pub const TANDEM_OK: tandem_status = 0;
+pub const TANDEM_E_INVALID_ARG: tandem_status = 1;
+pub const TANDEM_E_IO: tandem_status = 2;
+pub const TANDEM_E_OUT_OF_MEMORY: tandem_status = 3;
+pub const TANDEM_E_CONTEXT_OVERFLOW: tandem_status = 50;
+pub const TANDEM_E_INTERNAL: tandem_status = 99;
+pub const TANDEM_E_INVALID_HANDLE: tandem_status = 100;
+pub const TANDEM_E_BUSY: tandem_status = 101;
+pub const TANDEM_E_BUFFER_TOO_SMALL: tandem_status = 102;
+
+pub const TANDEM_TOKENIZE_ADD_SPECIAL: u32 = 1;
+pub const TANDEM_TOKENIZE_PARSE_SPECIAL: u32 = 2;
+pub const TANDEM_DETOKENIZE_REMOVE_SPECIAL: u32 = 1;
+pub const TANDEM_DETOKENIZE_UNPARSE_SPECIAL: u32 = 2;
+pub const TANDEM_GENERATE_IGNORE_EOS: u32 = 1;
+pub const TANDEM_GENERATE_PARSE_SPECIAL: u32 = 2;
+
+pub const TANDEM_FINISH_STOP: i32 = 0;
+pub const TANDEM_FINISH_STOP_STRING: i32 = 1;
+pub const TANDEM_FINISH_LENGTH: i32 = 2;
+pub const TANDEM_FINISH_CANCELLED: i32 = 3;
+
+#[repr(C)]
+pub struct tandem_model {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct tandem_session {
+    _opaque: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tandem_model_params {
+    pub struct_size: usize,
+    pub check_block_scales: i32,
+    pub max_alignment: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_model_info {
+    pub struct_size: usize,
+    pub arch: *const c_char,
+    pub name: *const c_char,
+    pub n_vocab: i32,
+    pub n_ctx_train: i32,
+    pub n_embd: i32,
+    pub n_layer: i32,
+    pub n_head: i32,
+    pub n_head_kv: i32,
+    pub token_bos: i32,
+    pub token_eos: i32,
+    pub weight_bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tandem_session_params {
+    pub struct_size: usize,
+    pub n_ctx: i32,
+    pub n_batch: i32,
+    pub page_size: i32,
+    pub n_threads: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tandem_session_info {
+    pub struct_size: usize,
+    pub n_ctx: i32,
+    pub n_tokens: i32,
+    pub n_batch: i32,
+    pub page_size: i32,
+    pub n_threads: i32,
+    pub has_logits: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tandem_sampling_params {
+    pub struct_size: usize,
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub seed: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_generate_params {
+    pub struct_size: usize,
+    pub sampling: *const tandem_sampling_params,
+    pub stop: *const *const c_char,
+    pub n_stop: usize,
+    pub max_tokens: i32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_generate_result {
+    pub struct_size: usize,
+    pub tokens: *mut i32,
+    pub tokens_cap: usize,
+    pub text: *mut c_char,
+    pub text_cap: usize,
+    pub n_tokens: usize,
+    pub text_len: usize,
+    pub finish_reason: i32,
+    pub n_prompt: i32,
+    pub prompt_seconds: f64,
+    pub generate_seconds: f64,
+}
+
+pub type tandem_token_callback =
+    Option<unsafe extern "C" fn(piece: *const c_char, len: usize, token: i32, user_data: *mut c_void) -> c_int>;
+
+extern "C" {
+    pub fn tandem_version() -> *const c_char;
+    pub fn tandem_last_error() -> *const c_char;
+    pub fn tandem_status_name(status: tandem_status) -> *const c_char;
+
+    pub fn tandem_model_params_init(params: *mut tandem_model_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_model_load(
+        path: *const c_char,
+        params: *const tandem_model_params,
+        out_model: *mut *mut tandem_model,
+    ) -> tandem_status;
+    pub fn tandem_model_free(model: *mut tandem_model) -> tandem_status;
+    pub fn tandem_model_info_init(info: *mut tandem_model_info, struct_size: usize) -> tandem_status;
+    pub fn tandem_model_get_info(model: *const tandem_model, info: *mut tandem_model_info) -> tandem_status;
+    pub fn tandem_model_identity_hash(model: *const tandem_model, out_hash: *mut u64) -> tandem_status;
+
+    pub fn tandem_tokenize(
+        model: *const tandem_model,
+        text: *const c_char,
+        text_len: usize,
+        flags: u32,
+        tokens: *mut i32,
+        capacity: usize,
+        out_n_tokens: *mut usize,
+    ) -> tandem_status;
+    pub fn tandem_detokenize(
+        model: *const tandem_model,
+        tokens: *const i32,
+        n_tokens: usize,
+        flags: u32,
+        buf: *mut c_char,
+        capacity: usize,
+        out_len: *mut usize,
+    ) -> tandem_status;
+    pub fn tandem_token_to_piece(
+        model: *const tandem_model,
+        token: i32,
+        flags: u32,
+        buf: *mut c_char,
+        capacity: usize,
+        out_len: *mut usize,
+    ) -> tandem_status;
+
+    pub fn tandem_session_params_init(params: *mut tandem_session_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_session_create(
+        model: *const tandem_model,
+        params: *const tandem_session_params,
+        out_session: *mut *mut tandem_session,
+    ) -> tandem_status;
+    pub fn tandem_session_free(session: *mut tandem_session) -> tandem_status;
+    pub fn tandem_session_info_init(info: *mut tandem_session_info, struct_size: usize) -> tandem_status;
+    pub fn tandem_session_get_info(session: *const tandem_session, info: *mut tandem_session_info) -> tandem_status;
+    pub fn tandem_session_reset(session: *mut tandem_session) -> tandem_status;
+    pub fn tandem_session_eval(
+        session: *mut tandem_session,
+        tokens: *const i32,
+        n_tokens: usize,
+        logits: *mut f32,
+        capacity: usize,
+    ) -> tandem_status;
+    pub fn tandem_session_get_logits(
+        session: *const tandem_session,
+        logits: *mut f32,
+        capacity: usize,
+        out_n: *mut usize,
+    ) -> tandem_status;
+    pub fn tandem_session_get_tokens(
+        session: *const tandem_session,
+        tokens: *mut i32,
+        capacity: usize,
+        out_n: *mut usize,
+    ) -> tandem_status;
+
+    pub fn tandem_sampling_params_init(params: *mut tandem_sampling_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_generate_params_init(params: *mut tandem_generate_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_generate_result_init(result: *mut tandem_generate_result, struct_size: usize) -> tandem_status;
+    pub fn tandem_session_generate(
+        session: *mut tandem_session,
+        prompt_utf8: *const c_char,
+        params: *const tandem_generate_params,
+        callback: tandem_token_callback,
+        user_data: *mut c_void,
+        result: *mut tandem_generate_result,
+    ) -> tandem_status;
+    pub fn tandem_session_generate_tokens(
+        session: *mut tandem_session,
+        prompt: *const i32,
+        n_prompt: usize,
+        params: *const tandem_generate_params,
+        callback: tandem_token_callback,
+        user_data: *mut c_void,
+        result: *mut tandem_generate_result,
+    ) -> tandem_status;
+}

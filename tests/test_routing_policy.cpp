@@ -1,0 +1,187 @@
+// DefaultRoutingPolicy against the table in docs/routing-policy.md: one case per row
+// (and the boundary of each threshold), given executor speeds, queues and KV state.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "tandem/routing_policy.hpp"
+
+using namespace tandem;
+
+namespace {
+
+// A GPU-like accelerator (index 0) and a CPU (index 1), idle.
+std::vector<ExecutorView> gpu_cpu() {
+  ExecutorView g;
+  g.index = 0;
+  g.name = "gpu";
+  g.accelerator = true;
+  g.prefill_tps = 20000;
+  g.decode_tps = 80;
+  g.max_running = 8;
+  g.kv_free_pages = 1000;
+  ExecutorView c;
+  c.index = 1;
+  c.name = "cpu";
+  c.accelerator = false;
+  c.prefill_tps = 400;
+  c.decode_tps = 40;
+  c.max_running = 4;
+  c.kv_free_pages = 1000;
+  return {g, c};
+}
+
+RouteInput input(SlaClass sla, int32_t prompt, int32_t out) {
+  RouteInput in;
+  in.sla = sla;
+  in.prompt_tokens = prompt;
+  in.max_tokens = out;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("routing policy table", "[routing]") {
+  DefaultRoutingPolicy pol;
+  auto ex = gpu_cpu();
+
+  SECTION("R1: a single executor takes everything") {
+    std::vector<ExecutorView> one{ex[1]};
+    const auto d = pol.route(input(SlaClass::kInteractive, 5000, 10), one);
+    CHECK(d.rule == "R1");
+    CHECK(d.prefill == 1);
+    CHECK(d.decode == 1);
+  }
+  SECTION("R2: a session stays where its KV is") {
+    auto in = input(SlaClass::kStandard, 20, 10);
+    in.session_executor = 1;
+    const auto d = pol.route(in, ex);
+    CHECK(d.rule == "R2");
+    CHECK(d.prefill == 1);
+    CHECK(d.decode == 1);
+  }
+  SECTION("R2: SLA upgrade migrates a CPU session to the accelerator") {
+    auto in = input(SlaClass::kInteractive, 20, 10);
+    in.session_executor = 1;
+    const auto d = pol.route(in, ex);
+    CHECK(d.rule == "R2");
+    CHECK(d.prefill == 0);
+    CHECK(d.decode == 0);
+    CHECK_THAT(d.reason, Catch::Contains("SLA upgrade"));
+  }
+  SECTION("R2: an interactive session already on the accelerator stays") {
+    auto in = input(SlaClass::kInteractive, 20, 10);
+    in.session_executor = 0;
+    const auto d = pol.route(in, ex);
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("affinity"));
+  }
+  SECTION("R3: the prefix holder wins when not much slower") {
+    ex[1].prefill_tps = 4000;
+    CHECK(pol.route(input(SlaClass::kStandard, 600, 2), ex).rule == "R4");  // without the prefix: the GPU
+    ex[1].prefix_tokens = 512;  // CPU holds 512 of 600 tokens
+    const auto d = pol.route(input(SlaClass::kStandard, 600, 2), ex);
+    CHECK(d.rule == "R3");
+    CHECK(d.prefill == 1);
+    CHECK(d.decode == 1);
+  }
+  SECTION("R3: ... but not when it is much slower") {
+    ex[1].prefill_tps = 4000;
+    ex[1].prefix_tokens = 512;
+    ex[1].queued_tokens = 20000;  // a long queue
+    const auto d = pol.route(input(SlaClass::kStandard, 600, 2), ex);
+    CHECK(d.rule != "R3");
+    CHECK(d.prefill == 0);
+  }
+  SECTION("R3: ... nor when it holds less than half the prompt") {
+    ex[1].prefill_tps = 4000;
+    ex[1].prefix_tokens = 256;
+    const auto d = pol.route(input(SlaClass::kStandard, 600, 2), ex);
+    CHECK(d.rule == "R4");
+  }
+  SECTION("R4: a long prompt prefills and decodes on the accelerator when slots are free") {
+    const auto d = pol.route(input(SlaClass::kStandard, 2000, 100), ex);
+    CHECK(d.rule == "R4");
+    CHECK(d.prefill == 0);
+    CHECK(d.decode == 0);
+  }
+  SECTION("R4: long interactive decode stays on the accelerator even when slots are scarce") {
+    ex[0].running = 8;
+    const auto d = pol.route(input(SlaClass::kInteractive, 2000, 100), ex);
+    CHECK(d.rule == "R4");
+    CHECK(d.decode == 0);
+  }
+  SECTION("R5: long standard prompt hands decode to the CPU when accelerator slots are scarce") {
+    ex[0].running = 6;  // 6 >= 0.75 * 8
+    const auto d = pol.route(input(SlaClass::kStandard, 2000, 100), ex);
+    CHECK(d.rule == "R5");
+    CHECK(d.prefill == 0);
+    CHECK(d.decode == 1);
+    CHECK_THAT(d.reason, Catch::Contains("scarce"));
+  }
+  SECTION("R5 boundary: 5 of 8 running is not scarce") {
+    ex[0].running = 5;
+    CHECK(pol.route(input(SlaClass::kBatch, 2000, 100), ex).rule == "R4");
+  }
+  SECTION("long threshold: 255 fresh tokens is short") {
+    CHECK(pol.route(input(SlaClass::kStandard, 255, 10), ex).rule == "R7");
+    CHECK(pol.route(input(SlaClass::kStandard, 256, 10), ex).rule == "R4");
+  }
+  SECTION("R6: short interactive runs whole on the accelerator") {
+    const auto d = pol.route(input(SlaClass::kInteractive, 30, 50), ex);
+    CHECK(d.rule == "R6");
+    CHECK(d.prefill == 0);
+    CHECK(d.decode == 0);
+  }
+  SECTION("R7: short standard runs whole on the CPU") {
+    const auto d = pol.route(input(SlaClass::kStandard, 30, 50), ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 1);
+    CHECK(d.decode == 1);
+  }
+  SECTION("R7: short standard overflows to the accelerator when the CPU is overloaded") {
+    ex[1].queued = 40;
+    ex[1].running = 4;
+    ex[1].queued_tokens = 4000;
+    const auto d = pol.route(input(SlaClass::kStandard, 30, 50), ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("overloaded"));
+  }
+  SECTION("R8: short batch goes to the least estimated completion") {
+    CHECK(pol.route(input(SlaClass::kBatch, 30, 50), ex).prefill == 0);  // the GPU is idle and faster
+    ex[0].running = 8;
+    ex[0].queued = 200;
+    ex[0].queued_tokens = 1000000;
+    const auto d = pol.route(input(SlaClass::kBatch, 30, 50), ex);
+    CHECK(d.rule == "R8");
+    CHECK(d.prefill == 1);
+  }
+  SECTION("R8: homogeneous executors (cpu+cpu without a marked accelerator) balance by estimate") {
+    ex[0].accelerator = false;
+    ex[0].prefill_tps = ex[1].prefill_tps;
+    ex[0].decode_tps = ex[1].decode_tps;
+    ex[0].running = 3;
+    const auto d = pol.route(input(SlaClass::kInteractive, 3000, 50), ex);
+    CHECK(d.rule == "R8");
+    CHECK(d.prefill == 1);
+  }
+  SECTION("every decision explains itself with the numbers used") {
+    const auto d = pol.route(input(SlaClass::kStandard, 30, 50), ex);
+    CHECK_THAT(d.reason, Catch::Contains("gpu[pf 20000 t/s") && Catch::Contains("cpu[pf 400 t/s") &&
+                             Catch::Contains("est prefill"));
+  }
+}
+
+TEST_CASE("a replacement policy object is honoured", "[routing]") {
+  struct AlwaysLast final : RoutingPolicy {
+    RouteDecision route(const RouteInput&, std::span<const ExecutorView> ex) override {
+      return {int(ex.size()) - 1, int(ex.size()) - 1, "X", "always the last"};
+    }
+  } p;
+  auto ex = gpu_cpu();
+  CHECK(p.route(input(SlaClass::kInteractive, 10, 10), ex).prefill == 1);
+  CHECK(parse_sla_class("batch") == SlaClass::kBatch);
+  CHECK(!parse_sla_class("gold"));
+  CHECK(sla_class_name(SlaClass::kInteractive) == "interactive");
+}

@@ -1,0 +1,545 @@
+// Scheduler end-to-end on real executors (two CpuQ4Executor pools, "cpu+cpu"): field case
+// B18 and its mirror, parity with solo runs (greedy, including KV hand-offs between
+// executors and prefix sharing), cancellations at every stage, back-pressure, deadlines,
+// sessions with an SLA upgrade, the pollable handle, metrics, and a 1000-request stress
+// counting terminal events. After every scenario the stores hold zero pages.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tandem/scheduler.hpp"
+
+#include "kv_test_support.hpp"
+
+using namespace tandem;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::shared_ptr<const Model> tiny() {
+  static std::shared_ptr<const Model> m = Model::load(test::model_path("aidreams260K-q4_0"));
+  return m;
+}
+
+constexpr int32_t kCtx = 256;
+
+/// Two CPU executors with split thread pools; executor 0 plays the accelerator.
+struct Rig {
+  std::shared_ptr<const Model> model = tiny();
+  CpuQ4Executor a{model, CpuExecutorOptions{1}};
+  CpuQ4Executor b{model, CpuExecutorOptions{1}};
+  std::shared_ptr<KvStore> sa, sb;
+  std::unique_ptr<Scheduler> sched;
+  std::vector<std::string> log;
+  std::mutex log_mu;
+
+  struct Opt {
+    int n_exec = 2;
+    int32_t max_running = 8;
+    int32_t max_queued = 1024;
+    int32_t host_pages = 256;
+    int32_t file_pages = 0;
+    int32_t prefix_cache = 0;
+    int32_t prefill_chunk = 32;
+    int32_t budget = 64;
+    DefaultRoutingOptions routing{};
+  };
+
+  explicit Rig(const Opt& o) {
+    const auto& hp = model->hparams();
+    sa = test::make_store(hp, o.host_pages, o.file_pages);
+    sb = test::make_store(hp, o.host_pages, o.file_pages);
+    SchedulerOptions so;
+    so.max_queued = o.max_queued;
+    so.max_context = kCtx;
+    so.prefix_cache_entries = o.prefix_cache;
+    so.policy = std::make_shared<DefaultRoutingPolicy>(o.routing);
+    so.log = [this](std::string_view s) {
+      std::lock_guard<std::mutex> lk(log_mu);
+      log.emplace_back(s);
+    };
+    ExecutorConfig ca;
+    ca.executor = &a;
+    ca.store = sa;
+    ca.max_running = o.max_running;
+    ca.step_token_budget = o.budget;
+    ca.prefill_chunk = o.prefill_chunk;
+    ca.accelerator = true;
+    ca.name = "cpuA";
+    so.executors.push_back(ca);
+    if (o.n_exec > 1) {
+      ExecutorConfig cb = ca;
+      cb.executor = &b;
+      cb.store = sb;
+      cb.accelerator = false;
+      cb.name = "cpuB";
+      so.executors.push_back(cb);
+    }
+    sched = std::make_unique<Scheduler>(std::move(so));
+  }
+  /// Everything finished and released: zero pages in every tier of both stores.
+  void check_released() {
+    sched->drain();
+    sched->clear_prefix_cache();
+    for (auto* s : {sa.get(), sb.get()}) {
+      for (KvTier t : {KvTier::kHost, KvTier::kFile}) {
+        if (!s->has_tier(t)) continue;
+        INFO("tier " << kv_tier_name(t));
+        CHECK(s->usage(t).used == 0);
+        CHECK(s->usage(t).reserved == 0);
+      }
+    }
+  }
+};
+
+/// The solo reference: the same prompt and options through a Session alone.
+std::vector<int32_t> solo(const std::vector<int32_t>& prompt, int32_t max_tokens, bool ignore_eos = true) {
+  static CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+  static std::map<std::pair<std::vector<int32_t>, std::pair<int32_t, bool>>, std::vector<int32_t>> memo;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lk(mu);
+  auto key = std::make_pair(prompt, std::make_pair(max_tokens, ignore_eos));
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session s(tiny(), ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.max_tokens = max_tokens;
+  go.ignore_eos = ignore_eos;
+  auto r = s.generate(std::span<const int32_t>(prompt), go).tokens;
+  memo[key] = r;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int32_t n, int32_t salt = 0) {
+  auto ids = test::prompt_ids(n, tiny()->hparams().n_vocab);
+  for (size_t i = 1; i < ids.size(); ++i) ids[i] = 3 + (ids[i] + salt * 7) % (tiny()->hparams().n_vocab - 3);
+  return ids;
+}
+
+Request greedy_request(std::vector<int32_t> prompt, int32_t max_tokens, SlaClass sla = SlaClass::kStandard) {
+  Request r;
+  r.prompt_ids = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sla = sla;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("B18: cancelling or timing out a queued request touches only it", "[scheduler][B18]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.max_running = 1;  // max concurrency 1
+  Rig rig(o);
+  const auto pa = prompt_of(12, 1), pb = prompt_of(9, 2);
+  const auto expect_a = solo(pa, 64);
+  const bool use_timeout = GENERATE(false, true);
+  INFO((use_timeout ? "B's timeout expires" : "B is cancelled"));
+
+  RequestHandle hb;
+  std::atomic<int> a_tokens{0};
+  std::atomic<bool> b_ready{false};
+  Request ra = greedy_request(pa, 64);
+  ra.on_event = [&](const RequestEvent& ev) {
+    if (!ev.final && ++a_tokens == 10 && !use_timeout) {
+      while (!b_ready.load()) std::this_thread::yield();
+      rig.sched->cancel(hb);  // at A's 10th token
+    }
+    if (use_timeout) std::this_thread::sleep_for(1ms);  // A runs >= 64 ms
+    return true;
+  };
+  auto ha = rig.sched->submit(std::move(ra));
+  Request rb = greedy_request(pb, 16);
+  if (use_timeout) rb.deadline = Clock::now() + 20ms;
+  hb = rig.sched->submit(std::move(rb));
+  b_ready = true;
+
+  const auto& A = ha.wait();
+  const auto& B = hb.wait();
+  CHECK(A.finish == RequestFinish::kLength);
+  CHECK(A.tokens == expect_a);
+  CHECK(B.finish == (use_timeout ? RequestFinish::kTimeout : RequestFinish::kCancelled));
+  CHECK(B.tokens.empty());
+  CHECK(B.metrics.prefill_executor.empty());  // never started
+  CHECK(B.metrics.generated_tokens == 0);
+  rig.check_released();
+}
+
+TEST_CASE("B18 mirror: cancelling the running request lets the queued one run to completion", "[scheduler][B18]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.max_running = 1;
+  Rig rig(o);
+  const auto pa = prompt_of(12, 1), pb = prompt_of(9, 2);
+  const auto expect_a = solo(pa, 64), expect_b = solo(pb, 32);
+  RequestHandle ha;
+  std::atomic<bool> a_ready{false};
+  std::atomic<int> a_tokens{0};
+  Request ra = greedy_request(pa, 64);
+  ra.on_event = [&](const RequestEvent& ev) {
+    if (!ev.final && ++a_tokens == 10) {
+      while (!a_ready.load()) std::this_thread::yield();
+      rig.sched->cancel(ha);
+    }
+    return true;
+  };
+  ha = rig.sched->submit(std::move(ra));
+  a_ready = true;
+  auto hb = rig.sched->submit(greedy_request(pb, 32));
+  const auto& A = ha.wait();
+  const auto& B = hb.wait();
+  CHECK(A.finish == RequestFinish::kCancelled);
+  REQUIRE(A.tokens.size() >= 10);
+  CHECK(A.tokens.size() <= 11);  // stops within one step
+  CHECK(std::equal(A.tokens.begin(), A.tokens.end(), expect_a.begin()));
+  CHECK(B.finish == RequestFinish::kLength);
+  CHECK(B.tokens == expect_b);
+  rig.check_released();
+}
+
+TEST_CASE("mixed concurrent requests on cpu+cpu produce the solo tokens, hand-offs included", "[scheduler][parity]") {
+  Rig::Opt o;
+  o.max_running = 6;
+  o.routing.long_prompt_tokens = 40;       // "long" for the tiny model
+  o.routing.decode_scarce_fraction = 0.0;  // always scarce: long standard prompts hand off
+  o.prefix_cache = 2;
+  Rig rig(o);
+  struct Case {
+    std::vector<int32_t> prompt;
+    int32_t n;
+    SlaClass sla;
+    bool ignore_eos;
+  };
+  std::vector<Case> cases;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 36; ++i) {
+    const int32_t len = 2 + int32_t(rng() % 120);
+    const int32_t n = 1 + int32_t(rng() % 40);
+    cases.push_back({prompt_of(len, i % 9), n, SlaClass(i % 3), i % 5 != 0});
+  }
+  std::vector<RequestHandle> hs(cases.size());
+  std::vector<std::thread> th;
+  for (int t = 0; t < 4; ++t) {
+    th.emplace_back([&, t] {
+      for (size_t i = size_t(t); i < cases.size(); i += 4) {
+        Request r = greedy_request(cases[i].prompt, cases[i].n, cases[i].sla);
+        r.ignore_eos = cases[i].ignore_eos;
+        hs[i] = rig.sched->submit(std::move(r));
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  int handed_off = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto& r = hs[i].wait();
+    INFO("case " << i << " route " << r.route);
+    CHECK((r.finish == RequestFinish::kLength || r.finish == RequestFinish::kStop));
+    CHECK(r.tokens == solo(cases[i].prompt, cases[i].n, cases[i].ignore_eos));
+    if (r.metrics.migrations > 0) {
+      ++handed_off;
+      CHECK(r.metrics.prefill_executor != r.metrics.decode_executor);
+      CHECK(r.metrics.migration_bytes > 0);
+    }
+  }
+  CHECK(handed_off > 0);
+  const auto m = rig.sched->metrics();
+  CHECK(m.migrations == uint64_t(handed_off));
+  CHECK(m.executors.size() == 2);
+  CHECK(m.executors[0].steps > 0);
+  CHECK(m.executors[1].steps > 0);
+  rig.check_released();
+}
+
+TEST_CASE("requests sharing a prefix reuse its KV pages and still match solo runs", "[scheduler][prefix]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.prefix_cache = 4;
+  Rig rig(o);
+  const auto system = prompt_of(50, 3);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) {
+    auto p = system;
+    for (int k = 0; k < 3 + i; ++k) p.push_back(10 + i * 5 + k);
+    prompts.push_back(p);
+  }
+  // The first computes the prefix; the rest (submitted after) share it.
+  auto first = rig.sched->submit(greedy_request(prompts[0], 12));
+  CHECK(first.wait().tokens == solo(prompts[0], 12));
+  std::vector<RequestHandle> hs;
+  for (size_t i = 1; i < prompts.size(); ++i) hs.push_back(rig.sched->submit(greedy_request(prompts[i], 12)));
+  for (size_t i = 1; i < prompts.size(); ++i) {
+    const auto& r = hs[i - 1].wait();
+    CHECK(r.tokens == solo(prompts[i], 12));
+    CHECK(r.metrics.prefix_reused_tokens == 48);  // whole pages of the 50-token prefix
+  }
+  const auto m = rig.sched->metrics();
+  CHECK(m.prefix_reused_tokens == 4 * 48);
+  CHECK(m.prefix_hit_rate > 0.5);
+  rig.check_released();
+}
+
+TEST_CASE("cancellations injected at every stage leave zero KV pages and one terminal event each",
+          "[scheduler][lifecycle]") {
+  Rig::Opt o;
+  o.max_running = 4;
+  o.routing.long_prompt_tokens = 30;
+  o.routing.decode_scarce_fraction = 0.0;
+  o.prefix_cache = 2;
+  Rig rig(o);
+  std::mt19937 rng(11);
+  const int N = 120;
+  std::vector<RequestHandle> hs(N);
+  std::vector<std::atomic<int>> finals(N), tokens(N);
+  std::vector<int> cancel_at(N);
+  for (int i = 0; i < N; ++i) {
+    cancel_at[i] = int(rng() % 12);  // 0: cancel from outside at a random moment
+    Request r = greedy_request(prompt_of(2 + int32_t(rng() % 90), i % 5), 4 + int32_t(rng() % 16), SlaClass(i % 3));
+    r.on_event = [&, i](const RequestEvent& ev) {
+      if (ev.final) {
+        ++finals[size_t(i)];
+        return true;
+      }
+      return ++tokens[size_t(i)] != cancel_at[size_t(i)];  // false = cancel via the callback
+    };
+    hs[size_t(i)] = rig.sched->submit(std::move(r));
+    if (cancel_at[size_t(i)] == 0 || rng() % 4 == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      rig.sched->cancel(hs[size_t(rng() % size_t(i + 1))]);
+    }
+  }
+  rig.check_released();
+  int cancelled = 0;
+  for (int i = 0; i < N; ++i) {
+    CHECK(hs[size_t(i)].done());
+    CHECK(finals[size_t(i)].load() == 1);
+    if (hs[size_t(i)].wait().finish == RequestFinish::kCancelled) ++cancelled;
+  }
+  CHECK(cancelled > 10);
+}
+
+TEST_CASE("a full queue answers overloaded; deadlines answer timeout", "[scheduler][admission]") {
+  SECTION("overloaded") {
+    Rig::Opt o;
+    o.n_exec = 1;
+    o.max_running = 1;
+    o.max_queued = 2;
+    Rig rig(o);
+    std::atomic<bool> release{false};
+    Request slow = greedy_request(prompt_of(5), 8);
+    slow.on_event = [&](const RequestEvent&) {
+      while (!release.load()) std::this_thread::sleep_for(1ms);
+      return true;
+    };
+    auto h0 = rig.sched->submit(std::move(slow));
+    while (rig.sched->metrics().executors[0].running == 0) std::this_thread::sleep_for(1ms);
+    std::vector<RequestHandle> hs;
+    for (int i = 0; i < 4; ++i) hs.push_back(rig.sched->submit(greedy_request(prompt_of(5, i), 4)));
+    CHECK(hs[2].done());
+    CHECK(hs[2].wait().finish == RequestFinish::kOverloaded);
+    CHECK(hs[3].wait().finish == RequestFinish::kOverloaded);
+    CHECK_THAT(hs[3].wait().message, Catch::Contains("overloaded"));
+    release = true;
+    CHECK(h0.wait().finish == RequestFinish::kLength);
+    CHECK(hs[0].wait().finish == RequestFinish::kLength);
+    CHECK(hs[1].wait().finish == RequestFinish::kLength);
+    rig.check_released();
+  }
+  SECTION("timeout while decoding and while queued") {
+    Rig::Opt o;
+    o.n_exec = 1;
+    o.max_running = 1;
+    Rig rig(o);
+    Request r = greedy_request(prompt_of(6), 200);
+    r.deadline = Clock::now() + 40ms;
+    r.on_event = [](const RequestEvent&) {
+      std::this_thread::sleep_for(1ms);
+      return true;
+    };
+    auto h = rig.sched->submit(std::move(r));
+    Request q = greedy_request(prompt_of(6, 1), 4);
+    q.deadline = Clock::now() + 10ms;
+    auto hq = rig.sched->submit(std::move(q));
+    const auto& res = h.wait();
+    CHECK(res.finish == RequestFinish::kTimeout);
+    CHECK(res.tokens.size() < 200);
+    CHECK(!res.tokens.empty());
+    CHECK(std::equal(res.tokens.begin(), res.tokens.end(), solo(prompt_of(6), 200).begin()));
+    CHECK(hq.wait().finish == RequestFinish::kTimeout);
+    rig.check_released();
+  }
+  SECTION("invalid requests end with an error event") {
+    Rig::Opt o;
+    o.n_exec = 1;
+    Rig rig(o);
+    Request bad = greedy_request({1, 999999}, 4);
+    CHECK(rig.sched->submit(std::move(bad)).wait().finish == RequestFinish::kError);
+    Request too_long = greedy_request(prompt_of(kCtx + 1), 4);
+    const RequestResult r = rig.sched->submit(std::move(too_long)).wait();
+    CHECK(r.finish == RequestFinish::kError);
+    CHECK(r.error == ErrorCode::kContextOverflow);
+    rig.check_released();
+  }
+}
+
+TEST_CASE("KV capacity is reserved at admission; a full tier queues instead of failing", "[scheduler][admission]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.host_pages = 6;  // room for about one request at a time
+  o.max_running = 4;
+  Rig rig(o);
+  std::vector<RequestHandle> hs;
+  for (int i = 0; i < 5; ++i) hs.push_back(rig.sched->submit(greedy_request(prompt_of(30, i), 40)));
+  for (int i = 0; i < 5; ++i) {
+    const auto& r = hs[size_t(i)].wait();
+    CHECK(r.finish == RequestFinish::kLength);
+    CHECK(r.tokens == solo(prompt_of(30, i), 40));
+  }
+  // A request larger than the whole tier fails clearly instead of blocking the queue.
+  const RequestResult big = rig.sched->submit(greedy_request(prompt_of(60), 100)).wait();
+  CHECK(big.finish == RequestFinish::kError);
+  CHECK(big.error == ErrorCode::kOutOfMemory);
+  rig.check_released();
+}
+
+TEST_CASE("sessions continue, swap out when idle, and migrate on an SLA upgrade", "[scheduler][session]") {
+  Rig::Opt o;
+  o.file_pages = 64;
+  Rig rig(o);
+  const auto p1 = prompt_of(10, 4);
+  const std::vector<int32_t> p2{20, 21, 22, 23};
+  const std::vector<int32_t> p3{30, 31};
+  // Reference: one Session, three turns.
+  CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session ref(tiny(), ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.ignore_eos = true;
+  go.max_tokens = 8;
+  const auto e1 = ref.generate(std::span<const int32_t>(p1), go).tokens;
+  const auto e2 = ref.generate(std::span<const int32_t>(p2), go).tokens;
+  const auto e3 = ref.generate(std::span<const int32_t>(p3), go).tokens;
+
+  const uint64_t sid = rig.sched->open_session();
+  Request r1 = greedy_request(p1, 8, SlaClass::kStandard);
+  r1.session = sid;
+  const RequestResult a = rig.sched->submit(std::move(r1)).wait();
+  CHECK(a.tokens == e1);
+  CHECK(a.metrics.decode_executor == "cpuB");  // short standard: the host executor
+  // Idle session KV goes down a tier and comes back on use.
+  CHECK(rig.sb->evict_lru(KvTier::kHost, KvTier::kFile, 100) > 0);
+  CHECK(rig.sb->usage(KvTier::kFile).used > 0);
+  Request r2 = greedy_request(p2, 8, SlaClass::kStandard);
+  r2.session = sid;
+  const RequestResult b = rig.sched->submit(std::move(r2)).wait();
+  CHECK(b.tokens == e2);
+  CHECK(b.metrics.migrations == 0);
+  // SLA upgrade: interactive continues on the accelerator after one KV move.
+  Request r3 = greedy_request(p3, 8, SlaClass::kInteractive);
+  r3.session = sid;
+  const RequestResult c = rig.sched->submit(std::move(r3)).wait();
+  CHECK(c.tokens == e3);
+  CHECK(c.metrics.migrations == 1);
+  CHECK(c.metrics.decode_executor == "cpuA");
+  CHECK_THAT(c.route, Catch::Contains("SLA upgrade"));
+  // A session runs one request at a time.
+  rig.sched->close_session(sid);
+  Request r4 = greedy_request(p3, 2);
+  r4.session = sid;
+  CHECK(rig.sched->submit(std::move(r4)).wait().finish == RequestFinish::kError);
+  rig.check_released();
+}
+
+TEST_CASE("the pollable handle streams every piece; text matches; metrics render", "[scheduler][stream]") {
+  Rig::Opt o;
+  Rig rig(o);
+  Request r;
+  r.prompt_text = "Once upon a time";
+  r.max_tokens = 40;
+  r.sla = SlaClass::kInteractive;
+  auto h = rig.sched->submit(std::move(r));
+  std::string streamed, buf;
+  RequestEvent ev;
+  int finals = 0, n_tokens = 0;
+  while (finals == 0) {
+    if (!h.poll(ev, buf)) {
+      std::this_thread::sleep_for(100us);
+      continue;
+    }
+    streamed += buf;
+    if (ev.final) ++finals;
+    else ++n_tokens;
+  }
+  CHECK(!h.poll(ev, buf));
+  const auto& res = h.wait();
+  CHECK(streamed == res.text);
+  CHECK(n_tokens == int(res.tokens.size()));
+  CHECK(!res.text.empty());
+  CHECK(res.metrics.ttft_s > 0);
+  CHECK(res.metrics.e2e_s >= res.metrics.ttft_s);
+  const auto m = rig.sched->metrics();
+  const auto j = nlohmann::json::parse(m.to_json());
+  CHECK(j["submitted"] == 1);
+  CHECK(j["executors"].size() == 2);
+  CHECK(m.to_text().find("cpuA") != std::string::npos);
+  {
+    std::lock_guard<std::mutex> lk(rig.log_mu);
+    REQUIRE(!rig.log.empty());
+    CHECK_THAT(rig.log[0], Catch::Contains("route req=1") && Catch::Contains("R6"));
+  }
+  rig.check_released();
+}
+
+TEST_CASE("stress: 1000 requests, exactly one terminal event each, zero KV after", "[scheduler][stress]") {
+  Rig::Opt o;
+  o.max_running = 8;
+  o.max_queued = 400;
+  o.routing.long_prompt_tokens = 24;
+  o.routing.decode_scarce_fraction = 0.5;
+  o.prefix_cache = 2;
+  Rig rig(o);
+  const int N = 1000, T = 4;
+  std::vector<RequestHandle> hs(N);
+  std::vector<std::atomic<int>> finals(N);
+  std::atomic<int> events{0};
+  std::vector<std::thread> th;
+  for (int t = 0; t < T; ++t) {
+    th.emplace_back([&, t] {
+      std::mt19937 rng(uint32_t(100 + t));
+      for (int i = t; i < N; i += T) {
+        Request r = greedy_request(prompt_of(2 + int32_t(rng() % 40), i % 7), 1 + int32_t(rng() % 5), SlaClass(rng() % 3));
+        if (rng() % 10 == 0) r.deadline = Clock::now() + std::chrono::microseconds(rng() % 2000);
+        r.on_event = [&, i](const RequestEvent& ev) {
+          ++events;
+          if (ev.final) ++finals[size_t(i)];
+          return true;
+        };
+        hs[size_t(i)] = rig.sched->submit(std::move(r));
+        if (rng() % 8 == 0) rig.sched->cancel(hs[size_t(i)]);
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  rig.check_released();
+  std::map<RequestFinish, int> by;
+  for (int i = 0; i < N; ++i) {
+    REQUIRE(hs[size_t(i)].done());
+    CHECK(finals[size_t(i)].load() == 1);
+    by[hs[size_t(i)].wait().finish]++;
+  }
+  const auto m = rig.sched->metrics();
+  CHECK(m.submitted == uint64_t(N));
+  CHECK(m.finished == uint64_t(N));
+  CHECK(by[RequestFinish::kLength] > 0);
+  CHECK(by[RequestFinish::kCancelled] > 0);
+}
