@@ -158,11 +158,10 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
     fmt::print("model {}, {} tokens of KV = {:.1f} MB, {} threads, directory {}\n", model->name(), n_ctx - 1,
                double(down.bytes) / 1e6, exec.n_threads(), dir.string());
     fmt::print("| move | GB/s | sequential file I/O, same size, same dir | GB/s | ratio |\n|---|---:|---|---:|---:|\n");
-    fmt::print("| Host -> File | {:.2f} | write | {:.2f} | {:.2f} |\n", down.bytes / down.seconds / 1e9, seq_w / 1e9,
-               down.bytes / down.seconds / seq_w);
-    fmt::print("| File -> Host | {:.2f} | read | {:.2f} | {:.2f} |\n", up.bytes / up.seconds / 1e9, seq_r / 1e9,
-               up.bytes / up.seconds / seq_r);
-    fmt::print("(first Host -> File move, growing the file: {:.2f} GB/s)\n", cold.bytes / cold.seconds / 1e9);
+    const double down_bw = double(down.bytes) / down.seconds, up_bw = double(up.bytes) / up.seconds;
+    fmt::print("| Host -> File | {:.2f} | write | {:.2f} | {:.2f} |\n", down_bw / 1e9, seq_w / 1e9, down_bw / seq_w);
+    fmt::print("| File -> Host | {:.2f} | read | {:.2f} | {:.2f} |\n", up_bw / 1e9, seq_r / 1e9, up_bw / seq_r);
+    fmt::print("(first Host -> File move, growing the file: {:.2f} GB/s)\n", double(cold.bytes) / cold.seconds / 1e9);
     fmt::print("\n| resume a {}-token session | seconds | vs recomputing the prefill |\n|---|---:|---:|\n", n_ctx - 1);
     fmt::print("| recompute prefill | {:.4f} | 1.00x |\n", prefill_s);
     fmt::print("| from the File tier (bring back + 1 decode step) | {:.4f} | {:.1f}x faster |\n", resume_file_s,

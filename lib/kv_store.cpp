@@ -232,6 +232,13 @@ std::byte* KvStore::page_data(PageId page) const noexcept {
   return entries_[size_t(page)].data.load(std::memory_order_acquire);
 }
 
+int32_t KvStore::device_slot(PageId page) const noexcept {
+  const Entry& e = entries_[size_t(page)];
+  return e.tier.load(std::memory_order_acquire) == KvTier::kDevice ? e.slot.load(std::memory_order_acquire) : -1;
+}
+
+KvDeviceBackend* KvStore::device_backend() const noexcept { return tiers_[int(KvTier::kDevice)]->device.get(); }
+
 void KvStore::read_page(PageId page, std::byte* dst) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const Entry& e = entries_[size_t(page)];
@@ -358,6 +365,11 @@ int32_t KvStore::evict_lru(KvTier from, KvTier to, int32_t pages_needed, const K
     // Only pages this sequence holds alone move: pages shared with others stay for them.
     freed += move_pages_locked(s->block_table_, to, true).pages;
     s->tier_ = to;
+    // Its unused reservation belonged to `from`: return it there (an evicted sequence
+    // reserves again when it is brought back).
+    Tier& f = *tiers_[int(from)];
+    f.reserved -= std::min(s->reserved_, f.reserved);
+    s->reserved_ = 0;
   }
   return freed;
 }

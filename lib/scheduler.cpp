@@ -3,6 +3,8 @@
 // See include/tandem/scheduler.hpp for the contract.
 #include "tandem/scheduler.hpp"
 
+#include "stop_strings.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -34,19 +36,6 @@ namespace {
 
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Longest suffix of `text` that is a proper prefix of one of the stop strings.
-size_t stop_prefix_overlap(std::string_view text, const std::vector<std::string>& stops) {
-  size_t best = 0;
-  for (const auto& s : stops) {
-    for (size_t len = std::min(text.size(), s.size() - 1); len > best; --len) {
-      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
-        best = len;
-        break;
-      }
-    }
-  }
-  return best;
-}
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -750,21 +739,9 @@ void Scheduler::Impl::Loop::after_token(std::unique_ptr<Seq>& slot, int32_t id, 
   ++s.n_gen;
   s.rs->result.metrics.generated_tokens = s.n_gen;
   s.text += s.detok->push(id);
-  bool hit_stop = false;
-  for (const auto& st : q.stop) {
-    const size_t from = s.emitted > st.size() ? s.emitted - st.size() : 0;
-    const size_t at = s.text.find(st, from);
-    if (at != std::string::npos) {
-      s.text.resize(at);
-      hit_stop = true;
-    }
-  }
-  const size_t hold = hit_stop ? 0 : stop_prefix_overlap(s.text, q.stop);
-  std::string_view piece;
-  if (s.text.size() > s.emitted + hold) {
-    piece = std::string_view(s.text).substr(s.emitted, s.text.size() - hold - s.emitted);
-    s.emitted += piece.size();
-  }
+  const StopScan scan = scan_stop_strings(s.text, s.emitted, q.stop);
+  const bool hit_stop = scan.hit;
+  const std::string_view piece = scan.piece;
   if (hit_stop) {
     // The piece before the stop string goes out with the token, then the terminal event.
     s.rs->log_event(id, piece, false, RequestFinish::kStopString);

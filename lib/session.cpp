@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "stop_strings.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/tokenizer.hpp"
 
@@ -50,20 +51,6 @@ std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, i
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Longest suffix of `text` that is a proper prefix of one of the stop strings.
-size_t stop_prefix_overlap(std::string_view text, const std::vector<std::string>& stops) {
-  size_t best = 0;
-  for (const auto& s : stops) {
-    for (size_t len = std::min(text.size(), s.size() - 1); len > best; --len) {
-      if (text.substr(text.size() - len) == std::string_view(s).substr(0, len)) {
-        best = len;
-        break;
-      }
-    }
-  }
-  return best;
 }
 
 }  // namespace
@@ -168,7 +155,6 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   r.prompt_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  std::string held;          // final text not yet passed to on_text
   size_t emitted_upto = 0;   // bytes of r.text already passed on
   bool stop = false;
   for (int32_t i = 0; i < options.max_tokens && !stop; ++i) {
@@ -181,24 +167,14 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
     r.tokens.push_back(id);
     pending_ = id;
     r.text += detok_.push(id);
-    // Stop strings: cut the text at the first occurrence.
-    for (const auto& s : options.stop) {
-      const size_t from = emitted_upto > s.size() ? emitted_upto - s.size() : 0;
-      const size_t at = r.text.find(s, from);
-      if (at != std::string::npos) {
-        r.text.resize(at);
-        r.finish = FinishReason::kStopString;
-        stop = true;
-      }
+    const StopScan scan = scan_stop_strings(r.text, emitted_upto, options.stop);
+    if (scan.hit) {
+      r.finish = FinishReason::kStopString;
+      stop = true;
     }
-    const size_t hold = stop ? 0 : stop_prefix_overlap(r.text, options.stop);
-    if (r.text.size() - hold > emitted_upto) {
-      const std::string_view piece = std::string_view(r.text).substr(emitted_upto, r.text.size() - hold - emitted_upto);
-      emitted_upto += piece.size();
-      if (options.on_text && !options.on_text(piece, id) && !stop) {
-        r.finish = FinishReason::kCancelled;
-        stop = true;
-      }
+    if (!scan.piece.empty() && options.on_text && !options.on_text(scan.piece, id) && !stop) {
+      r.finish = FinishReason::kCancelled;
+      stop = true;
     }
     if (stop) break;
     if (i + 1 == options.max_tokens || static_cast<int32_t>(tokens_.size()) >= n_ctx_) {

@@ -139,6 +139,11 @@ class KvStore {
   KvTier tier_of(PageId page) const;
   /// Bytes of a Host or File page (nullptr for a Device page). Lock-free.
   std::byte* page_data(PageId page) const noexcept;
+  /// The Device tier's slot of a Device page (-1 for a page in another tier), and the
+  /// Device tier's backend (null when there is none): how a GPU executor finds a page in
+  /// VRAM. Lock-free, like page_data().
+  int32_t device_slot(PageId page) const noexcept;
+  KvDeviceBackend* device_backend() const noexcept;
   /// Copy a page's bytes out to / in from host memory of page_bytes(), any tier.
   void read_page(PageId page, std::byte* dst) const;
   void write_page(PageId page, const std::byte* src);
@@ -155,7 +160,9 @@ class KvStore {
 
   /// Move least-recently-used sequences that are not pinned from `from` down to `to`
   /// until `pages_needed` pages of `from` are free or no candidate is left. Returns the
-  /// number of pages freed in `from`. `keep` is never evicted.
+  /// number of pages freed in `from`. `keep` is never evicted. Only pages a sequence
+  /// holds alone move (shared ones stay for their other holders); an evicted sequence's
+  /// unused reservation is returned to `from`.
   int32_t evict_lru(KvTier from, KvTier to, int32_t pages_needed, const KvSequence* keep = nullptr);
 
   /// Sequences currently registered (alive).
@@ -167,7 +174,7 @@ class KvStore {
   struct Entry {
     std::atomic<std::byte*> data{nullptr};  // host address (Host/File) or null (Device)
     std::atomic<KvTier> tier{KvTier::kHost};
-    int32_t slot = -1;
+    std::atomic<int32_t> slot{-1};
     int32_t refs = 0;
   };
   PageId allocate_locked(KvTier tier, bool from_reservation);

@@ -114,15 +114,6 @@ class Stream {
 
 class GpuKvBackend;
 
-// Locating a Device page: KvStore exposes a page's slot only through its backend's copy
-// calls, so the executor asks the store to read the page while this thread-local probe is
-// armed; GpuKvBackend::copy_to_host then records (backend, slot) instead of copying.
-struct SlotProbe {
-  bool armed = false;
-  const GpuKvBackend* backend = nullptr;
-  int32_t slot = -1;
-};
-thread_local SlotProbe t_probe;
 
 class GpuKvBackend final : public KvDeviceBackend {
  public:
@@ -159,11 +150,6 @@ class GpuKvBackend final : public KvDeviceBackend {
   }
 
   void copy_to_host(int32_t slot, std::byte* dst, size_t bytes) override {
-    if (t_probe.armed) {
-      t_probe.backend = this;
-      t_probe.slot = slot;
-      return;
-    }
     check(slot, bytes);
     set_device(device_);
     const std::byte* src = slot_ptr(slot);
@@ -250,7 +236,6 @@ struct GpuQ4Executor::Impl {
   DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
   // Per-step host buffers.
   PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index;
-  std::vector<std::byte> probe_sink;
   struct StagedPage {
     std::byte* host;
     std::byte* dev;
@@ -484,24 +469,14 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
         const PageId pid = s.kv->block_table()[size_t(j)];
         if (store.tier_of(pid) == KvTier::kDevice) {
-          // Find the page's slot (see SlotProbe); a foreign backend copies into the sink.
-          if (im.probe_sink.size() < pb) im.probe_sink.resize(pb);
-          t_probe = SlotProbe{true, nullptr, -1};
-          try {
-            store.read_page(pid, im.probe_sink.data());
-          } catch (...) {
-            t_probe = SlotProbe{};
-            throw;
-          }
-          const SlotProbe found = t_probe;
-          t_probe = SlotProbe{};
-          if (!found.backend || found.backend->device() != im.device) {
+          const auto* backend = dynamic_cast<const GpuKvBackend*>(store.device_backend());
+          if (!backend || backend->device() != im.device) {
             throw Error(ErrorCode::kInvalidArgument,
                         fmt::format("GPU executor: a Device KV page of sequence {} is not in a Device tier of "
                                     "CUDA device {} made by a GpuQ4Executor",
                                     s.kv->id(), im.device));
           }
-          h_pages[pi++] = found.backend->slot_ptr(found.slot);
+          h_pages[pi++] = backend->slot_ptr(store.device_slot(pid));
         } else {
           std::byte* host = store.page_data(pid);
           std::byte* d = stage + (si++) * pb;
