@@ -32,7 +32,9 @@ int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
   return o.n_ctx > 0 ? o.n_ctx : std::min(hp.n_ctx_train, 4096);
 }
 
-int32_t pages_for(int32_t n_ctx, int32_t page_size) { return (n_ctx + page_size - 1) / page_size; }
+int32_t pages_for(int32_t n_ctx, int32_t page_size) {
+  return static_cast<int32_t>((int64_t{n_ctx} + page_size - 1) / page_size);
+}
 
 std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, int32_t n_ctx) {
   if (o.kv_store) return o.kv_store;

@@ -1,5 +1,7 @@
 #include "tandem/thread_pool.hpp"
 
+#include "tandem/error.hpp"
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -31,18 +33,27 @@ int physical_core_count() noexcept {
 
 ThreadPool::ThreadPool(int n_threads)
     : n_threads_(n_threads > 0 ? n_threads : physical_core_count()) {
-  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
-  for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
+  try {
+    workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+    for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
+  } catch (const std::exception& e) {  // std::system_error or std::bad_alloc: no threads left
+    stop_workers();
+    throw Error(ErrorCode::kOutOfMemory,
+                "thread pool: cannot start " + std::to_string(n_threads_) + " threads: " + e.what());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_workers() noexcept {
   {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
     stop_.store(true);
   }
   wake_.notify_all();
   for (auto& w : workers_) w.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_workers(); }
 
 void ThreadPool::run_chunk(const Task& task, int t) const {
   const int64_t n_grains = (task.n + task.grain - 1) / task.grain;

@@ -55,12 +55,14 @@
  *            generating return TANDEM_E_BUSY, except tandem_session_free, which takes
  *            effect when the generation returns.
  *
- * Planned, not in this version (the names are reserved; nothing is declared that does
- * not work yet): session save/restore (tandem_session_save / tandem_session_restore),
- * the scheduler (tandem_scheduler_create with executors,
- * tandem_scheduler_submit -> tandem_request, tandem_request_poll, tandem_request_cancel,
- * tandem_request_free, tandem_scheduler_free) and metrics
- * (tandem_scheduler_metrics_json, a JSON snapshot in a caller buffer).
+ * Scheduler. tandem_scheduler runs many requests on one or more executors with
+ *            continuous batching (include/tandem/scheduler.hpp). tandem_request is a
+ *            submitted request: poll it for streamed tokens, wait for it, cancel it, read its
+ *            result, free it. Freeing the scheduler (or shutting it down) while requests
+ *            are outstanding cancels them: their handles stay valid and report a terminal
+ *            state (TANDEM_FINISH_CANCELLED, or the finish they reached before) until
+ *            tandem_request_free. Freeing a request handle that has not finished cancels
+ *            the request.
  */
 #ifndef TANDEM_H
 #define TANDEM_H
@@ -129,6 +131,13 @@ enum tandem_status_code {
   TANDEM_E_TOKENIZER = 40,              /* tokenizer metadata missing or inconsistent */
   TANDEM_E_CONTEXT_OVERFLOW = 50,       /* more tokens than the session's context holds */
   TANDEM_E_BAD_POSITION = 51,           /* a KV position that is out of range */
+  TANDEM_E_KV_MISMATCH = 60,            /* a KV hand-off for another model/tokenizer/layout */
+  TANDEM_E_KV_CHECKSUM = 61,            /* a KV page's bytes do not match its checksum */
+  TANDEM_E_KV_LEASE_EXPIRED = 62,       /* a KV hand-off's lease expired before import */
+  TANDEM_E_KV_TOKEN_RANGE = 63,         /* a KV hand-off's tokens do not fit the receiver */
+  TANDEM_E_SESSION_CORRUPT = 70,        /* a session file is truncated, damaged or malformed */
+  TANDEM_E_SESSION_MODEL_MISMATCH = 71, /* a session file saved with another model/tokenizer */
+  TANDEM_E_SESSION_VERSION = 72,        /* a session file format this library cannot read */
   TANDEM_E_INTERNAL = 99,               /* a bug in Tandem (or a callback threw a C++ exception) */
   TANDEM_E_INVALID_HANDLE = 100,        /* a freed, unknown or wrong-kind handle */
   TANDEM_E_BUSY = 101,                  /* the session is in use by another call */
@@ -154,8 +163,8 @@ TANDEM_API const char* tandem_status_name(tandem_status status);
 
 typedef struct tandem_model tandem_model;         /* an immutable loaded GGUF model */
 typedef struct tandem_session tandem_session;     /* one conversation: tokens, KV cache, executor */
-typedef struct tandem_scheduler tandem_scheduler; /* reserved: the multi-executor scheduler (planned) */
-typedef struct tandem_request tandem_request;     /* reserved: a scheduled request (planned) */
+typedef struct tandem_scheduler tandem_scheduler; /* the multi-executor scheduler */
+typedef struct tandem_request tandem_request;     /* a request submitted to a scheduler */
 
 /* ---- model -------------------------------------------------------------------------- */
 
@@ -315,6 +324,24 @@ TANDEM_API tandem_status tandem_session_get_logits(const tandem_session* session
 TANDEM_API tandem_status tandem_session_get_tokens(const tandem_session* session, int32_t* tokens,
                                                    size_t capacity, size_t* out_n);
 
+/* Save the conversation (tokens, the pending sampled token, the last logits, the random
+ * engine's state and the KV cache) to `path` atomically: a temporary file beside it is
+ * written, synced and renamed over `path`. The path is passed to the OS as bytes (not
+ * checked as UTF-8). Errors: TANDEM_E_INVALID_ARG (NULL session or path, empty path),
+ * TANDEM_E_INVALID_HANDLE, TANDEM_E_IO, TANDEM_E_BUSY. */
+TANDEM_API tandem_status tandem_session_save(const tandem_session* session, const char* path);
+
+/* Replace the session's conversation with the one saved in `path` (by
+ * tandem_session_save, with the same model weights and tokenizer; the executor's thread
+ * count, n_batch and the KV page size may differ). On ANY failure the session is left
+ * exactly as it was. Errors: TANDEM_E_INVALID_ARG (NULL session or path, empty path),
+ * TANDEM_E_INVALID_HANDLE, TANDEM_E_IO (cannot read it), TANDEM_E_SESSION_CORRUPT (not a
+ * session file, truncated, any damaged byte), TANDEM_E_SESSION_VERSION (a newer format),
+ * TANDEM_E_SESSION_MODEL_MISMATCH (saved with other weights, hyper-parameters or
+ * tokenizer), TANDEM_E_CONTEXT_OVERFLOW (more positions than this session's n_ctx),
+ * TANDEM_E_OUT_OF_MEMORY, TANDEM_E_BUSY. */
+TANDEM_API tandem_status tandem_session_restore(tandem_session* session, const char* path);
+
 /* ---- sampling and generation -------------------------------------------------------- */
 
 /* The chain follows llama.cpp's common sampler: penalties -> top-k -> top-p -> min-p ->
@@ -353,7 +380,11 @@ enum tandem_finish_reason {
   TANDEM_FINISH_STOP = 0,        /* an end-of-generation token was sampled (not included) */
   TANDEM_FINISH_STOP_STRING = 1, /* a stop string appeared (the text is cut before it) */
   TANDEM_FINISH_LENGTH = 2,      /* max_tokens generated, or the context is full */
-  TANDEM_FINISH_CANCELLED = 3    /* the callback returned nonzero */
+  TANDEM_FINISH_CANCELLED = 3,   /* the callback returned nonzero / tandem_request_cancel */
+  TANDEM_FINISH_TIMEOUT = 4,     /* scheduler only: the request's deadline passed */
+  TANDEM_FINISH_OVERLOADED = 5,  /* scheduler only: refused, the queue is full or draining */
+  TANDEM_FINISH_ERROR = 6        /* scheduler only: an invalid request or an executor error
+                                    (the status and message are in tandem_request_result) */
 };
 
 /* Generation result. The four buffer fields are INPUTS (optional; init sets them to
@@ -409,6 +440,200 @@ TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session,
                                                         size_t n_prompt, const tandem_generate_params* params,
                                                         tandem_token_callback callback, void* user_data,
                                                         tandem_generate_result* result);
+
+/* ---- scheduler ---------------------------------------------------------------------- */
+
+/* Service classes (routing and admission order: interactive, standard, batch). */
+enum tandem_sla_class {
+  TANDEM_SLA_INTERACTIVE = 0,
+  TANDEM_SLA_STANDARD = 1,
+  TANDEM_SLA_BATCH = 2
+};
+
+/* One CPU executor (a CpuQ4Executor with its own thread pool and its own KV store). */
+typedef struct tandem_executor_params {
+  size_t struct_size;
+  int32_t n_threads;         /* CPU threads, 0..512; 0 = physical cores. Default 0 */
+  int32_t max_running;       /* decode slots (sequences admitted at once), >= 1; default 16 */
+  int32_t step_token_budget; /* tokens per step (decodes + prefill chunks), >= 1; default 256 */
+  int32_t prefill_chunk;     /* most prompt tokens of one sequence per step, >= 1; default 128 */
+  int32_t kv_pages;          /* pages of its KV store (host memory), >= 0; 0 = room for
+                                max_running sequences of max_context positions. Default 0 */
+  int32_t accelerator;       /* routing role: -1 = by kind (a CPU executor is not an
+                                accelerator), 0 = not, 1 = treat as the accelerator (for
+                                "cpu+cpu": mark one pool as the primary). Default -1 */
+} tandem_executor_params;
+
+TANDEM_API tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t struct_size);
+
+typedef struct tandem_scheduler_params {
+  size_t struct_size;
+  /* n_executors executor descriptions, or NULL for n_executors default executors. The
+   * array's stride is executors[0].struct_size: every element must have the same
+   * struct_size (fill each with tandem_executor_params_init). */
+  const tandem_executor_params* executors;
+  size_t n_executors;           /* 1..64; default 1. "cpu+cpu" is 2 */
+  int32_t max_queued;           /* waiting requests, all executors together, >= 0; beyond it
+                                   a request finishes at once with TANDEM_FINISH_OVERLOADED.
+                                   Default 1024 */
+  int32_t max_context;          /* positions per sequence, >= 0; 0 = the model's n_ctx_train
+                                   capped at 4096. Default 0 */
+  int32_t prefix_cache_entries; /* finished prompts kept per executor for KV reuse, >= 0
+                                   (0 = off). Default 4 */
+  int32_t page_size;            /* KV page size in tokens, >= 1; default 16 */
+} tandem_scheduler_params;
+
+TANDEM_API tandem_status tandem_scheduler_params_init(tandem_scheduler_params* params, size_t struct_size);
+
+/* Create a scheduler on `model`: the executors (each with its threads and KV store,
+ * allocated now) and one step-loop thread per executor. params may be NULL (defaults:
+ * one executor). On failure *out_scheduler is set to NULL. Errors: TANDEM_E_INVALID_ARG
+ * (NULL model or out_scheduler, a parameter out of range, bad struct_size of the
+ * scheduler params or of an executor), TANDEM_E_INVALID_HANDLE, TANDEM_E_OUT_OF_MEMORY
+ * (the KV stores would not fit in physical memory). Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_scheduler_params* params,
+                                                 tandem_scheduler** out_scheduler);
+
+/* Shut the scheduler down (outstanding requests are cancelled: their handles stay valid
+ * and report TANDEM_FINISH_CANCELLED unless they had finished) and release the handle;
+ * the executors and KV stores go when the last call using them returns. NULL: no-op.
+ * Already freed: TANDEM_E_INVALID_HANDLE. May be called from any thread, also while other
+ * threads are inside calls on this scheduler or its requests (tandem_scheduler_drain
+ * returns once the cancellations are delivered). */
+TANDEM_API tandem_status tandem_scheduler_free(tandem_scheduler* scheduler);
+
+typedef struct tandem_request_params {
+  size_t struct_size;
+  const char* prompt;            /* NUL-terminated UTF-8 prompt (BOS added when the vocabulary
+                                    asks for it); used when prompt_tokens is NULL */
+  const int32_t* prompt_tokens;  /* or the prompt as ids (nothing added), n_prompt_tokens >= 1 */
+  size_t n_prompt_tokens;
+  const tandem_sampling_params* sampling; /* NULL = tandem_sampling_params_init defaults */
+  const char* const* stop;       /* n_stop NUL-terminated, non-empty UTF-8 stop strings */
+  size_t n_stop;
+  int32_t max_tokens;            /* >= 1; default 128 */
+  uint32_t flags;                /* TANDEM_GENERATE_* bits; default 0 */
+  int32_t sla;                   /* a tandem_sla_class; default TANDEM_SLA_STANDARD */
+  int32_t deadline_ms;           /* > 0: the request ends with TANDEM_FINISH_TIMEOUT this many
+                                    milliseconds after submission; 0 = none (default) */
+} tandem_request_params;
+
+TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size);
+
+/* Submit a request. The arguments are checked here: TANDEM_E_INVALID_ARG (NULL
+ * scheduler, params or out_request, bad struct_size, neither prompt nor prompt_tokens,
+ * invalid UTF-8 in the prompt or a stop string, an empty or NULL stop string, a token id
+ * outside the vocabulary, max_tokens < 1, deadline_ms < 0, an unknown sla or flag bit,
+ * bad sampling params, a scheduler that was shut down), TANDEM_E_INVALID_HANDLE. A
+ * request the scheduler cannot take is still returned, finished: with
+ * TANDEM_FINISH_OVERLOADED (queue full, draining) or TANDEM_FINISH_ERROR (for example a
+ * prompt longer than max_context). On failure *out_request is set to NULL. Free the
+ * request with tandem_request_free. Thread-safe (any number of submitters). */
+TANDEM_API tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_request_params* params,
+                                                 tandem_request** out_request);
+
+/* Stop accepting requests (later submissions finish with TANDEM_FINISH_OVERLOADED) and
+ * block until every submitted request has finished. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler);
+
+/* Cancel every outstanding request, stop the step loops and release parked KV; later
+ * submissions fail with TANDEM_E_INVALID_ARG. Idempotent. Blocks until the loops have
+ * stopped. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_shutdown(tandem_scheduler* scheduler);
+
+/* A JSON snapshot of the serving metrics (one object: submitted, finished, by_finish,
+ * migrations, prefix reuse, queued, and per executor steps, tokens, utilisation, speeds,
+ * KV usage per tier; see include/tandem/metrics.hpp). Buffer rules as tandem_detokenize
+ * (size query, TANDEM_E_BUFFER_TOO_SMALL, NUL-terminated). The size can change between
+ * two calls: retry on TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_metrics_json(const tandem_scheduler* scheduler, char* buf,
+                                                       size_t capacity, size_t* out_len);
+
+/* Events of tandem_request_poll. */
+enum tandem_event_kind {
+  TANDEM_EVENT_NONE = 0,  /* nothing new yet */
+  TANDEM_EVENT_TOKEN = 1, /* one generated token and the text it completed (may be empty:
+                             text is held back while it may become a stop string or an
+                             incomplete UTF-8 character) */
+  TANDEM_EVENT_FINISH = 2 /* the request finished: finish_reason, and any text flushed at
+                             the end (token -1) */
+};
+
+/* One polled event. text and text_cap are INPUTS (an optional buffer; init sets them to
+ * NULL/0), the rest are outputs. */
+typedef struct tandem_request_event {
+  size_t struct_size;
+  char* text;            /* in: buffer for the event's text, or NULL */
+  size_t text_cap;       /* in: its capacity in bytes (NUL included) */
+  size_t text_len;       /* out: the text's length in bytes (valid UTF-8) */
+  int32_t kind;          /* out: a tandem_event_kind */
+  int32_t token;         /* out: the generated id (TANDEM_EVENT_TOKEN), else -1 */
+  int32_t finish_reason; /* out: a tandem_finish_reason (TANDEM_EVENT_FINISH), else -1 */
+  int32_t reserved;      /* out: 0 */
+} tandem_request_event;
+
+TANDEM_API tandem_status tandem_request_event_init(tandem_request_event* event, size_t struct_size);
+
+/* Take the next streamed event without blocking. Every request delivers its token events
+ * in order and then exactly one TANDEM_EVENT_FINISH; after that every poll returns
+ * TANDEM_EVENT_FINISH again (same finish_reason, empty text). The concatenated texts are
+ * the request's text. With event->text NULL (text_cap 0) the text is not wanted: the
+ * event is taken and only text_len reported. Nothing is lost otherwise: when event->text
+ * cannot hold the text (text_len + 1 bytes), the call returns TANDEM_E_BUFFER_TOO_SMALL
+ * with text_len set, nothing else written, and the event stays first in line for the
+ * next poll with a larger buffer. Errors: TANDEM_E_INVALID_ARG (NULL arguments, bad
+ * struct_size, text NULL with text_cap > 0), TANDEM_E_INVALID_HANDLE (freed request),
+ * TANDEM_E_BUFFER_TOO_SMALL. Thread-safe (polls of one request are serialised; each event
+ * goes to one caller). */
+TANDEM_API tandem_status tandem_request_poll(tandem_request* request, tandem_request_event* event);
+
+/* Ask the request to stop; it finishes with TANDEM_FINISH_CANCELLED within one step
+ * unless it already finished (then nothing changes: TANDEM_OK). Thread-safe. */
+TANDEM_API tandem_status tandem_request_cancel(tandem_request* request);
+
+/* A request's outcome. The four buffer fields are INPUTS (optional; init sets them to
+ * NULL/0); the rest are outputs. Buffers get as much as fits (text cut at a UTF-8
+ * character boundary, NUL-terminated); n_tokens and text_len give the full sizes. */
+typedef struct tandem_request_result {
+  size_t struct_size;
+  int32_t* tokens;        /* in: buffer for the generated ids, or NULL */
+  size_t tokens_cap;      /* in: its capacity in ids */
+  char* text;             /* in: buffer for the generated text, or NULL */
+  size_t text_cap;        /* in: its capacity in bytes (NUL included) */
+  size_t n_tokens;        /* out: ids generated */
+  size_t text_len;        /* out: text length in bytes (stop strings cut off) */
+  uint64_t id;            /* out: the scheduler's request id (1, 2, ...) */
+  int32_t finished;       /* out: nonzero when the request has finished; when 0 the outputs
+                             below are not final and the buffers are not written */
+  int32_t finish_reason;  /* out: a tandem_finish_reason (-1 before the finish) */
+  int32_t status;         /* out: for TANDEM_FINISH_ERROR the error (a TANDEM_E_* code),
+                             else TANDEM_OK */
+  int32_t n_prompt;       /* out: prompt tokens */
+  const char* message;    /* out: why it ended with an error or overloaded ("" otherwise);
+                             owned by the request, valid until tandem_request_free */
+  double queue_seconds;   /* out: submission -> admission */
+  double ttft_seconds;    /* out: submission -> first generated token (0: none) */
+  double e2e_seconds;     /* out: submission -> finish */
+} tandem_request_result;
+
+TANDEM_API tandem_status tandem_request_result_init(tandem_request_result* result, size_t struct_size);
+
+/* Block until the request has finished or timeout_ms milliseconds have passed (< 0:
+ * without limit; 0: do not block), then fill *result (may be NULL) as
+ * tandem_request_result does. Returns TANDEM_OK either way: result->finished says which.
+ * Errors: TANDEM_E_INVALID_ARG (NULL request, bad struct_size, a buffer NULL with a
+ * capacity), TANDEM_E_INVALID_HANDLE. Thread-safe (any number of waiters). */
+TANDEM_API tandem_status tandem_request_wait(tandem_request* request, int32_t timeout_ms,
+                                             tandem_request_result* result);
+
+/* Fill *result without blocking: the whole outcome when the request has finished, else
+ * finished = 0 (and the id). Errors as tandem_request_wait. Thread-safe. */
+TANDEM_API tandem_status tandem_request_result(const tandem_request* request, tandem_request_result* result);
+
+/* Release the handle; a request that has not finished is cancelled first. NULL: no-op.
+ * Already freed: TANDEM_E_INVALID_HANDLE. Thread-safe, also while another thread is
+ * inside tandem_request_wait on it (that call returns normally). */
+TANDEM_API tandem_status tandem_request_free(tandem_request* request);
 
 #ifdef __cplusplus
 } /* extern "C" */

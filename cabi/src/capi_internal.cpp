@@ -27,6 +27,16 @@ const char* last_error() noexcept { return tl_last_error; }
 
 void fail(tandem_status code, const std::string& message) { throw CError(code, message); }
 
+const char* kind_name(Kind kind) noexcept {
+  switch (kind) {
+    case Kind::kModel: return "model";
+    case Kind::kSession: return "session";
+    case Kind::kScheduler: return "scheduler";
+    case Kind::kRequest: return "request";
+  }
+  return "unknown";
+}
+
 Registry& Registry::instance() {
   // Never destroyed: live objects (sessions own worker threads) must not be torn down by
   // static destructors while other threads may still use them at exit.
@@ -49,7 +59,7 @@ std::shared_ptr<void> Registry::get(uintptr_t handle, Kind kind, const char* fn)
   }
   fail(TANDEM_E_INVALID_HANDLE,
        fmt::format("{}: {} handle {:#x} is not live (freed already, never created, or another kind)", fn,
-                   kind == Kind::kModel ? "model" : "session", handle));
+                   kind_name(kind), handle));
 }
 
 std::shared_ptr<void> Registry::remove(uintptr_t handle, Kind kind) {
@@ -71,6 +81,18 @@ std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn)
   require(h, fn, "session");
   return std::static_pointer_cast<SessionObj>(
       Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kSession, fn));
+}
+
+std::shared_ptr<SchedulerObj> get_scheduler(const tandem_scheduler* h, const char* fn) {
+  require(h, fn, "scheduler");
+  return std::static_pointer_cast<SchedulerObj>(
+      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kScheduler, fn));
+}
+
+std::shared_ptr<RequestObj> get_request(const tandem_request* h, const char* fn) {
+  require(h, fn, "request");
+  return std::static_pointer_cast<RequestObj>(
+      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kRequest, fn));
 }
 
 BusyGuard::BusyGuard(SessionObj& s, const char* fn) : s_(s) {

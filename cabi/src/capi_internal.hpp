@@ -15,11 +15,13 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "tandem.h"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/error.hpp"
 #include "tandem/model.hpp"
+#include "tandem/scheduler.hpp"
 #include "tandem/session.hpp"
 
 namespace tandem::capi {
@@ -71,7 +73,8 @@ inline void require(const void* p, const char* fn, const char* what) {
 
 // ---- handles -------------------------------------------------------------------------
 
-enum class Kind : uintptr_t { kModel = 1, kSession = 2 };
+enum class Kind : uintptr_t { kModel = 1, kSession = 2, kScheduler = 3, kRequest = 4 };
+const char* kind_name(Kind kind) noexcept;
 
 struct ModelObj {
   std::shared_ptr<const tandem::Model> model;
@@ -86,6 +89,27 @@ struct SessionObj {
   int32_t page_size = 0;
   std::atomic<bool> busy{false};
   std::string piece;  ///< NUL-terminated copy of the current callback piece
+};
+
+struct SchedulerObj {
+  std::shared_ptr<ModelObj> model;
+  std::vector<std::unique_ptr<tandem::CpuQ4Executor>> executors;
+  std::vector<std::shared_ptr<tandem::KvStore>> stores;
+  std::unique_ptr<tandem::Scheduler> scheduler;  ///< declared last: stopped before the executors go
+  ~SchedulerObj() {
+    if (scheduler) scheduler->shutdown();
+  }
+};
+
+struct RequestObj {
+  tandem::RequestHandle handle;
+  std::weak_ptr<SchedulerObj> scheduler;  ///< for cancel(); the request outlives it safely
+  std::mutex poll_mu;                     ///< serialises polls (the handle has one reader)
+  bool have_pending = false;              ///< an event taken but not yet delivered
+  tandem::RequestEvent pending{};
+  std::string pending_text;
+  bool finish_seen = false;               ///< the terminal event was delivered
+  tandem::RequestFinish finish = tandem::RequestFinish::kLength;
 };
 
 /// Live handles. A handle value is (id << 4 | kind) with an id that is never reused, so a
@@ -112,6 +136,8 @@ class Registry {
 
 std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn);
 std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn);
+std::shared_ptr<SchedulerObj> get_scheduler(const tandem_scheduler* h, const char* fn);
+std::shared_ptr<RequestObj> get_request(const tandem_request* h, const char* fn);
 
 /// Marks a session in use for the duration of one call; a second concurrent call gets
 /// TANDEM_E_BUSY (never blocks).

@@ -44,6 +44,13 @@ TANDEM_SAME_CODE(TANDEM_E_MODEL_BAD_TENSOR_SHAPE, kModelBadTensorShape);
 TANDEM_SAME_CODE(TANDEM_E_TOKENIZER, kTokenizer);
 TANDEM_SAME_CODE(TANDEM_E_CONTEXT_OVERFLOW, kContextOverflow);
 TANDEM_SAME_CODE(TANDEM_E_BAD_POSITION, kBadPosition);
+TANDEM_SAME_CODE(TANDEM_E_KV_MISMATCH, kKvMismatch);
+TANDEM_SAME_CODE(TANDEM_E_KV_CHECKSUM, kKvChecksum);
+TANDEM_SAME_CODE(TANDEM_E_KV_LEASE_EXPIRED, kKvLeaseExpired);
+TANDEM_SAME_CODE(TANDEM_E_KV_TOKEN_RANGE, kKvTokenRange);
+TANDEM_SAME_CODE(TANDEM_E_SESSION_CORRUPT, kSessionCorrupt);
+TANDEM_SAME_CODE(TANDEM_E_SESSION_MODEL_MISMATCH, kSessionModelMismatch);
+TANDEM_SAME_CODE(TANDEM_E_SESSION_VERSION, kSessionVersion);
 TANDEM_SAME_CODE(TANDEM_E_INTERNAL, kInternal);
 #undef TANDEM_SAME_CODE
 
@@ -51,6 +58,16 @@ static_assert(static_cast<int>(FinishReason::kStop) == TANDEM_FINISH_STOP);
 static_assert(static_cast<int>(FinishReason::kStopString) == TANDEM_FINISH_STOP_STRING);
 static_assert(static_cast<int>(FinishReason::kLength) == TANDEM_FINISH_LENGTH);
 static_assert(static_cast<int>(FinishReason::kCancelled) == TANDEM_FINISH_CANCELLED);
+static_assert(static_cast<int>(RequestFinish::kStop) == TANDEM_FINISH_STOP);
+static_assert(static_cast<int>(RequestFinish::kStopString) == TANDEM_FINISH_STOP_STRING);
+static_assert(static_cast<int>(RequestFinish::kLength) == TANDEM_FINISH_LENGTH);
+static_assert(static_cast<int>(RequestFinish::kCancelled) == TANDEM_FINISH_CANCELLED);
+static_assert(static_cast<int>(RequestFinish::kTimeout) == TANDEM_FINISH_TIMEOUT);
+static_assert(static_cast<int>(RequestFinish::kOverloaded) == TANDEM_FINISH_OVERLOADED);
+static_assert(static_cast<int>(RequestFinish::kError) == TANDEM_FINISH_ERROR);
+static_assert(static_cast<int>(SlaClass::kInteractive) == TANDEM_SLA_INTERACTIVE);
+static_assert(static_cast<int>(SlaClass::kStandard) == TANDEM_SLA_STANDARD);
+static_assert(static_cast<int>(SlaClass::kBatch) == TANDEM_SLA_BATCH);
 
 // ---- struct sizes of version 0.1 ----------------------------------------------------------
 //
@@ -67,6 +84,11 @@ constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);
 constexpr size_t kSamplingParamsV01 = sizeof(tandem_sampling_params);
 constexpr size_t kGenerateParamsV01 = sizeof(tandem_generate_params);
 constexpr size_t kGenerateResultV01 = sizeof(tandem_generate_result);
+constexpr size_t kExecutorParamsV01 = sizeof(tandem_executor_params);
+constexpr size_t kSchedulerParamsV01 = sizeof(tandem_scheduler_params);
+constexpr size_t kRequestParamsV01 = sizeof(tandem_request_params);
+constexpr size_t kRequestEventV01 = sizeof(tandem_request_event);
+constexpr size_t kRequestResultV01 = sizeof(tandem_request_result);
 
 #define TANDEM_NO_TAIL_PADDING(T, last) \
   static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
@@ -77,6 +99,11 @@ TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
 TANDEM_NO_TAIL_PADDING(tandem_generate_params, flags);
 TANDEM_NO_TAIL_PADDING(tandem_generate_result, generate_seconds);
+TANDEM_NO_TAIL_PADDING(tandem_executor_params, accelerator);
+TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, page_size);
+TANDEM_NO_TAIL_PADDING(tandem_request_params, deadline_ms);
+TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);
+TANDEM_NO_TAIL_PADDING(tandem_request_result, e2e_seconds);
 #undef TANDEM_NO_TAIL_PADDING
 
 constexpr int32_t kMaxThreads = 512;
@@ -188,6 +215,21 @@ SamplingParams to_sampling(const tandem_sampling_params* user, const char* fn) {
   return s;
 }
 
+std::vector<std::string> read_stops(const char* const* stop, size_t n_stop, const char* fn) {
+  std::vector<std::string> out;
+  if (n_stop > 0 && stop == nullptr) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop is NULL but n_stop is {}", fn, n_stop));
+  }
+  for (size_t i = 0; i < n_stop; ++i) {
+    if (stop[i] == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is NULL", fn, i));
+    const std::string_view s(stop[i]);
+    if (s.empty()) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is empty", fn, i));
+    check_utf8(s, fn, "a stop string");
+    out.emplace_back(s);
+  }
+  return out;
+}
+
 struct PreparedGenerate {
   GenerateOptions options;
   bool parse_special = false;
@@ -206,16 +248,7 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
   g.options.ignore_eos = (p.flags & TANDEM_GENERATE_IGNORE_EOS) != 0;
   g.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
   g.options.sampling = to_sampling(p.sampling, fn);
-  if (p.n_stop > 0 && p.stop == nullptr) {
-    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop is NULL but n_stop is {}", fn, p.n_stop));
-  }
-  for (size_t i = 0; i < p.n_stop; ++i) {
-    if (p.stop[i] == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is NULL", fn, i));
-    const std::string_view s(p.stop[i]);
-    if (s.empty()) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: stop[{}] is empty", fn, i));
-    check_utf8(s, fn, "a stop string");
-    g.options.stop.emplace_back(s);
-  }
+  g.options.stop = read_stops(p.stop, p.n_stop, fn);
   if (result != nullptr) {
     g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
     std::memcpy(&g.result, result, g.result_bytes);

@@ -24,7 +24,8 @@ int physical_core_count() noexcept;
 
 class ThreadPool {
  public:
-  /// n_threads <= 0 selects physical_core_count().
+  /// n_threads <= 0 selects physical_core_count(). Throws Error(kOutOfMemory) when the
+  /// threads cannot be started (none is left running then).
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -54,6 +55,7 @@ class ThreadPool {
   void run(const Task& task);
   void run_chunk(const Task& task, int t) const;
   void worker(int t);
+  void stop_workers() noexcept;
 
   int n_threads_;
   std::vector<std::thread> workers_;

@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <xsimd/xsimd.hpp>
 
@@ -265,127 +267,276 @@ void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
 }
 
 #if TANDEM_ISA_AVX512
-// AVX-512 prefill tile: two consecutive blocks per 512-bit register (half the integer and
-// float instructions of the 256-bit tile); an odd last block goes through 256-bit ops.
-// Per (row, column) the arithmetic is the same as tile_q's: exact i32 lane sums per block,
-// times the f32 product fp16(d_w) * fp16(d_x), FMA-accumulated.
-inline __m512i unpack_q4_x2(const uint8_t* qs0, const uint8_t* qs1) noexcept {
-  const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0)));
-  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)));
-  const __m512i t = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-  const __m512i v = _mm512_srlv_epi64(t, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
-  return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+// ---------------------------------------------------------------- AVX-512: block groups -
+//
+// Decode GEMV and prefill GEMM share one tile (tile_qg), so every (row, column) dot product
+// is computed in one fixed order whatever m is (batch invariance). Per group of kG = 16
+// consecutive blocks and (row, column):
+//   1. exact integer block dots, 4 blocks per 512-bit register: 128-bit lane L holds block
+//      4j + L's weights 0-15 (one register) and 16-31 (another); vpdpbusd (or maddubs +
+//      madd) leaves 4 i32 partial sums per block;
+//   2. a 2-level shuffle/add tree turns the 4 registers of a group into one register
+//      S whose lane l is the whole sum of block blk(l) = 4 * (l % 4) + l / 4 (i32, exact);
+//      Q4_0 then subtracts 8 * sum(x) of that block (its weights are stored as q + 8);
+//   3. acc[l] = fma(fp16(d_w) * fp16(d_x), f32(S[l]), acc[l]) — one f32 product and one FMA
+//      per block, lane l accumulating blocks g * 16 + blk(l) in group order;
+//   4. y = the 16 lanes summed in a fixed tree (hsum512).
+// The last group of a row (nb % 16 blocks) runs the same code with the missing blocks read
+// as zero (masked loads) and the packed activations zero-padded: those lanes add +0.
+// Weights stay in the GGUF layout (AoS blocks): the qs of 4 blocks come in with 4 masked
+// byte loads, the 16 weight scales with one gather. The activations are repacked once
+// per call (per column chunk) into XGroup records: the qs in the lane layout above, the
+// scales as f32 and the Q4_0 corrections, in lane order.
+constexpr int kG = 16;  // blocks per group
+
+struct alignas(64) XGroup {  // one column's kG blocks
+  int8_t lo[4][64];          // chunk j, 128-bit lane L: qs[0:16] of block 4j + L
+  int8_t hi[4][64];          // the same for qs[16:32]
+  float dx[kG];              // lane l: fp16(d) of block blk(l), as f32
+  int32_t corr[kG];          // lane l: 8 * sum(qs) of block blk(l)
+};
+static_assert(sizeof(XGroup) == 640);
+
+constexpr int blk_of_lane(int l) { return 4 * (l % 4) + l / 4; }
+
+/// Packs blocks x[0, nv) (nv <= kG) into g; blocks nv.. are zero (contribute +0).
+inline void pack_x_group(const BlockQ8_0* x, int nv, XGroup& g) noexcept {
+  for (int b = 0; b < kG; ++b) {
+    const int j = b / 4, L = b % 4, l = 4 * L + j;  // blk_of_lane(l) == b
+    if (b < nv) {
+      std::memcpy(&g.lo[j][16 * L], x[b].qs, 16);
+      std::memcpy(&g.hi[j][16 * L], x[b].qs + 16, 16);
+      g.dx[l] = h2f(x[b].d);
+      int32_t s = 0;
+      for (int i = 0; i < kQK; ++i) s += x[b].qs[i];
+      g.corr[l] = 8 * s;
+    } else {
+      std::memset(&g.lo[j][16 * L], 0, 16);
+      std::memset(&g.hi[j][16 * L], 0, 16);
+      g.dx[l] = 0.0f;
+      g.corr[l] = 0;
+    }
+  }
 }
-/// Sums of four u8 x s8 products per i32 lane: one vpdpbusd with AVX512-VNNI, else
-/// maddubs + madd. The same integers either way (the i16 pair sums cannot saturate:
-/// |q| <= 15 x 127 or 128 x 127 per pair), so every ISA gives identical block dots.
-inline __m512i dot_u8s8(__m512i u, __m512i s) noexcept {
-#if TANDEM_ISA_VNNI
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-#else
-  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-#endif
+/// Packs ncol columns of nb blocks each (column stride nb) into ncol * ng groups.
+inline void pack_x(const BlockQ8_0* x, int64_t nb, int64_t ncol, XGroup* out) noexcept {
+  const int64_t ng = (nb + kG - 1) / kG;
+  for (int64_t c = 0; c < ncol; ++c)
+    for (int64_t g = 0; g < ng; ++g)
+      pack_x_group(x + c * nb + g * kG, static_cast<int>(std::min<int64_t>(kG, nb - g * kG)),
+                   out[c * ng + g]);
 }
-/// [fp16(d0) x 8, fp16(d1) x 8] as f32.
-inline __m512 scales_x2(uint16_t d0, uint16_t d1) noexcept {
-  const __m256i h = _mm256_inserti128_si256(
-      _mm256_castsi128_si256(_mm_set1_epi16(static_cast<short>(d0))), _mm_set1_epi16(static_cast<short>(d1)), 1);
-  return _mm512_cvtph_ps(h);
+inline XGroup* x_scratch(int64_t groups) noexcept {
+  static thread_local std::vector<XGroup> buf;
+  if (static_cast<int64_t>(buf.size()) < groups) buf.resize(static_cast<size_t>(groups));
+  return buf.data();
 }
 
-template <class TW, int R, int C>
-void tile_q512(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
-               const char* /*pf*/) noexcept {
-  // The integer work and the scale products run two blocks per 512-bit register; the
-  // f32 accumulation then takes the two halves in block order into 8 lanes, exactly as
-  // tile_q does, so prefill (m > 1) and decode (m == 1) give bit-identical dot products
-  // and a sequence's logits do not depend on what else shares its batch.
-  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  auto accumulate = [](__m256& a, __m512 scale, __m512i s) {
-    const __m512 sf = _mm512_cvtepi32_ps(s);
-    a = _mm256_fmadd_ps(_mm512_castps512_ps256(scale), _mm512_castps512_ps256(sf), a);
-    a = _mm256_fmadd_ps(_mm512_extractf32x8_ps(scale, 1), _mm512_extractf32x8_ps(sf, 1), a);
-  };
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    __m512i xq[C];
-    __m512i xs[C];
-    __m512 dx[C];
-    for (int c = 0; c < C; ++c) {
-      const BlockQ8_0& x0 = x[c * nb + b];
-      const BlockQ8_0& x1 = x[c * nb + b + 1];
-      xq[c] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.qs))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.qs)), 1);
-      dx[c] = scales_x2(x0.d, x1.d);
-      if constexpr (kQ4)
-        xs[c] = dot_u8s8(_mm512_set1_epi8(8), xq[c]);
-    }
-    for (int r = 0; r < R; ++r) {
-      const TW& w0 = w[r * nb + b];
-      const TW& w1 = w[r * nb + b + 1];
-      const __m512 dw = scales_x2(w0.d, w1.d);
-      if constexpr (kQ4) {
-        const __m512i wq = unpack_q4_x2(w0.qs, w1.qs);
-        for (int c = 0; c < C; ++c) {
-          const __m512i p = dot_u8s8(wq, xq[c]);
-          accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]), _mm512_sub_epi32(p, xs[c]));
-        }
-      } else {
-        const __m512i wq = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0.qs))),
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1.qs)), 1);
-        const __m512i aw = _mm512_abs_epi8(wq);
-        const __mmask64 neg = _mm512_movepi8_mask(wq);
-        for (int c = 0; c < C; ++c) {
-          // sign(x, w) without AVX-512 psignb: negate x where w < 0 (w == 0 gives aw = 0).
-          const __m512i sx = _mm512_mask_sub_epi8(xq[c], neg, _mm512_setzero_si512(), xq[c]);
-          accumulate(acc[r][c], _mm512_mul_ps(dw, dx[c]),
-                     dot_u8s8(aw, sx));
-        }
-      }
-    }
-  }
-  if (b < nb) {  // odd block count: the last block with 256-bit ops into the same lanes
-    const __m256i ones16_256 = _mm256_set1_epi16(1);
-    for (int c = 0; c < C; ++c) {
-      const BlockQ8_0& xb = x[c * nb + b];
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      const __m256 dx = _mm256_set1_ps(h2f(xb.d));
-      for (int r = 0; r < R; ++r) {
-        const TW& wb = w[r * nb + b];
-        const __m256 dw = _mm256_set1_ps(h2f(wb.d));
-        __m256i s;
-        if constexpr (kQ4) {
-          const __m256i xs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq), ones16_256);
-          s = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(unpack_q4(wb.qs), xq), ones16_256), xs);
-        } else {
-          const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs));
-          s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xq, wq)), ones16_256);
-        }
-        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s), acc[r][c]);
-      }
-    }
-  }
-  for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum256(acc[r][c]);
+inline __mmask64 chunk_mask(int nv, int j) noexcept {  // bytes of the valid blocks of chunk j
+  const int cnt = nv - 4 * j;
+  if (cnt >= 4) return ~0ull;
+  if (cnt <= 0) return 0;
+  return (1ull << (16 * cnt)) - 1;
 }
+/// 16 bytes per block from 4 blocks of size Sz, at byte offset Off within each block,
+/// into the four 128-bit lanes (masked loads: blocks past nv read nothing and give 0).
+template <int Sz, int Off>
+inline __m512i load_chunk(const char* base, __mmask64 m) noexcept {
+  const __m512i a = _mm512_maskz_loadu_epi8(m & 0x000000000000FFFFull, base + Off);
+  const __m512i b = _mm512_maskz_loadu_epi8(m & 0x00000000FFFF0000ull, base + Off + (Sz - 16));
+  const __m512i c = _mm512_maskz_loadu_epi8(m & 0x0000FFFF00000000ull, base + Off + 2 * (Sz - 16));
+  const __m512i d = _mm512_maskz_loadu_epi8(m & 0xFFFF000000000000ull, base + Off + 3 * (Sz - 16));
+  return _mm512_ternarylogic_epi64(a, b, _mm512_or_si512(c, d), 0xFE);
+}
+
+/// One row's weights for one group: u[j] / u[4 + j] = the u8 operands for the low / high
+/// halves of chunk j (Q4_0: the nibbles, i.e. q + 8; Q8_0: |q|), neg (Q8_0) the sign
+/// masks, dw the 16 weight scales in lane order.
+template <class TW>
+struct WGroup {
+  __m512i u[8];
+  __mmask64 neg[8];
+  __m512 dw;
+};
+
+template <class TW, bool kFull>
+inline void load_w_group(const TW* wb, int nv, WGroup<TW>& o) noexcept {
+  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
+  constexpr int kSz = static_cast<int>(sizeof(TW));
+  static_assert(kSz == (kQ4 ? 18 : 34));
+  const char* base = reinterpret_cast<const char*>(wb);
+  for (int j = 0; j < 4; ++j) {
+    const __mmask64 m = kFull ? ~0ull : chunk_mask(nv, j);
+    const char* cb = base + 4 * j * kSz;
+    if constexpr (kQ4) {
+      const __m512i raw = load_chunk<kSz, 2>(cb, m);
+      const __m512i m4 = _mm512_set1_epi8(0x0F);
+      o.u[j] = _mm512_and_si512(raw, m4);
+      o.u[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    } else {
+      const __m512i lo = load_chunk<kSz, 2>(cb, m);
+      const __m512i hi = load_chunk<kSz, 18>(cb, m);
+      o.u[j] = _mm512_abs_epi8(lo);
+      o.u[4 + j] = _mm512_abs_epi8(hi);
+      o.neg[j] = _mm512_movepi8_mask(lo);
+      o.neg[4 + j] = _mm512_movepi8_mask(hi);
+    }
+  }
+  const __m512i idx = _mm512_setr_epi32(
+      kSz * blk_of_lane(0), kSz * blk_of_lane(1), kSz * blk_of_lane(2), kSz * blk_of_lane(3),
+      kSz * blk_of_lane(4), kSz * blk_of_lane(5), kSz * blk_of_lane(6), kSz * blk_of_lane(7),
+      kSz * blk_of_lane(8), kSz * blk_of_lane(9), kSz * blk_of_lane(10), kSz * blk_of_lane(11),
+      kSz * blk_of_lane(12), kSz * blk_of_lane(13), kSz * blk_of_lane(14), kSz * blk_of_lane(15));
+  __m512i d32;
+  if constexpr (kFull) {
+    d32 = _mm512_i32gather_epi32(idx, base, 1);
+  } else {
+    __mmask16 gm = 0;
+    for (int l = 0; l < kG; ++l)
+      if (blk_of_lane(l) < nv) gm = static_cast<__mmask16>(gm | (1u << l));
+    d32 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), gm, idx, base, 1);
+  }
+  o.dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));  // low 16 bits of each dword = d
+}
+
+/// Exact i32 partial sums of one chunk (4 per block): u_lo . s_lo + u_hi . s_hi.
+template <bool kQ4>
+inline __m512i chunk_dot(__m512i ulo, __m512i slo, __m512i uhi, __m512i shi) noexcept {
+#if TANDEM_ISA_VNNI
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ulo, slo), uhi, shi);
+#else
+  const __m512i ones = _mm512_set1_epi16(1);
+  if constexpr (kQ4) {  // i16 pair sums <= 2 * 15 * 128, two of them still fit
+    return _mm512_madd_epi16(
+        _mm512_add_epi16(_mm512_maddubs_epi16(ulo, slo), _mm512_maddubs_epi16(uhi, shi)), ones);
+  } else {
+    return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(ulo, slo), ones),
+                            _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, shi), ones));
+  }
 #endif
+}
+/// Per 128-bit lane: [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
+inline __m512i pair_merge(__m512i a, __m512i b) noexcept {
+  const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
+                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xDD)));
+}
+inline float hsum512(__m512 v) noexcept {
+  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+template <class TW, int R, int C, bool kFull>
+inline void group_step(const TW* w, int64_t nb, int nv, const XGroup* xg, int64_t ng,
+                       __m512 (&acc)[R][C]) noexcept {
+  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
+  for (int r = 0; r < R; ++r) {
+    WGroup<TW> wg;
+    load_w_group<TW, kFull>(w + r * nb, nv, wg);
+    for (int c = 0; c < C; ++c) {
+      const XGroup& x = xg[c * ng];
+      __m512i v[4];
+      for (int j = 0; j < 4; ++j) {
+        __m512i slo = _mm512_load_si512(x.lo[j]);
+        __m512i shi = _mm512_load_si512(x.hi[j]);
+        if constexpr (!kQ4) {  // sign(x, w): negate x where w < 0 (w == 0 gives u = 0)
+          slo = _mm512_mask_sub_epi8(slo, wg.neg[j], _mm512_setzero_si512(), slo);
+          shi = _mm512_mask_sub_epi8(shi, wg.neg[4 + j], _mm512_setzero_si512(), shi);
+        }
+        v[j] = chunk_dot<kQ4>(wg.u[j], slo, wg.u[4 + j], shi);
+      }
+      __m512i s = pair_merge(pair_merge(v[0], v[1]), pair_merge(v[2], v[3]));
+      if constexpr (kQ4) s = _mm512_sub_epi32(s, _mm512_load_si512(x.corr));
+      const __m512 d = _mm512_mul_ps(wg.dw, _mm512_load_ps(x.dx));
+      acc[r][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[r][c]);
+    }
+  }
+}
+
+using TileGFn = void (*)(const void*, int64_t, const XGroup*, int64_t, float*, int64_t, const char*) noexcept;
+
+// y[c*ldy + r] = dot(W row r, X column c): w the R rows (stride nb blocks), xp the C packed
+// columns (stride ng groups). pf: as in tile_q (decode prefetch of the next rows).
+template <class TW, int R, int C>
+void tile_qg(const void* wv, int64_t nb, const XGroup* xp, int64_t ng, float* y, int64_t ldy,
+             const char* pf) noexcept {
+  const TW* w = static_cast<const TW*>(wv);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  constexpr int64_t kGroupBytes = kG * R * static_cast<int64_t>(sizeof(TW));
+  const int64_t nfull = nb / kG;
+  for (int64_t g = 0; g < nfull; ++g) {
+    if (pf != nullptr) {
+      const char* p = pf + g * kGroupBytes;
+      for (int64_t o = 0; o < kGroupBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    }
+    group_step<TW, R, C, true>(w + g * kG, nb, kG, xp + g, ng, acc);
+  }
+  if (nfull * kG < nb)
+    group_step<TW, R, C, false>(w + nfull * kG, nb, static_cast<int>(nb - nfull * kG),
+                                xp + nfull, ng, acc);
+  for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum512(acc[r][c]);
+}
+
+template <class TW, int RB, int CB, size_t... I>
+constexpr std::array<TileGFn, RB * CB> make_qg_tiles(std::index_sequence<I...>) {
+  return {&tile_qg<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+}
+
+template <class TW>
+void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+            int64_t r0, int64_t r1) noexcept {
+  const int64_t nb = k / kQK;
+  if (m <= 0 || r1 <= r0) return;
+  const int64_t ng = (nb + kG - 1) / kG;
+  if (m == 1) {  // decode GEMV: stream each weight row once, kGemvRows rows in flight
+    static constexpr auto gemv = make_qg_tiles<TW, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
+    XGroup* xp = x_scratch(ng);
+    pack_x(x, nb, 1, xp);
+    for (int64_t r = r0; r < r1; r += kGemvRows) {
+      const int64_t rr = std::min<int64_t>(kGemvRows, r1 - r);
+      const int64_t rn = r + kGemvRows;
+      const char* pf = rn < r1 ? reinterpret_cast<const char*>(w + rn * nb) : nullptr;
+      gemv[rr - 1](w + r * nb, nb, xp, ng, y + r, ldy, pf);
+    }
+    return;
+  }
+  static constexpr auto tiles =
+      make_qg_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
+  // Column chunk: keep the chunk's packed activations (~512 KiB) in L2 while all row tiles pass.
+  const int64_t col_bytes = ng * static_cast<int64_t>(sizeof(XGroup));
+  const int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
+  XGroup* xp = x_scratch(std::min(m, nc) * ng);
+  for (int64_t c0 = 0; c0 < m; c0 += nc) {
+    const int64_t c1 = std::min(m, c0 + nc);
+    pack_x(x + c0 * nb, nb, c1 - c0, xp);
+    for (int64_t r = r0; r < r1; r += kQRows) {
+      const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
+      for (int64_t c = c0; c < c1; c += kQCols) {
+        const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
+        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, xp + (c - c0) * ng, ng,
+                                            y + c * ldy + r, ldy, nullptr);
+      }
+    }
+  }
+}
+
+float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ4_0>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ8_0>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+#else  // AVX2: one 256-bit tile for decode and prefill
 
 template <class TW, int RB, int CB, size_t... I>
 constexpr std::array<TileFn<TW>, RB * CB> make_q_tiles(std::index_sequence<I...>) {
   return {&tile_q<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
-}
-template <class TW, int RB, int CB, size_t... I>
-constexpr std::array<TileFn<TW>, RB * CB> make_q_prefill_tiles(std::index_sequence<I...>) {
-#if TANDEM_ISA_AVX512
-  return {&tile_q512<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
-#else
-  return {&tile_q<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
-#endif
 }
 
 template <class TW>
@@ -404,7 +555,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
     return;
   }
   static constexpr auto tiles =
-      make_q_prefill_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
+      make_q_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
   // Column chunk: keep the chunk's activations (~512 KiB) in L2 while all row tiles pass.
   const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
   int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
@@ -431,6 +582,7 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
   tile_q<BlockQ8_0, 1, 1>(w, k / kQK, x, &out, 1, nullptr);
   return out;
 }
+#endif
 void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
                     int64_t ldy, int64_t r0, int64_t r1) noexcept {
   gemm_q<BlockQ4_0>(w, x, y, k, m, ldy, r0, r1);
