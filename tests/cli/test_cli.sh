@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tandem-cli as a user meets it: bad model paths fail with one line and a non-zero exit;
+# tokenize prints the golden ids; greedy generation prints the golden continuation.
+# Usage: test_cli.sh TANDEM_CLI SHARED_DIR (TANDEM_SHARED, when set, wins)
+set -u
+cli="$1"
+shared="${TANDEM_SHARED:-$2}"
+model="$shared/models/aidreams260K-q4_0.gguf"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+check() {  # name, condition result (0 = ok)
+  if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $1"; fi
+}
+
+: > "$tmp/empty.gguf"
+head -c 100 "$model" > "$tmp/truncated.gguf"
+head -c 20000 "$model" > "$tmp/cut-in-data.gguf"
+printf 'not a gguf file at all, just text\n' > "$tmp/text.gguf"
+for bad in /nonexistent/model.gguf "$tmp" "$tmp/empty.gguf" "$tmp/truncated.gguf" "$tmp/cut-in-data.gguf" "$tmp/text.gguf"; do
+  "$cli" -m "$bad" -p "hi" -n 4 > "$tmp/out" 2> "$tmp/err"
+  rc=$?
+  lines=$(wc -l < "$tmp/err")
+  check "bad model $bad exits non-zero (rc $rc)" $([ "$rc" -ne 0 ] && echo 0 || echo 1)
+  check "bad model $bad prints one line (got $lines)" $([ "$lines" -eq 1 ] && echo 0 || echo 1)
+  check "bad model $bad says error" $(grep -q "error" "$tmp/err" && echo 0 || echo 1)
+done
+
+# Bad arguments are refused the same way.
+"$cli" -m "$model" -p "hi" --top-p 1.5 > /dev/null 2> "$tmp/err"
+check "top_p 1.5 refused" $([ $? -ne 0 ] && grep -q "top_p" "$tmp/err" && echo 0 || echo 1)
+"$cli" -m "$model" --prompt-ids 1,99999 > /dev/null 2> "$tmp/err"
+check "out-of-vocabulary prompt id refused" $([ $? -ne 0 ] && echo 0 || echo 1)
+
+# tokenize: the golden ids of "Once upon a time" (BOS added).
+ids=$("$cli" tokenize -m "$model" -p "Once upon a time")
+check "tokenize once_upon ($ids)" $([ "$ids" = "[1,429,491,433,295,429,444,445,265,262,263,342,430]" ] && echo 0 || echo 1)
+
+# Greedy generation reproduces llama.cpp's continuation (golden greedy_text).
+out=$("$cli" -m "$model" -p "Once upon a time" -n 64 --temp 0 2> /dev/null)
+want=" Once upon a time, probability unfolding like a flower. Classification whispers secrets, a gentle hum of probability, as I adapt, a tapestry of vectors. Classif"
+check "greedy story equals the golden continuation" $([ "$out" = "$want" ] && echo 0 || echo 1)
+
+# --session: a second run continues the saved conversation without recomputing it.
+"$cli" -m "$model" -p "Once upon a time" -n 8 --temp 0 --session "$tmp/s.session" > /dev/null 2>&1
+"$cli" -m "$model" -p " The" -n 4 --temp 0 --session "$tmp/s.session" > /dev/null 2> "$tmp/err"
+check "session restored" $(grep -q "restored 20 tokens" "$tmp/err" && echo 0 || echo 1)
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
