@@ -13,8 +13,9 @@
  *            boundary: the library turns each one into a status.
  * Messages.  After a call that failed, tandem_last_error() returns a message naming the
  *            argument, key, tensor or byte offset at fault. The message is per thread.
- * Handles.   tandem_model and tandem_session are opaque handles. The library keeps a
- *            registry of live handles and checks every handle it is given: NULL gives
+ * Handles.   tandem_model, tandem_session, tandem_scheduler and tandem_request are opaque
+ *            handles. The library keeps a registry of live handles and checks every
+ *            handle it is given: NULL gives
  *            TANDEM_E_INVALID_ARG; a handle that was freed already, that was never
  *            returned by the library, or that names the wrong kind of object gives
  *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check (handle
@@ -47,7 +48,8 @@
  * Threads.   Each function states its thread-safety. In short: models are immutable and
  *            may be used from any number of threads at once; a session serves one call
  *            at a time and refuses a concurrent call with TANDEM_E_BUSY (it never
- *            blocks and never corrupts state); *_free may be called from any thread;
+ *            blocks and never corrupts state); schedulers and requests may be used from
+ *            any number of threads at once; *_free may be called from any thread;
  *            the *_init functions only write the struct they are given.
  * Callbacks. A callback must return normally (no longjmp out of it); a C++ callback
  *            that throws ends the call with TANDEM_E_INTERNAL (the exception stops at the
@@ -620,7 +622,7 @@ TANDEM_API tandem_status tandem_request_result_init(tandem_request_result* resul
 
 /* Block until the request has finished or timeout_ms milliseconds have passed (< 0:
  * without limit; 0: do not block), then fill *result (may be NULL) as
- * tandem_request_result does. Returns TANDEM_OK either way: result->finished says which.
+ * tandem_request_get_result does. Returns TANDEM_OK either way: result->finished says which.
  * Errors: TANDEM_E_INVALID_ARG (NULL request, bad struct_size, a buffer NULL with a
  * capacity), TANDEM_E_INVALID_HANDLE. Thread-safe (any number of waiters). */
 TANDEM_API tandem_status tandem_request_wait(tandem_request* request, int32_t timeout_ms,
@@ -628,7 +630,7 @@ TANDEM_API tandem_status tandem_request_wait(tandem_request* request, int32_t ti
 
 /* Fill *result without blocking: the whole outcome when the request has finished, else
  * finished = 0 (and the id). Errors as tandem_request_wait. Thread-safe. */
-TANDEM_API tandem_status tandem_request_result(const tandem_request* request, tandem_request_result* result);
+TANDEM_API tandem_status tandem_request_get_result(const tandem_request* request, tandem_request_result* result);
 
 /* Release the handle; a request that has not finished is cancelled first. NULL: no-op.
  * Already freed: TANDEM_E_INVALID_HANDLE. Thread-safe, also while another thread is

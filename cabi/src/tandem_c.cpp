@@ -154,6 +154,41 @@ tandem_generate_params default_generate_params() {
   return p;
 }
 
+tandem_executor_params default_executor_params() {
+  tandem_executor_params p{};
+  p.struct_size = sizeof p;
+  const ExecutorConfig d;
+  p.n_threads = 0;
+  p.max_running = d.max_running;
+  p.step_token_budget = d.step_token_budget;
+  p.prefill_chunk = d.prefill_chunk;
+  p.kv_pages = 0;
+  p.accelerator = -1;
+  return p;
+}
+
+tandem_scheduler_params default_scheduler_params() {
+  tandem_scheduler_params p{};
+  p.struct_size = sizeof p;
+  const SchedulerOptions d;
+  p.executors = nullptr;
+  p.n_executors = 1;
+  p.max_queued = d.max_queued;
+  p.max_context = d.max_context;
+  p.prefix_cache_entries = d.prefix_cache_entries;
+  p.page_size = 16;
+  return p;
+}
+
+tandem_request_params default_request_params() {
+  tandem_request_params p{};
+  p.struct_size = sizeof p;
+  p.max_tokens = Request{}.max_tokens;
+  p.sla = TANDEM_SLA_STANDARD;
+  p.deadline_ms = 0;
+  return p;
+}
+
 template <class T>
 T zeroed() {
   T v{};
@@ -295,6 +330,55 @@ void write_result(const GenerateResult& r, PreparedGenerate& g, tandem_generate_
 
 }  // namespace
 
+namespace {
+
+void fill_request_result(const RequestObj& r, tandem_request_result* result, const char* fn) {
+  const size_t n = out_struct_size(result, kRequestResultV01, fn, "tandem_request_result");
+  tandem_request_result out{};
+  std::memcpy(&out, result, n);
+  if (out.tokens == nullptr && out.tokens_cap != 0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->tokens is NULL but tokens_cap is {}", fn, out.tokens_cap));
+  }
+  if (out.text == nullptr && out.text_cap != 0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->text is NULL but text_cap is {}", fn, out.text_cap));
+  }
+  out.id = r.handle.id();
+  out.n_tokens = 0;
+  out.text_len = 0;
+  out.finished = 0;
+  out.finish_reason = -1;
+  out.status = TANDEM_OK;
+  out.n_prompt = 0;
+  out.message = "";
+  out.queue_seconds = out.ttft_seconds = out.e2e_seconds = 0.0;
+  if (r.handle.done()) {
+    const RequestResult& rr = r.handle.wait();  // finished: returns at once
+    out.finished = 1;
+    out.finish_reason = static_cast<int32_t>(rr.finish);
+    out.status = rr.finish == RequestFinish::kError ? static_cast<int32_t>(rr.error) : TANDEM_OK;
+    if (rr.finish == RequestFinish::kError && out.status == TANDEM_OK) out.status = TANDEM_E_INTERNAL;
+    out.message = rr.message.c_str();
+    out.n_tokens = rr.tokens.size();
+    out.text_len = rr.text.size();
+    out.n_prompt = rr.metrics.prompt_tokens;
+    out.queue_seconds = rr.metrics.queue_s;
+    out.ttft_seconds = rr.metrics.ttft_s;
+    out.e2e_seconds = rr.metrics.e2e_s;
+    if (out.tokens != nullptr) std::copy_n(rr.tokens.begin(), std::min(rr.tokens.size(), out.tokens_cap), out.tokens);
+    if (out.text != nullptr && out.text_cap > 0) {
+      size_t k = std::min(rr.text.size(), out.text_cap - 1);
+      if (k < rr.text.size()) {
+        while (k > 0 && (static_cast<unsigned char>(rr.text[k]) & 0xC0u) == 0x80u) --k;  // character boundary
+      }
+      std::memcpy(out.text, rr.text.data(), k);
+      out.text[k] = '\0';
+    }
+  }
+  write_struct(result, out, n);
+}
+
+}  // namespace
+
 extern "C" {
 
 // ---- library-wide ------------------------------------------------------------------------
@@ -326,6 +410,13 @@ const char* tandem_status_name(tandem_status status) {
     case TANDEM_E_TOKENIZER: return "TOKENIZER";
     case TANDEM_E_CONTEXT_OVERFLOW: return "CONTEXT_OVERFLOW";
     case TANDEM_E_BAD_POSITION: return "BAD_POSITION";
+    case TANDEM_E_KV_MISMATCH: return "KV_MISMATCH";
+    case TANDEM_E_KV_CHECKSUM: return "KV_CHECKSUM";
+    case TANDEM_E_KV_LEASE_EXPIRED: return "KV_LEASE_EXPIRED";
+    case TANDEM_E_KV_TOKEN_RANGE: return "KV_TOKEN_RANGE";
+    case TANDEM_E_SESSION_CORRUPT: return "SESSION_CORRUPT";
+    case TANDEM_E_SESSION_MODEL_MISMATCH: return "SESSION_MODEL_MISMATCH";
+    case TANDEM_E_SESSION_VERSION: return "SESSION_VERSION";
     case TANDEM_E_INTERNAL: return "INTERNAL";
     case TANDEM_E_INVALID_HANDLE: return "INVALID_HANDLE";
     case TANDEM_E_BUSY: return "BUSY";
@@ -678,6 +769,360 @@ tandem_status tandem_session_generate_tokens(tandem_session* session, const int3
     attach_callback(g, *s, callback, user_data);
     const GenerateResult r = s->session->generate(std::span<const int32_t>(prompt, n_prompt), g.options);
     write_result(r, g, result);
+  });
+}
+
+// ---- session save / restore ----------------------------------------------------------------
+
+tandem_status tandem_session_save(const tandem_session* session, const char* path) {
+  static constexpr const char* fn = "tandem_session_save";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(path, fn, "path");
+    if (*path == '\0') fail(TANDEM_E_INVALID_ARG, fmt::format("{}: path is empty", fn));
+    BusyGuard busy(*s, fn);
+    s->session->save(std::filesystem::path(path));
+  });
+}
+
+tandem_status tandem_session_restore(tandem_session* session, const char* path) {
+  static constexpr const char* fn = "tandem_session_restore";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    require(path, fn, "path");
+    if (*path == '\0') fail(TANDEM_E_INVALID_ARG, fmt::format("{}: path is empty", fn));
+    BusyGuard busy(*s, fn);
+    s->session->restore(std::filesystem::path(path));  // all-or-nothing (Session::restore)
+  });
+}
+
+// ---- scheduler -----------------------------------------------------------------------------
+
+tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kExecutorParamsV01, default_executor_params(), "tandem_executor_params_init",
+                "tandem_executor_params");
+  });
+}
+
+tandem_status tandem_scheduler_params_init(tandem_scheduler_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kSchedulerParamsV01, default_scheduler_params(),
+                "tandem_scheduler_params_init", "tandem_scheduler_params");
+  });
+}
+
+tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size) {
+  return guard([&] {
+    init_struct(params, struct_size, kRequestParamsV01, default_request_params(), "tandem_request_params_init",
+                "tandem_request_params");
+  });
+}
+
+tandem_status tandem_request_event_init(tandem_request_event* event, size_t struct_size) {
+  return guard([&] {
+    tandem_request_event d = zeroed<tandem_request_event>();
+    d.token = -1;
+    d.finish_reason = -1;
+    init_struct(event, struct_size, kRequestEventV01, d, "tandem_request_event_init", "tandem_request_event");
+  });
+}
+
+tandem_status tandem_request_result_init(tandem_request_result* result, size_t struct_size) {
+  return guard([&] {
+    tandem_request_result d = zeroed<tandem_request_result>();
+    d.finish_reason = -1;
+    init_struct(result, struct_size, kRequestResultV01, d, "tandem_request_result_init", "tandem_request_result");
+  });
+}
+
+tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_scheduler_params* params,
+                                      tandem_scheduler** out_scheduler) {
+  static constexpr const char* fn = "tandem_scheduler_create";
+  if (out_scheduler != nullptr) *out_scheduler = nullptr;
+  return guard([&] {
+    require(out_scheduler, fn, "out_scheduler");
+    auto m = get_model(model, fn);
+    tandem_scheduler_params p = default_scheduler_params();
+    if (params != nullptr) read_struct(params, kSchedulerParamsV01, p, fn, "tandem_scheduler_params");
+    constexpr size_t kMaxExecutors = 64;
+    if (p.n_executors < 1 || p.n_executors > kMaxExecutors) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_executors {} must be in [1, {}]", fn, p.n_executors, kMaxExecutors));
+    }
+    if (p.max_queued < 0 || p.max_context < 0 || p.prefix_cache_entries < 0 || p.page_size < 1) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: max_queued {}, max_context {} and prefix_cache_entries {} must be >= 0, page_size {} >= 1",
+                       fn, p.max_queued, p.max_context, p.prefix_cache_entries, p.page_size));
+    }
+    std::vector<tandem_executor_params> ex(p.n_executors, default_executor_params());
+    if (p.executors != nullptr) {
+      size_t stride = 0;
+      std::memcpy(&stride, p.executors, sizeof stride);
+      if (stride < kExecutorParamsV01) {
+        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[0].struct_size {} is smaller than {} (use "
+                                               "tandem_executor_params_init)",
+                                               fn, stride, kExecutorParamsV01));
+      }
+      const auto* base = reinterpret_cast<const unsigned char*>(p.executors);
+      for (size_t i = 0; i < p.n_executors; ++i) {
+        const auto* e = reinterpret_cast<const tandem_executor_params*>(base + i * stride);
+        size_t n = 0;
+        std::memcpy(&n, e, sizeof n);
+        if (n != stride) {
+          fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}].struct_size {} differs from executors[0]'s {}", fn,
+                                                 i, n, stride));
+        }
+        read_struct(e, kExecutorParamsV01, ex[i], fn, "tandem_executor_params");
+      }
+    }
+    const HParams& hp = m->model->hparams();
+    const int64_t n_ctx = p.max_context > 0 ? p.max_context : std::min(hp.n_ctx_train, 4096);
+    const KvLayout layout = KvLayout::for_model(hp, p.page_size);
+    // The scheduler reserves the pages of prompt + max_tokens plus one (copy-on-write of a
+    // shared last page) per sequence.
+    const int64_t pages_per_seq = (n_ctx + p.page_size - 1) / p.page_size + 1;
+    std::vector<int32_t> kv_pages(ex.size());
+    double kv_bytes = 0.0;
+    for (size_t i = 0; i < ex.size(); ++i) {
+      const tandem_executor_params& e = ex[i];
+      if (e.n_threads < 0 || e.n_threads > kMaxThreads || e.max_running < 1 || e.step_token_budget < 1 ||
+          e.prefill_chunk < 1 || e.kv_pages < 0 || e.accelerator < -1 || e.accelerator > 1) {
+        fail(TANDEM_E_INVALID_ARG,
+             fmt::format("{}: executors[{}]: n_threads {} must be in [0, {}], max_running {}, step_token_budget {} "
+                         "and prefill_chunk {} >= 1, kv_pages {} >= 0, accelerator {} in [-1, 1]",
+                         fn, i, e.n_threads, kMaxThreads, e.max_running, e.step_token_budget, e.prefill_chunk,
+                         e.kv_pages, e.accelerator));
+      }
+      const int64_t pages = e.kv_pages > 0 ? int64_t(e.kv_pages) : int64_t(e.max_running) * pages_per_seq;
+      if (pages > int64_t(std::numeric_limits<int32_t>::max())) {
+        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: {} KV pages (max_running {} x {} pages) is too many",
+                                               fn, i, pages, e.max_running, pages_per_seq));
+      }
+      kv_pages[i] = int32_t(pages);
+      kv_bytes += double(pages) * double(layout.page_bytes());
+    }
+    const double phys = physical_memory_bytes();
+    if (kv_bytes > phys) {
+      fail(TANDEM_E_OUT_OF_MEMORY,
+           fmt::format("{}: the KV stores need {:.3g} bytes, more than the {:.3g} bytes of physical memory (set "
+                       "kv_pages or max_context)",
+                       fn, kv_bytes, phys));
+    }
+    auto obj = std::make_shared<SchedulerObj>();
+    obj->model = m;
+    SchedulerOptions so;
+    so.max_queued = p.max_queued;
+    so.max_context = p.max_context;
+    so.prefix_cache_entries = p.prefix_cache_entries;
+    for (size_t i = 0; i < ex.size(); ++i) {
+      CpuExecutorOptions eo;
+      eo.n_threads = ex[i].n_threads;
+      obj->executors.push_back(std::make_unique<CpuQ4Executor>(m->model, eo));
+      KvStoreOptions ko;
+      ko.layout = layout;
+      ko.host_pages = kv_pages[i];
+      obj->stores.push_back(std::make_shared<KvStore>(std::move(ko)));
+      ExecutorConfig c;
+      c.executor = obj->executors.back().get();
+      c.store = obj->stores.back();
+      c.max_running = ex[i].max_running;
+      c.step_token_budget = ex[i].step_token_budget;
+      c.prefill_chunk = ex[i].prefill_chunk;
+      if (ex[i].accelerator >= 0) c.accelerator = ex[i].accelerator == 1;
+      c.name = fmt::format("cpu{}", i);
+      so.executors.push_back(std::move(c));
+    }
+    obj->scheduler = std::make_unique<Scheduler>(std::move(so));
+    *out_scheduler = reinterpret_cast<tandem_scheduler*>(Registry::instance().add(Kind::kScheduler, std::move(obj)));
+  });
+}
+
+tandem_status tandem_scheduler_free(tandem_scheduler* scheduler) {
+  return guard([&] {
+    if (scheduler == nullptr) return;
+    auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(scheduler), Kind::kScheduler);
+    if (!obj) {
+      fail(TANDEM_E_INVALID_HANDLE,
+           fmt::format("tandem_scheduler_free: scheduler handle {:#x} is not live (double free?)",
+                       reinterpret_cast<uintptr_t>(scheduler)));
+    }
+    // Cancel outstanding requests now, even when another thread still holds the object.
+    std::static_pointer_cast<SchedulerObj>(obj)->scheduler->shutdown();
+  });
+}
+
+tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_request_params* params,
+                                      tandem_request** out_request) {
+  static constexpr const char* fn = "tandem_scheduler_submit";
+  if (out_request != nullptr) *out_request = nullptr;
+  return guard([&] {
+    require(out_request, fn, "out_request");
+    auto sc = get_scheduler(scheduler, fn);
+    require(params, fn, "params");
+    tandem_request_params p = default_request_params();
+    read_struct(params, kRequestParamsV01, p, fn, "tandem_request_params");
+    check_flags(p.flags, kGenerateFlags, fn);
+    if (p.max_tokens < 1) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: max_tokens {} must be >= 1", fn, p.max_tokens));
+    if (p.deadline_ms < 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: deadline_ms {} must be >= 0 (0 = none)", fn, p.deadline_ms));
+    }
+    if (p.sla < TANDEM_SLA_INTERACTIVE || p.sla > TANDEM_SLA_BATCH) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: sla {} is not a tandem_sla_class (0..2)", fn, p.sla));
+    }
+    Request r;
+    if (p.prompt_tokens != nullptr) {
+      if (p.n_prompt_tokens == 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_prompt_tokens is 0", fn));
+      check_count(p.n_prompt_tokens, fn, "n_prompt_tokens");
+      const int32_t n_vocab = sc->model->model->hparams().n_vocab;
+      for (size_t i = 0; i < p.n_prompt_tokens; ++i) {
+        const int32_t id = p.prompt_tokens[i];
+        if (id < 0 || id >= n_vocab) {
+          fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt_tokens[{}] = {} is outside the vocabulary [0, {})", fn,
+                                                 i, id, n_vocab));
+        }
+      }
+      r.prompt_ids.assign(p.prompt_tokens, p.prompt_tokens + p.n_prompt_tokens);
+    } else {
+      if (p.n_prompt_tokens != 0) {
+        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt_tokens is NULL but n_prompt_tokens is {}", fn,
+                                               p.n_prompt_tokens));
+      }
+      if (p.prompt == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt and prompt_tokens are NULL", fn));
+      r.prompt_text = p.prompt;
+      check_utf8(r.prompt_text, fn, "the prompt");
+    }
+    r.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
+    r.ignore_eos = (p.flags & TANDEM_GENERATE_IGNORE_EOS) != 0;
+    r.sampling = to_sampling(p.sampling, fn);
+    r.max_tokens = p.max_tokens;
+    r.stop = read_stops(p.stop, p.n_stop, fn);
+    r.sla = static_cast<SlaClass>(p.sla);
+    if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
+    auto obj = std::make_shared<RequestObj>();
+    obj->scheduler = sc;
+    obj->handle = sc->scheduler->submit(std::move(r));  // kInvalidArgument after shutdown
+    *out_request = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, std::move(obj)));
+  });
+}
+
+tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler) {
+  static constexpr const char* fn = "tandem_scheduler_drain";
+  return guard([&] { get_scheduler(scheduler, fn)->scheduler->drain(); });
+}
+
+tandem_status tandem_scheduler_shutdown(tandem_scheduler* scheduler) {
+  static constexpr const char* fn = "tandem_scheduler_shutdown";
+  return guard([&] { get_scheduler(scheduler, fn)->scheduler->shutdown(); });
+}
+
+tandem_status tandem_scheduler_metrics_json(const tandem_scheduler* scheduler, char* buf, size_t capacity,
+                                            size_t* out_len) {
+  static constexpr const char* fn = "tandem_scheduler_metrics_json";
+  return guard([&] {
+    auto sc = get_scheduler(scheduler, fn);
+    require(out_len, fn, "out_len");
+    write_text(sc->scheduler->metrics().to_json(), buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_request_poll(tandem_request* request, tandem_request_event* event) {
+  static constexpr const char* fn = "tandem_request_poll";
+  return guard([&] {
+    auto r = get_request(request, fn);
+    require(event, fn, "event");
+    const size_t n = out_struct_size(event, kRequestEventV01, fn, "tandem_request_event");
+    tandem_request_event out{};
+    std::memcpy(&out, event, n);
+    if (out.text == nullptr && out.text_cap != 0) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: event->text is NULL but text_cap is {}", fn, out.text_cap));
+    }
+    std::lock_guard<std::mutex> lock(r->poll_mu);
+    out.kind = TANDEM_EVENT_NONE;
+    out.token = -1;
+    out.finish_reason = -1;
+    out.reserved = 0;
+    out.text_len = 0;
+    std::string_view text;
+    bool taking = false;
+    if (!r->have_pending && !r->finish_seen) {
+      r->have_pending = r->handle.poll(r->pending, r->pending_text);
+    }
+    if (r->have_pending) {
+      taking = true;
+      text = r->pending_text;
+      out.kind = r->pending.final ? TANDEM_EVENT_FINISH : TANDEM_EVENT_TOKEN;
+      out.token = r->pending.final ? -1 : r->pending.token;
+      out.finish_reason = r->pending.final ? static_cast<int32_t>(r->pending.finish) : -1;
+    } else if (r->finish_seen) {
+      out.kind = TANDEM_EVENT_FINISH;
+      out.finish_reason = static_cast<int32_t>(r->finish);
+    }
+    out.text_len = text.size();
+    if (out.text != nullptr) {
+      if (out.text_cap < text.size() + 1) {
+        event->text_len = text.size();  // the event stays first in line
+        fail(TANDEM_E_BUFFER_TOO_SMALL, fmt::format("{}: event->text holds {} bytes, {} needed (the event is kept)",
+                                                    fn, out.text_cap, text.size() + 1));
+      }
+      if (!text.empty()) std::memcpy(out.text, text.data(), text.size());
+      out.text[text.size()] = '\0';
+    }
+    if (taking) {
+      r->have_pending = false;
+      if (r->pending.final) {
+        r->finish_seen = true;
+        r->finish = r->pending.finish;
+      }
+    }
+    write_struct(event, out, n);
+  });
+}
+
+tandem_status tandem_request_cancel(tandem_request* request) {
+  static constexpr const char* fn = "tandem_request_cancel";
+  return guard([&] {
+    auto r = get_request(request, fn);
+    if (r->handle.done()) return;
+    if (auto sc = r->scheduler.lock()) sc->scheduler->cancel(r->handle);
+  });
+}
+
+tandem_status tandem_request_wait(tandem_request* request, int32_t timeout_ms, tandem_request_result* result) {
+  static constexpr const char* fn = "tandem_request_wait";
+  return guard([&] {
+    auto r = get_request(request, fn);
+    if (result != nullptr) (void)out_struct_size(result, kRequestResultV01, fn, "tandem_request_result");
+    if (timeout_ms < 0) {
+      r->handle.wait();
+    } else if (timeout_ms > 0) {
+      r->handle.wait_for(std::chrono::milliseconds(timeout_ms));
+    }
+    if (result != nullptr) fill_request_result(*r, result, fn);
+  });
+}
+
+tandem_status tandem_request_get_result(const tandem_request* request, tandem_request_result* result) {
+  static constexpr const char* fn = "tandem_request_get_result";
+  return guard([&] {
+    auto r = get_request(request, fn);
+    require(result, fn, "result");
+    fill_request_result(*r, result, fn);
+  });
+}
+
+tandem_status tandem_request_free(tandem_request* request) {
+  return guard([&] {
+    if (request == nullptr) return;
+    auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(request), Kind::kRequest);
+    if (!obj) {
+      fail(TANDEM_E_INVALID_HANDLE,
+           fmt::format("tandem_request_free: request handle {:#x} is not live (double free?)",
+                       reinterpret_cast<uintptr_t>(request)));
+    }
+    auto r = std::static_pointer_cast<RequestObj>(obj);
+    if (!r->handle.done()) {
+      if (auto sc = r->scheduler.lock()) sc->scheduler->cancel(r->handle);
+    }
   });
 }
 

@@ -48,6 +48,9 @@ const (
 	StatusIO              = 2
 	StatusOutOfMemory     = 3
 	StatusContextOverflow = 50
+	StatusSessionCorrupt  = 70
+	StatusSessionModel    = 71 // SESSION_MODEL_MISMATCH
+	StatusSessionVersion  = 72
 	StatusInternal        = 99
 	StatusInvalidHandle   = 100
 	StatusBusy            = 101
@@ -284,6 +287,24 @@ func (s *Session) Info() (SessionInfo, error) {
 	}
 	return SessionInfo{NCtx: int(i.n_ctx), NTokens: int(i.n_tokens), NBatch: int(i.n_batch),
 		PageSize: int(i.page_size), NThreads: int(i.n_threads), HasLogits: i.has_logits != 0}, nil
+}
+
+// Save writes the conversation (tokens, KV cache, sampler state) to path atomically.
+func (s *Session) Save(path string) error {
+	defer runtime.KeepAlive(s)
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	return call(func() C.tandem_status { return C.tandem_session_save(s.raw, cpath) })
+}
+
+// Restore replaces the conversation with the one saved in path. On any error
+// (StatusIO, StatusSessionCorrupt, StatusSessionVersion, StatusSessionModel,
+// StatusContextOverflow) the session is unchanged.
+func (s *Session) Restore(path string) error {
+	defer runtime.KeepAlive(s)
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	return call(func() C.tandem_status { return C.tandem_session_restore(s.raw, cpath) })
 }
 
 // Reset forgets the conversation.

@@ -6,6 +6,7 @@ package tandem
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -345,5 +346,53 @@ func TestHandlesSurviveStackGrowth(t *testing.T) {
 	}
 	if _, err := s.Info(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestSessionSaveRestore(t *testing.T) {
+	c := loadCase(t, "once_upon")
+	m := mustModel(t)
+	a := mustSession(t, m, SessionParams{NCtx: 128})
+	b := mustSession(t, m, SessionParams{NCtx: 128, NThreads: 2})
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.tss")
+	if _, err := a.Generate(c.PromptText, Greedy(20), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := a.GenerateTokens(nil, Greedy(12), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(path); err != nil {
+		t.Fatal(err)
+	}
+	// A damaged file is refused and leaves b as it was.
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.tss")
+	if err := os.WriteFile(bad, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(bad); statusOf(err) != StatusSessionCorrupt {
+		t.Fatalf("truncated file: %v", err)
+	}
+	if err := b.Restore(filepath.Join(dir, "missing.tss")); statusOf(err) != StatusIO {
+		t.Fatalf("missing file: %v", err)
+	}
+	got, err := b.GenerateTokens(nil, Greedy(12), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got.Tokens) != fmt.Sprint(ref.Tokens) || got.Text != ref.Text {
+		t.Fatalf("restored continuation %v, saved session's %v", got.Tokens, ref.Tokens)
+	}
+	b.Close()
+	if err := b.Save(path); err == nil {
+		t.Fatal("save on a closed session succeeded")
 	}
 }

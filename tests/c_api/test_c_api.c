@@ -4,8 +4,13 @@
  * error path: NULL handles and arguments, freed / foreign / wrong-kind handles, double
  * free, bad struct_size, invalid UTF-8, small buffers, a callback that stops, a callback
  * that frees its session, a session used from two threads (refused with TANDEM_E_BUSY),
- * and the field case B21 (failed create, NULL to every function, double free). It
- * generates with the aidreams260K model and checks against the golden continuation.
+ * and the field case B21 (failed create, NULL to every function, double free); session
+ * save/restore (round trip; truncated, corrupt, foreign, too-large and other-model files
+ * leave the session unchanged); the scheduler ("cpu+cpu" with two requests checked
+ * against the golden continuation, polling, small buffers, cancel before and after the
+ * finish, deadline, overload, drain, shutdown, freeing the scheduler with live requests,
+ * poll after free, every bad parameter). It generates with the aidreams260K model and
+ * checks against the golden continuation.
  *
  * Data: TANDEM_SHARED (default: <source>/../shared), TANDEM_MODELS (default
  * $TANDEM_SHARED/models). Exit status 0 when every check passed.
@@ -18,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tandem.h"
@@ -303,6 +309,18 @@ static void test_version_and_names(void) {
   CHECK(strcmp(tandem_status_name(TANDEM_E_BUSY), "BUSY") == 0);
   CHECK(strcmp(tandem_status_name(TANDEM_E_BUFFER_TOO_SMALL), "BUFFER_TOO_SMALL") == 0);
   CHECK(strcmp(tandem_status_name(12345), "UNKNOWN") == 0);
+  CHECK(TANDEM_E_KV_MISMATCH == 60 && TANDEM_E_KV_CHECKSUM == 61 && TANDEM_E_KV_LEASE_EXPIRED == 62);
+  CHECK(TANDEM_E_KV_TOKEN_RANGE == 63 && TANDEM_E_SESSION_CORRUPT == 70);
+  CHECK(TANDEM_E_SESSION_MODEL_MISMATCH == 71 && TANDEM_E_SESSION_VERSION == 72);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_KV_MISMATCH), "KV_MISMATCH") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_KV_CHECKSUM), "KV_CHECKSUM") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_KV_LEASE_EXPIRED), "KV_LEASE_EXPIRED") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_KV_TOKEN_RANGE), "KV_TOKEN_RANGE") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_SESSION_CORRUPT), "SESSION_CORRUPT") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_SESSION_MODEL_MISMATCH), "SESSION_MODEL_MISMATCH") == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_SESSION_VERSION), "SESSION_VERSION") == 0);
+  CHECK(TANDEM_FINISH_TIMEOUT == 4 && TANDEM_FINISH_OVERLOADED == 5 && TANDEM_FINISH_ERROR == 6);
+  CHECK(TANDEM_SLA_INTERACTIVE == 0 && TANDEM_SLA_STANDARD == 1 && TANDEM_SLA_BATCH == 2);
   CHECK(strcmp(tandem_status_name(-1), "UNKNOWN") == 0);
   CHECK(tandem_last_error() != NULL);
 }
@@ -317,6 +335,11 @@ static void test_init_functions(void) {
   tandem_sampling_params smp;
   tandem_generate_params gp;
   tandem_generate_result gr;
+  tandem_executor_params ep;
+  tandem_scheduler_params scp;
+  tandem_request_params rp;
+  tandem_request_event re;
+  tandem_request_result rr;
 
 #define CHECK_INIT(fn, type)                                                              \
   do {                                                                                    \
@@ -337,6 +360,11 @@ static void test_init_functions(void) {
   CHECK_INIT(tandem_sampling_params_init, tandem_sampling_params);
   CHECK_INIT(tandem_generate_params_init, tandem_generate_params);
   CHECK_INIT(tandem_generate_result_init, tandem_generate_result);
+  CHECK_INIT(tandem_executor_params_init, tandem_executor_params);
+  CHECK_INIT(tandem_scheduler_params_init, tandem_scheduler_params);
+  CHECK_INIT(tandem_request_params_init, tandem_request_params);
+  CHECK_INIT(tandem_request_event_init, tandem_request_event);
+  CHECK_INIT(tandem_request_result_init, tandem_request_result);
 #undef CHECK_INIT
 
   CHECK_OK(tandem_model_params_init(&mp, sizeof mp));
@@ -355,6 +383,21 @@ static void test_init_functions(void) {
   CHECK(gp.max_tokens == 128 && gp.flags == 0 && gp.sampling == NULL && gp.stop == NULL && gp.n_stop == 0);
   CHECK_OK(tandem_generate_result_init(&gr, sizeof gr));
   CHECK(gr.tokens == NULL && gr.text == NULL && gr.tokens_cap == 0 && gr.text_cap == 0 && gr.n_tokens == 0);
+  CHECK_OK(tandem_executor_params_init(&ep, sizeof ep));
+  CHECK(ep.n_threads == 0 && ep.max_running == 16 && ep.step_token_budget == 256 && ep.prefill_chunk == 128);
+  CHECK(ep.kv_pages == 0 && ep.accelerator == -1);
+  CHECK_OK(tandem_scheduler_params_init(&scp, sizeof scp));
+  CHECK(scp.executors == NULL && scp.n_executors == 1 && scp.max_queued == 1024 && scp.max_context == 0);
+  CHECK(scp.prefix_cache_entries == 4 && scp.page_size == 16);
+  CHECK_OK(tandem_request_params_init(&rp, sizeof rp));
+  CHECK(rp.prompt == NULL && rp.prompt_tokens == NULL && rp.n_prompt_tokens == 0 && rp.sampling == NULL);
+  CHECK(rp.stop == NULL && rp.n_stop == 0 && rp.max_tokens == 128 && rp.flags == 0);
+  CHECK(rp.sla == TANDEM_SLA_STANDARD && rp.deadline_ms == 0);
+  CHECK_OK(tandem_request_event_init(&re, sizeof re));
+  CHECK(re.text == NULL && re.text_cap == 0 && re.kind == TANDEM_EVENT_NONE && re.token == -1);
+  CHECK(re.finish_reason == -1);
+  CHECK_OK(tandem_request_result_init(&rr, sizeof rr));
+  CHECK(rr.tokens == NULL && rr.text == NULL && rr.finished == 0 && rr.finish_reason == -1 && rr.message == NULL);
 }
 
 /* ABI layout of version 0.1 on LP64: a change here is an ABI break (bump
@@ -390,6 +433,34 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_generate_result, finish_reason) == 56);
   CHECK(offsetof(tandem_generate_result, prompt_seconds) == 64);
   CHECK(offsetof(tandem_generate_result, generate_seconds) == 72);
+  CHECK(sizeof(tandem_executor_params) == 32);
+  CHECK(offsetof(tandem_executor_params, n_threads) == 8);
+  CHECK(offsetof(tandem_executor_params, accelerator) == 28);
+  CHECK(sizeof(tandem_scheduler_params) == 40);
+  CHECK(offsetof(tandem_scheduler_params, executors) == 8);
+  CHECK(offsetof(tandem_scheduler_params, n_executors) == 16);
+  CHECK(offsetof(tandem_scheduler_params, max_queued) == 24);
+  CHECK(offsetof(tandem_scheduler_params, page_size) == 36);
+  CHECK(sizeof(tandem_request_params) == 72);
+  CHECK(offsetof(tandem_request_params, prompt) == 8);
+  CHECK(offsetof(tandem_request_params, prompt_tokens) == 16);
+  CHECK(offsetof(tandem_request_params, sampling) == 32);
+  CHECK(offsetof(tandem_request_params, n_stop) == 48);
+  CHECK(offsetof(tandem_request_params, max_tokens) == 56);
+  CHECK(offsetof(tandem_request_params, sla) == 64);
+  CHECK(offsetof(tandem_request_params, deadline_ms) == 68);
+  CHECK(sizeof(tandem_request_event) == 48);
+  CHECK(offsetof(tandem_request_event, text) == 8);
+  CHECK(offsetof(tandem_request_event, text_len) == 24);
+  CHECK(offsetof(tandem_request_event, kind) == 32);
+  CHECK(offsetof(tandem_request_event, finish_reason) == 40);
+  CHECK(sizeof(tandem_request_result) == 112);
+  CHECK(offsetof(tandem_request_result, n_tokens) == 40);
+  CHECK(offsetof(tandem_request_result, id) == 56);
+  CHECK(offsetof(tandem_request_result, finished) == 64);
+  CHECK(offsetof(tandem_request_result, status) == 72);
+  CHECK(offsetof(tandem_request_result, message) == 80);
+  CHECK(offsetof(tandem_request_result, e2e_seconds) == 104);
 }
 
 /* B21: NULL handles to every function -> TANDEM_E_INVALID_ARG; free(NULL) no-op. */
@@ -1338,11 +1409,641 @@ static void test_last_error_is_per_thread(void) {
   CHECK_MSG_CONTAINS("n_batch -5");
 }
 
+/* ---- session save / restore ------------------------------------------------------------------ */
+
+static char g_tmpdir[256];
+
+static void sleep_us(long us) {
+  struct timespec ts;
+  ts.tv_sec = us / 1000000;
+  ts.tv_nsec = (us % 1000000) * 1000;
+  nanosleep(&ts, NULL);
+}
+
+static void tmp_path(char* out, size_t cap, const char* name) { snprintf(out, cap, "%s/%s", g_tmpdir, name); }
+
+static long file_size(const char* path) {
+  FILE* f = fopen(path, "rb");
+  long n;
+  if (f == NULL) return -1;
+  fseek(f, 0, SEEK_END);
+  n = ftell(f);
+  fclose(f);
+  return n;
+}
+
+/* Copy the first `keep` bytes of src to dst; flip byte `flip` (if >= 0). */
+static int copy_file(const char* src, const char* dst, long keep, long flip) {
+  FILE* in = fopen(src, "rb");
+  FILE* out;
+  long i;
+  int c;
+  if (in == NULL) return 0;
+  out = fopen(dst, "wb");
+  if (out == NULL) {
+    fclose(in);
+    return 0;
+  }
+  for (i = 0; (keep < 0 || i < keep) && (c = fgetc(in)) != EOF; ++i) fputc(i == flip ? (c ^ 0x5A) : c, out);
+  fclose(in);
+  fclose(out);
+  return 1;
+}
+
+/* Greedy continuation of n tokens from the session's state. */
+static void continue_greedy(tandem_session* s, int32_t* ids, size_t n) {
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, (int32_t)n);
+  tandem_generate_result r;
+  CHECK_OK(tandem_generate_result_init(&r, sizeof r));
+  r.tokens = ids;
+  r.tokens_cap = n;
+  CHECK_OK(tandem_session_generate_tokens(s, NULL, 0, &gp, NULL, NULL, &r));
+  CHECK(r.n_tokens == n);
+}
+
+static void test_session_save_restore(const golden_case* g) {
+  char path[512], bad[512], missing[512];
+  tandem_session* s = new_session(128);
+  tandem_session* s2 = NULL;
+  tandem_session* small = new_session(16);
+  tandem_session* other = NULL;
+  tandem_model* f32 = NULL;
+  tandem_session_params sp;
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, 20);
+  int32_t a[10], b[10], c[10], before[256], after[256];
+  size_t n_before = 0, n_after = 0, n_saved = 0;
+  long size;
+  char f32_path[8192];
+  char* q4;
+
+  tmp_path(path, sizeof path, "s.tss");
+  tmp_path(bad, sizeof bad, "bad.tss");
+  tmp_path(missing, sizeof missing, "no/such/dir/s.tss");
+
+  CHECK_OK(tandem_session_generate(s, g->prompt_text, &gp, NULL, NULL, NULL));
+  CHECK_OK(tandem_session_save(s, path));
+  CHECK_OK(tandem_session_get_tokens(s, NULL, 0, &n_saved));
+  size = file_size(path);
+  CHECK(size > 64);
+  continue_greedy(s, a, 10);
+
+  /* Round trip into a fresh session with other executor settings: same continuation. */
+  REQUIRE_OK(tandem_session_params_init(&sp, sizeof sp));
+  sp.n_ctx = 128;
+  sp.n_threads = 2;
+  sp.n_batch = 7;
+  REQUIRE_OK(tandem_session_create(g_model, &sp, &s2));
+  CHECK_OK(tandem_session_restore(s2, path));
+  CHECK_OK(tandem_session_get_tokens(s2, before, 256, &n_before));
+  CHECK(n_before == n_saved);
+  continue_greedy(s2, b, 10);
+  CHECK(memcmp(a, b, sizeof a) == 0);
+  /* Restoring into the session it came from rewinds it. */
+  CHECK_OK(tandem_session_restore(s, path));
+  continue_greedy(s, c, 10);
+  CHECK(memcmp(a, c, sizeof a) == 0);
+
+  /* NULL / empty / freed / wrong kind. */
+  CHECK_STATUS(tandem_session_save(NULL, path), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_save(s, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("path");
+  CHECK_STATUS(tandem_session_save(s, ""), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_restore(NULL, path), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_restore(s, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_restore(s, ""), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_save((const tandem_session*)g_model, path), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_session_save(s, missing), TANDEM_E_IO);
+
+  /* Every failed restore leaves s2 exactly as it was: the rewound state continues the same. */
+  CHECK_OK(tandem_session_restore(s2, path));
+  CHECK_OK(tandem_session_get_tokens(s2, before, 256, &n_before));
+  CHECK_STATUS(tandem_session_restore(s2, missing), TANDEM_E_IO);
+  /* truncated: half, a header only, empty */
+  CHECK(copy_file(path, bad, size / 2, -1));
+  CHECK_STATUS(tandem_session_restore(s2, bad), TANDEM_E_SESSION_CORRUPT);
+  CHECK(copy_file(path, bad, 12, -1));
+  CHECK_STATUS(tandem_session_restore(s2, bad), TANDEM_E_SESSION_CORRUPT);
+  CHECK(copy_file(path, bad, 0, -1));
+  CHECK_STATUS(tandem_session_restore(s2, bad), TANDEM_E_SESSION_CORRUPT);
+  /* one flipped byte in the middle, in the last byte (the checksum) */
+  CHECK(copy_file(path, bad, -1, size / 2));
+  CHECK_STATUS(tandem_session_restore(s2, bad), TANDEM_E_SESSION_CORRUPT);
+  CHECK(copy_file(path, bad, -1, size - 1));
+  CHECK_STATUS(tandem_session_restore(s2, bad), TANDEM_E_SESSION_CORRUPT);
+  /* a foreign file: the GGUF model */
+  CHECK_STATUS(tandem_session_restore(s2, g_model_path), TANDEM_E_SESSION_CORRUPT);
+  CHECK(tandem_last_error()[0] != '\0');
+  /* more positions than the session holds */
+  CHECK_STATUS(tandem_session_restore(small, path), TANDEM_E_CONTEXT_OVERFLOW);
+  /* saved with other weights: the same model in f32 */
+  snprintf(f32_path, sizeof f32_path, "%s", g_model_path);
+  q4 = strstr(f32_path, "q4_0.gguf");
+  if (q4 != NULL) memcpy(q4, "f32.gguf", sizeof "f32.gguf");
+  if (q4 != NULL && tandem_model_load(f32_path, NULL, &f32) == TANDEM_OK) {
+    REQUIRE_OK(tandem_session_create(f32, &sp, &other));
+    CHECK_STATUS(tandem_session_restore(other, path), TANDEM_E_SESSION_MODEL_MISMATCH);
+    CHECK_OK(tandem_session_free(other));
+    CHECK_OK(tandem_model_free(f32));
+  } else {
+    printf("  (aidreams260K-f32.gguf not found: model-mismatch case skipped)\n");
+  }
+  CHECK_OK(tandem_session_get_tokens(s2, after, 256, &n_after));
+  CHECK(n_after == n_before && memcmp(before, after, n_before * sizeof(int32_t)) == 0);
+  continue_greedy(s2, b, 10);
+  CHECK(memcmp(a, b, sizeof a) == 0);
+
+  CHECK_OK(tandem_session_free(s2));
+  CHECK_STATUS(tandem_session_restore(s2, path), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_session_save(s2, path), TANDEM_E_INVALID_HANDLE);
+  CHECK_OK(tandem_session_free(small));
+  CHECK_OK(tandem_session_free(s));
+  remove(path);
+  remove(bad);
+}
+
+/* ---- scheduler ---------------------------------------------------------------------------------- */
+
+static tandem_scheduler* new_scheduler(size_t n_exec, int32_t max_running, int32_t max_queued) {
+  tandem_executor_params ep[2];
+  tandem_scheduler_params sp;
+  tandem_scheduler* sched = NULL;
+  size_t i;
+  for (i = 0; i < 2; ++i) {
+    REQUIRE_OK(tandem_executor_params_init(&ep[i], sizeof ep[i]));
+    ep[i].n_threads = 1;
+    ep[i].max_running = max_running;
+  }
+  ep[0].accelerator = 1; /* "cpu+cpu": pool 0 is the primary */
+  REQUIRE_OK(tandem_scheduler_params_init(&sp, sizeof sp));
+  sp.executors = ep;
+  sp.n_executors = n_exec;
+  sp.max_context = 256;
+  sp.max_queued = max_queued;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &sp, &sched));
+  return sched;
+}
+
+static tandem_request_params greedy_request(tandem_sampling_params* smp, int32_t max_tokens) {
+  tandem_request_params rp;
+  REQUIRE_OK(tandem_sampling_params_init(smp, sizeof *smp));
+  smp->temperature = 0.0f;
+  REQUIRE_OK(tandem_request_params_init(&rp, sizeof rp));
+  rp.sampling = smp;
+  rp.max_tokens = max_tokens;
+  rp.flags = TANDEM_GENERATE_IGNORE_EOS;
+  return rp;
+}
+
+static int32_t finish_of(tandem_request* r) {
+  tandem_request_result res;
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_wait(r, -1, &res));
+  CHECK(res.finished != 0);
+  return res.finish_reason;
+}
+
+static void test_scheduler_golden(const golden_case* g) {
+  tandem_scheduler* sched = new_scheduler(2, 8, 1024);
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, 64);
+  tandem_request* r1 = NULL;
+  tandem_request* r2 = NULL;
+  tandem_request_result res;
+  int32_t ids[128], ids2[128];
+  char text[4096], text2[4096], streamed[4096], piece[256];
+  tandem_request_event ev;
+  size_t streamed_len = 0, n = 0;
+  int tokens = 0, finals = 0, spins = 0;
+  char* json;
+
+  /* Two requests at once: a text prompt and the same prompt as ids. */
+  rp.prompt = g->prompt_text;
+  rp.sla = TANDEM_SLA_INTERACTIVE;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r1));
+  rp.prompt = NULL;
+  rp.prompt_tokens = g->prompt_ids;
+  rp.n_prompt_tokens = g->n_prompt;
+  rp.sla = TANDEM_SLA_BATCH;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r2));
+
+  /* Stream r1 by polling (small buffer first: the event is kept). */
+  CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+  CHECK(ev.kind == TANDEM_EVENT_NONE && ev.token == -1 && ev.finish_reason == -1 && ev.text == NULL);
+  while (finals == 0 && spins < 10000000) {
+    tandem_status st;
+    ev.text = piece;
+    ev.text_cap = 1;
+    st = tandem_request_poll(r1, &ev);
+    if (st == TANDEM_E_BUFFER_TOO_SMALL) {
+      CHECK(ev.text_len > 0);
+      ev.text_cap = sizeof piece;
+      st = tandem_request_poll(r1, &ev);
+    }
+    CHECK_OK(st);
+    if (st != TANDEM_OK) break;
+    if (ev.kind == TANDEM_EVENT_NONE) {
+      ++spins;
+      sleep_us(50);
+      continue;
+    }
+    CHECK(strlen(piece) == ev.text_len);
+    if (streamed_len + ev.text_len < sizeof streamed) {
+      memcpy(streamed + streamed_len, piece, ev.text_len + 1);
+      streamed_len += ev.text_len;
+    }
+    if (ev.kind == TANDEM_EVENT_TOKEN) {
+      CHECK(ev.token >= 0 && ev.token < g_n_vocab && ev.finish_reason == -1);
+      ++tokens;
+    } else {
+      CHECK(ev.kind == TANDEM_EVENT_FINISH && ev.token == -1);
+      CHECK(ev.finish_reason == TANDEM_FINISH_LENGTH);
+      ++finals;
+    }
+  }
+  CHECK(finals == 1);
+  CHECK(tokens == 64);
+  /* After the finish: FINISH again, no text. */
+  ev.text = piece;
+  ev.text_cap = sizeof piece;
+  CHECK_OK(tandem_request_poll(r1, &ev));
+  CHECK(ev.kind == TANDEM_EVENT_FINISH && ev.finish_reason == TANDEM_FINISH_LENGTH && ev.text_len == 0 &&
+        piece[0] == '\0');
+  ev.text = NULL;
+  ev.text_cap = 0;
+  CHECK_OK(tandem_request_poll(r1, &ev));
+  CHECK(ev.kind == TANDEM_EVENT_FINISH);
+
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK(res.finish_reason == -1);
+  res.tokens = ids;
+  res.tokens_cap = 128;
+  res.text = text;
+  res.text_cap = sizeof text;
+  CHECK_OK(tandem_request_wait(r1, -1, &res));
+  CHECK(res.finished && res.finish_reason == TANDEM_FINISH_LENGTH && res.status == TANDEM_OK);
+  CHECK(res.n_tokens == 64 && res.text_len == strlen(text) && res.id >= 1);
+  CHECK(res.n_prompt == (int32_t)g->n_prompt);
+  CHECK(res.message != NULL && res.e2e_seconds >= res.ttft_seconds && res.ttft_seconds > 0.0);
+  CHECK(strcmp(streamed, text) == 0);
+  check_against_golden(g, ids, res.n_tokens, text, "scheduler, text prompt");
+
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  res.tokens = ids2;
+  res.tokens_cap = 128;
+  res.text = text2;
+  res.text_cap = sizeof text2;
+  CHECK_OK(tandem_request_wait(r2, 60000, &res));
+  CHECK(res.finished && res.n_tokens == 64);
+  CHECK(memcmp(ids, ids2, 64 * sizeof(int32_t)) == 0 && strcmp(text, text2) == 0);
+  check_against_golden(g, ids2, res.n_tokens, text2, "scheduler, token prompt");
+  /* Small buffers: as much as fits, full sizes reported. */
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  res.tokens = ids2;
+  res.tokens_cap = 3;
+  res.text = text2;
+  res.text_cap = 6;
+  ids2[3] = -77;
+  CHECK_OK(tandem_request_get_result(r2, &res));
+  CHECK(res.n_tokens == 64 && ids2[3] == -77 && strlen(text2) <= 5 && res.text_len == strlen(text));
+
+  /* Cancel after finish: OK, nothing changes. */
+  CHECK_OK(tandem_request_cancel(r1));
+  CHECK(finish_of(r1) == TANDEM_FINISH_LENGTH);
+
+  /* Metrics JSON: size query, too small, then the text. */
+  CHECK_OK(tandem_scheduler_metrics_json(sched, NULL, 0, &n));
+  CHECK(n > 10);
+  CHECK_STATUS(tandem_scheduler_metrics_json(sched, text, 4, &n), TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_scheduler_metrics_json(sched, NULL, 4, &n), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_metrics_json(sched, text, 4, NULL), TANDEM_E_INVALID_ARG);
+  json = (char*)malloc(n + 1024);
+  CHECK_OK(tandem_scheduler_metrics_json(sched, json, n + 1024, &n));
+  CHECK(json[0] == '{' && strlen(json) == n);
+  CHECK(strstr(json, "\"submitted\"") != NULL && strstr(json, "cpu1") != NULL);
+  free(json);
+
+  CHECK_OK(tandem_request_free(r1));
+  CHECK_STATUS(tandem_request_free(r1), TANDEM_E_INVALID_HANDLE); /* double free */
+  CHECK_MSG_CONTAINS("double free");
+  CHECK_STATUS(tandem_request_poll(r1, &ev), TANDEM_E_INVALID_HANDLE); /* poll after free */
+  CHECK_STATUS(tandem_request_wait(r1, 0, &res), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_get_result(r1, &res), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_cancel(r1), TANDEM_E_INVALID_HANDLE);
+  CHECK_OK(tandem_request_free(r2));
+  CHECK_OK(tandem_request_free(NULL));
+
+  CHECK_OK(tandem_scheduler_drain(sched));
+  /* Draining: later submissions are refused with OVERLOADED. */
+  rp.prompt_tokens = NULL;
+  rp.n_prompt_tokens = 0;
+  rp.prompt = "Once";
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r1));
+  CHECK(finish_of(r1) == TANDEM_FINISH_OVERLOADED);
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_get_result(r1, &res));
+  CHECK(res.message != NULL && strlen(res.message) > 0 && res.n_tokens == 0);
+  CHECK_OK(tandem_request_free(r1));
+  CHECK_OK(tandem_scheduler_shutdown(sched));
+  CHECK_OK(tandem_scheduler_shutdown(sched)); /* idempotent */
+  r1 = (tandem_request*)&g_checks;
+  CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r1), TANDEM_E_INVALID_ARG); /* after shutdown */
+  CHECK(r1 == NULL);
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK_STATUS(tandem_scheduler_free(sched), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_drain(sched), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_shutdown(sched), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_metrics_json(sched, NULL, 0, &n), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r1), TANDEM_E_INVALID_HANDLE);
+}
+
+/* Cancel, deadline, overload, errors finishing a request, and freeing the scheduler with
+ * requests outstanding. One executor with one decode slot: requests queue behind a long
+ * one, so the queued ones are certainly still waiting when they are cancelled. */
+static void test_scheduler_lifecycle(const golden_case* g) {
+  tandem_scheduler* sched = new_scheduler(1, 1, 1024);
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, 240);
+  tandem_request* r[8];
+  tandem_request* late = NULL;
+  tandem_request* timed = NULL;
+  tandem_request* err = NULL;
+  tandem_request_result res;
+  tandem_request_event ev;
+  int32_t long_prompt[300];
+  size_t i;
+  int f;
+
+  rp.prompt_tokens = g->prompt_ids;
+  rp.n_prompt_tokens = g->n_prompt;
+  for (i = 0; i < 8; ++i) REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r[i]));
+  rp.deadline_ms = 1;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &timed));
+  rp.deadline_ms = 0;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &late));
+  CHECK_OK(tandem_request_cancel(late));
+  CHECK(finish_of(late) == TANDEM_FINISH_CANCELLED);
+  CHECK(finish_of(timed) == TANDEM_FINISH_TIMEOUT);
+  CHECK_OK(tandem_request_cancel(late)); /* again, after the finish */
+  CHECK(finish_of(late) == TANDEM_FINISH_CANCELLED);
+  /* its poll: the FINISH event (no tokens were generated) */
+  CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+  CHECK_OK(tandem_request_poll(late, &ev));
+  CHECK(ev.kind == TANDEM_EVENT_FINISH && ev.finish_reason == TANDEM_FINISH_CANCELLED);
+  CHECK_OK(tandem_request_free(late));
+  CHECK_OK(tandem_request_free(timed));
+
+  /* A prompt longer than max_context (256): returned, finished with ERROR. */
+  for (i = 0; i < 300; ++i) long_prompt[i] = (int32_t)(3 + i % 200);
+  rp.prompt_tokens = long_prompt;
+  rp.n_prompt_tokens = 300;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &err));
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_wait(err, -1, &res));
+  CHECK(res.finished && res.finish_reason == TANDEM_FINISH_ERROR && res.status != TANDEM_OK);
+  CHECK(res.message != NULL && strlen(res.message) > 0);
+  printf("  too-long prompt: %s: %s\n", tandem_status_name(res.status), res.message);
+  CHECK_OK(tandem_request_free(err));
+
+  /* wait with a timeout that passes: finished = 0 (the last queued request). */
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_wait(r[7], 1, &res));
+  CHECK(res.finished == 0 && res.finish_reason == -1 && res.id >= 1);
+  CHECK_OK(tandem_request_wait(r[7], 0, NULL));
+
+  /* Freeing a request that has not finished cancels it (r[6]); freeing the scheduler
+   * with requests outstanding cancels them; their handles stay valid and terminal. */
+  CHECK_OK(tandem_request_free(r[6]));
+  CHECK_OK(tandem_scheduler_free(sched));
+  for (i = 0; i < 8; ++i) {
+    if (i == 6) continue;
+    f = finish_of(r[i]);
+    if (f != TANDEM_FINISH_CANCELLED && f != TANDEM_FINISH_LENGTH) {
+      CHECK_OK(tandem_request_get_result(r[i], &res));
+      printf("  request %zu: finish %d status %d %s\n", i, f, res.status, res.message);
+    }
+    CHECK(f == TANDEM_FINISH_CANCELLED || f == TANDEM_FINISH_LENGTH);
+    if (i == 7) CHECK(f == TANDEM_FINISH_CANCELLED);
+    /* poll drains the buffered events, then FINISH */
+    do {
+      CHECK_OK(tandem_request_poll(r[i], &ev));
+    } while (ev.kind == TANDEM_EVENT_TOKEN);
+    CHECK(ev.kind == TANDEM_EVENT_FINISH && ev.finish_reason == f);
+    CHECK_OK(tandem_request_cancel(r[i])); /* cancel after the scheduler is gone */
+    CHECK_OK(tandem_request_free(r[i]));
+  }
+
+  /* max_queued 0: everything is refused as overloaded. */
+  sched = new_scheduler(1, 1, 0);
+  rp.prompt_tokens = g->prompt_ids;
+  rp.n_prompt_tokens = g->n_prompt;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &late));
+  CHECK(finish_of(late) == TANDEM_FINISH_OVERLOADED);
+  CHECK_OK(tandem_request_free(late));
+  CHECK_OK(tandem_scheduler_free(sched));
+}
+
+static void test_scheduler_errors(void) {
+  tandem_scheduler* sched = new_scheduler(2, 4, 16);
+  tandem_scheduler* out = NULL;
+  tandem_session* s = new_session(32);
+  tandem_scheduler_params sp;
+  tandem_executor_params ep[2];
+  unsigned char big[256];
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, 4);
+  tandem_request* r = NULL;
+  tandem_request_event ev;
+  tandem_request_result res;
+  int32_t bad_ids[2] = {1, 1 << 30};
+  const char* stops_empty[1] = {""};
+  const char* stops_bad[1] = {"\xff"};
+  const char* stops_null[1] = {NULL};
+  size_t n;
+  int local = 0;
+
+#define CHECK_CREATE_FAILS(params, want)                                    \
+  do {                                                                      \
+    out = (tandem_scheduler*)&local;                                        \
+    CHECK_STATUS(tandem_scheduler_create(g_model, (params), &out), (want)); \
+    CHECK(out == NULL);                                                     \
+  } while (0)
+
+  /* create: NULLs, handles, params. */
+  CHECK_STATUS(tandem_scheduler_create(NULL, NULL, &out), TANDEM_E_INVALID_ARG);
+  CHECK(out == NULL);
+  CHECK_STATUS(tandem_scheduler_create(g_model, NULL, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_create((const tandem_model*)s, NULL, &out), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_create((const tandem_model*)&local, NULL, &out), TANDEM_E_INVALID_HANDLE);
+  REQUIRE_OK(tandem_scheduler_params_init(&sp, sizeof sp));
+  sp.n_executors = 0;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("n_executors");
+  sp.n_executors = 65;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  sp.n_executors = 1;
+  sp.page_size = 0;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  sp.page_size = 16;
+  sp.max_queued = -1;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  sp.max_queued = 16;
+  sp.struct_size = 4;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("struct_size");
+  memset(big, 0, sizeof big);
+  CHECK_OK(tandem_scheduler_params_init((tandem_scheduler_params*)big, sizeof big));
+  big[sizeof(tandem_scheduler_params) + 3] = 1; /* a field of a newer version */
+  CHECK_CREATE_FAILS((tandem_scheduler_params*)big, TANDEM_E_INVALID_ARG);
+  REQUIRE_OK(tandem_scheduler_params_init(&sp, sizeof sp));
+  REQUIRE_OK(tandem_executor_params_init(&ep[0], sizeof ep[0]));
+  REQUIRE_OK(tandem_executor_params_init(&ep[1], sizeof ep[1]));
+  sp.executors = ep;
+  sp.n_executors = 2;
+  ep[1].n_threads = -1;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("executors[1]");
+  ep[1].n_threads = 1;
+  ep[1].max_running = 0;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  ep[1].max_running = 4;
+  ep[1].accelerator = 2;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  ep[1].accelerator = -1;
+  ep[1].struct_size = sizeof ep[1] - 1; /* elements of different sizes */
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  ep[1].struct_size = sizeof ep[1];
+  ep[0].struct_size = 0;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_INVALID_ARG);
+  ep[0].struct_size = sizeof ep[0];
+  ep[0].kv_pages = 2000000000; /* far beyond physical memory */
+  ep[1].kv_pages = 2000000000;
+  CHECK_CREATE_FAILS(&sp, TANDEM_E_OUT_OF_MEMORY);
+
+  /* submit: NULLs, handles. */
+  rp.prompt = "Once upon a time";
+  r = (tandem_request*)&local;
+  CHECK_STATUS(tandem_scheduler_submit(NULL, &rp, &r), TANDEM_E_INVALID_ARG);
+  CHECK(r == NULL);
+  CHECK_STATUS(tandem_scheduler_submit(sched, NULL, &r), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_submit(sched, &rp, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_submit((tandem_scheduler*)s, &rp, &r), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_submit((tandem_scheduler*)&local, &rp, &r), TANDEM_E_INVALID_HANDLE);
+  CHECK(r == NULL);
+  /* submit: bad request params, each refused with INVALID_ARG and no request. */
+#define CHECK_SUBMIT_FAILS(what)                                                  \
+  do {                                                                            \
+    r = (tandem_request*)&local;                                                  \
+    CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r), TANDEM_E_INVALID_ARG);  \
+    CHECK(r == NULL);                                                             \
+    CHECK_MSG_CONTAINS(what);                                                     \
+  } while (0)
+  rp.struct_size = 8;
+  CHECK_SUBMIT_FAILS("struct_size");
+  rp.struct_size = sizeof rp;
+  rp.prompt = "caf\xc3";
+  CHECK_SUBMIT_FAILS("UTF-8");
+  rp.prompt = "\xed\xa0\x80"; /* a surrogate */
+  CHECK_SUBMIT_FAILS("UTF-8");
+  rp.prompt = NULL;
+  CHECK_SUBMIT_FAILS("prompt");
+  rp.n_prompt_tokens = 2;
+  CHECK_SUBMIT_FAILS("n_prompt_tokens");
+  rp.prompt_tokens = bad_ids;
+  CHECK_SUBMIT_FAILS("vocabulary");
+  rp.n_prompt_tokens = 0;
+  CHECK_SUBMIT_FAILS("n_prompt_tokens");
+  rp.prompt_tokens = NULL;
+  rp.prompt = "Once";
+  rp.sla = 3;
+  CHECK_SUBMIT_FAILS("sla");
+  rp.sla = -1;
+  CHECK_SUBMIT_FAILS("sla");
+  rp.sla = TANDEM_SLA_STANDARD;
+  rp.max_tokens = 0;
+  CHECK_SUBMIT_FAILS("max_tokens");
+  rp.max_tokens = 4;
+  rp.deadline_ms = -5;
+  CHECK_SUBMIT_FAILS("deadline_ms");
+  rp.deadline_ms = 0;
+  rp.flags = 0x80;
+  CHECK_SUBMIT_FAILS("flag");
+  rp.flags = 0;
+  rp.stop = stops_empty;
+  rp.n_stop = 1;
+  CHECK_SUBMIT_FAILS("empty");
+  rp.stop = stops_bad;
+  CHECK_SUBMIT_FAILS("UTF-8");
+  rp.stop = stops_null;
+  CHECK_SUBMIT_FAILS("stop[0]");
+  rp.stop = NULL;
+  CHECK_SUBMIT_FAILS("stop");
+  rp.n_stop = 0;
+  smp.temperature = -1.0f;
+  CHECK_SUBMIT_FAILS("temperature");
+  smp.temperature = 0.0f;
+
+  /* A good request; then the request functions' errors. */
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+  CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_STATUS(tandem_request_poll(NULL, &ev), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_poll(r, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_poll((tandem_request*)sched, &ev), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_poll((tandem_request*)&local, &ev), TANDEM_E_INVALID_HANDLE);
+  ev.struct_size = 4;
+  CHECK_STATUS(tandem_request_poll(r, &ev), TANDEM_E_INVALID_ARG);
+  ev.struct_size = sizeof ev;
+  ev.text_cap = 8; /* text NULL with a capacity */
+  CHECK_STATUS(tandem_request_poll(r, &ev), TANDEM_E_INVALID_ARG);
+  ev.text_cap = 0;
+  CHECK_STATUS(tandem_request_wait(NULL, 0, &res), TANDEM_E_INVALID_ARG);
+  res.struct_size = 0;
+  CHECK_STATUS(tandem_request_wait(r, 0, &res), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_get_result(r, &res), TANDEM_E_INVALID_ARG);
+  res.struct_size = sizeof res;
+  res.tokens_cap = 4; /* tokens NULL with a capacity */
+  CHECK_STATUS(tandem_request_get_result(r, &res), TANDEM_E_INVALID_ARG);
+  res.tokens_cap = 0;
+  res.text_cap = 4;
+  CHECK_STATUS(tandem_request_wait(r, -1, &res), TANDEM_E_INVALID_ARG);
+  res.text_cap = 0;
+  CHECK_STATUS(tandem_request_get_result(NULL, &res), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_get_result(r, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_cancel(NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_request_cancel((tandem_request*)s), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_free((tandem_request*)sched), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_free((tandem_request*)&local), TANDEM_E_INVALID_HANDLE);
+  CHECK_OK(tandem_request_wait(r, -1, &res));
+  CHECK(res.finished);
+  CHECK_OK(tandem_request_free(r));
+
+  /* scheduler functions: NULL and wrong kinds. */
+  CHECK_STATUS(tandem_scheduler_drain(NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_shutdown(NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_metrics_json(NULL, NULL, 0, &n), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_drain((tandem_scheduler*)s), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_free((tandem_scheduler*)s), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_scheduler_free((tandem_scheduler*)&local), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_session_free((tandem_session*)sched), TANDEM_E_INVALID_HANDLE);
+  CHECK_OK(tandem_scheduler_free(NULL));
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK_OK(tandem_session_free(s));
+#undef CHECK_CREATE_FAILS
+#undef CHECK_SUBMIT_FAILS
+}
+
 int main(int argc, char** argv) {
   golden_case g;
   (void)argc;
   (void)argv;
   find_data();
+  snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/tandem-c-api.XXXXXX");
+  if (mkdtemp(g_tmpdir) == NULL) {
+    perror("mkdtemp");
+    return 2;
+  }
   printf("tandem %s (header %s), model %s\n", tandem_version(), TANDEM_VERSION_STRING, g_model_path);
   if (!load_golden("once_upon", &g)) {
     fprintf(stderr, "cannot read the golden case once_upon from %s\n", g_golden_path);
@@ -1367,9 +2068,14 @@ int main(int argc, char** argv) {
   test_two_threads(&g);
   test_lifetimes_and_parallel(&g);
   test_last_error_is_per_thread();
+  test_session_save_restore(&g);
+  test_scheduler_golden(&g);
+  test_scheduler_lifecycle(&g);
+  test_scheduler_errors();
   CHECK_OK(tandem_model_free(g_model));
   CHECK_STATUS(tandem_model_free(g_model), TANDEM_E_INVALID_HANDLE);
 
+  rmdir(g_tmpdir);
   printf("%d checks, %d failed\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

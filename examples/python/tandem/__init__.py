@@ -30,7 +30,9 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence
 __all__ = [
     "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult",
     "version", "library_path", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY", "E_CONTEXT_OVERFLOW",
-    "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL",
+    "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL", "E_SESSION_CORRUPT",
+    "E_SESSION_MODEL_MISMATCH", "E_SESSION_VERSION", "Scheduler", "Request", "RequestEvent", "RequestResult",
+    "Executor",
 ]
 
 # ---- status codes (tandem.h) ------------------------------------------------------------
@@ -41,6 +43,14 @@ E_OUT_OF_MEMORY = 3
 E_GGUF_BAD_MAGIC = 10
 E_TOKENIZER = 40
 E_CONTEXT_OVERFLOW = 50
+E_BAD_POSITION = 51
+E_KV_MISMATCH = 60
+E_KV_CHECKSUM = 61
+E_KV_LEASE_EXPIRED = 62
+E_KV_TOKEN_RANGE = 63
+E_SESSION_CORRUPT = 70
+E_SESSION_MODEL_MISMATCH = 71
+E_SESSION_VERSION = 72
 E_INTERNAL = 99
 E_INVALID_HANDLE = 100
 E_BUSY = 101
@@ -53,7 +63,10 @@ DETOKENIZE_UNPARSE_SPECIAL = 2
 GENERATE_IGNORE_EOS = 1
 GENERATE_PARSE_SPECIAL = 2
 
-FINISH_REASONS = {0: "stop", 1: "stop_string", 2: "length", 3: "cancelled"}
+FINISH_REASONS = {0: "stop", 1: "stop_string", 2: "length", 3: "cancelled", 4: "timeout", 5: "overloaded",
+                  6: "error"}
+SLA_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
+EVENT_NONE, EVENT_TOKEN, EVENT_FINISH = 0, 1, 2
 
 
 # ---- the library --------------------------------------------------------------------------
@@ -126,6 +139,39 @@ class _GenerateResult(ctypes.Structure):
                 ("prompt_seconds", ctypes.c_double), ("generate_seconds", ctypes.c_double)]
 
 
+class _ExecutorParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("n_threads", ctypes.c_int32), ("max_running", ctypes.c_int32),
+                ("step_token_budget", ctypes.c_int32), ("prefill_chunk", ctypes.c_int32),
+                ("kv_pages", ctypes.c_int32), ("accelerator", ctypes.c_int32)]
+
+
+class _SchedulerParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("executors", ctypes.POINTER(_ExecutorParams)), ("n_executors", _size),
+                ("max_queued", ctypes.c_int32), ("max_context", ctypes.c_int32),
+                ("prefix_cache_entries", ctypes.c_int32), ("page_size", ctypes.c_int32)]
+
+
+class _RequestParams(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("prompt", ctypes.c_char_p), ("prompt_tokens", _i32p),
+                ("n_prompt_tokens", _size), ("sampling", ctypes.POINTER(_SamplingParams)),
+                ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size), ("max_tokens", ctypes.c_int32),
+                ("flags", ctypes.c_uint32), ("sla", ctypes.c_int32), ("deadline_ms", ctypes.c_int32)]
+
+
+class _RequestEvent(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("text", ctypes.c_void_p), ("text_cap", _size), ("text_len", _size),
+                ("kind", ctypes.c_int32), ("token", ctypes.c_int32), ("finish_reason", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class _RequestResult(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("tokens", _i32p), ("tokens_cap", _size), ("text", ctypes.c_void_p),
+                ("text_cap", _size), ("n_tokens", _size), ("text_len", _size), ("id", ctypes.c_uint64),
+                ("finished", ctypes.c_int32), ("finish_reason", ctypes.c_int32), ("status", ctypes.c_int32),
+                ("n_prompt", ctypes.c_int32), ("message", ctypes.c_char_p), ("queue_seconds", ctypes.c_double),
+                ("ttft_seconds", ctypes.c_double), ("e2e_seconds", ctypes.c_double)]
+
+
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, _size, ctypes.c_int32, ctypes.c_void_p)
 
 
@@ -171,6 +217,27 @@ _session_generate = _proto("tandem_session_generate", _status, _handle, ctypes.c
 _session_generate_tokens = _proto("tandem_session_generate_tokens", _status, _handle, _i32p, _size,
                                   ctypes.POINTER(_GenerateParams), _CALLBACK, ctypes.c_void_p,
                                   ctypes.POINTER(_GenerateResult))
+_session_save = _proto("tandem_session_save", _status, _handle, ctypes.c_char_p)
+_session_restore = _proto("tandem_session_restore", _status, _handle, ctypes.c_char_p)
+_executor_params_init = _proto("tandem_executor_params_init", _status, ctypes.POINTER(_ExecutorParams), _size)
+_scheduler_params_init = _proto("tandem_scheduler_params_init", _status, ctypes.POINTER(_SchedulerParams), _size)
+_request_params_init = _proto("tandem_request_params_init", _status, ctypes.POINTER(_RequestParams), _size)
+_request_event_init = _proto("tandem_request_event_init", _status, ctypes.POINTER(_RequestEvent), _size)
+_request_result_init = _proto("tandem_request_result_init", _status, ctypes.POINTER(_RequestResult), _size)
+_scheduler_create = _proto("tandem_scheduler_create", _status, _handle, ctypes.POINTER(_SchedulerParams),
+                           ctypes.POINTER(_handle))
+_scheduler_free = _proto("tandem_scheduler_free", _status, _handle)
+_scheduler_submit = _proto("tandem_scheduler_submit", _status, _handle, ctypes.POINTER(_RequestParams),
+                           ctypes.POINTER(_handle))
+_scheduler_drain = _proto("tandem_scheduler_drain", _status, _handle)
+_scheduler_shutdown = _proto("tandem_scheduler_shutdown", _status, _handle)
+_scheduler_metrics_json = _proto("tandem_scheduler_metrics_json", _status, _handle, ctypes.c_char_p, _size,
+                                 ctypes.POINTER(_size))
+_request_poll = _proto("tandem_request_poll", _status, _handle, ctypes.POINTER(_RequestEvent))
+_request_cancel = _proto("tandem_request_cancel", _status, _handle)
+_request_wait = _proto("tandem_request_wait", _status, _handle, ctypes.c_int32, ctypes.POINTER(_RequestResult))
+_request_get_result = _proto("tandem_request_get_result", _status, _handle, ctypes.POINTER(_RequestResult))
+_request_free = _proto("tandem_request_free", _status, _handle)
 
 
 class TandemError(Exception):
@@ -588,3 +655,249 @@ class Session:
             raise raised[0]
         _check(status)
         return call.to_result(pieces)
+
+    # -- persistence --
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the conversation (tokens, KV cache, sampler state) to `path` atomically."""
+        _check(_session_save(self.handle, os.fsencode(path)))
+
+    def restore(self, path: str | os.PathLike) -> None:
+        """Replace the conversation with the one saved in `path`. On any error (E_IO,
+        E_SESSION_CORRUPT, E_SESSION_VERSION, E_SESSION_MODEL_MISMATCH, E_CONTEXT_OVERFLOW)
+        the session is unchanged."""
+        _check(_session_restore(self.handle, os.fsencode(path)))
+
+
+# ---- scheduler ------------------------------------------------------------------------------
+
+@dataclass
+class Executor:
+    """One CPU executor of a Scheduler (fields as tandem_executor_params)."""
+    n_threads: int = 0
+    max_running: int = 16
+    step_token_budget: int = 256
+    prefill_chunk: int = 128
+    kv_pages: int = 0
+    accelerator: Optional[bool] = None
+
+
+@dataclass
+class RequestEvent:
+    kind: str               # "token" or "finish"
+    token: int              # the generated id ("token"), else -1
+    text: str               # the text it completed (may be empty)
+    finish_reason: Optional[str] = None  # for "finish"
+
+
+@dataclass
+class RequestResult:
+    id: int
+    finish_reason: str
+    tokens: List[int]
+    text: str
+    status: int = OK         # the error of finish_reason "error"
+    message: str = ""
+    n_prompt: int = 0
+    queue_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+    e2e_seconds: float = 0.0
+
+
+class Request:
+    """A request submitted to a Scheduler: poll() / iterate for streamed text, wait(),
+    cancel(), close() (a request closed before it finished is cancelled)."""
+
+    def __init__(self, handle: int, max_tokens: int):
+        self._h = handle
+        self._max_tokens = max_tokens
+        self._buf = ctypes.create_string_buffer(1024)
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise TandemError(E_INVALID_HANDLE, "the request is closed")
+        return self._h
+
+    def close(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            _check(_request_free(h))
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def poll(self) -> Optional[RequestEvent]:
+        """The next event without blocking, or None when nothing is new. After the finish
+        event, every poll returns it again (with empty text)."""
+        ev = _init(_RequestEvent, _request_event_init)
+        while True:
+            ev.text = ctypes.addressof(self._buf)
+            ev.text_cap = len(self._buf)
+            status = _request_poll(self.handle, ctypes.byref(ev))
+            if status == E_BUFFER_TOO_SMALL:  # the event is kept: retry with room for it
+                self._buf = ctypes.create_string_buffer(ev.text_len + 1)
+                continue
+            _check(status)
+            break
+        if ev.kind == EVENT_NONE:
+            return None
+        text = self._buf.raw[: ev.text_len].decode("utf-8")
+        if ev.kind == EVENT_TOKEN:
+            return RequestEvent("token", ev.token, text)
+        return RequestEvent("finish", -1, text, FINISH_REASONS.get(ev.finish_reason, "?"))
+
+    def __iter__(self) -> Iterator[str]:
+        """The streamed text pieces (polling; sleeps briefly while nothing is new)."""
+        import time
+        delay = 1e-4
+        while True:
+            ev = self.poll()
+            if ev is None:
+                time.sleep(delay)
+                delay = min(delay * 2, 5e-3)
+                continue
+            delay = 1e-4
+            if ev.text:
+                yield ev.text
+            if ev.kind == "finish":
+                return
+
+    def cancel(self) -> None:
+        _check(_request_cancel(self.handle))
+
+    def _fill(self, call) -> Optional[RequestResult]:
+        r = _init(_RequestResult, _request_result_init)
+        while True:
+            tokens = (ctypes.c_int32 * max(self._max_tokens, 1))()
+            text = ctypes.create_string_buffer(max(self._max_tokens * 16, 64))
+            r.tokens, r.tokens_cap = tokens, len(tokens)
+            r.text, r.text_cap = ctypes.addressof(text), len(text)
+            _check(call(ctypes.byref(r)))
+            if not r.finished:
+                return None
+            if r.n_tokens <= r.tokens_cap and r.text_len < r.text_cap:
+                break
+            self._max_tokens = max(r.n_tokens, r.text_len // 16 + 1)  # grow and read again
+        return RequestResult(r.id, FINISH_REASONS.get(r.finish_reason, "?"), list(tokens[: r.n_tokens]),
+                             text.raw[: r.text_len].decode("utf-8", "replace"), r.status,
+                             (r.message or b"").decode("utf-8", "replace"), r.n_prompt, r.queue_seconds,
+                             r.ttft_seconds, r.e2e_seconds)
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[RequestResult]:
+        """Block until finished (or `timeout` seconds pass: None)."""
+        ms = -1 if timeout is None else max(0, min(int(timeout * 1000), 2**31 - 1))
+        h = self.handle
+        return self._fill(lambda r: _request_wait(h, ms, r))
+
+    def result(self) -> Optional[RequestResult]:
+        """The outcome if finished, else None (does not block)."""
+        h = self.handle
+        return self._fill(lambda r: _request_get_result(h, r))
+
+
+class Scheduler:
+    """Many requests on one or more CPU executors with continuous batching. `executors`:
+    a list of Executor (default: one). "cpu+cpu" is [Executor(n_threads=1),
+    Executor(n_threads=1)]. Closing it cancels outstanding requests (their Request objects
+    stay usable and report "cancelled")."""
+
+    def __init__(self, model: Model, executors: Optional[Sequence[Executor]] = None, max_queued: int = 1024,
+                 max_context: int = 0, prefix_cache_entries: int = 4, page_size: int = 16):
+        executors = list(executors) if executors is not None else [Executor()]
+        arr = (_ExecutorParams * max(len(executors), 1))()
+        for i, e in enumerate(executors):
+            _check(_executor_params_init(ctypes.byref(arr[i]), ctypes.sizeof(_ExecutorParams)))
+            arr[i].n_threads, arr[i].max_running = e.n_threads, e.max_running
+            arr[i].step_token_budget, arr[i].prefill_chunk, arr[i].kv_pages = (
+                e.step_token_budget, e.prefill_chunk, e.kv_pages)
+            arr[i].accelerator = -1 if e.accelerator is None else int(bool(e.accelerator))
+        params = _init(_SchedulerParams, _scheduler_params_init)
+        params.executors = arr
+        params.n_executors = len(executors)
+        params.max_queued, params.max_context = max_queued, max_context
+        params.prefix_cache_entries, params.page_size = prefix_cache_entries, page_size
+        handle = _handle()
+        _check(_scheduler_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        self._h = handle.value
+        self._model = model
+
+    @property
+    def handle(self) -> int:
+        if self._h is None:
+            raise TandemError(E_INVALID_HANDLE, "the scheduler is closed")
+        return self._h
+
+    def close(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            h, self._h = self._h, None
+            _check(_scheduler_free(h))
+
+    def __enter__(self) -> "Scheduler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def submit(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
+               stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
+               sla: str = "standard", deadline_ms: int = 0, **sampling) -> Request:
+        """Submit a request (prompt text or token ids). sla: "interactive", "standard" or
+        "batch". Sampling keywords as Session.generate (the C defaults when omitted)."""
+        if sla not in SLA_CLASSES:
+            raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(SLA_CLASSES)}")
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)  # sampling + stop arrays
+        p = _init(_RequestParams, _request_params_init)
+        keep = []
+        if isinstance(prompt, (str, bytes)):
+            data = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
+            if b"\0" in data:
+                raise TandemError(E_INVALID_ARG, "the prompt contains a NUL byte")
+            p.prompt = data
+            keep.append(data)
+        else:
+            arr, n = _ids_array(list(prompt))
+            p.prompt_tokens, p.n_prompt_tokens = arr, n
+            keep.append(arr)
+        p.sampling = ctypes.pointer(call.sampling)
+        p.stop, p.n_stop = call.params.stop, call.params.n_stop
+        p.max_tokens, p.flags = max_tokens, call.params.flags
+        p.sla, p.deadline_ms = SLA_CLASSES[sla], deadline_ms
+        handle = _handle()
+        _check(_scheduler_submit(self.handle, ctypes.byref(p), ctypes.byref(handle)))
+        return Request(handle.value, max_tokens)
+
+    def drain(self) -> None:
+        """Stop accepting (later requests finish "overloaded"); wait for all to finish."""
+        _check(_scheduler_drain(self.handle))
+
+    def shutdown(self) -> None:
+        """Cancel everything outstanding and stop; later submits raise E_INVALID_ARG."""
+        _check(_scheduler_shutdown(self.handle))
+
+    def metrics(self) -> dict:
+        """The serving metrics (tandem_scheduler_metrics_json, parsed)."""
+        import json
+        n = _size()
+        while True:
+            _check(_scheduler_metrics_json(self.handle, None, 0, ctypes.byref(n)))
+            buf = ctypes.create_string_buffer(n.value + 256)
+            status = _scheduler_metrics_json(self.handle, buf, len(buf), ctypes.byref(n))
+            if status != E_BUFFER_TOO_SMALL:
+                _check(status)
+                return json.loads(buf.value.decode("utf-8"))

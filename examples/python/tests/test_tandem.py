@@ -41,7 +41,8 @@ class TestLibrary(TandemTestCase):
         if ctypes.sizeof(ctypes.c_void_p) != 8:
             self.skipTest("sizes below are LP64")
         sizes = {"_ModelParams": 16, "_ModelInfo": 64, "_SessionParams": 24, "_SessionInfo": 32,
-                 "_SamplingParams": 48, "_GenerateParams": 40, "_GenerateResult": 80}
+                 "_SamplingParams": 48, "_GenerateParams": 40, "_GenerateResult": 80, "_ExecutorParams": 32,
+                 "_SchedulerParams": 40, "_RequestParams": 72, "_RequestEvent": 48, "_RequestResult": 112}
         for name, size in sizes.items():
             self.assertEqual(ctypes.sizeof(getattr(tandem, name)), size, name)
 
@@ -255,6 +256,98 @@ class TestGenerate(TandemTestCase):
         gc.collect()
         s.reset()  # not busy: the dropped generation was cancelled and joined
         s.close()
+
+
+class TestSaveRestore(TandemTestCase):
+    def test_round_trip_and_bad_files(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d, self.session(n_ctx=128) as a, \
+                self.session(n_ctx=128, n_threads=2) as b:
+            path = os.path.join(d, "s.tss")
+            a.complete(self.case["prompt_text"], max_tokens=20, temperature=0, ignore_eos=True)
+            a.save(path)
+            ref = a.complete([], max_tokens=12, temperature=0, ignore_eos=True).tokens
+            b.restore(path)
+            self.assertEqual(b.complete([], max_tokens=12, temperature=0, ignore_eos=True).tokens, ref)
+            # Failures leave the session as it was.
+            b.restore(path)
+            before = b.tokens()
+            with open(path, "rb") as f:
+                data = f.read()
+            bad = os.path.join(d, "bad.tss")
+            for damaged in (data[: len(data) // 2], data[:8], bytes([data[0] ^ 1]) + data[1:],
+                            data[:-1] + bytes([data[-1] ^ 0xFF])):
+                with open(bad, "wb") as f:
+                    f.write(damaged)
+                with self.assertRaises(tandem.TandemError) as cm:
+                    b.restore(bad)
+                self.assertEqual(cm.exception.status, tandem.E_SESSION_CORRUPT)
+            with self.assertRaises(tandem.TandemError) as cm:
+                b.restore(golden.model_path())  # a foreign file
+            self.assertEqual(cm.exception.status, tandem.E_SESSION_CORRUPT)
+            with self.assertRaises(tandem.TandemError) as cm:
+                b.restore(os.path.join(d, "missing.tss"))
+            self.assertEqual(cm.exception.status, tandem.E_IO)
+            with self.session(n_ctx=16) as small, self.assertRaises(tandem.TandemError) as cm:
+                small.restore(path)
+            self.assertEqual(cm.exception.status, tandem.E_CONTEXT_OVERFLOW)
+            self.assertEqual(b.tokens(), before)
+            self.assertEqual(b.complete([], max_tokens=12, temperature=0, ignore_eos=True).tokens, ref)
+
+
+class TestScheduler(TandemTestCase):
+    def cpu_cpu(self, **kw):
+        return tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, accelerator=True),
+                                             tandem.Executor(n_threads=1)], max_context=256, **kw)
+
+    def test_two_requests_match_golden(self):
+        with self.cpu_cpu() as sched:
+            r1 = sched.submit(self.case["prompt_text"], max_tokens=64, temperature=0, ignore_eos=True,
+                              sla="interactive")
+            r2 = sched.submit(self.case["prompt_ids"], max_tokens=64, temperature=0, ignore_eos=True, sla="batch")
+            streamed = "".join(r1)  # polling
+            a, b = r1.wait(), r2.wait(timeout=60)
+            self.assertEqual(a.finish_reason, "length")
+            self.assertEqual(a.n_prompt, len(self.case["prompt_ids"]))
+            self.assertEqual(streamed, a.text)
+            self.assertEqual(a.tokens, b.tokens)
+            self.assertEqual(a.text, b.text)
+            print(golden.check(self.case, a.tokens, a.text))
+            self.assertEqual(r1.poll().kind, "finish")  # again after the finish
+            r1.cancel()  # after the finish: no change
+            self.assertEqual(r1.wait().finish_reason, "length")
+            m = sched.metrics()
+            self.assertEqual(m["submitted"], 2)
+            self.assertEqual(len(m["executors"]), 2)
+            r1.close()
+            with self.assertRaises(tandem.TandemError) as cm:
+                r1.poll()
+            self.assertEqual(cm.exception.status, tandem.E_INVALID_HANDLE)
+            r2.close()
+
+    def test_cancel_overload_errors_and_close_with_live_requests(self):
+        sched = tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, max_running=1)], max_context=256)
+        reqs = [sched.submit(self.case["prompt_ids"], max_tokens=240, temperature=0, ignore_eos=True)
+                for _ in range(4)]
+        last = sched.submit("Once", max_tokens=8)
+        last.cancel()
+        self.assertEqual(last.wait().finish_reason, "cancelled")
+        self.assertIsNone(reqs[-1].wait(timeout=0.001))
+        with self.assertRaises(tandem.TandemError) as cm:
+            sched.submit("x", sla="urgent")
+        self.assertEqual(cm.exception.status, tandem.E_INVALID_ARG)
+        with self.assertRaises(tandem.TandemError) as cm:
+            sched.submit(b"caf\xc3")
+        self.assertEqual(cm.exception.status, tandem.E_INVALID_ARG)
+        sched.close()  # cancels the outstanding ones; their handles stay usable
+        for r in reqs:
+            self.assertIn(r.wait().finish_reason, ("cancelled", "length"))
+            r.close()
+        with self.assertRaises(tandem.TandemError) as cm:
+            reqs[-1].poll()  # closed
+        self.assertEqual(cm.exception.status, tandem.E_INVALID_HANDLE)
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1)], max_queued=0) as full:
+            self.assertEqual(full.submit("Once", max_tokens=4).wait().finish_reason, "overloaded")
 
 
 if __name__ == "__main__":

@@ -269,7 +269,40 @@ pub enum FinishReason {
     StopString,
     Length,
     Cancelled,
+    Timeout,
+    Overloaded,
+    Error,
     Other(i32),
+}
+
+fn sampling_of(opts: &GenerateOptions) -> sys::tandem_sampling_params {
+    let mut sampling: sys::tandem_sampling_params = init(sys::tandem_sampling_params_init);
+    if let Some(v) = opts.temperature { sampling.temperature = v; }
+    if let Some(v) = opts.top_k { sampling.top_k = v; }
+    if let Some(v) = opts.top_p { sampling.top_p = v; }
+    if let Some(v) = opts.min_p { sampling.min_p = v; }
+    if let Some(v) = opts.repeat_penalty { sampling.repeat_penalty = v; }
+    if let Some(v) = opts.repeat_last_n { sampling.repeat_last_n = v; }
+    if let Some(v) = opts.frequency_penalty { sampling.frequency_penalty = v; }
+    if let Some(v) = opts.presence_penalty { sampling.presence_penalty = v; }
+    if let Some(v) = opts.seed { sampling.seed = v; }
+    sampling
+}
+
+/// The stop strings as C strings and the pointer array over them (keep both alive).
+fn stops_of(opts: &GenerateOptions) -> Result<(Vec<CString>, Vec<*const c_char>)> {
+    let stops: Vec<CString> = opts
+        .stop
+        .iter()
+        .map(|s| CString::new(s.as_str()).map_err(|_| invalid_arg("a stop string contains NUL")))
+        .collect::<Result<_>>()?;
+    let ptrs = stops.iter().map(|s| s.as_ptr()).collect();
+    Ok((stops, ptrs))
+}
+
+fn path_cstring(path: &Path) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| invalid_arg("the path contains NUL"))
 }
 
 impl From<i32> for FinishReason {
@@ -279,6 +312,9 @@ impl From<i32> for FinishReason {
             sys::TANDEM_FINISH_STOP_STRING => FinishReason::StopString,
             sys::TANDEM_FINISH_LENGTH => FinishReason::Length,
             sys::TANDEM_FINISH_CANCELLED => FinishReason::Cancelled,
+            sys::TANDEM_FINISH_TIMEOUT => FinishReason::Timeout,
+            sys::TANDEM_FINISH_OVERLOADED => FinishReason::Overloaded,
+            sys::TANDEM_FINISH_ERROR => FinishReason::Error,
             other => FinishReason::Other(other),
         }
     }
@@ -414,23 +450,22 @@ impl Session {
         self.run(Prompt::Tokens(prompt), opts, &mut on_piece)
     }
 
+    /// Save the conversation (tokens, KV cache, sampler state) to `path` atomically.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let c = path_cstring(path.as_ref())?;
+        check(unsafe { sys::tandem_session_save(self.raw, c.as_ptr()) })
+    }
+
+    /// Replace the conversation with the one saved in `path`; on any error the session is
+    /// unchanged.
+    pub fn restore(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let c = path_cstring(path.as_ref())?;
+        check(unsafe { sys::tandem_session_restore(self.raw, c.as_ptr()) })
+    }
+
     fn run(&mut self, prompt: Prompt, opts: &GenerateOptions, f: &mut dyn FnMut(&str, i32) -> bool) -> Result<GenerateResult> {
-        let mut sampling: sys::tandem_sampling_params = init(sys::tandem_sampling_params_init);
-        if let Some(v) = opts.temperature { sampling.temperature = v; }
-        if let Some(v) = opts.top_k { sampling.top_k = v; }
-        if let Some(v) = opts.top_p { sampling.top_p = v; }
-        if let Some(v) = opts.min_p { sampling.min_p = v; }
-        if let Some(v) = opts.repeat_penalty { sampling.repeat_penalty = v; }
-        if let Some(v) = opts.repeat_last_n { sampling.repeat_last_n = v; }
-        if let Some(v) = opts.frequency_penalty { sampling.frequency_penalty = v; }
-        if let Some(v) = opts.presence_penalty { sampling.presence_penalty = v; }
-        if let Some(v) = opts.seed { sampling.seed = v; }
-        let stops: Vec<CString> = opts
-            .stop
-            .iter()
-            .map(|s| CString::new(s.as_str()).map_err(|_| invalid_arg("a stop string contains NUL")))
-            .collect::<Result<_>>()?;
-        let stop_ptrs: Vec<*const c_char> = stops.iter().map(|s| s.as_ptr()).collect();
+        let sampling = sampling_of(opts);
+        let (_stops, stop_ptrs) = stops_of(opts)?;
         let mut params: sys::tandem_generate_params = init(sys::tandem_generate_params_init);
         params.sampling = &sampling;
         params.stop = if stop_ptrs.is_empty() { ptr::null() } else { stop_ptrs.as_ptr() };
@@ -474,5 +509,260 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         unsafe { sys::tandem_session_free(self.raw) };
+    }
+}
+
+// ---- scheduler --------------------------------------------------------------------------------
+
+/// Service class of a scheduled request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sla {
+    Interactive,
+    Standard,
+    Batch,
+}
+
+/// One CPU executor of a [`Scheduler`] (fields as `tandem_executor_params`).
+#[derive(Debug, Clone)]
+pub struct ExecutorParams {
+    pub n_threads: i32,
+    pub max_running: i32,
+    pub kv_pages: i32,
+    /// `None`: by kind (a CPU executor is not an accelerator).
+    pub accelerator: Option<bool>,
+}
+
+impl Default for ExecutorParams {
+    fn default() -> Self {
+        let e: sys::tandem_executor_params = init(sys::tandem_executor_params_init);
+        ExecutorParams { n_threads: e.n_threads, max_running: e.max_running, kv_pages: e.kv_pages, accelerator: None }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SchedulerParams {
+    /// "cpu+cpu" is two entries.
+    pub executors: Vec<ExecutorParams>,
+    pub max_queued: i32,
+    pub max_context: i32,
+}
+
+impl Default for SchedulerParams {
+    fn default() -> Self {
+        let p: sys::tandem_scheduler_params = init(sys::tandem_scheduler_params_init);
+        SchedulerParams { executors: vec![ExecutorParams::default()], max_queued: p.max_queued, max_context: p.max_context }
+    }
+}
+
+/// The outcome of a scheduled request.
+#[derive(Debug, Clone)]
+pub struct RequestResult {
+    pub id: u64,
+    pub finish_reason: FinishReason,
+    pub tokens: Vec<i32>,
+    pub text: String,
+    /// For [`FinishReason::Error`]: the error status and message.
+    pub status: i32,
+    pub message: String,
+    pub n_prompt: i32,
+    pub ttft_seconds: f64,
+    pub e2e_seconds: f64,
+}
+
+/// Many requests on one or more CPU executors. Thread-safe (`Send + Sync`). Dropping it
+/// cancels outstanding requests; their [`Request`]s stay usable and report `Cancelled`.
+pub struct Scheduler {
+    raw: *mut sys::tandem_scheduler,
+}
+
+unsafe impl Send for Scheduler {}
+unsafe impl Sync for Scheduler {}
+
+/// A submitted request. `Send + Sync` (every request call is thread-safe).
+pub struct Request {
+    raw: *mut sys::tandem_request,
+    max_tokens: usize,
+}
+
+unsafe impl Send for Request {}
+unsafe impl Sync for Request {}
+
+impl Scheduler {
+    pub fn new(model: &Model, params: &SchedulerParams) -> Result<Scheduler> {
+        let execs: Vec<sys::tandem_executor_params> = params
+            .executors
+            .iter()
+            .map(|e| {
+                let mut c: sys::tandem_executor_params = init(sys::tandem_executor_params_init);
+                c.n_threads = e.n_threads;
+                c.max_running = e.max_running;
+                c.kv_pages = e.kv_pages;
+                c.accelerator = match e.accelerator {
+                    None => -1,
+                    Some(b) => i32::from(b),
+                };
+                c
+            })
+            .collect();
+        let mut p: sys::tandem_scheduler_params = init(sys::tandem_scheduler_params_init);
+        p.executors = execs.as_ptr();
+        p.n_executors = execs.len();
+        p.max_queued = params.max_queued;
+        p.max_context = params.max_context;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::tandem_scheduler_create(model.as_ptr(), &p, &mut raw) })?;
+        Ok(Scheduler { raw })
+    }
+
+    /// Submit a text prompt (sampling, stop strings and max_tokens from `opts`).
+    pub fn submit(&self, prompt: &str, opts: &GenerateOptions, sla: Sla) -> Result<Request> {
+        let c = CString::new(prompt).map_err(|_| invalid_arg("the prompt contains NUL"))?;
+        self.submit_raw(c.as_ptr(), &[], opts, sla)
+    }
+
+    /// Submit a prompt of token ids.
+    pub fn submit_tokens(&self, prompt: &[i32], opts: &GenerateOptions, sla: Sla) -> Result<Request> {
+        if prompt.is_empty() {
+            return Err(invalid_arg("the prompt is empty"));
+        }
+        self.submit_raw(ptr::null(), prompt, opts, sla)
+    }
+
+    fn submit_raw(&self, text: *const c_char, ids: &[i32], opts: &GenerateOptions, sla: Sla) -> Result<Request> {
+        let sampling = sampling_of(opts);
+        let (_stops, stop_ptrs) = stops_of(opts)?;
+        let mut p: sys::tandem_request_params = init(sys::tandem_request_params_init);
+        p.prompt = text;
+        if !ids.is_empty() {
+            p.prompt_tokens = ids.as_ptr();
+            p.n_prompt_tokens = ids.len();
+        }
+        p.sampling = &sampling;
+        p.stop = if stop_ptrs.is_empty() { ptr::null() } else { stop_ptrs.as_ptr() };
+        p.n_stop = stop_ptrs.len();
+        p.max_tokens = opts.max_tokens;
+        p.flags = if opts.ignore_eos { sys::TANDEM_GENERATE_IGNORE_EOS } else { 0 }
+            | if opts.parse_special { sys::TANDEM_GENERATE_PARSE_SPECIAL } else { 0 };
+        p.sla = match sla {
+            Sla::Interactive => sys::TANDEM_SLA_INTERACTIVE,
+            Sla::Standard => sys::TANDEM_SLA_STANDARD,
+            Sla::Batch => sys::TANDEM_SLA_BATCH,
+        };
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::tandem_scheduler_submit(self.raw, &p, &mut raw) })?;
+        Ok(Request { raw, max_tokens: opts.max_tokens.max(1) as usize })
+    }
+
+    pub fn drain(&self) -> Result<()> {
+        check(unsafe { sys::tandem_scheduler_drain(self.raw) })
+    }
+
+    pub fn shutdown(&self) -> Result<()> {
+        check(unsafe { sys::tandem_scheduler_shutdown(self.raw) })
+    }
+
+    /// The serving metrics as JSON text.
+    pub fn metrics_json(&self) -> Result<String> {
+        loop {
+            let mut n = 0usize;
+            check(unsafe { sys::tandem_scheduler_metrics_json(self.raw, ptr::null_mut(), 0, &mut n) })?;
+            let mut buf = vec![0u8; n + 256];
+            let st = unsafe { sys::tandem_scheduler_metrics_json(self.raw, buf.as_mut_ptr() as *mut c_char, buf.len(), &mut n) };
+            if st == sys::TANDEM_E_BUFFER_TOO_SMALL {
+                continue;
+            }
+            check(st)?;
+            buf.truncate(n);
+            return Ok(String::from_utf8_lossy(&buf).into_owned());
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_scheduler_free(self.raw) };
+    }
+}
+
+/// One polled event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Token { token: i32, text: String },
+    Finish { reason: FinishReason, text: String },
+}
+
+impl Request {
+    /// The next event without blocking (`None`: nothing new yet).
+    pub fn poll(&self) -> Result<Option<Event>> {
+        let mut buf = vec![0u8; 256];
+        loop {
+            let mut ev: sys::tandem_request_event = init(sys::tandem_request_event_init);
+            ev.text = buf.as_mut_ptr() as *mut c_char;
+            ev.text_cap = buf.len();
+            let st = unsafe { sys::tandem_request_poll(self.raw, &mut ev) };
+            if st == sys::TANDEM_E_BUFFER_TOO_SMALL {
+                buf.resize(ev.text_len + 1, 0);
+                continue;
+            }
+            check(st)?;
+            let text = String::from_utf8_lossy(&buf[..ev.text_len]).into_owned();
+            return Ok(match ev.kind {
+                sys::TANDEM_EVENT_TOKEN => Some(Event::Token { token: ev.token, text }),
+                sys::TANDEM_EVENT_FINISH => Some(Event::Finish { reason: ev.finish_reason.into(), text }),
+                _ => None,
+            });
+        }
+    }
+
+    pub fn cancel(&self) -> Result<()> {
+        check(unsafe { sys::tandem_request_cancel(self.raw) })
+    }
+
+    /// Block until finished.
+    pub fn wait(&self) -> Result<RequestResult> {
+        self.wait_timeout(-1).map(|r| r.expect("finished"))
+    }
+
+    /// Block up to `timeout_ms` (< 0: without limit); `None` when it has not finished.
+    pub fn wait_timeout(&self, timeout_ms: i32) -> Result<Option<RequestResult>> {
+        let mut cap = self.max_tokens;
+        let mut timeout = timeout_ms;
+        loop {
+            let mut tokens = vec![0i32; cap];
+            let mut text = vec![0u8; cap * 16 + 64];
+            let mut r: sys::tandem_request_result = init(sys::tandem_request_result_init);
+            r.tokens = tokens.as_mut_ptr();
+            r.tokens_cap = tokens.len();
+            r.text = text.as_mut_ptr() as *mut c_char;
+            r.text_cap = text.len();
+            check(unsafe { sys::tandem_request_wait(self.raw, timeout, &mut r) })?;
+            if r.finished == 0 {
+                return Ok(None);
+            }
+            if r.n_tokens > r.tokens_cap || r.text_len >= r.text_cap {
+                cap = r.n_tokens.max(r.text_len / 16 + 1);
+                timeout = 0;
+                continue;
+            }
+            tokens.truncate(r.n_tokens);
+            text.truncate(r.text_len);
+            return Ok(Some(RequestResult {
+                id: r.id,
+                finish_reason: r.finish_reason.into(),
+                tokens,
+                text: String::from_utf8_lossy(&text).into_owned(),
+                status: r.status,
+                message: cstr_to_string(r.message),
+                n_prompt: r.n_prompt,
+                ttft_seconds: r.ttft_seconds,
+                e2e_seconds: r.e2e_seconds,
+            }));
+        }
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_request_free(self.raw) };
     }
 }

@@ -11,6 +11,13 @@ pub const TANDEM_E_INVALID_ARG: tandem_status = 1;
 pub const TANDEM_E_IO: tandem_status = 2;
 pub const TANDEM_E_OUT_OF_MEMORY: tandem_status = 3;
 pub const TANDEM_E_CONTEXT_OVERFLOW: tandem_status = 50;
+pub const TANDEM_E_KV_MISMATCH: tandem_status = 60;
+pub const TANDEM_E_KV_CHECKSUM: tandem_status = 61;
+pub const TANDEM_E_KV_LEASE_EXPIRED: tandem_status = 62;
+pub const TANDEM_E_KV_TOKEN_RANGE: tandem_status = 63;
+pub const TANDEM_E_SESSION_CORRUPT: tandem_status = 70;
+pub const TANDEM_E_SESSION_MODEL_MISMATCH: tandem_status = 71;
+pub const TANDEM_E_SESSION_VERSION: tandem_status = 72;
 pub const TANDEM_E_INTERNAL: tandem_status = 99;
 pub const TANDEM_E_INVALID_HANDLE: tandem_status = 100;
 pub const TANDEM_E_BUSY: tandem_status = 101;
@@ -27,6 +34,17 @@ pub const TANDEM_FINISH_STOP: i32 = 0;
 pub const TANDEM_FINISH_STOP_STRING: i32 = 1;
 pub const TANDEM_FINISH_LENGTH: i32 = 2;
 pub const TANDEM_FINISH_CANCELLED: i32 = 3;
+pub const TANDEM_FINISH_TIMEOUT: i32 = 4;
+pub const TANDEM_FINISH_OVERLOADED: i32 = 5;
+pub const TANDEM_FINISH_ERROR: i32 = 6;
+
+pub const TANDEM_SLA_INTERACTIVE: i32 = 0;
+pub const TANDEM_SLA_STANDARD: i32 = 1;
+pub const TANDEM_SLA_BATCH: i32 = 2;
+
+pub const TANDEM_EVENT_NONE: i32 = 0;
+pub const TANDEM_EVENT_TOKEN: i32 = 1;
+pub const TANDEM_EVENT_FINISH: i32 = 2;
 
 #[repr(C)]
 pub struct tandem_model {
@@ -34,6 +52,14 @@ pub struct tandem_model {
 }
 #[repr(C)]
 pub struct tandem_session {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct tandem_scheduler {
+    _opaque: [u8; 0],
+}
+#[repr(C)]
+pub struct tandem_request {
     _opaque: [u8; 0],
 }
 
@@ -124,6 +150,80 @@ pub struct tandem_generate_result {
     pub n_prompt: i32,
     pub prompt_seconds: f64,
     pub generate_seconds: f64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct tandem_executor_params {
+    pub struct_size: usize,
+    pub n_threads: i32,
+    pub max_running: i32,
+    pub step_token_budget: i32,
+    pub prefill_chunk: i32,
+    pub kv_pages: i32,
+    pub accelerator: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_scheduler_params {
+    pub struct_size: usize,
+    pub executors: *const tandem_executor_params,
+    pub n_executors: usize,
+    pub max_queued: i32,
+    pub max_context: i32,
+    pub prefix_cache_entries: i32,
+    pub page_size: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_request_params {
+    pub struct_size: usize,
+    pub prompt: *const c_char,
+    pub prompt_tokens: *const i32,
+    pub n_prompt_tokens: usize,
+    pub sampling: *const tandem_sampling_params,
+    pub stop: *const *const c_char,
+    pub n_stop: usize,
+    pub max_tokens: i32,
+    pub flags: u32,
+    pub sla: i32,
+    pub deadline_ms: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_request_event {
+    pub struct_size: usize,
+    pub text: *mut c_char,
+    pub text_cap: usize,
+    pub text_len: usize,
+    pub kind: i32,
+    pub token: i32,
+    pub finish_reason: i32,
+    pub reserved: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_request_result {
+    pub struct_size: usize,
+    pub tokens: *mut i32,
+    pub tokens_cap: usize,
+    pub text: *mut c_char,
+    pub text_cap: usize,
+    pub n_tokens: usize,
+    pub text_len: usize,
+    pub id: u64,
+    pub finished: i32,
+    pub finish_reason: i32,
+    pub status: i32,
+    pub n_prompt: i32,
+    pub message: *const c_char,
+    pub queue_seconds: f64,
+    pub ttft_seconds: f64,
+    pub e2e_seconds: f64,
 }
 
 pub type tandem_token_callback =
@@ -222,4 +322,41 @@ extern "C" {
         user_data: *mut c_void,
         result: *mut tandem_generate_result,
     ) -> tandem_status;
+
+    pub fn tandem_session_save(session: *const tandem_session, path: *const c_char) -> tandem_status;
+    pub fn tandem_session_restore(session: *mut tandem_session, path: *const c_char) -> tandem_status;
+
+    pub fn tandem_executor_params_init(params: *mut tandem_executor_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_scheduler_params_init(params: *mut tandem_scheduler_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_request_params_init(params: *mut tandem_request_params, struct_size: usize) -> tandem_status;
+    pub fn tandem_request_event_init(event: *mut tandem_request_event, struct_size: usize) -> tandem_status;
+    pub fn tandem_request_result_init(result: *mut tandem_request_result, struct_size: usize) -> tandem_status;
+    pub fn tandem_scheduler_create(
+        model: *const tandem_model,
+        params: *const tandem_scheduler_params,
+        out_scheduler: *mut *mut tandem_scheduler,
+    ) -> tandem_status;
+    pub fn tandem_scheduler_free(scheduler: *mut tandem_scheduler) -> tandem_status;
+    pub fn tandem_scheduler_submit(
+        scheduler: *mut tandem_scheduler,
+        params: *const tandem_request_params,
+        out_request: *mut *mut tandem_request,
+    ) -> tandem_status;
+    pub fn tandem_scheduler_drain(scheduler: *mut tandem_scheduler) -> tandem_status;
+    pub fn tandem_scheduler_shutdown(scheduler: *mut tandem_scheduler) -> tandem_status;
+    pub fn tandem_scheduler_metrics_json(
+        scheduler: *const tandem_scheduler,
+        buf: *mut c_char,
+        capacity: usize,
+        out_len: *mut usize,
+    ) -> tandem_status;
+    pub fn tandem_request_poll(request: *mut tandem_request, event: *mut tandem_request_event) -> tandem_status;
+    pub fn tandem_request_cancel(request: *mut tandem_request) -> tandem_status;
+    pub fn tandem_request_wait(
+        request: *mut tandem_request,
+        timeout_ms: i32,
+        result: *mut tandem_request_result,
+    ) -> tandem_status;
+    pub fn tandem_request_get_result(request: *const tandem_request, result: *mut tandem_request_result) -> tandem_status;
+    pub fn tandem_request_free(request: *mut tandem_request) -> tandem_status;
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
 
-use tandem::{sys, FinishReason, GenerateOptions, Model, Session, SessionParams};
+use tandem::{sys, Event, ExecutorParams, FinishReason, GenerateOptions, Model, Scheduler, SchedulerParams, Session, SessionParams, Sla};
 
 // ---- a minimal JSON reader (enough for cases.json) ------------------------------------
 
@@ -250,6 +250,11 @@ fn struct_layouts_match_the_header() {
     assert_eq!(size_of::<sys::tandem_sampling_params>(), 48);
     assert_eq!(size_of::<sys::tandem_generate_params>(), 40);
     assert_eq!(size_of::<sys::tandem_generate_result>(), 80);
+    assert_eq!(size_of::<sys::tandem_executor_params>(), 32);
+    assert_eq!(size_of::<sys::tandem_scheduler_params>(), 40);
+    assert_eq!(size_of::<sys::tandem_request_params>(), 72);
+    assert_eq!(size_of::<sys::tandem_request_event>(), 48);
+    assert_eq!(size_of::<sys::tandem_request_result>(), 112);
 }
 
 #[test]
@@ -461,4 +466,47 @@ fn sessions_in_parallel_threads_share_a_model() {
     assert_eq!(results[1], results[2]);
     let text = String::from_utf8_lossy(&model.detokenize(&results[0], false, false).unwrap()).into_owned();
     check_golden(&case, &results[0], &text);
+}
+
+#[test]
+fn scheduler_cpu_cpu_submit_and_wait_equal_golden() {
+    let case = golden_case("once_upon");
+    let model = Model::load(model_path()).unwrap();
+    let one = |accel: bool| ExecutorParams { n_threads: 1, accelerator: Some(accel), ..Default::default() };
+    let params = SchedulerParams { executors: vec![one(true), one(false)], max_context: 256, ..Default::default() };
+    let sched = Scheduler::new(&model, &params).unwrap();
+    let a = sched.submit(&case.prompt_text, &greedy(64), Sla::Interactive).unwrap();
+    let b = sched.submit_tokens(&case.prompt_ids, &greedy(64), Sla::Batch).unwrap();
+    let ra = a.wait().unwrap();
+    let rb = b.wait().unwrap();
+    assert_eq!(ra.finish_reason, FinishReason::Length);
+    assert_eq!(ra.n_prompt as usize, case.prompt_ids.len());
+    assert_eq!(ra.tokens, rb.tokens);
+    assert_eq!(ra.text, rb.text);
+    check_golden(&case, &ra.tokens, &ra.text);
+    // Polling after the finish: every token event, then the finish, then the finish again.
+    let mut streamed = String::new();
+    let mut n = 0;
+    loop {
+        match a.poll().unwrap() {
+            Some(Event::Token { text, .. }) => {
+                streamed.push_str(&text);
+                n += 1;
+            }
+            Some(Event::Finish { reason, text }) => {
+                assert_eq!(reason, FinishReason::Length);
+                streamed.push_str(&text);
+                break;
+            }
+            None => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+    assert_eq!(n, 64);
+    assert_eq!(streamed, ra.text);
+    assert!(matches!(a.poll().unwrap(), Some(Event::Finish { .. })));
+    a.cancel().unwrap(); // after the finish: no change
+    assert_eq!(a.wait().unwrap().finish_reason, FinishReason::Length);
+    assert!(sched.metrics_json().unwrap().contains("\"submitted\""));
+    drop(sched); // the requests outlive it
+    assert_eq!(b.wait().unwrap().tokens, ra.tokens);
 }
