@@ -49,6 +49,7 @@ struct CpuQ4Executor::Scratch {
   Buffer<TokenRef> tokens;
   Buffer<int64_t> out_index;
   Buffer<float> scores;      // [n_threads][max positions]
+  Buffer<uint16_t> scores16; // [n_threads][max positions], f16 rounding of the probabilities
   Buffer<uint16_t> q16;      // [n_threads][head_dim]
   Buffer<float> acc;         // [n_threads][head_dim]
   PreparedInput prepared;
@@ -129,6 +130,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   float* up = s.up.get(size_t(T * hp.n_ff));
   float* rope = s.rope.get(size_t(T * hp.n_rot));  // [T][n_rot/2] cos then sin
   float* scores = s.scores.get(size_t(n_threads) * size_t(max_pos));
+  uint16_t* scores16 = s.scores16.get(size_t(n_threads) * size_t(max_pos));
   uint16_t* q16 = s.q16.get(size_t(n_threads * hd));
   float* acc = s.acc.get(size_t(n_threads * hd));
 
@@ -221,6 +223,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     // Causal GQA attention over the block table, one task per (token, head).
     pool_.parallel_for(T * hp.n_head, 1, [&](int64_t b, int64_t e, int th) {
       float* sc = scores + size_t(th) * size_t(max_pos);
+      uint16_t* sc16 = scores16 + size_t(th) * size_t(max_pos);
       uint16_t* qh16 = q16 + th * hd;
       float* out = acc + th * hd;
       for (int64_t task = b; task < e; ++task) {
@@ -237,12 +240,22 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         // As ggml: with an f16 cache q is rounded to f16 and the probabilities too.
         if (f16) k::fp32_to_fp16_row(qh, qh16, hd);
         const int32_t n_pos = tr.pos + 1;
+        const int64_t stride = static_cast<int64_t>(layout.row_elems());
+        // Scores, one KV page (up to P consecutive positions) per kernel call.
+        for (int32_t p0 = 0; p0 < n_pos; p0 += P) {
+          const int32_t rows = std::min(P, n_pos - p0);
+          const std::byte* kbase = store.page_data(table[size_t(p0 / P)]) + layout.row_offset(il, 0, 0);
+          if (f16) {
+            k::vec_dot_f16_rows(reinterpret_cast<const uint16_t*>(kbase) + hk * hd, stride, rows, qh16, hd, sc + p0);
+          } else {
+            for (int32_t r = 0; r < rows; ++r) {
+              sc[p0 + r] = k::vec_dot_f32(reinterpret_cast<const float*>(kbase) + r * stride + hk * hd, qh, hd);
+            }
+          }
+        }
         float mx = -std::numeric_limits<float>::infinity();
         for (int32_t p = 0; p < n_pos; ++p) {
-          const std::byte* krow = store.page_data(table[size_t(p / P)]) + layout.row_offset(il, 0, p % P);
-          sc[p] = (f16 ? k::vec_dot_f16(reinterpret_cast<const uint16_t*>(krow) + hk * hd, qh16, hd)
-                       : k::vec_dot_f32(reinterpret_cast<const float*>(krow) + hk * hd, qh, hd)) *
-                  kq_scale;
+          sc[p] *= kq_scale;
           mx = std::max(mx, sc[p]);
         }
         double sum = 0.0;
@@ -251,16 +264,22 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
           sum += sc[p];
         }
         const float inv = static_cast<float>(1.0 / sum);
+        for (int32_t p = 0; p < n_pos; ++p) sc[p] *= inv;
+        if (f16) {  // as ggml: the probabilities meet the f16 V cache rounded to f16
+          k::fp32_to_fp16_row(sc, sc16, n_pos);
+          k::fp16_to_fp32_row(sc16, sc, n_pos);
+        }
         std::fill(out, out + hd, 0.0f);
-        for (int32_t p = 0; p < n_pos; ++p) {
-          const std::byte* vrow = store.page_data(table[size_t(p / P)]) + layout.row_offset(il, 1, p % P);
+        for (int32_t p0 = 0; p0 < n_pos; p0 += P) {
+          const int32_t rows = std::min(P, n_pos - p0);
+          const std::byte* vbase = store.page_data(table[size_t(p0 / P)]) + layout.row_offset(il, 1, 0);
           if (f16) {
-            const float prob = k::fp16_to_fp32(k::fp32_to_fp16(sc[p] * inv));
-            k::axpy_f16(prob, reinterpret_cast<const uint16_t*>(vrow) + hk * hd, out, hd);
+            k::axpy_f16_rows(sc + p0, reinterpret_cast<const uint16_t*>(vbase) + hk * hd, stride, rows, out, hd);
           } else {
-            const float prob = sc[p] * inv;
-            const float* v32 = reinterpret_cast<const float*>(vrow) + hk * hd;
-            for (int64_t d = 0; d < hd; ++d) out[d] += prob * v32[d];
+            for (int32_t r = 0; r < rows; ++r) {
+              const float* v32 = reinterpret_cast<const float*>(vbase) + r * stride + hk * hd;
+              for (int64_t d = 0; d < hd; ++d) out[d] += sc[p0 + r] * v32[d];
+            }
           }
         }
         std::memcpy(attn + t * q_w + h * hd, out, size_t(hd) * sizeof(float));

@@ -579,3 +579,25 @@ TEST_CASE("gemm is batch-invariant: each column equals its own GEMV bit for bit"
     }
   }
 }
+
+TEST_CASE("attention row kernels equal the per-row calls bit for bit", "[kernels]") {
+  std::mt19937 g(123);
+  const int64_t n = 64, stride = 256, rows = 13;
+  std::vector<uint16_t> kv(static_cast<size_t>(stride * rows)), q(static_cast<size_t>(n));
+  for (auto& v : kv) v = fp32_to_fp16(std::uniform_real_distribution<float>(-2.f, 2.f)(g));
+  for (auto& v : q) v = fp32_to_fp16(std::uniform_real_distribution<float>(-2.f, 2.f)(g));
+  const auto a = rand_f32(g, static_cast<size_t>(rows));
+  for (const auto& isa : isas()) {
+    IsaScope s(isa);
+    std::vector<float> dots(static_cast<size_t>(rows));
+    vec_dot_f16_rows(kv.data() + 64, stride, rows, q.data(), n, dots.data());
+    std::vector<float> y1(static_cast<size_t>(n), 0.5f), y2 = y1;
+    axpy_f16_rows(a.data(), kv.data() + 64, stride, rows, y1.data(), n);
+    for (int64_t r = 0; r < rows; ++r) {
+      INFO(isa << " row " << r);
+      CHECK(bits(dots[size_t(r)]) == bits(vec_dot_f16(kv.data() + 64 + r * stride, q.data(), n)));
+      axpy_f16(a[size_t(r)], kv.data() + 64 + r * stride, y2.data(), n);
+    }
+    for (int64_t i = 0; i < n; ++i) CHECK(bits(y1[size_t(i)]) == bits(y2[size_t(i)]));
+  }
+}

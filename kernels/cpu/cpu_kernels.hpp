@@ -77,4 +77,11 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
 /// y += a * x over n elements, x in fp16 (attention's V accumulation).
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept;
 
+/// Attention over one KV page: out[r] = vec_dot_f16(k + r * stride, q, n) for r < n_rows
+/// (rows `stride` elements apart), and y += sum over r of a[r] * x[r * stride .. + n] in
+/// row order. Bit-identical to the per-row calls, without a dispatch per row.
+void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
+                      float* out) noexcept;
+void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_rows, float* y, int64_t n) noexcept;
+
 }  // namespace tandem::kernels

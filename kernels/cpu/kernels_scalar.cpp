@@ -117,6 +117,14 @@ void s_axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_bits_to_fp32(x[i]);
 }
 
+void s_vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
+                        float* out) noexcept {
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = s_vec_dot_f16(k + r * stride, q, n);
+}
+void s_axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_rows, float* y, int64_t n) noexcept {
+  for (int64_t r = 0; r < n_rows; ++r) s_axpy_f16(a[r], x + r * stride, y, n);
+}
+
 }  // namespace
 
 const KernelTable& table_scalar() noexcept {
@@ -125,7 +133,7 @@ const KernelTable& table_scalar() noexcept {
       s_dequantize_row_q4_0, s_dequantize_row_q8_0, s_vec_dot_q4_0_q8_0, s_vec_dot_q8_0_q8_0,
       s_vec_dot_f32,      s_vec_dot_f16,       s_vec_dot_bf16_f32,  s_gemm_q4_0_q8_0,
       s_gemm_q8_0_q8_0,   s_gemm_f32_f32,      s_gemm_f16_f16,      s_gemm_bf16_f32,
-      s_axpy_f16};
+      s_axpy_f16,         s_vec_dot_f16_rows,  s_axpy_f16_rows};
   return t;
 }
 

@@ -700,13 +700,21 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   for (; i < n; ++i) y[i] += a * h2f(x[i]);
 }
 
+void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
+                      float* out) noexcept {
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = vec_dot_f<LdF16, LdF16>(k + r * stride, q, n);
+}
+void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_rows, float* y, int64_t n) noexcept {
+  for (int64_t r = 0; r < n_rows; ++r) axpy_f16(a[r], x + r * stride, y, n);
+}
+
 inline const KernelTable& table() noexcept {
   static constexpr KernelTable t{
       TANDEM_ISA_NAME,     fp16_to_fp32_row,  fp32_to_fp16_row,  quantize_row_q8_0,
       dequantize_row_q4_0, dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0,
       vec_dot_f32,         vec_dot_f16,       vec_dot_bf16_f32,  gemm_q4_0_q8_0,
       gemm_q8_0_q8_0,      gemm_f32_f32,      gemm_f16_f16,      gemm_bf16_f32,
-      axpy_f16};
+      axpy_f16,            vec_dot_f16_rows,  axpy_f16_rows};
   return t;
 }
 

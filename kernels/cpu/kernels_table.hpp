@@ -32,6 +32,8 @@ struct KernelTable {
   void (*gemm_bf16_f32)(const uint16_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
                         int64_t) noexcept;
   void (*axpy_f16)(float, const uint16_t*, float*, int64_t) noexcept;
+  void (*vec_dot_f16_rows)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*) noexcept;
+  void (*axpy_f16_rows)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t) noexcept;
 };
 
 const KernelTable& table_scalar() noexcept;
