@@ -89,10 +89,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("-p,--prompt", prompt, "prompt text");
-  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::NonNegativeNumber);
-  app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
-  app.add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = model's, at most 4096)");
-  app.add_option("-b,--batch-size", n_batch, "prompt tokens per step");
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
+  app.add_option("-t,--threads", n_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
+  app.add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = the model's training context, capped at 4096)")
+      ->check(CLI::Range(0, 1 << 24));
+  app.add_option("-b,--batch-size", n_batch, "prompt tokens per step")->check(CLI::Range(1, 1 << 16));
   app.add_option("--temp", sp.temperature, "temperature (0 = greedy)");
   app.add_option("--top-k", sp.top_k, "top-k (0 = off)");
   app.add_option("--top-p", sp.top_p, "top-p (1 = off)");
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
   app.add_option("-s,--seed", seed, "sampling seed (-1 = random)");
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-generation tokens");
-  app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p");
+  app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p")->excludes("--prompt");
   app.add_option("--logits-out", logits_out, "write prompt logits as float32 [n_prompt, n_vocab]");
   app.add_flag("--json", json_out, "print ids, text and timings as one JSON object");
   app.add_flag("--chat", chat, "interactive chat on stdin");
@@ -115,7 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-dir", kv_dir, "directory of the file tier (default: the temp directory)");
   app.add_option("--migrate-after", migrate_after,
                  "hand the session to a second CPU executor after N generated tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, INT32_MAX));
 
   auto* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
   std::string tok_model, tok_text;
@@ -177,10 +178,17 @@ int main(int argc, char** argv) {
         auto ids = model->tokenizer().tokenize(format_turn(model->tokenizer(), line, first), first, true);
         if (first) go.stop.push_back("\nUser:");
         first = false;
-        session.generate(std::span<const int32_t>(ids), go);
+        try {
+          session.generate(std::span<const int32_t>(ids), go);
+        } catch (const tandem::Error& e) {
+          if (e.code() != tandem::ErrorCode::kContextOverflow) throw;
+          std::fprintf(stderr, "tandem-cli: this turn does not fit the context (%s); the chat keeps its history\n",
+                       e.what());
+        }
         std::fprintf(stdout, "\n");
         std::fprintf(stderr, "> ");
       }
+      if (!session_path.empty()) session.save(session_path);
       return 0;
     }
 
@@ -188,6 +196,11 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids = prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false)
                                                   : parse_ids(prompt_ids);
     if (ids.empty() && fresh) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
+    if (session.tokens().size() + ids.size() > size_t(session.n_ctx())) {  // refuse before printing anything
+      throw tandem::Error(tandem::ErrorCode::kContextOverflow,
+                          fmt::format("context overflow: the prompt needs {} positions, n_ctx is {}",
+                                      session.tokens().size() + ids.size(), session.n_ctx()));
+    }
     const int32_t n_vocab = model->hparams().n_vocab;
     tandem::GenerateResult r;
     if (!logits_out.empty()) {

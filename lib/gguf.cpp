@@ -508,9 +508,33 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     }
   }
 
-  // ---- block scales
+  // ---- block scales and float values
   if (options.check_block_scales) {
     for (const GgufTensorInfo& t : tensors) {
+      if (t.type == GgmlType::kF32 || t.type == GgmlType::kF16 || t.type == GgmlType::kBF16) {
+        // Every element: an exponent of all ones is Inf or NaN (F32: 0x7F800000; F16:
+        // 0x7C00; BF16: 0x7F80).
+        const uint64_t n = t.n_elements;
+        for (uint64_t i = 0; i < n; ++i) {
+          bool bad;
+          if (t.type == GgmlType::kF32) {
+            uint32_t v;
+            std::memcpy(&v, t.data + i * 4, 4);
+            bad = (v & 0x7F800000u) == 0x7F800000u;
+          } else {
+            uint16_t v;
+            std::memcpy(&v, t.data + i * 2, 2);
+            bad = t.type == GgmlType::kF16 ? (v & 0x7C00u) == 0x7C00u : (v & 0x7F80u) == 0x7F80u;
+          }
+          if (bad) {
+            const uint64_t elem_bytes = t.type == GgmlType::kF32 ? 4 : 2;
+            fail(ErrorCode::kTensorNonFinite,
+                 "tensor " + q_name(t.name) + " (" + std::string(ggml_type_name(t.type)) + ") element " + num(i) +
+                     " at offset " + num(data_offset + t.offset + i * elem_bytes) + " is Inf or NaN");
+          }
+        }
+        continue;
+      }
       if (t.type != GgmlType::kQ4_0 && t.type != GgmlType::kQ8_0) continue;
       const auto bb = static_cast<uint64_t>(ggml_block_bytes(t.type));
       const uint64_t n_blocks = t.n_bytes / bb;
@@ -548,7 +572,7 @@ std::shared_ptr<const GgufFile> GgufFile::open(const std::filesystem::path& path
   try {
     auto impl = std::make_unique<Impl>();
     impl->path = path;
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) io_fail(path, "open", errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

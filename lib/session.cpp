@@ -24,10 +24,10 @@ std::string_view finish_reason_name(FinishReason r) noexcept {
 namespace {
 
 int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
-  if (o.n_ctx < 0 || o.n_batch < 1 || o.page_size < 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("session: n_ctx {} must be >= 0, n_batch {} and page_size {} >= 1", o.n_ctx,
-                            o.n_batch, o.page_size));
+  if (o.n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_ctx {} must be >= 0", o.n_ctx));
+  if (o.n_batch < 1) throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_batch {} must be >= 1", o.n_batch));
+  if (o.page_size < 1) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("session: page_size {} must be >= 1", o.page_size));
   }
   return o.n_ctx > 0 ? o.n_ctx : std::min(hp.n_ctx_train, 4096);
 }

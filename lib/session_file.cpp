@@ -14,6 +14,7 @@
 //   trailer u64 xxHash3-64 of header and body
 // Every length is checked against the bytes left before anything is allocated.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -97,9 +98,13 @@ class Reader {
 }
 
 void write_atomic(const std::filesystem::path& path, const std::vector<std::byte>& data) {
-  const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_error("cannot create", tmp);
+  // A unique temporary beside the target (several writers of one path never share it);
+  // the last rename wins, and a reader always sees one complete file.
+  std::string tmp_name = path.string() + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmp_name.data(), O_CLOEXEC);
+  const std::filesystem::path tmp(tmp_name);
+  if (fd < 0) io_error("cannot create a temporary file beside", path);
+  ::fchmod(fd, 0644);
   size_t done = 0;
   while (done < data.size()) {
     const ssize_t w = ::write(fd, data.data() + done, data.size() - done);

@@ -33,6 +33,11 @@ int physical_core_count() noexcept {
 
 ThreadPool::ThreadPool(int n_threads)
     : n_threads_(n_threads > 0 ? n_threads : physical_core_count()) {
+  if (n_threads_ > kMaxThreads) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "thread pool: " + std::to_string(n_threads_) + " threads requested, at most " +
+                    std::to_string(kMaxThreads));
+  }
   try {
     workers_.reserve(static_cast<size_t>(n_threads_ - 1));
     for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
@@ -55,30 +60,45 @@ void ThreadPool::stop_workers() noexcept {
 
 ThreadPool::~ThreadPool() { stop_workers(); }
 
-void ThreadPool::run_chunk(const Task& task, int t) const {
-  const int64_t n_grains = (task.n + task.grain - 1) / task.grain;
-  const int64_t per = (n_grains + n_threads_ - 1) / n_threads_;
-  const int64_t b = std::min(task.n, static_cast<int64_t>(t) * per * task.grain);
-  const int64_t e = std::min(task.n, b + per * task.grain);
-  if (b < e) task.call(task.fn, b, e, t);
+void ThreadPool::work(int t) {
+  const Task& task = *task_;
+  const int64_t span = grains_per_chunk_ * task.grain;
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= n_chunks_) return;
+    const int64_t b = c * span;
+    task.call(task.fn, b, std::min(task.n, b + span), t);
+    done_chunks_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 void ThreadPool::run(const Task& task) {
   if (task.n <= 0) return;
-  if (n_threads_ == 1 || task.n <= task.grain) {
+  const int64_t n_grains = (task.n + task.grain - 1) / task.grain;
+  if (n_threads_ == 1 || n_grains <= 1) {
     task.call(task.fn, 0, task.n, 0);
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mutex_);
+  // A few chunks per thread, claimed dynamically: a thread that is not scheduled (a busy
+  // machine) leaves its share to the others instead of stalling the whole step.
+  const int64_t want = std::min<int64_t>(n_grains, int64_t{n_threads_} * 4);
+  grains_per_chunk_ = (n_grains + want - 1) / want;
+  n_chunks_ = (n_grains + grains_per_chunk_ - 1) / grains_per_chunk_;
   task_ = &task;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  next_chunk_.store(0);
+  done_chunks_.store(0);
+  open_.store(true);
   {
     std::lock_guard<std::mutex> lock(sleep_mutex_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.fetch_add(1);
   }
   wake_.notify_all();
-  run_chunk(task, 0);
-  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  work(0);
+  while (done_chunks_.load(std::memory_order_acquire) != n_chunks_) std::this_thread::yield();
+  // Close the task and wait for workers still inside it (they found no chunk left).
+  open_.store(false);
+  while (active_.load() != 0) std::this_thread::yield();
   task_ = nullptr;
 }
 
@@ -98,8 +118,9 @@ void ThreadPool::worker(int t) {
     }
     if (stop_.load()) return;
     seen = g;
-    run_chunk(*task_, t);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    active_.fetch_add(1);
+    if (open_.load()) work(t);
+    active_.fetch_sub(1);
   }
 }
 

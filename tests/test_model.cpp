@@ -187,3 +187,33 @@ TEST_CASE("model refusals name what is wrong", "[model]") {
     CHECK(load_error(test::models_dir()).first == ErrorCode::kIo);
   }
 }
+
+TEST_CASE("Inf or NaN in a float tensor is refused at load, naming tensor and element", "[model][gguf]") {
+  struct Case {
+    GgmlType type;
+    uint32_t bits;  // the bad value's bit pattern (16 low bits for F16/BF16)
+    const char* name;
+  };
+  for (const Case c : {Case{GgmlType::kF32, 0x7FC00000u, "f32-nan"}, Case{GgmlType::kF32, 0xFF800000u, "f32-ninf"},
+                       Case{GgmlType::kF16, 0x7C00u, "f16-inf"}, Case{GgmlType::kBF16, 0x7FC0u, "bf16-nan"}}) {
+    GgufWriter w;
+    w.add_string("general.architecture", "llama");
+    w.add_tensor("good", {8}, GgmlType::kF32, [](std::span<std::byte> d) { std::fill(d.begin(), d.end(), std::byte{0}); });
+    w.add_tensor("bad", {32}, c.type, [c](std::span<std::byte> d) {
+      std::fill(d.begin(), d.end(), std::byte{0});
+      const size_t elem = c.type == GgmlType::kF32 ? 4 : 2;
+      std::memcpy(d.data() + 5 * elem, &c.bits, elem);
+    });
+    const auto path = test::scratch_dir("nonfinite") / (std::string(c.name) + ".gguf");
+    w.write(path);
+    INFO(c.name);
+    try {
+      GgufFile::open(path);
+      FAIL("accepted a non-finite value");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kTensorNonFinite);
+      CHECK(std::string(e.what()).find("'bad'") != std::string::npos);
+      CHECK(std::string(e.what()).find("element 5") != std::string::npos);
+    }
+  }
+}

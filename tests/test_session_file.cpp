@@ -6,7 +6,9 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "kv_test_support.hpp"
 
@@ -57,7 +59,7 @@ TEST_CASE("save then restore continues exactly, in another session and executor"
   s.generate("Once upon a time", go);
   s.save(dir / "s.session");
   const auto saved_tokens = s.tokens();
-  CHECK_FALSE(std::filesystem::exists(dir / "s.session.tmp"));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 1);
   go.sampling.seed = SamplingParams::kSessionSeed;  // continue the session's random stream
   const auto expect = s.generate(" The end", go);
 
@@ -155,4 +157,35 @@ TEST_CASE("B20: damaged, truncated, future and foreign session files are refused
   Session twin(model, ex);
   twin.eval(own);
   CHECK(test::greedy(target, 10) == test::greedy(twin, 10));
+}
+
+TEST_CASE("concurrent saves of one path leave one complete, loadable file", "[session]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  const auto dir = test::scratch_dir("concurrent-save");
+  const auto path = dir / "shared.session";
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < 4; ++i) {
+    sessions.push_back(std::make_unique<Session>(model, ex));
+    sessions.back()->eval(test::prompt_ids(5 + i, model->hparams().n_vocab));
+  }
+  std::vector<std::thread> savers;
+  std::atomic<int> failures{0};
+  for (int i = 0; i < 4; ++i) {
+    savers.emplace_back([&, i] {
+      for (int k = 0; k < 10; ++k) {
+        try {
+          sessions[size_t(i)]->save(path);
+        } catch (const Error&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : savers) t.join();
+  CHECK(failures == 0);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()) == 1);
+  Session r(model, ex);
+  r.restore(path);
+  CHECK(r.tokens().size() >= 5);
 }

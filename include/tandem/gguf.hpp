@@ -84,7 +84,8 @@ struct GgufTensorInfo {
 };
 
 struct GgufOpenOptions {
-  /// Scan the fp16 scales of every Q4_0/Q8_0 block and refuse Inf/NaN (O(blocks)).
+  /// Refuse Inf/NaN weights: the fp16 scale of every Q4_0/Q8_0 block and every element of
+  /// F32/F16/BF16 tensors are scanned at load (one pass over the data).
   bool check_block_scales = true;
   /// Largest accepted general.alignment in bytes (a power of two).
   uint32_t max_alignment = 1u << 20;

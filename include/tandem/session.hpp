@@ -100,8 +100,8 @@ class Session {
   void reset();
 
   /// Write tokens, the pending token, the last logits, the random engine's state, the KV
-  /// descriptor and the KV pages to `path` atomically (a temporary file beside it,
-  /// fsync, rename). Format: "TANDEMSS", u32 version, ..., xxHash3-64 of everything
+  /// descriptor and the KV pages to `path` atomically (a unique temporary file beside it,
+  /// fsync, rename: concurrent savers of one path never corrupt it, the last one wins). Format: "TANDEMSS", u32 version, ..., xxHash3-64 of everything
   /// before it (lib/session_file.cpp). Errors: kIo.
   void save(const std::filesystem::path& path) const;
   /// Replace this session's state with the one saved in `path`. Refused, with the session

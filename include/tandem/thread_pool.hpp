@@ -1,9 +1,12 @@
 // A persistent pool of worker threads for data-parallel kernels.
 //
-// parallel_for() splits [0, n) into one contiguous chunk per thread and runs them on the
-// calling thread plus the workers; it returns when every chunk is done. Dispatch does no
-// heap allocation (the task is passed by reference) and takes no lock on the fast path
-// (workers wait on an atomic generation counter, spinning briefly, then sleeping).
+// parallel_for() splits [0, n) into a few contiguous chunks per thread, which the calling
+// thread and the workers claim with an atomic counter; it returns when every chunk is
+// done. A worker the OS does not schedule (a busy machine) simply claims nothing, so the
+// step slows down in proportion to the CPU it lost instead of waiting for that thread.
+// Dispatch does no heap allocation (the task is passed by reference) and takes no lock
+// on the fast path (workers wait on an atomic generation counter, spinning briefly, then
+// sleeping).
 //
 // Thread-safety: one parallel_for at a time per pool. Calls from several threads are
 // serialised by an internal mutex (the pool is owned by one executor, whose step loop is
@@ -24,8 +27,10 @@ int physical_core_count() noexcept;
 
 class ThreadPool {
  public:
-  /// n_threads <= 0 selects physical_core_count(). Throws Error(kOutOfMemory) when the
-  /// threads cannot be started (none is left running then).
+  static constexpr int kMaxThreads = 512;
+  /// n_threads <= 0 selects physical_core_count(); at most kMaxThreads. Throws
+  /// Error(kInvalidArgument) above that, Error(kOutOfMemory) when the threads cannot be
+  /// started (none is left running then).
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -33,8 +38,9 @@ class ThreadPool {
 
   int size() const noexcept { return n_threads_; }
 
-  /// Run fn(begin, end, thread_index) over [0, n) split into size() chunks whose
-  /// boundaries are multiples of `grain` (except the last). fn must not throw.
+  /// Run fn(begin, end, thread_index) over [0, n) split into chunks whose boundaries are
+  /// multiples of `grain` (except the last); a thread may run several chunks, and
+  /// thread_index (0 = the caller) identifies the running thread. fn must not throw.
   template <class Fn>
   void parallel_for(int64_t n, int64_t grain, Fn&& fn) {
     Task task{&invoke<std::remove_reference_t<Fn>>, &fn, n, grain < 1 ? 1 : grain};
@@ -53,7 +59,7 @@ class ThreadPool {
     (*static_cast<Fn*>(fn))(b, e, t);
   }
   void run(const Task& task);
-  void run_chunk(const Task& task, int t) const;
+  void work(int t);
   void worker(int t);
   void stop_workers() noexcept;
 
@@ -64,7 +70,12 @@ class ThreadPool {
   std::condition_variable wake_;
   const Task* task_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  int64_t n_chunks_ = 0;          // of the current task (written before open_ is set)
+  int64_t grains_per_chunk_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
+  std::atomic<int64_t> done_chunks_{0};
+  std::atomic<bool> open_{false};  // the current task accepts workers
+  std::atomic<int> active_{0};     // workers inside the current task
   std::atomic<bool> stop_{false};
 };
 

@@ -267,6 +267,9 @@ def version() -> str:
 
 
 def _ids_array(ids: Sequence[int]):
+    for i in ids:  # ctypes would wrap a value outside int32 silently
+        if not isinstance(i, int) or not 0 <= i < 2**31:
+            raise TandemError(E_INVALID_ARG, f"token id {i!r} is not an integer in [0, 2**31)")
     arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
     return arr, len(ids)
 
@@ -397,7 +400,7 @@ class _Call:
     """The C structs and buffers of one generate call (kept alive for its duration)."""
 
     def __init__(self, max_tokens: int, stop: Optional[Iterable[str]], ignore_eos: bool, parse_special: bool,
-                 sampling: dict):
+                 sampling: dict, n_ctx: int):
         unknown = set(sampling) - set(_SAMPLING_FIELDS)
         if unknown:
             raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
@@ -416,9 +419,11 @@ class _Call:
             self.params.stop = self.stop_array
             self.params.n_stop = len(stops)
         self.result = _init(_GenerateResult, _generate_result_init)
-        self.tokens = (ctypes.c_int32 * max(max_tokens, 1))()
+        # A generation never outgrows the context: size the buffer by that, not max_tokens.
+        cap = max(min(max_tokens, n_ctx), 0)
+        self.tokens = (ctypes.c_int32 * max(cap, 1))()
         self.result.tokens = self.tokens
-        self.result.tokens_cap = max(max_tokens, 0)
+        self.result.tokens_cap = cap
 
     def to_result(self, pieces: List[str]) -> GenerateResult:
         r = self.result
@@ -629,7 +634,7 @@ class Session:
         keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, frequency_penalty, presence_penalty, seed. `lookahead`: how many
         pieces generation may run ahead of the consumer before it waits (backpressure)."""
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx)
         return Generation(self._starter(prompt, call), call, lookahead)
 
     def complete(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
@@ -637,7 +642,7 @@ class Session:
                  on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, **sampling) -> GenerateResult:
         """Generate in the calling thread. `on_piece(text, token)` is called for each piece;
         returning True stops the generation (finish reason "cancelled")."""
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx)
         pieces: List[str] = []
         raised: List[BaseException] = []
 
@@ -861,7 +866,7 @@ class Scheduler:
         "batch". Sampling keywords as Session.generate (the C defaults when omitted)."""
         if sla not in SLA_CLASSES:
             raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(SLA_CLASSES)}")
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling)  # sampling + stop arrays
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, 0)  # sampling + stop arrays only
         p = _init(_RequestParams, _request_params_init)
         keep = []
         if isinstance(prompt, (str, bytes)):
