@@ -56,7 +56,9 @@ struct CpuQ4Executor::Scratch {
 };
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
-    : Executor(std::move(model)), pool_(options.n_threads), s_(std::make_unique<Scratch>()) {}
+    : Executor(std::move(model)),
+      pool_(options.n_threads, [] { k::cpu_thread_prepare(); }),
+      s_(std::make_unique<Scratch>()) {}
 
 CpuQ4Executor::~CpuQ4Executor() = default;
 
@@ -97,6 +99,9 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
 
 void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
   Scratch& s = *s_;
+  if (!k::cpu_thread_prepare()) {  // the calling thread's kernel scratch (allocated on its first step only)
+    throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the kernels' per-thread scratch");
+  }
   const Model& model = this->model();
   const HParams& hp = model.hparams();
   const int64_t n_embd = hp.n_embd;

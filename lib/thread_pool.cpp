@@ -31,8 +31,8 @@ int physical_core_count() noexcept {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
-ThreadPool::ThreadPool(int n_threads)
-    : n_threads_(n_threads > 0 ? n_threads : physical_core_count()) {
+ThreadPool::ThreadPool(int n_threads, std::function<void()> thread_init)
+    : n_threads_(n_threads > 0 ? n_threads : physical_core_count()), thread_init_(std::move(thread_init)) {
   if (n_threads_ > kMaxThreads) {
     throw Error(ErrorCode::kInvalidArgument,
                 "thread pool: " + std::to_string(n_threads_) + " threads requested, at most " +
@@ -41,6 +41,8 @@ ThreadPool::ThreadPool(int n_threads)
   try {
     workers_.reserve(static_cast<size_t>(n_threads_ - 1));
     for (int t = 1; t < n_threads_; ++t) workers_.emplace_back([this, t] { worker(t); });
+    // Return only once every worker has run thread_init: its allocations are done here.
+    while (started_.load(std::memory_order_acquire) != n_threads_ - 1) std::this_thread::yield();
   } catch (const std::exception& e) {  // std::system_error or std::bad_alloc: no threads left
     stop_workers();
     throw Error(ErrorCode::kOutOfMemory,
@@ -103,6 +105,8 @@ void ThreadPool::run(const Task& task) {
 }
 
 void ThreadPool::worker(int t) {
+  if (thread_init_) thread_init_();
+  started_.fetch_add(1, std::memory_order_release);
   uint64_t seen = 0;
   for (;;) {
     // Spin briefly for the next generation (decode steps arrive back to back), then sleep.

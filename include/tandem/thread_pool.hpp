@@ -16,6 +16,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,7 +32,10 @@ class ThreadPool {
   /// n_threads <= 0 selects physical_core_count(); at most kMaxThreads. Throws
   /// Error(kInvalidArgument) above that, Error(kOutOfMemory) when the threads cannot be
   /// started (none is left running then).
-  explicit ThreadPool(int n_threads = 0);
+  /// `thread_init`, when given, runs once on each worker thread before its first task
+  /// (e.g. to allocate per-thread scratch outside the per-token path); the constructor
+  /// returns after every worker has run it.
+  explicit ThreadPool(int n_threads = 0, std::function<void()> thread_init = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -64,6 +68,7 @@ class ThreadPool {
   void stop_workers() noexcept;
 
   int n_threads_;
+  std::function<void()> thread_init_;
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;
   std::mutex sleep_mutex_;
@@ -76,6 +81,7 @@ class ThreadPool {
   std::atomic<int64_t> done_chunks_{0};
   std::atomic<bool> open_{false};  // the current task accepts workers
   std::atomic<int> active_{0};     // workers inside the current task
+  std::atomic<int> started_{0};    // workers past thread_init
   std::atomic<bool> stop_{false};
 };
 

@@ -126,6 +126,7 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept { K().axpy_f16(a, x, y, n); }
+bool cpu_thread_prepare() noexcept { return K().thread_prepare(); }
 void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
                       float* out) noexcept {
   K().vec_dot_f16_rows(k, stride, n_rows, q, n, out);

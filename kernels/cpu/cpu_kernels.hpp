@@ -26,6 +26,11 @@ void cpu_force_scalar(bool on) noexcept;
 bool cpu_set_isa(std::string_view isa) noexcept;
 bool cpu_isa_supported(std::string_view isa) noexcept;
 
+/// Give the calling thread the scratch the kernels need (once per thread; later calls are
+/// cheap). After it, no kernel call on this thread allocates for any shape whose packed
+/// activations fit 1 MiB. Returns false when that memory cannot be had.
+bool cpu_thread_prepare() noexcept;
+
 float fp16_to_fp32(uint16_t h) noexcept;
 uint16_t fp32_to_fp16(float f) noexcept;  ///< round to nearest even, as F16C
 float bf16_to_fp32(uint16_t h) noexcept;

@@ -125,6 +125,8 @@ void s_axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t 
   for (int64_t r = 0; r < n_rows; ++r) s_axpy_f16(a[r], x + r * stride, y, n);
 }
 
+bool s_thread_prepare() noexcept { return true; }  // the scalar kernels use no scratch
+
 }  // namespace
 
 const KernelTable& table_scalar() noexcept {
@@ -133,7 +135,7 @@ const KernelTable& table_scalar() noexcept {
       s_dequantize_row_q4_0, s_dequantize_row_q8_0, s_vec_dot_q4_0_q8_0, s_vec_dot_q8_0_q8_0,
       s_vec_dot_f32,      s_vec_dot_f16,       s_vec_dot_bf16_f32,  s_gemm_q4_0_q8_0,
       s_gemm_q8_0_q8_0,   s_gemm_f32_f32,      s_gemm_f16_f16,      s_gemm_bf16_f32,
-      s_axpy_f16,         s_vec_dot_f16_rows,  s_axpy_f16_rows};
+      s_axpy_f16,         s_vec_dot_f16_rows,  s_axpy_f16_rows,     s_thread_prepare};
   return t;
 }
 

@@ -326,8 +326,16 @@ inline void pack_x(const BlockQ8_0* x, int64_t nb, int64_t ncol, XGroup* out) no
       pack_x_group(x + c * nb + g * kG, static_cast<int>(std::min<int64_t>(kG, nb - g * kG)),
                    out[c * ng + g]);
 }
-inline XGroup* x_scratch(int64_t groups) noexcept {
+/// The calling thread's packed-activation buffer. thread_prepare() sizes it once for every
+/// shape up to kPreparedGroups (1 MiB: a GEMM column chunk is ~512 KiB; a GEMV needs k/512
+/// groups), so kernel calls then never allocate; only a larger need grows it.
+inline constexpr int64_t kPreparedGroups = (int64_t{1} << 20) / static_cast<int64_t>(sizeof(XGroup));
+inline std::vector<XGroup>& x_buffer() noexcept {
   static thread_local std::vector<XGroup> buf;
+  return buf;
+}
+inline XGroup* x_scratch(int64_t groups) noexcept {
+  std::vector<XGroup>& buf = x_buffer();
   if (static_cast<int64_t>(buf.size()) < groups) buf.resize(static_cast<size_t>(groups));
   return buf.data();
 }
@@ -700,6 +708,18 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   for (; i < n; ++i) y[i] += a * h2f(x[i]);
 }
 
+bool thread_prepare() noexcept {
+#if TANDEM_ISA_AVX512
+  try {
+    std::vector<XGroup>& buf = x_buffer();
+    if (static_cast<int64_t>(buf.size()) < kPreparedGroups) buf.resize(static_cast<size_t>(kPreparedGroups));
+  } catch (...) {
+    return false;
+  }
+#endif
+  return true;
+}
+
 void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
                       float* out) noexcept {
   for (int64_t r = 0; r < n_rows; ++r) out[r] = vec_dot_f<LdF16, LdF16>(k + r * stride, q, n);
@@ -714,7 +734,7 @@ inline const KernelTable& table() noexcept {
       dequantize_row_q4_0, dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0,
       vec_dot_f32,         vec_dot_f16,       vec_dot_bf16_f32,  gemm_q4_0_q8_0,
       gemm_q8_0_q8_0,      gemm_f32_f32,      gemm_f16_f16,      gemm_bf16_f32,
-      axpy_f16,            vec_dot_f16_rows,  axpy_f16_rows};
+      axpy_f16,            vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare};
   return t;
 }
 

@@ -34,6 +34,7 @@ struct KernelTable {
   void (*axpy_f16)(float, const uint16_t*, float*, int64_t) noexcept;
   void (*vec_dot_f16_rows)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*) noexcept;
   void (*axpy_f16_rows)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t) noexcept;
+  bool (*thread_prepare)() noexcept;
 };
 
 const KernelTable& table_scalar() noexcept;
