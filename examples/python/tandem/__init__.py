@@ -291,29 +291,28 @@ class ModelInfo:
     weight_bytes: int
 
 
-class Model:
-    """An immutable loaded GGUF model. Safe to share between threads."""
+class _Handle:
+    """A library handle owned by a Python object: `handle` (raises once closed), close()
+    (idempotent; frees through `_free`), context manager, closed on garbage collection.
+    Subclasses set `_kind` (for the message) and `_free` (the tandem_*_free function)."""
 
-    def __init__(self, path: str | os.PathLike, check_block_scales: bool = True):
-        params = _init(_ModelParams, _model_params_init)
-        params.check_block_scales = 1 if check_block_scales else 0
-        handle = _handle()
-        _check(_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))
-        self._h = handle.value
+    _kind = "handle"
+    _free = None
+    _h: Optional[int] = None
 
     @property
     def handle(self) -> int:
         if self._h is None:
-            raise TandemError(E_INVALID_HANDLE, "the model is closed")
+            raise TandemError(E_INVALID_HANDLE, f"the {self._kind} is closed")
         return self._h
 
     def close(self) -> None:
-        """Release the handle (sessions created from it keep working). Idempotent."""
-        if getattr(self, "_h", None) is not None:
+        """Release the handle. Idempotent."""
+        if self._h is not None:
             h, self._h = self._h, None
-            _check(_model_free(h))
+            _check(type(self)._free(h))
 
-    def __enter__(self) -> "Model":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -324,6 +323,21 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+class Model(_Handle):
+    """An immutable loaded GGUF model. Safe to share between threads. Closing it leaves the
+    sessions created from it working."""
+
+    _kind = "model"
+    _free = _model_free
+
+    def __init__(self, path: str | os.PathLike, check_block_scales: bool = True):
+        params = _init(_ModelParams, _model_params_init)
+        params.check_block_scales = 1 if check_block_scales else 0
+        handle = _handle()
+        _check(_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))
+        self._h = handle.value
 
     @property
     def info(self) -> ModelInfo:
@@ -539,9 +553,12 @@ class Generation:
         return self.result.text if self.result else "".join(self._pieces)
 
 
-class Session:
+class Session(_Handle):
     """One conversation with its own CPU executor. One call at a time (a concurrent call
     raises TandemError with status E_BUSY)."""
+
+    _kind = "session"
+    _free = _session_free
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, page_size: int = 16,
                  n_threads: int = 0):
@@ -551,29 +568,6 @@ class Session:
         _check(_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
         self._h = handle.value
         self.n_vocab = model.info.n_vocab
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise TandemError(E_INVALID_HANDLE, "the session is closed")
-        return self._h
-
-    def close(self) -> None:
-        if getattr(self, "_h", None) is not None:
-            h, self._h = self._h, None
-            _check(_session_free(h))
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     @property
     def info(self) -> SessionInfo:
@@ -709,37 +703,17 @@ class RequestResult:
     e2e_seconds: float = 0.0
 
 
-class Request:
+class Request(_Handle):
     """A request submitted to a Scheduler: poll() / iterate for streamed text, wait(),
     cancel(), close() (a request closed before it finished is cancelled)."""
+
+    _kind = "request"
+    _free = _request_free
 
     def __init__(self, handle: int, max_tokens: int):
         self._h = handle
         self._max_tokens = max_tokens
         self._buf = ctypes.create_string_buffer(1024)
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise TandemError(E_INVALID_HANDLE, "the request is closed")
-        return self._h
-
-    def close(self) -> None:
-        if getattr(self, "_h", None) is not None:
-            h, self._h = self._h, None
-            _check(_request_free(h))
-
-    def __enter__(self) -> "Request":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def poll(self) -> Optional[RequestEvent]:
         """The next event without blocking, or None when nothing is new. After the finish
@@ -810,11 +784,14 @@ class Request:
         return self._fill(lambda r: _request_get_result(h, r))
 
 
-class Scheduler:
+class Scheduler(_Handle):
     """Many requests on one or more CPU executors with continuous batching. `executors`:
     a list of Executor (default: one). "cpu+cpu" is [Executor(n_threads=1),
     Executor(n_threads=1)]. Closing it cancels outstanding requests (their Request objects
     stay usable and report "cancelled")."""
+
+    _kind = "scheduler"
+    _free = _scheduler_free
 
     def __init__(self, model: Model, executors: Optional[Sequence[Executor]] = None, max_queued: int = 1024,
                  max_context: int = 0, prefix_cache_entries: int = 4, page_size: int = 16):
@@ -835,29 +812,6 @@ class Scheduler:
         _check(_scheduler_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
         self._h = handle.value
         self._model = model
-
-    @property
-    def handle(self) -> int:
-        if self._h is None:
-            raise TandemError(E_INVALID_HANDLE, "the scheduler is closed")
-        return self._h
-
-    def close(self) -> None:
-        if getattr(self, "_h", None) is not None:
-            h, self._h = self._h, None
-            _check(_scheduler_free(h))
-
-    def __enter__(self) -> "Scheduler":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def submit(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
                stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
