@@ -27,6 +27,21 @@ inline std::filesystem::path model_path(const std::string& name) {
   return models_dir() / (name + ".gguf");
 }
 
+/// Tandem's download cache (scripts/fetch-smollm2 writes here): $TANDEM_CACHE, else
+/// $XDG_CACHE_HOME/tandem, else ~/.cache/tandem.
+inline std::filesystem::path cache_dir() {
+  if (const char* env = std::getenv("TANDEM_CACHE"); env && *env) return env;
+  if (const char* env = std::getenv("XDG_CACHE_HOME"); env && *env) return std::filesystem::path(env) / "tandem";
+  const char* home = std::getenv("HOME");
+  return std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "tandem";
+}
+/// SmolLM2-135M-Instruct as the PyPI wheel ships it (Q4_1); TANDEM_SMOLLM2 overrides.
+/// Tests that need it SKIP with a message naming this path when it does not exist.
+inline std::filesystem::path smollm2_q4_1_path() {
+  if (const char* env = std::getenv("TANDEM_SMOLLM2"); env && *env) return env;
+  return cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
 inline nlohmann::json read_json(const std::filesystem::path& p) {
   std::ifstream f(p);
   if (!f) throw std::runtime_error("cannot open " + p.string());
