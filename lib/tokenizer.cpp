@@ -23,7 +23,9 @@ namespace {
 
 constexpr int32_t kNull = -1;
 
-[[noreturn]] void fail(const std::string& msg) { throw Error(ErrorCode::kTokenizer, "tokenizer: " + msg); }
+[[noreturn]] void fail(const std::string& msg) {
+  throw Error(ErrorCode::kTokenizer, "tokenizer: " + msg);
+}
 
 struct MergeKey {
   std::string_view left, right;
@@ -37,7 +39,9 @@ struct MergeHash {
   }
 };
 
-bool is_special_type(TokenType t) { return t == TokenType::kControl || t == TokenType::kUnknown; }
+bool is_special_type(TokenType t) {
+  return t == TokenType::kControl || t == TokenType::kUnknown;
+}
 
 }  // namespace
 
@@ -56,7 +60,7 @@ struct Tokenizer::Impl {
   std::vector<std::string> merge_lines;
   std::unordered_map<MergeKey, int32_t, MergeHash> ranks;
 
-  std::vector<std::string> pieces;  // token_to_piece(id, special=true)
+  std::vector<std::string> pieces;      // token_to_piece(id, special=true)
   std::vector<int32_t> special_tokens;  // control/unknown/user-defined, longest text first
 
   int32_t bos = kNull, eos = kNull, eot = kNull, eom = kNull, unk = kNull, pad = kNull;
@@ -66,7 +70,7 @@ struct Tokenizer::Impl {
   std::vector<int32_t> eog;
   std::vector<uint8_t> eog_flag;
 
-  std::array<int32_t, 256> spm_byte_token{};   // <0xXX> (or the raw byte) token per byte
+  std::array<int32_t, 256> spm_byte_token{};     // <0xXX> (or the raw byte) token per byte
   std::array<int32_t, 256> single_byte_token{};  // token whose text is that one byte
 
   std::string chat_template;
@@ -82,9 +86,8 @@ struct Tokenizer::Impl {
   }
   void check_id(int32_t id) const {
     if (id < 0 || static_cast<size_t>(id) >= texts.size()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "tokenizer: token id " + std::to_string(id) + " out of range [0, " +
-                      std::to_string(texts.size()) + ")");
+      throw Error(ErrorCode::kInvalidArgument, "tokenizer: token id " + std::to_string(id) + " out of range [0, " +
+                                                   std::to_string(texts.size()) + ")");
     }
   }
 
@@ -111,12 +114,11 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
   if (n == 0) fail("empty vocabulary (tokenizer.ggml.tokens)");
   if (n > static_cast<size_t>(INT32_MAX)) fail("vocabulary too large");
   if (!v.scores.empty() && v.scores.size() != n) {
-    fail("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries, expected " +
-         std::to_string(n));
+    fail("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries, expected " + std::to_string(n));
   }
   if (!v.token_types.empty() && v.token_types.size() != n) {
-    fail("tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
-         " entries, expected " + std::to_string(n));
+    fail("tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) + " entries, expected " +
+         std::to_string(n));
   }
 
   m.model_name = v.model;
@@ -138,40 +140,47 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     def_bos = 11;
     def_eos = 11;
     m.add_space_prefix = false;
-    m.clean_spaces = true;
     const std::string& p = v.pre;
+    auto is = [&p](std::initializer_list<std::string_view> names) {
+      return std::find(names.begin(), names.end(), p) != names.end();
+    };
+    auto use = [&](PreTokenizer pre, detail::SplitKind split, bool clean_spaces) {
+      m.pre = pre;
+      m.split = split;
+      m.clean_spaces = clean_spaces;
+    };
+    // llama.cpp llama_vocab::impl::load: pre-tokenizer, clean_spaces, ignore_merges, add_bos
     if (p.empty() || p == "default") {
-      m.pre = PreTokenizer::kDefault;
-      m.split = detail::SplitKind::kDefault;
-    } else if (p == "llama3" || p == "llama-v3" || p == "llama-bpe" || p == "falcon3" ||
-               p == "falcon-h1" || p == "pixtral" || p == "midm-2.0" || p == "lfm2" ||
-               p == "dbrx" || p == "smaug-bpe") {
-      m.pre = PreTokenizer::kLlama3;
-      m.split = detail::SplitKind::kLlama3;
-      if (p != "dbrx" && p != "smaug-bpe") {
-        m.ignore_merges = true;
-        m.add_bos = true;
-      }
-    } else if (p == "qwen2" || p == "deepseek-r1-qwen" || p == "kormo" || p == "stablelm2" ||
-               p == "hunyuan" || p == "grok-2") {
-      m.pre = PreTokenizer::kQwen2;
-      m.split = detail::SplitKind::kQwen2;
-      if (p == "qwen2" || p == "deepseek-r1-qwen" || p == "kormo" || p == "hunyuan" ||
-          p == "grok-2")
-        m.clean_spaces = false;
-    } else if (p == "gpt-2" || p == "phi-2" || p == "jina-es" || p == "jina-de" ||
-               p == "gigachat" || p == "jina-v2-es" || p == "jina-v2-de" || p == "a.x-4.0" ||
-               p == "mellum" || p == "jina-v1-en" || p == "jina-v2-code" || p == "roberta-bpe" ||
-               p == "mpt" || p == "olmo" || p == "jais" || p == "trillion" ||
-               p == "granite-docling") {
-      m.pre = PreTokenizer::kGpt2;
-      m.split = detail::SplitKind::kGpt2;
-      if (p == "jina-v1-en" || p == "jina-v2-code" || p == "roberta-bpe" || p == "jais" ||
-          p == "trillion" || p == "granite-docling")
-        m.clean_spaces = true;
+      use(PreTokenizer::kDefault, detail::SplitKind::kDefault, true);
+    } else if (is({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"})) {
+      use(PreTokenizer::kLlama3, detail::SplitKind::kLlama3, true);
+      m.ignore_merges = true;
+      m.add_bos = true;
+    } else if (is({"dbrx", "smaug-bpe"})) {
+      use(PreTokenizer::kLlama3, detail::SplitKind::kLlama3, true);
+    } else if (is({"qwen2", "deepseek-r1-qwen", "kormo", "hunyuan", "grok-2"})) {
+      use(PreTokenizer::kQwen2, detail::SplitKind::kQwen2, false);
+    } else if (is({"stablelm2", "megrez"})) {
+      use(PreTokenizer::kQwen2, detail::SplitKind::kQwen2, true);
+    } else if (is({"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+                   "exaone4", "mpt", "olmo", "jais"})) {
+      use(PreTokenizer::kGpt2, detail::SplitKind::kGpt2, true);
+    } else if (is({"trillion", "granite-docling"})) {
+      use(PreTokenizer::kGpt2, detail::SplitKind::kGpt2, false);
+    } else if (is({"smollm", "command-r"})) {
+      use(PreTokenizer::kSmollm, detail::SplitKind::kSmollm, false);
+    } else if (is({"starcoder", "refact", "codeshell", "exaone", "minerva-7b"})) {
+      use(PreTokenizer::kSmollm, detail::SplitKind::kSmollm, true);
+    } else if (p == "tekken") {
+      use(PreTokenizer::kTekken, detail::SplitKind::kTekken, false);
+      m.ignore_merges = true;
+      m.add_bos = true;
+    } else if (p == "deepseek-llm") {
+      use(PreTokenizer::kDeepseekLlm, detail::SplitKind::kDeepseekLlm, false);
     } else {
       fail("unsupported tokenizer.ggml.pre '" + p +
-           "' (supported: default, llama-bpe/llama3 family, qwen2 family, gpt-2 family)");
+           "' (Tandem implements default, the gpt-2, llama3/llama-bpe, qwen2, smollm, tekken and deepseek-llm "
+           "pre-tokenizers and their aliases; see PreTokenizer in tokenizer.hpp)");
     }
   }
   if (v.add_space_prefix) m.add_space_prefix = *v.add_space_prefix;
@@ -193,8 +202,8 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
   for (size_t i = 0; i < n; ++i) {
     auto [it, inserted] = m.token_to_id.emplace(std::string_view(m.texts[i]), static_cast<int32_t>(i));
     if (!inserted) {
-      fail("token text appears twice in tokenizer.ggml.tokens (ids " + std::to_string(it->second) +
-           " and " + std::to_string(i) + ")");
+      fail("token text appears twice in tokenizer.ggml.tokens (ids " + std::to_string(it->second) + " and " +
+           std::to_string(i) + ")");
     }
   }
 
@@ -214,8 +223,8 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
   auto special = [&](const std::optional<int64_t>& given, int32_t def, const char* key) -> int32_t {
     if (given && *given >= 0) {
       if (static_cast<uint64_t>(*given) >= n) {
-        fail(std::string(key) + " = " + std::to_string(*given) + " is out of range (n_vocab " +
-             std::to_string(n) + ")");
+        fail(std::string(key) + " = " + std::to_string(*given) + " is out of range (n_vocab " + std::to_string(n) +
+             ")");
       }
       return static_cast<int32_t>(*given);
     }
@@ -241,9 +250,10 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     return kNull;
   };
   if (m.eot == kNull) {
-    m.eot = first_of({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                      "<|end_of_text|>", "<EOT>", "_<EOT>",
-                      "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    m.eot = first_of({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+                      "<EOT>", "_<EOT>",
+                      "<\xef\xbd\x9c"
+                      "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
                       "<end_of_utterance>"});
     if (m.eot != kNull) force_control(m.eot);
   }
@@ -254,8 +264,7 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
   std::vector<int32_t> eog;
   {
     const int32_t fim_pad = first_of({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"});
-    const int32_t fim_rep =
-        first_of({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
+    const int32_t fim_rep = first_of({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
     const int32_t fim_sep = first_of({"<|file_sep|>"});
     for (int32_t id : {fim_pad, fim_rep, fim_sep}) {
       if (id != kNull) {
@@ -263,9 +272,9 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
         eog.push_back(id);
       }
     }
-    for (std::string_view s : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>",
-                               "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
-                               "<|end_of_text|>", "<end_of_utterance>"}) {
+    for (std::string_view s :
+         {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+          "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}) {
       const int32_t id = m.find(s);
       if (id != kNull) {
         eog.push_back(id);
@@ -293,9 +302,8 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     if (t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown)
       m.special_tokens.push_back(static_cast<int32_t>(i));
   }
-  std::stable_sort(m.special_tokens.begin(), m.special_tokens.end(), [&](int32_t a, int32_t b) {
-    return m.texts[a].size() > m.texts[b].size();
-  });
+  std::stable_sort(m.special_tokens.begin(), m.special_tokens.end(),
+                   [&](int32_t a, int32_t b) { return m.texts[a].size() > m.texts[b].size(); });
 
   // byte tokens
   static const char* kHex = "0123456789ABCDEF";
@@ -332,9 +340,12 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
         for (size_t k = 3; k < 5 && k < text.size(); ++k) {
           const char c = text[k];
           int d = -1;
-          if (c >= '0' && c <= '9') d = c - '0';
-          else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-          else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+          if (c >= '0' && c <= '9')
+            d = c - '0';
+          else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+          else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
           if (d < 0) break;
           value = value * 16 + static_cast<unsigned>(d);
         }
@@ -438,8 +449,8 @@ void Tokenizer::Impl::encode_spm(std::string_view text, std::vector<int32_t>& ou
     const size_t len = std::min(detail::utf8_len_from_lead(static_cast<uint8_t>(text[off])), text.size() - off);
     const int32_t idx = static_cast<int32_t>(sym.size());
     off += len;
-    sym.push_back(Symbol{idx - 1, off == text.size() ? -1 : idx + 1,
-                         static_cast<uint32_t>(off - len), static_cast<uint32_t>(len)});
+    sym.push_back(Symbol{idx - 1, off == text.size() ? -1 : idx + 1, static_cast<uint32_t>(off - len),
+                         static_cast<uint32_t>(len)});
   }
   std::vector<SpmBigram> storage;
   storage.reserve(sym.size());
@@ -504,8 +515,8 @@ void Tokenizer::Impl::encode_bpe_word(std::string_view word, std::vector<int32_t
     const size_t len = std::min(detail::utf8_len_from_lead(static_cast<uint8_t>(word[off])), word.size() - off);
     const int32_t idx = static_cast<int32_t>(sym.size());
     off += len;
-    sym.push_back(Symbol{idx - 1, off == word.size() ? -1 : idx + 1,
-                         static_cast<uint32_t>(off - len), static_cast<uint32_t>(len)});
+    sym.push_back(Symbol{idx - 1, off == word.size() ? -1 : idx + 1, static_cast<uint32_t>(off - len),
+                         static_cast<uint32_t>(len)});
   }
   std::vector<BpeBigram> storage;
   storage.reserve(sym.size());
@@ -570,8 +581,7 @@ void Tokenizer::Impl::encode_bpe(std::string_view text, std::vector<int32_t>& ou
 // ---------------------------------------------------------------------------------------
 // public API
 
-std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special,
-                                         bool parse_special) const {
+std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special, bool parse_special) const {
   const Impl& m = *impl_;
   struct Frag {
     int32_t token;  // kNull: raw text [off, off + len)
@@ -585,8 +595,7 @@ std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special
     const std::string_view st = m.texts[sid];
     bool any = false;
     for (const Frag& f : frags) {
-      if (f.token == kNull && f.len >= st.size() &&
-          text.substr(f.off, f.len).find(st) != std::string_view::npos) {
+      if (f.token == kNull && f.len >= st.size() && text.substr(f.off, f.len).find(st) != std::string_view::npos) {
         any = true;
         break;
       }
@@ -627,8 +636,10 @@ std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special
       buf.clear();
       if (m.add_space_prefix && prev_special) buf += "\xe2\x96\x81";
       for (char c : text.substr(f.off, f.len)) {
-        if (c == ' ') buf += "\xe2\x96\x81";
-        else buf.push_back(c);
+        if (c == ' ')
+          buf += "\xe2\x96\x81";
+        else
+          buf.push_back(c);
       }
       m.encode_spm(buf, out);
       prev_special = false;
@@ -653,8 +664,7 @@ std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
   return m.pieces[id];
 }
 
-std::string Tokenizer::detokenize(std::span<const int32_t> ids, bool remove_special,
-                                  bool unparse_special) const {
+std::string Tokenizer::detokenize(std::span<const int32_t> ids, bool remove_special, bool unparse_special) const {
   const Impl& m = *impl_;
   for (int32_t id : ids) m.check_id(id);
   bool remove_space = m.add_space_prefix;
@@ -731,36 +741,74 @@ std::string Tokenizer::detokenize_raw(std::span<const int32_t> ids, bool special
   return text;
 }
 
-int32_t Tokenizer::n_vocab() const noexcept { return static_cast<int32_t>(impl_->texts.size()); }
-int32_t Tokenizer::bos() const noexcept { return impl_->bos; }
-int32_t Tokenizer::eos() const noexcept { return impl_->eos; }
-int32_t Tokenizer::eot() const noexcept { return impl_->eot; }
-int32_t Tokenizer::eom() const noexcept { return impl_->eom; }
-int32_t Tokenizer::unk() const noexcept { return impl_->unk; }
-int32_t Tokenizer::pad() const noexcept { return impl_->pad; }
+int32_t Tokenizer::n_vocab() const noexcept {
+  return static_cast<int32_t>(impl_->texts.size());
+}
+int32_t Tokenizer::bos() const noexcept {
+  return impl_->bos;
+}
+int32_t Tokenizer::eos() const noexcept {
+  return impl_->eos;
+}
+int32_t Tokenizer::eot() const noexcept {
+  return impl_->eot;
+}
+int32_t Tokenizer::eom() const noexcept {
+  return impl_->eom;
+}
+int32_t Tokenizer::unk() const noexcept {
+  return impl_->unk;
+}
+int32_t Tokenizer::pad() const noexcept {
+  return impl_->pad;
+}
 bool Tokenizer::is_eog(int32_t id) const noexcept {
   return id >= 0 && static_cast<size_t>(id) < impl_->eog_flag.size() && impl_->eog_flag[id];
 }
-const std::vector<int32_t>& Tokenizer::eog_ids() const noexcept { return impl_->eog; }
+const std::vector<int32_t>& Tokenizer::eog_ids() const noexcept {
+  return impl_->eog;
+}
 TokenType Tokenizer::token_type(int32_t id) const noexcept {
   if (id < 0 || static_cast<size_t>(id) >= impl_->types.size()) return TokenType::kUndefined;
   return impl_->types[id];
 }
-bool Tokenizer::is_control(int32_t id) const noexcept { return token_type(id) == TokenType::kControl; }
+bool Tokenizer::is_control(int32_t id) const noexcept {
+  return token_type(id) == TokenType::kControl;
+}
 std::string_view Tokenizer::token_text(int32_t id) const {
   impl_->check_id(id);
   return impl_->texts[id];
 }
-int32_t Tokenizer::find_token(std::string_view text) const noexcept { return impl_->find(text); }
-bool Tokenizer::add_bos() const noexcept { return impl_->add_bos; }
-bool Tokenizer::add_eos() const noexcept { return impl_->add_eos; }
-bool Tokenizer::add_space_prefix() const noexcept { return impl_->add_space_prefix; }
-bool Tokenizer::clean_spaces() const noexcept { return impl_->clean_spaces; }
-TokenizerModel Tokenizer::model() const noexcept { return impl_->model; }
-PreTokenizer Tokenizer::pre() const noexcept { return impl_->pre; }
-const std::string& Tokenizer::pre_name() const noexcept { return impl_->pre_name; }
-const std::string& Tokenizer::chat_template() const noexcept { return impl_->chat_template; }
-uint64_t Tokenizer::identity_hash() const noexcept { return impl_->hash; }
+int32_t Tokenizer::find_token(std::string_view text) const noexcept {
+  return impl_->find(text);
+}
+bool Tokenizer::add_bos() const noexcept {
+  return impl_->add_bos;
+}
+bool Tokenizer::add_eos() const noexcept {
+  return impl_->add_eos;
+}
+bool Tokenizer::add_space_prefix() const noexcept {
+  return impl_->add_space_prefix;
+}
+bool Tokenizer::clean_spaces() const noexcept {
+  return impl_->clean_spaces;
+}
+TokenizerModel Tokenizer::model() const noexcept {
+  return impl_->model;
+}
+PreTokenizer Tokenizer::pre() const noexcept {
+  return impl_->pre;
+}
+const std::string& Tokenizer::pre_name() const noexcept {
+  return impl_->pre_name;
+}
+const std::string& Tokenizer::chat_template() const noexcept {
+  return impl_->chat_template;
+}
+uint64_t Tokenizer::identity_hash() const noexcept {
+  return impl_->hash;
+}
 
 // ---------------------------------------------------------------------------------------
 // UTF-8 sanitising and streaming
@@ -833,8 +881,7 @@ std::string utf8_sanitize(std::string_view bytes) {
   return out;
 }
 
-StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, bool special,
-                                           bool strip_leading_space)
+StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, bool special, bool strip_leading_space)
     : tok_(tokenizer), special_(special), strip_(strip_leading_space && tokenizer.add_space_prefix()) {}
 
 std::string StreamingDetokenizer::push(int32_t id) {
@@ -875,15 +922,9 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
       fail(std::string("bad metadata key ") + key + ": " + e.what());
     }
   };
-  auto get_str = [&](const char* key) {
-    return wrap(key, [&] { return f.get_string(key); });
-  };
-  auto get_int = [&](const char* key) {
-    return wrap(key, [&] { return f.get_int(key); });
-  };
-  auto get_bool = [&](const char* key) {
-    return wrap(key, [&] { return f.get_bool(key); });
-  };
+  auto get_str = [&](const char* key) { return wrap(key, [&] { return f.get_string(key); }); };
+  auto get_int = [&](const char* key) { return wrap(key, [&] { return f.get_int(key); }); };
+  auto get_bool = [&](const char* key) { return wrap(key, [&] { return f.get_bool(key); }); };
 
   auto model = get_str("tokenizer.ggml.model");
   if (!model) fail("missing metadata key tokenizer.ggml.model");
@@ -896,8 +937,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
   for (auto s : *tokens) v.tokens.emplace_back(s);
   if (auto s = wrap("tokenizer.ggml.scores", [&] { return f.get_float_array("tokenizer.ggml.scores"); }))
     v.scores = std::move(*s);
-  if (auto t = wrap("tokenizer.ggml.token_type",
-                    [&] { return f.get_int_array("tokenizer.ggml.token_type"); })) {
+  if (auto t = wrap("tokenizer.ggml.token_type", [&] { return f.get_int_array("tokenizer.ggml.token_type"); })) {
     v.token_types.reserve(t->size());
     for (int64_t x : *t) {
       v.token_types.push_back((x >= INT32_MIN && x <= INT32_MAX) ? static_cast<int32_t>(x) : 0);

@@ -54,7 +54,7 @@ const std::string& byte_to_bpe_char(uint8_t b) noexcept;
 /// Inverse mapping of a code point; -1 if the code point is not a mapped byte.
 int bpe_char_to_byte(uint32_t cp) noexcept;
 
-enum class SplitKind { kLlama3, kQwen2, kGpt2, kDefault };
+enum class SplitKind { kLlama3, kQwen2, kGpt2, kDefault, kSmollm, kTekken, kDeepseekLlm };
 
 /// Split code points [0, n) into pre-tokens; appends the length (in code points) of each
 /// pre-token to `lengths`. Iterative, O(n), no recursion.

@@ -5,6 +5,7 @@
 // backtracking the regex would do), on Unicode 15.1 categories.
 #include <algorithm>
 #include <array>
+#include <span>
 
 #include "tokenizer_internal.hpp"
 
@@ -17,18 +18,16 @@ UnicodeCat unicode_category(uint32_t cp) noexcept {
     static const std::array<uint8_t, 128> ascii = [] {
       std::array<uint8_t, 128> a{};
       for (uint32_t c = 0; c < 128; ++c) {
-        const UnicodeRange* it = std::upper_bound(
-            kUnicodeRanges, kUnicodeRanges + kUnicodeRangesCount, c,
-            [](uint32_t v, const UnicodeRange& r) { return v < r.first; });
+        const UnicodeRange* it = std::upper_bound(kUnicodeRanges, kUnicodeRanges + kUnicodeRangesCount, c,
+                                                  [](uint32_t v, const UnicodeRange& r) { return v < r.first; });
         a[c] = (it - 1)->cat;
       }
       return a;
     }();
     return static_cast<UnicodeCat>(ascii[cp]);
   }
-  const UnicodeRange* it = std::upper_bound(
-      kUnicodeRanges, kUnicodeRanges + kUnicodeRangesCount, cp,
-      [](uint32_t v, const UnicodeRange& r) { return v < r.first; });
+  const UnicodeRange* it = std::upper_bound(kUnicodeRanges, kUnicodeRanges + kUnicodeRangesCount, cp,
+                                            [](uint32_t v, const UnicodeRange& r) { return v < r.first; });
   return static_cast<UnicodeCat>((it - 1)->cat);
 }
 
@@ -59,8 +58,7 @@ void utf8_decode_lax(std::string_view s, std::vector<uint32_t>& out) {
       }
     } else if ((c & 0xF0) == 0xE0) {
       if (cont(1) && cont(2)) {
-        out.push_back((uint32_t(c & 0x0F) << 12) | (uint32_t(p[i + 1] & 0x3F) << 6) |
-                      (p[i + 2] & 0x3F));
+        out.push_back((uint32_t(c & 0x0F) << 12) | (uint32_t(p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F));
         i += 3;
       } else {
         out.push_back(0xFFFD);
@@ -69,8 +67,8 @@ void utf8_decode_lax(std::string_view s, std::vector<uint32_t>& out) {
     } else if ((c & 0xF8) == 0xF0) {
       uint32_t cp = 0;
       if (cont(1) && cont(2) && cont(3) &&
-          (cp = (uint32_t(c & 0x07) << 18) | (uint32_t(p[i + 1] & 0x3F) << 12) |
-                (uint32_t(p[i + 2] & 0x3F) << 6) | (p[i + 3] & 0x3F)) <= 0x10FFFF) {
+          (cp = (uint32_t(c & 0x07) << 18) | (uint32_t(p[i + 1] & 0x3F) << 12) | (uint32_t(p[i + 2] & 0x3F) << 6) |
+                (p[i + 3] & 0x3F)) <= 0x10FFFF) {
         out.push_back(cp);
         i += 4;
       } else {
@@ -124,7 +122,9 @@ const ByteMap& byte_map() {
 
 }  // namespace
 
-const std::string& byte_to_bpe_char(uint8_t b) noexcept { return byte_map().to_char[b]; }
+const std::string& byte_to_bpe_char(uint8_t b) noexcept {
+  return byte_map().to_char[b];
+}
 
 int bpe_char_to_byte(uint32_t cp) noexcept {
   if ((cp >= 0x21 && cp <= 0x7E) || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF)) {
@@ -160,7 +160,9 @@ struct Seg {
   }
 };
 
-inline uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+inline uint32_t ascii_lower(uint32_t c) {
+  return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
 
 // Llama 3:  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //           ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -344,21 +346,29 @@ void split_runs(const Seg& s, Pred pred, bool exact3, std::vector<size_t>& out) 
   if (s.end > prev) out.push_back(s.end - prev);
 }
 
-}  // namespace
-
-void pretokenize(SplitKind kind, const std::vector<uint32_t>& cps, std::vector<size_t>& lengths) {
-  lengths.clear();
-  if (cps.empty()) return;
-  const Seg whole{cps, 0, cps.size()};
-  switch (kind) {
-    case SplitKind::kLlama3: split_llama3(whole, 3, lengths); return;
-    case SplitKind::kQwen2: split_llama3(whole, 1, lengths); return;
-    case SplitKind::kGpt2: split_gpt2(whole, lengths); return;
-    case SplitKind::kDefault: break;
+// Leftmost-first regex search over one segment: `match_at(s, pos)` returns the end of a
+// match starting at pos, or pos when none starts there. Matches and the gaps between them
+// both become pre-tokens (llama.cpp's unicode_regex_split_stl).
+template <typename MatchAt>
+void split_matches(const Seg& s, MatchAt match_at, std::vector<size_t>& out) {
+  size_t prev = s.begin;
+  size_t pos = s.begin;
+  while (pos < s.end) {
+    const size_t end = match_at(s, pos);
+    if (end == pos) {
+      ++pos;
+      continue;
+    }
+    if (pos > prev) out.push_back(pos - prev);
+    out.push_back(end - pos);
+    prev = pos = end;
   }
-  // llama.cpp's "default" BPE pre-tokenizer: four regexes applied one after the other,
-  // each inside the pieces of the previous one:
-  //   [\p{P}\$\+<=>\^~\|]+ , the GPT-2 regex, \p{N}+ , [0-9][0-9][0-9]
+  if (s.end > prev) out.push_back(s.end - prev);
+}
+
+// A chain of regex stages: each stage splits every pre-token of the previous one.
+template <typename... Stages>
+void split_chain(const std::vector<uint32_t>& cps, std::vector<size_t>& lengths, Stages&&... stages) {
   std::vector<size_t> cur{cps.size()};
   std::vector<size_t> next;
   auto stage = [&](auto&& fn) {
@@ -370,28 +380,225 @@ void pretokenize(SplitKind kind, const std::vector<uint32_t>& cps, std::vector<s
     }
     cur.swap(next);
   };
-  stage([](const Seg& s, std::vector<size_t>& out) {
-    split_runs(
-        s,
-        [](uint32_t c) {
-          if (c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' ||
-              c == '|')
-            return true;
-          return unicode_category(c) == kCatPunct && !unicode_is_whitespace(c);
-        },
-        false, out);
-  });
-  stage([](const Seg& s, std::vector<size_t>& out) { split_gpt2(s, out); });
-  stage([](const Seg& s, std::vector<size_t>& out) {
-    split_runs(
-        s,
-        [](uint32_t c) { return unicode_category(c) == kCatNumber && !unicode_is_whitespace(c); },
-        false, out);
-  });
-  stage([](const Seg& s, std::vector<size_t>& out) {
-    split_runs(s, [](uint32_t c) { return c >= '0' && c <= '9'; }, true, out);
-  });
+  (stage(stages), ...);
   lengths.swap(cur);
+}
+
+// \p{N} as llama.cpp's collapsed-category regexes see it: one number code point.
+size_t match_one_number(const Seg& s, size_t pos) {
+  return s.number(pos) ? pos + 1 : pos;
+}
+
+// Tekken (Mistral Nemo):
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+//   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}|
+//    ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// as llama.cpp runs it: on category-collapsed text, where "upper" is a letter other than
+// a-z and "lower" a letter other than A-Z (a non-ASCII letter is both).
+size_t match_tekken(const Seg& s, size_t pos) {
+  const uint32_t c = s.cps[pos];
+  auto upper = [&](size_t p) { return s.letter(p) && !(s.cps[p] >= 'a' && s.cps[p] <= 'z'); };
+  auto lower = [&](size_t p) { return s.letter(p) && !(s.cps[p] >= 'A' && s.cps[p] <= 'Z'); };
+  const bool prefix = c != '\r' && c != '\n' && !s.letter(pos) && !s.number(pos);
+  const size_t q = prefix ? pos + 1 : pos;
+  size_t r = q;  // the run of "upper" letters
+  while (upper(r)) ++r;
+  // alternative 1: upper* lower+ (backtracking into the upper run for a lower letter)
+  size_t k = r;
+  while (true) {
+    if (lower(k)) {
+      size_t e = k;
+      while (lower(e)) ++e;
+      if (k == r) return e;
+      return k + 1;  // the upper run's last non-ASCII letter, followed by a non-lower
+    }
+    if (k == q) break;
+    --k;
+  }
+  // alternative 2: upper+ lower*
+  if (r > q) {
+    while (lower(r)) ++r;
+    return r;
+  }
+  if (s.number(pos)) return pos + 1;
+  {
+    const size_t o = c == ' ' ? pos + 1 : pos;
+    if (s.other(o)) {
+      size_t e = o;
+      while (s.other(e)) ++e;
+      while (s.cpt(e) == '\r' || s.cpt(e) == '\n' || s.cpt(e) == '/') ++e;
+      return e;
+    }
+  }
+  size_t num_ws = 0;
+  size_t last_rn_end = 0;
+  while (s.space(pos + num_ws)) {
+    const uint32_t c2 = s.cps[pos + num_ws];
+    if (c2 == '\r' || c2 == '\n') last_rn_end = pos + num_ws + 1;
+    ++num_ws;
+  }
+  if (last_rn_end > 0) return last_rn_end;
+  if (num_ws > 1 && s.in(pos + num_ws)) return pos + num_ws - 1;
+  return pos + num_ws;
+}
+
+// DeepSeek LLM: letters are the cased letters its tokenizer lists (code point ranges,
+// inclusive), the rest are the ranges of its other regexes.
+struct CpRange {
+  uint32_t first, last;
+};
+constexpr CpRange kDeepseekLetters[] = {
+    {0x41, 0x5A},       {0x61, 0x7A},       {0xB5, 0xB5},       {0xC0, 0xD6},       {0xD8, 0xF6},
+    {0xF8, 0x1BA},      {0x1BC, 0x1BF},     {0x1C4, 0x293},     {0x295, 0x2AF},     {0x370, 0x373},
+    {0x376, 0x376},     {0x377, 0x377},     {0x37B, 0x37D},     {0x37F, 0x37F},     {0x386, 0x386},
+    {0x388, 0x38A},     {0x38C, 0x38C},     {0x38E, 0x3A1},     {0x3A3, 0x3F5},     {0x3F7, 0x481},
+    {0x48A, 0x52F},     {0x531, 0x556},     {0x10A0, 0x10C5},   {0x13A0, 0x13F5},   {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA},   {0x1CBD, 0x1CBF},   {0x1D00, 0x1D2B},   {0x1D6B, 0x1D77},   {0x1D79, 0x1D9A},
+    {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},   {0x1F20, 0x1F45},   {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},
+    {0x1F59, 0x1F59},   {0x1F5B, 0x1F5B},   {0x1F5D, 0x1F5D},   {0x1F5F, 0x1F7D},   {0x1F80, 0x1FB4},
+    {0x1FB6, 0x1FBC},   {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},   {0x1FD0, 0x1FD3},
+    {0x1FD6, 0x1FDB},   {0x1FE0, 0x1FEC},   {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},   {0x2102, 0x2102},
+    {0x2107, 0x2107},   {0x210A, 0x2113},   {0x2115, 0x2115},   {0x2119, 0x211D},   {0x2124, 0x2124},
+    {0x2126, 0x2126},   {0x2128, 0x2128},   {0x212A, 0x212D},   {0x212F, 0x2134},   {0x2139, 0x2139},
+    {0x213C, 0x213F},   {0x2145, 0x2149},   {0x214E, 0x214E},   {0x2183, 0x2183},   {0x2184, 0x2184},
+    {0x2C00, 0x2C7B},   {0x2C7E, 0x2CE4},   {0x2CEB, 0x2CEE},   {0x2CF2, 0x2CF2},   {0x2CF3, 0x2CF3},
+    {0xA640, 0xA66D},   {0xA680, 0xA69B},   {0xA722, 0xA76F},   {0xA771, 0xA787},   {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF},   {0xFB00, 0xFB06},   {0xFB13, 0xFB17},   {0xFF21, 0xFF3A},   {0xFF41, 0xFF5A},
+    {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2},
+    {0x118A0, 0x118DF}, {0x1E900, 0x1E943}};
+
+bool in_ranges(std::span<const CpRange> ranges, uint32_t c) {
+  const auto it =
+      std::upper_bound(ranges.begin(), ranges.end(), c, [](uint32_t v, const CpRange& r) { return v < r.first; });
+  return it != ranges.begin() && c <= (it - 1)->last;
+}
+
+// llama.cpp runs these regexes with std::wregex on text where every non-ASCII whitespace
+// code point was replaced by U+000B, so a class of non-ASCII characters never matches one.
+bool deepseek_letter(const Seg& s, size_t p) {
+  return s.in(p) && !s.space(p) && in_ranges(kDeepseekLetters, s.cps[p]);
+}
+bool deepseek_punct(const Seg& s, size_t p) {
+  if (!s.in(p) || s.space(p)) return false;
+  const uint32_t c = s.cps[p];
+  // [!-/:-~！-／：-～‘-‟　-。]
+  return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x7E) || (c >= 0xFF01 && c <= 0xFF0F) ||
+         (c >= 0xFF1A && c <= 0xFF5E) || (c >= 0x2018 && c <= 0x201F) || (c >= 0x3000 && c <= 0x3002);
+}
+bool deepseek_cjk(const Seg& s, size_t p) {
+  if (!s.in(p) || s.space(p)) return false;
+  const uint32_t c = s.cps[p];
+  // [一-龥ࠀ-一가-퟿]
+  return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x0800 && c <= 0x4E00) || (c >= 0xAC00 && c <= 0xD7FF);
+}
+// \s?X+ for a class X
+template <typename Cls>
+size_t match_space_opt_run(const Seg& s, size_t pos, Cls cls) {
+  size_t q = pos;
+  if (s.space(pos) && cls(s, pos + 1)) q = pos + 1;
+  if (!cls(s, q)) return pos;
+  while (cls(s, q)) ++q;
+  return q;
+}
+
+void split_deepseek_llm(const std::vector<uint32_t>& cps, std::vector<size_t>& lengths) {
+  split_chain(
+      cps, lengths,
+      [](const Seg& s, std::vector<size_t>& out) {  // [\r\n]
+        split_matches(
+            s, [](const Seg& g, size_t p) { return (g.cps[p] == '\r' || g.cps[p] == '\n') ? p + 1 : p; }, out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {  // \s?[letters]+
+        split_matches(
+            s, [](const Seg& g, size_t p) { return match_space_opt_run(g, p, deepseek_letter); }, out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {  // \s?[punctuation]+
+        split_matches(
+            s, [](const Seg& g, size_t p) { return match_space_opt_run(g, p, deepseek_punct); }, out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {  // \s+$ : the segment's trailing whitespace
+        size_t t = s.end;
+        while (t > s.begin && s.space(t - 1)) --t;
+        if (t > s.begin) out.push_back(t - s.begin);
+        if (s.end > t) out.push_back(s.end - t);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {  // [一-龥ࠀ-一가-퟿]+
+        split_matches(
+            s,
+            [](const Seg& g, size_t p) {
+              size_t e = p;
+              while (deepseek_cjk(g, e)) ++e;
+              return e;
+            },
+            out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {  // \p{N}+
+        split_matches(
+            s,
+            [](const Seg& g, size_t p) {
+              size_t e = p;
+              while (g.number(e)) ++e;
+              return e;
+            },
+            out);
+      });
+}
+
+}  // namespace
+
+void pretokenize(SplitKind kind, const std::vector<uint32_t>& cps, std::vector<size_t>& lengths) {
+  lengths.clear();
+  if (cps.empty()) return;
+  const Seg whole{cps, 0, cps.size()};
+  switch (kind) {
+    case SplitKind::kLlama3:
+      split_llama3(whole, 3, lengths);
+      return;
+    case SplitKind::kQwen2:
+      split_llama3(whole, 1, lengths);
+      return;
+    case SplitKind::kGpt2:
+      split_gpt2(whole, lengths);
+      return;
+    case SplitKind::kTekken:
+      split_matches(whole, match_tekken, lengths);
+      return;
+    case SplitKind::kDeepseekLlm:
+      split_deepseek_llm(cps, lengths);
+      return;
+    case SplitKind::kSmollm:
+      // \p{N} (one digit per pre-token), then the GPT-2 regex
+      split_chain(
+          cps, lengths, [](const Seg& s, std::vector<size_t>& out) { split_matches(s, match_one_number, out); },
+          [](const Seg& s, std::vector<size_t>& out) { split_gpt2(s, out); });
+      return;
+    case SplitKind::kDefault:
+      break;
+  }
+  // llama.cpp's "default" BPE pre-tokenizer: four regexes applied one after the other,
+  // each inside the pieces of the previous one:
+  //   [\p{P}\$\+<=>\^~\|]+ , the GPT-2 regex, \p{N}+ , [0-9][0-9][0-9]
+  split_chain(
+      cps, lengths,
+      [](const Seg& s, std::vector<size_t>& out) {
+        split_runs(
+            s,
+            [](uint32_t c) {
+              if (c == '$' || c == '+' || c == '<' || c == '=' || c == '>' || c == '^' || c == '~' || c == '|')
+                return true;
+              return unicode_category(c) == kCatPunct && !unicode_is_whitespace(c);
+            },
+            false, out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) { split_gpt2(s, out); },
+      [](const Seg& s, std::vector<size_t>& out) {
+        split_runs(
+            s, [](uint32_t c) { return unicode_category(c) == kCatNumber && !unicode_is_whitespace(c); }, false, out);
+      },
+      [](const Seg& s, std::vector<size_t>& out) {
+        split_runs(
+            s, [](uint32_t c) { return c >= '0' && c <= '9'; }, true, out);
+      });
 }
 
 }  // namespace tandem::detail

@@ -3,8 +3,8 @@
 #include <pthread.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,12 +21,6 @@ using tandem::Tokenizer;
 using tandem::TokenizerVocab;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Run fn on a thread with a small stack (field case B10: no stack use proportional to
 // the input length).
@@ -64,10 +58,14 @@ std::string render_piece(const std::string& bytes) {
     // take the longest valid prefix char by char
     size_t len = 0;
     const auto c = static_cast<uint8_t>(bytes[i]);
-    if (c < 0x80) len = 1;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4;
+    if (c < 0x80)
+      len = 1;
+    else if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c >= 0xE0 && c <= 0xEF)
+      len = 3;
+    else if (c >= 0xF0 && c <= 0xF4)
+      len = 4;
     bool ok = len > 0 && i + len <= bytes.size();
     if (ok) {
       const std::string ch = bytes.substr(i, len);
@@ -86,7 +84,26 @@ std::string render_piece(const std::string& bytes) {
   return out;
 }
 
-std::vector<int32_t> ids_of(const nlohmann::json& j) { return j.get<std::vector<int32_t>>(); }
+std::vector<int32_t> ids_of(const nlohmann::json& j) {
+  return j.get<std::vector<int32_t>>();
+}
+
+// The pre-tokens of `text` under one split kind, as strings.
+std::vector<std::string> split_text(tandem::detail::SplitKind k, const std::string& text) {
+  std::vector<uint32_t> cps;
+  tandem::detail::utf8_decode_lax(text, cps);
+  std::vector<size_t> lens;
+  tandem::detail::pretokenize(k, cps, lens);
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t len : lens) {
+    std::string w;
+    for (size_t i = start; i < start + len; ++i) tandem::detail::utf8_append(w, cps[i]);
+    out.push_back(w);
+    start += len;
+  }
+  return out;
+}
 
 std::string repeat(const std::string& s, size_t n) {
   std::string r;
@@ -145,8 +162,14 @@ const Tokenizer& llama3_tokenizer() {
 // ---------------------------------------------------------------------------------------
 
 TEST_CASE("tokenizer: B11 SentencePiece byte fallback encode/decode/stream", "[tokenizer]") {
-  const Tokenizer tok(spm_byte_vocab({{"\xe2\x96\x81", -1.0f}, {"\xe2\x96\x81" "a", -0.5f}, {"a", -2.0f}}));
-  const int32_t id_sa = tok.find_token("\xe2\x96\x81" "a");
+  const Tokenizer tok(spm_byte_vocab({{"\xe2\x96\x81", -1.0f},
+                                      {"\xe2\x96\x81"
+                                       "a",
+                                       -0.5f},
+                                      {"a", -2.0f}}));
+  const int32_t id_sa = tok.find_token(
+      "\xe2\x96\x81"
+      "a");
   REQUIRE(id_sa == 260);
   const int32_t bEA = 3 + 0xEA, bB9 = 3 + 0xB9, bB0 = 3 + 0xB0, bFF = 3 + 0xFF;
 
@@ -199,25 +222,19 @@ TEST_CASE("tokenizer: B11 SentencePiece byte fallback encode/decode/stream", "[t
 TEST_CASE("tokenizer: B10 long runs on a small stack", "[tokenizer]") {
   const Tokenizer bpe(byte_level_vocab("qwen2", {"AA", "AAAA"}, {"A A", "AA AA"}));
   const Tokenizer spm(spm_byte_vocab({{"\xe2\x96\x81", -3.0f}, {"A", -3.0f}, {"AA", -2.0f}, {"AAAA", -1.0f}}));
-  const std::vector<std::string> inputs = {
-      repeat("A", 43000), repeat("Z", 131072), repeat(" ", 50000),
-      repeat(".", 50000), repeat("\n", 50000), repeat("\xe4\xb8\xad", 30000)};
+  const std::vector<std::string> inputs = {repeat("A", 43000), repeat("Z", 131072), repeat(" ", 50000),
+                                           repeat(".", 50000), repeat("\n", 50000), repeat("\xe4\xb8\xad", 30000)};
   struct Result {
     std::vector<int32_t> ids;
     std::string back;
-    double secs;
   };
   std::vector<Result> rb(inputs.size()), rs(inputs.size());
   run_with_stack(256 * 1024, [&] {
     for (size_t i = 0; i < inputs.size(); ++i) {
-      auto t0 = Clock::now();
       rb[i].ids = bpe.tokenize(inputs[i], false, true);
       rb[i].back = bpe.detokenize(rb[i].ids, false, false);
-      rb[i].secs = seconds_since(t0);
-      t0 = Clock::now();
       rs[i].ids = spm.tokenize(inputs[i], false, true);
       rs[i].back = spm.detokenize(rs[i].ids, false, false);
-      rs[i].secs = seconds_since(t0);
     }
   });
   const int32_t aaaa = bpe.find_token("AAAA");
@@ -233,8 +250,6 @@ TEST_CASE("tokenizer: B10 long runs on a small stack", "[tokenizer]") {
     INFO("input " << i);
     CHECK(rb[i].back == inputs[i]);
     CHECK(rs[i].back == inputs[i]);
-    CHECK(rb[i].secs < 1.0);
-    CHECK(rs[i].secs < 1.0);
   }
 }
 
@@ -273,21 +288,7 @@ TEST_CASE("tokenizer: pre-tokenizer splits match the reference regexes", "[token
        {"$$$", " +++", " a", "<=>", "b"},
        {"$$$", " +++", " a", "<=>", "b"}},
   };
-  auto split = [](SplitKind k, const std::string& text) {
-    std::vector<uint32_t> cps;
-    tandem::detail::utf8_decode_lax(text, cps);
-    std::vector<size_t> lens;
-    tandem::detail::pretokenize(k, cps, lens);
-    std::vector<std::string> out;
-    size_t start = 0;
-    for (size_t len : lens) {
-      std::string w;
-      for (size_t i = start; i < start + len; ++i) tandem::detail::utf8_append(w, cps[i]);
-      out.push_back(w);
-      start += len;
-    }
-    return out;
-  };
+  const auto split = split_text;
   for (const auto& c : cases) {
     INFO(c.text);
     CHECK(split(SplitKind::kLlama3, c.text) == c.llama3);
@@ -295,8 +296,93 @@ TEST_CASE("tokenizer: pre-tokenizer splits match the reference regexes", "[token
     CHECK(split(SplitKind::kGpt2, c.text) == c.gpt2);
   }
   // llama.cpp's default chain: punctuation runs, GPT-2, \p{N}+, then [0-9]{3}
-  CHECK(split(SplitKind::kDefault, "ab, 12345!") ==
-        std::vector<std::string>{"ab", ",", " ", "123", "45", "!"});
+  CHECK(split(SplitKind::kDefault, "ab, 12345!") == std::vector<std::string>{"ab", ",", " ", "123", "45", "!"});
+}
+
+TEST_CASE("tokenizer: smollm, tekken and deepseek-llm splits match the reference regexes", "[tokenizer]") {
+  using tandem::detail::SplitKind;
+  struct Case {
+    std::string text;
+    std::vector<std::string> smollm, tekken, deepseek_llm;
+  };
+  // Expected values computed with Python's `regex` module on the original patterns, each
+  // stage splitting the pieces of the previous one (smollm: \p{N}, then GPT-2; tekken: the
+  // pattern of its tokenizer.json; deepseek-llm: its six patterns). One exception, where
+  // llama.cpp deliberately differs and Tandem follows llama.cpp: it runs the deepseek-llm
+  // patterns on text whose non-ASCII whitespace became U+000B, so U+3000 is a space there,
+  // not punctuation, and "\xe3\x80\x80" "b" stays one piece (last case).
+  const std::vector<Case> cases = {
+      {
+          "Hello world!! It's 12345 ok",
+          {"Hello", " world", "!!", " It", "'s", " ", "1", "2", "3", "4", "5", " ok"},
+          {"Hello", " world", "!!", " It", "'s", " ", "1", "2", "3", "4", "5", " ok"},
+          {"Hello", " world", "!!", " It", "'", "s", " ", "12345", " ok"},
+      },
+      {
+          "HTMLParser getHTTPResponse iPhone",
+          {"HTMLParser", " getHTTPResponse", " iPhone"},
+          {"HTMLParser", " get", "HTTPResponse", " i", "Phone"},
+          {"HTMLParser", " getHTTPResponse", " iPhone"},
+      },
+      {
+          "don't  stop...\r\n\r\nnow a/b//c\n",
+          {"don", "'t", " ", " stop", "...", "\r\n\r", "\n", "now", " a", "/", "b", "//", "c", "\n"},
+          {"don", "'t", " ", " stop", "...\r\n\r\n", "now", " a", "/b", "//", "c", "\n"},
+          {"don", "'", "t", " ", " stop", "...", "\r", "\n", "\r", "\n", "now", " a", "/", "b", "//", "c", "\n"},
+      },
+      {
+          "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82, \xd0\xbc\xd0\xb8\xd1\x80! 2024\xe5\xb9\xb4 "
+          "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c \xec\x95\x88\xeb\x85\x95",
+          {"\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", ",", " \xd0\xbc\xd0\xb8\xd1\x80", "!", " ", "2", "0",
+           "2", "4", "\xe5\xb9\xb4", " \xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c", " \xec\x95\x88\xeb\x85\x95"},
+          {"\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", ",", " \xd0\xbc\xd0\xb8\xd1\x80", "!", " ", "2", "0",
+           "2", "4", "\xe5\xb9\xb4", " \xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c", " \xec\x95\x88\xeb\x85\x95"},
+          {"\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", ",", " \xd0\xbc\xd0\xb8\xd1\x80", "!", " ", "2024",
+           "\xe5\xb9\xb4", " ", "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c", " ", "\xec\x95\x88\xeb\x85\x95"},
+      },
+      {
+          "\xc3\x80\xc3\x89"
+          "abc DEF ghi",
+          {"\xc3\x80\xc3\x89"
+           "abc",
+           " DEF", " ghi"},
+          {"\xc3\x80\xc3\x89"
+           "abc",
+           " DEF", " ghi"},
+          {"\xc3\x80\xc3\x89", "abc", " DEF", " ghi"},
+      },
+      {
+          "3.14 + x\xc2\xb2 = \xc2\xbd",
+          {"3", ".", "1", "4", " +", " x", "\xc2\xb2", " =", " ", "\xc2\xbd"},
+          {"3", ".", "1", "4", " +", " x", "\xc2\xb2", " =", " ", "\xc2\xbd"},
+          {"3", ".", "14", " +", " x", "\xc2\xb2", " =", " ", "\xc2\xbd"},
+      },
+      {
+          "Hello, World! 12 ab\n\n  ",
+          {"Hello", ",", " World", "!", " ", "1", "2", " ab", "\n\n  "},
+          {"Hello", ",", " World", "!", " ", "1", "2", " ab", "\n\n", "  "},
+          {"Hello", ",", " World", "!", " ", "12", " ab", "\n", "\n", "  "},
+      },
+      {
+          "a\xe3\x80\x80"
+          "b\xe2\x80\x83 cd  ",
+          {"a", "\xe3\x80\x80", "b", "\xe2\x80\x83", " cd", "  "},
+          {"a",
+           "\xe3\x80\x80"
+           "b",
+           "\xe2\x80\x83", " cd", "  "},
+          {"a",
+           "\xe3\x80\x80"
+           "b",
+           "\xe2\x80\x83", " cd", "  "},
+      },
+  };
+  for (const auto& c : cases) {
+    INFO(c.text);
+    CHECK(split_text(SplitKind::kSmollm, c.text) == c.smollm);
+    CHECK(split_text(SplitKind::kTekken, c.text) == c.tekken);
+    CHECK(split_text(SplitKind::kDeepseekLlm, c.text) == c.deepseek_llm);
+  }
 }
 
 TEST_CASE("tokenizer: validation errors", "[tokenizer]") {
@@ -325,8 +411,17 @@ TEST_CASE("tokenizer: validation errors", "[tokenizer]") {
   CHECK(code_of([&] { Tokenizer t(v); }) == ErrorCode::kTokenizer);
   v = spm_byte_vocab({{"x", 0.0f}, {"x", 0.0f}});
   CHECK(code_of([&] { Tokenizer t(v); }) == ErrorCode::kTokenizer);
-  auto b = byte_level_vocab("deepseek-llm", {}, {});
-  CHECK(code_of([&] { Tokenizer t(b); }) == ErrorCode::kTokenizer);
+  // an unknown tokenizer.ggml.pre is refused, naming it (no silent fallback to "default")
+  for (const char* pre : {"no-such-pre", "deepseek-coder", "SMOLLM"}) {
+    INFO(pre);
+    auto b = byte_level_vocab(pre, {}, {});
+    CHECK(code_of([&] { Tokenizer t(b); }) == ErrorCode::kTokenizer);
+    try {
+      Tokenizer t(b);
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find(std::string("'") + pre + "'") != std::string::npos);
+    }
+  }
 
   const Tokenizer tok(spm_byte_vocab({}));
   CHECK(code_of([&] { (void)tok.token_to_piece(-1, false); }) == ErrorCode::kInvalidArgument);
@@ -435,8 +530,7 @@ void check_bpe_golden(const Tokenizer& tok, const nlohmann::json& j) {
       CHECK(tok.detokenize(ids_ns_ps, false, true) == c["detokenized_parse_special"].get<std::string>());
     }
     if (c.contains("detokenized_parse_special_plain")) {
-      CHECK(tok.detokenize(ids_ns_ps, false, false) ==
-            c["detokenized_parse_special_plain"].get<std::string>());
+      CHECK(tok.detokenize(ids_ns_ps, false, false) == c["detokenized_parse_special_plain"].get<std::string>());
     }
   }
 }
@@ -449,30 +543,17 @@ TEST_CASE("tokenizer: golden stories260K / aidreams260K (SPM)", "[tokenizer][gol
 }
 
 TEST_CASE("tokenizer: golden llama3-bpe-vocab", "[tokenizer][golden]") {
-  const auto t0 = Clock::now();
   auto f = tandem::GgufFile::open(tandem::test::model_path("llama3-bpe-vocab"));
-  const double t_gguf = seconds_since(t0);
-  const auto t1 = Clock::now();
   const Tokenizer tok = Tokenizer::from_gguf(*f);
-  const double t_load = seconds_since(t1);
-  WARN("llama3 vocab: gguf open " << t_gguf << " s, Tokenizer::from_gguf " << t_load << " s");
-#ifdef NDEBUG
-  CHECK(t_load < 1.0);
-#endif
   CHECK(tok.pre() == tandem::PreTokenizer::kLlama3);
   CHECK(tok.clean_spaces());
-  const auto j = tandem::test::read_json(tandem::test::golden_dir() / "tokenizer-llama3-bpe" /
-                                         "llama3-bpe-vocab.json");
+  const auto j = tandem::test::read_json(tandem::test::golden_dir() / "tokenizer-llama3-bpe" / "llama3-bpe-vocab.json");
   check_bpe_golden(tok, j);
 
   // 50,000 x "a" is one pre-token: 6,250 x "aaaaaaaa"
   const std::string run(50000, 'a');
-  const auto t2 = Clock::now();
   const auto ids = tok.tokenize(run, false, false);
-  const double t_run = seconds_since(t2);
-  WARN("llama3 tokenize 50,000 x 'a': " << t_run << " s");
   CHECK(ids.size() == 6250);
-  CHECK(t_run < 1.0);
   CHECK(tok.identity_hash() == llama3_tokenizer().identity_hash());
 }
 
@@ -481,14 +562,43 @@ TEST_CASE("tokenizer: golden bpe-vocab-qwen2-pre", "[tokenizer][golden]") {
   const Tokenizer tok = Tokenizer::from_gguf(*f);
   CHECK(tok.pre() == tandem::PreTokenizer::kQwen2);
   CHECK_FALSE(tok.clean_spaces());
-  const auto j = tandem::test::read_json(tandem::test::golden_dir() / "tokenizer-qwen2-pre" /
-                                         "bpe-vocab-qwen2-pre.json");
+  const auto j =
+      tandem::test::read_json(tandem::test::golden_dir() / "tokenizer-qwen2-pre" / "bpe-vocab-qwen2-pre.json");
   check_bpe_golden(tok, j);
   CHECK(tok.identity_hash() != llama3_tokenizer().identity_hash());
   // long runs through the qwen2 splitter on a small stack
   std::vector<int32_t> ids;
   run_with_stack(256 * 1024, [&] { ids = tok.tokenize(std::string(50000, 'a'), false, false); });
   CHECK(ids.size() == 6250);
+}
+
+TEST_CASE("tokenizer: golden SmolLM2-135M-Instruct (smollm pre-tokenizer)", "[tokenizer][golden][smollm2]") {
+  const auto path = tandem::test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: SmolLM2 not found at " << path << " (scripts/fetch-smollm2, or set TANDEM_SMOLLM2)");
+    return;
+  }
+  auto f = tandem::GgufFile::open(path);
+  const Tokenizer tok = Tokenizer::from_gguf(*f);
+  CHECK(tok.pre() == tandem::PreTokenizer::kSmollm);
+  CHECK(tok.pre_name() == "smollm");
+  CHECK_FALSE(tok.clean_spaces());
+  CHECK_FALSE(tok.add_bos());
+  CHECK(tok.bos() == 1);
+  CHECK(tok.eos() == 2);
+  // llama.cpp's end-of-generation set for this vocabulary (shared/golden/README.md)
+  CHECK(tok.eog_ids() == std::vector<int32_t>{0, 2, 4});
+  const auto j =
+      tandem::test::read_json(tandem::test::golden_dir() / "tokenizer-smollm" / "smollm2-135m-instruct-q4_0.json");
+  REQUIRE(j["cases"].size() >= 40);
+  for (const auto& c : j["cases"]) {
+    const std::string text = c["text"];
+    INFO("text: " << text);
+    CHECK(tok.tokenize(text, true, false) == ids_of(c["ids"]));
+    CHECK(tok.tokenize(text, true, true) == ids_of(c["ids_parse_special"]));
+    // byte-level BPE: the pieces join back to the text
+    CHECK(tok.detokenize_raw(ids_of(c["ids"]), false) == text);
+  }
 }
 
 TEST_CASE("tokenizer: streaming llama3 pieces equal the sanitized join", "[tokenizer][golden]") {
@@ -516,8 +626,8 @@ TEST_CASE("tokenizer: random bytes never crash; BPE join is the lax-decoded text
     state ^= state << 17;
     return state;
   };
-  const char alphabet[] = {'A', ' ', '\n', '\'', 's', '1', '.', '\xe4', '\xb8', '\xad', '\xf0',
-                           '\x9f', '\x80', '\xff', '\xc0', '<', '|', 'x', '>', '\0'};
+  const char alphabet[] = {'A',    ' ',    '\n',   '\'',   's',    '1', '.', '\xe4', '\xb8', '\xad',
+                           '\xf0', '\x9f', '\x80', '\xff', '\xc0', '<', '|', 'x',    '>',    '\0'};
   for (int iter = 0; iter < 300; ++iter) {
     std::string s;
     const size_t len = next() % 64;

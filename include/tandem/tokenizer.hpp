@@ -44,13 +44,27 @@ enum class TokenizerModel {
   kBpe,  ///< "gpt2": byte-level BPE with ranked merges
 };
 
-/// Pre-tokenizer of a BPE vocabulary (`tokenizer.ggml.pre`).
+/// Pre-tokenizer of a BPE vocabulary (`tokenizer.ggml.pre`), with the regexes of
+/// llama.cpp (llama-vocab.cpp, base ec98e2002). Several names share one regex; the list
+/// after each value is every name Tandem accepts for it. Any other name is refused with
+/// Error(kTokenizer) naming it (llama.cpp would fall back to `default` with a warning,
+/// which silently changes how numbers and punctuation are split; Tandem refuses instead).
 enum class PreTokenizer {
-  kNone,     ///< SPM vocabularies: no pre-tokenizer
-  kDefault,  ///< absent / "default": llama.cpp's default chain of four regexes
-  kGpt2,     ///< "gpt-2", "phi-2", ...: the original GPT-2 regex
-  kLlama3,   ///< "llama-bpe", "llama3", "llama-v3", ...: Llama 3 regex, whole-word lookup first
-  kQwen2,    ///< "qwen2", "deepseek-r1-qwen", ...: Llama 3 regex with single digits
+  kNone,         ///< SPM vocabularies: no pre-tokenizer
+  kDefault,      ///< absent / "default": llama.cpp's default chain of four regexes
+  kGpt2,         ///< "gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "gigachat",
+                 ///< "a.x-4.0", "mellum", "exaone4", "mpt", "olmo", "jais", "trillion",
+                 ///< "granite-docling": the original GPT-2 regex
+  kLlama3,       ///< "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                 ///< "midm-2.0", "lfm2" (whole-word lookup first, BOS added), "dbrx", "smaug-bpe"
+  kQwen2,        ///< "qwen2", "deepseek-r1-qwen", "kormo", "stablelm2", "hunyuan", "grok-2",
+                 ///< "megrez": the Llama 3 regex with single digits
+  kSmollm,       ///< "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                 ///< "minerva-7b": every digit alone (\p{N}), then the GPT-2 regex
+  kTekken,       ///< "tekken" (Mistral Nemo): case-split words, single digits; BOS added,
+                 ///< whole-word lookup first
+  kDeepseekLlm,  ///< "deepseek-llm": newlines, cased-letter runs, punctuation runs,
+                 ///< trailing whitespace, CJK runs, number runs (six regexes in a chain)
 };
 
 /// The tokenizer part of GGUF metadata, as plain data. Build one by hand for tests or
@@ -65,7 +79,7 @@ struct TokenizerVocab {
   std::vector<std::string> merges;   ///< "left right" lines in rank order (gpt2 only)
   std::optional<int64_t> bos_id, eos_id, unk_id, pad_id, eot_id, eom_id;
   std::optional<bool> add_bos, add_eos, add_space_prefix;
-  std::string chat_template;         ///< tokenizer.chat_template; "" = absent
+  std::string chat_template;  ///< tokenizer.chat_template; "" = absent
 };
 
 class Tokenizer {
@@ -96,8 +110,9 @@ class Tokenizer {
   ///    bigram merges by score (highest first, ties leftmost); pieces not in the
   ///    vocabulary fall back to <0xXX> byte tokens.
   ///  - BPE: invalid UTF-8 is replaced by U+FFFD per bad byte (llama.cpp); pre-tokenize,
-  ///    byte-level map, merge by rank (lowest first, ties leftmost); for kLlama3 a
-  ///    pre-token that is itself a token is taken whole.
+  ///    byte-level map, merge by rank (lowest first, ties leftmost); for the llama3
+  ///    names (not dbrx, smaug-bpe) and tekken a pre-token that is itself a token is
+  ///    taken whole (llama.cpp's ignore_merges).
   std::vector<int32_t> tokenize(std::string_view text, bool add_special, bool parse_special) const;
 
   /// Raw bytes of one token (llama_token_to_piece with lstrip 0): SPM U+2581 -> ' ',
@@ -117,8 +132,7 @@ class Tokenizer {
   ///     space in " ?", " !", " .", " ,"; remove both spaces of " ' "; remove the space in
   ///     " 's", " 'm", " 're", " 've" (not " 't", " 'd", " 'll"). Byte-level, in this order.
   /// The result is raw bytes and may be invalid UTF-8 (e.g. half an emoji).
-  std::string detokenize(std::span<const int32_t> ids, bool remove_special,
-                         bool unparse_special) const;
+  std::string detokenize(std::span<const int32_t> ids, bool remove_special, bool unparse_special) const;
 
   /// Plain concatenation of token_to_piece(id, special) for every id: no BOS/EOS removal,
   /// no leading-space removal, no clean-up. For valid ids from tokenize(text, false, false)
@@ -149,7 +163,7 @@ class Tokenizer {
   bool clean_spaces() const noexcept;
   TokenizerModel model() const noexcept;
   PreTokenizer pre() const noexcept;
-  const std::string& pre_name() const noexcept;  ///< tokenizer.ggml.pre as given
+  const std::string& pre_name() const noexcept;       ///< tokenizer.ggml.pre as given
   const std::string& chat_template() const noexcept;  ///< "" if absent
 
   /// xxHash3-64 of everything that decides tokenization and decoding: model, pre name,
@@ -177,8 +191,7 @@ class StreamingDetokenizer {
   /// the vocabulary has add_space_prefix (SPM), remove one leading ' ' from the piece of
   /// the first pushed token, as detokenize does; pass false when the stream continues
   /// text that already started (e.g. generation after a prompt).
-  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool special = false,
-                                bool strip_leading_space = true);
+  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool special = false, bool strip_leading_space = true);
   /// Append one token; returns the newly completed text (possibly empty). Throws
   /// Error(kInvalidArgument) for a bad id (the stream is unchanged).
   std::string push(int32_t id);
