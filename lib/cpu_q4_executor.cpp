@@ -84,6 +84,8 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
       break;
     case GgmlType::kQ4_0: k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k); break;
     case GgmlType::kQ8_0: k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k); break;
+    default:
+      break;  // Model::load converts every other type (model.hpp)
   }
 }
 
@@ -379,6 +381,8 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
         k::gemm_f32_f32(reinterpret_cast<const float*>(W.data), x, y, kdim, m, n, b, e);
       });
       break;
+    default:
+      break;  // Model::load converts every other type (model.hpp)
   }
 }
 

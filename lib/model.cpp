@@ -77,6 +77,12 @@ class TensorBinder {
                   fmt::format("model: tensor '{}' must be F32 (a norm or bias vector), found {}",
                               name, ggml_type_name(t->type)));
     }
+    if (ggml_is_quantized(t->type) && t->type != GgmlType::kQ4_0 && t->type != GgmlType::kQ8_0) {
+      throw Error(ErrorCode::kModelBadTensorShape,
+                  fmt::format("model: tensor '{}' is {}; the executors compute with F32, F16, BF16, "
+                              "Q4_0 and Q8_0 weights",
+                              name, ggml_type_name(t->type)));
+    }
     TensorView v;
     v.info = t;
     v.type = t->type;

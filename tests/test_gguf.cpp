@@ -13,7 +13,9 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <tuple>
 
 #include "tandem/error.hpp"
 #include "tandem/gguf.hpp"
@@ -70,9 +72,7 @@ struct Bytes {
     r.b.assign(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(std::min(n, b.size())));
     return r;
   }
-  std::span<const std::byte> span() const {
-    return {reinterpret_cast<const std::byte*>(b.data()), b.size()};
-  }
+  std::span<const std::byte> span() const { return {reinterpret_cast<const std::byte*>(b.data()), b.size()}; }
 };
 
 Bytes header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
@@ -80,20 +80,25 @@ Bytes header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
   h.raw({'G', 'G', 'U', 'F'}).u32(version).u64(n_tensors).u64(n_kv);
   return h;
 }
-void kv_u32(Bytes& b, std::string_view key, uint32_t v) { b.str(key).u32(4).u32(v); }
-void kv_str(Bytes& b, std::string_view key, std::string_view v) { b.str(key).u32(8).str(v); }
-void tensor_info(Bytes& b, std::string_view name, std::vector<uint64_t> ne, uint32_t type,
-                 uint64_t offset) {
+void kv_u32(Bytes& b, std::string_view key, uint32_t v) {
+  b.str(key).u32(4).u32(v);
+}
+void kv_str(Bytes& b, std::string_view key, std::string_view v) {
+  b.str(key).u32(8).str(v);
+}
+void tensor_info(Bytes& b, std::string_view name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
   b.str(name).u32(static_cast<uint32_t>(ne.size()));
   for (auto d : ne) b.u64(d);
   b.u32(type).u64(offset);
 }
-void q4_block(Bytes& b, uint16_t d, uint8_t qs) { b.u16(d).fill(16, qs); }
+void q4_block(Bytes& b, uint16_t d, uint8_t qs) {
+  b.u16(d).fill(16, qs);
+}
 
 // The "base file" of docs/field-cases.md: 1 tensor `t`, Q4_0, ne=[32,2], offset 0, padded
 // to 96, two blocks (d=0x3C00, qs=0x0F*16), padded to 160. `kvs` adds KV pairs.
-Bytes base_file(uint64_t offset = 0, const std::function<void(Bytes&)>& kvs = {},
-                uint64_t n_kv = 0, std::string_view name = "t") {
+Bytes base_file(uint64_t offset = 0, const std::function<void(Bytes&)>& kvs = {}, uint64_t n_kv = 0,
+                std::string_view name = "t") {
   Bytes b = header(1, n_kv);
   if (kvs) kvs(b);
   tensor_info(b, name, {32, 2}, 2, offset);
@@ -143,7 +148,9 @@ std::vector<float> dequant_q4_0(const std::byte* p, uint64_t n_blocks) {
   return out;
 }
 
-std::string code_name(ErrorCode c) { return std::string(tandem::error_code_name(c)); }
+std::string code_name(ErrorCode c) {
+  return std::string(tandem::error_code_name(c));
+}
 
 // Parse and expect failure with `code` and every needle in the message.
 void expect_error(const Bytes& b, ErrorCode code, const std::vector<std::string>& needles,
@@ -176,21 +183,22 @@ std::vector<Case> malformed_cases() {
     Bytes b = header(0, 1);
     b.u64(0x0000FFFFFFFFFFFFull);
     REQUIRE(b.size() == 32);
-    cs.push_back({"b01_key_length_2p48", b, ErrorCode::kGgufBadLength,
-                  {"key #0 length", huge48, "offset 24"}});
+    cs.push_back({"b01_key_length_2p48", b, ErrorCode::kGgufBadLength, {"key #0 length", huge48, "offset 24"}});
   }
   {
     Bytes b = header(0, 1);
     b.u64(~0ull);
-    cs.push_back({"b01_key_length_max", b, ErrorCode::kGgufBadLength,
-                  {"key #0 length", "18446744073709551615", "offset 24"}});
+    cs.push_back(
+        {"b01_key_length_max", b, ErrorCode::kGgufBadLength, {"key #0 length", "18446744073709551615", "offset 24"}});
   }
   {
     Bytes b = header(0, 1);
     b.str("k").u32(8);
     const size_t at = b.size();
     b.u64((1ull << 30) + 1).pad_to(100);
-    cs.push_back({"b01_string_value_2p30", b, ErrorCode::kGgufBadLength,
+    cs.push_back({"b01_string_value_2p30",
+                  b,
+                  ErrorCode::kGgufBadLength,
                   {"'k'", "STRING value length 1073741825", "offset " + std::to_string(at)}});
   }
   {
@@ -198,16 +206,20 @@ std::vector<Case> malformed_cases() {
     b.str("a").u32(9).u32(4);
     const size_t at = b.size();
     b.u64(1ull << 62).pad_to(100);
-    cs.push_back({"b01_array_u32_2p62", b, ErrorCode::kGgufBadLength,
+    cs.push_back({"b01_array_u32_2p62",
+                  b,
+                  ErrorCode::kGgufBadLength,
                   {"'a'", "4611686018427387904", "offset " + std::to_string(at)}});
   }
   {
     Bytes b = header(1ull << 61, 0);
     b.pad_to(64);
-    cs.push_back({"b01_tensor_count_2p61", b, ErrorCode::kGgufBadLength,
+    cs.push_back(
+        {"b01_tensor_count_2p61", b, ErrorCode::kGgufBadLength, {"tensor_count 2305843009213693952", "offset 8"}});
+    cs.push_back({"b01_tensor_count_2p61_header_only",
+                  header(1ull << 61, 0),
+                  ErrorCode::kGgufTruncated,
                   {"tensor_count 2305843009213693952", "offset 8"}});
-    cs.push_back({"b01_tensor_count_2p61_header_only", header(1ull << 61, 0),
-                  ErrorCode::kGgufTruncated, {"tensor_count 2305843009213693952", "offset 8"}});
   }
   {
     Bytes b = header(0, 1ull << 60);
@@ -219,7 +231,9 @@ std::vector<Case> malformed_cases() {
     b.str("n").u32(9).u32(9).u64(1).u32(0);
     const size_t at = b.size();
     b.u64(1000).fill(10, 0);
-    cs.push_back({"b01_nested_array_count", b, ErrorCode::kGgufBadLength,
+    cs.push_back({"b01_nested_array_count",
+                  b,
+                  ErrorCode::kGgufBadLength,
                   {"'n'", "count 1000", "offset " + std::to_string(at)}});
   }
 
@@ -228,37 +242,46 @@ std::vector<Case> malformed_cases() {
     Bytes b = header(0, 1);
     kv_u32(b, "general.alignment", 0);
     REQUIRE(b.size() == 57);
-    cs.push_back({"b02_alignment_0", b, ErrorCode::kGgufBadAlignment,
+    cs.push_back({"b02_alignment_0",
+                  b,
+                  ErrorCode::kGgufBadAlignment,
                   {"general.alignment", "offset 24", "value 0", "non-zero power of two"}});
   }
   for (uint32_t v : {3u, 0x80000000u, 48u}) {
     Bytes b = header(0, 1);
     kv_u32(b, "general.alignment", v);
-    cs.push_back({"b02_alignment_" + std::to_string(v), b, ErrorCode::kGgufBadAlignment,
-                  {"general.alignment", "offset 24", "value " + std::to_string(v),
-                   "non-zero power of two", "1048576"}});
+    cs.push_back(
+        {"b02_alignment_" + std::to_string(v),
+         b,
+         ErrorCode::kGgufBadAlignment,
+         {"general.alignment", "offset 24", "value " + std::to_string(v), "non-zero power of two", "1048576"}});
   }
   {
     Bytes b = header(0, 1);
     b.str("general.alignment").u32(5).u32(32);
-    cs.push_back({"b02_alignment_int32", b, ErrorCode::kGgufBadAlignment,
+    cs.push_back({"b02_alignment_int32",
+                  b,
+                  ErrorCode::kGgufBadAlignment,
                   {"general.alignment", "offset 24", "INT32 (type 5)", "UINT32 (type 4)"}});
   }
   {
     Bytes b = header(0, 1);
     b.str("general.alignment").u32(10).u64(32);
-    cs.push_back({"b02_alignment_uint64", b, ErrorCode::kGgufBadAlignment,
-                  {"general.alignment", "UINT64 (type 10)"}});
+    cs.push_back({"b02_alignment_uint64", b, ErrorCode::kGgufBadAlignment, {"general.alignment", "UINT64 (type 10)"}});
   }
   {
     Bytes b = header(0, 1);
     kv_u32(b, "general.alignment", 1u << 21);
-    cs.push_back({"b02_alignment_above_cap", b, ErrorCode::kGgufBadAlignment,
+    cs.push_back({"b02_alignment_above_cap",
+                  b,
+                  ErrorCode::kGgufBadAlignment,
                   {"general.alignment", "value 2097152", "1048576"}});
   }
   {
     // Offset field of the only tensor: 24 + (8 + 1) + 4 + 2*8 + 4 = 57.
-    cs.push_back({"b02_tensor_offset_16", base_file(16), ErrorCode::kGgufBadAlignment,
+    cs.push_back({"b02_tensor_offset_16",
+                  base_file(16),
+                  ErrorCode::kGgufBadAlignment,
                   {"tensor 't'", "offset 57", "16", "alignment 32"}});
   }
 
@@ -272,7 +295,9 @@ std::vector<Case> malformed_cases() {
         },
         2);
     // second key at 24 + (8+20) + 4 + (8+5) = 69
-    cs.push_back({"b05_dup_architecture", b, ErrorCode::kGgufDuplicateKey,
+    cs.push_back({"b05_dup_architecture",
+                  b,
+                  ErrorCode::kGgufDuplicateKey,
                   {"'general.architecture'", "index 1", "index 0", "offset 69", "offset 24"}});
   }
   {
@@ -283,7 +308,9 @@ std::vector<Case> malformed_cases() {
           kv_u32(x, "llama.block_count", 40);
         },
         2);
-    cs.push_back({"b05_dup_block_count", b, ErrorCode::kGgufDuplicateKey,
+    cs.push_back({"b05_dup_block_count",
+                  b,
+                  ErrorCode::kGgufDuplicateKey,
                   {"'llama.block_count'", "index 1", "index 0", "offset 57", "offset 24"}});
   }
   {
@@ -295,37 +322,39 @@ std::vector<Case> malformed_cases() {
     q4_block(b, 0x3C00, 0x0F);
     b.pad_to(b.size() + 14);
     q4_block(b, 0x3C00, 0x0F);
-    cs.push_back({"b05_dup_tensor", b, ErrorCode::kGgufDuplicateTensor,
-                  {"'token_embd.weight'", "index 1", "index 0", "offset " + std::to_string(at),
-                   "offset 24"}});
+    cs.push_back({"b05_dup_tensor",
+                  b,
+                  ErrorCode::kGgufDuplicateTensor,
+                  {"'token_embd.weight'", "index 1", "index 0", "offset " + std::to_string(at), "offset 24"}});
   }
 
   // ---- B06: truncation
   const Bytes base = base_file();
   for (size_t n : {131u, 114u, 96u}) {
-    cs.push_back({"b06_truncated_" + std::to_string(n), base.truncated(n),
+    cs.push_back({"b06_truncated_" + std::to_string(n),
+                  base.truncated(n),
                   ErrorCode::kGgufTruncated,
                   {"tensor 't'", "[96, 132)", "(" + std::to_string(n) + " bytes)"}});
   }
-  cs.push_back({"b06_truncated_24", base.truncated(24), ErrorCode::kGgufTruncated,
-                {"tensor_count 1", "offset 24"}});
+  cs.push_back({"b06_truncated_24", base.truncated(24), ErrorCode::kGgufTruncated, {"tensor_count 1", "offset 24"}});
   for (size_t n : {40u, 60u}) {  // inside the tensor info
-    cs.push_back({"b06_truncated_" + std::to_string(n), base.truncated(n),
-                  ErrorCode::kGgufTruncated, {"offset"}});
+    cs.push_back({"b06_truncated_" + std::to_string(n), base.truncated(n), ErrorCode::kGgufTruncated, {"offset"}});
   }
-  cs.push_back({"b06_wrapping_offset", base_file(0xFFFFFFFFFFFFFFE0ull), ErrorCode::kGgufTruncated,
+  cs.push_back({"b06_wrapping_offset",
+                base_file(0xFFFFFFFFFFFFFFE0ull),
+                ErrorCode::kGgufTruncated,
                 {"tensor 't'", "18446744073709551584", "overflows"}});
-  cs.push_back({"b06_offset_past_end", base_file(1024), ErrorCode::kGgufTruncated,
+  cs.push_back({"b06_offset_past_end",
+                base_file(1024),
+                ErrorCode::kGgufTruncated,
                 {"tensor 't'", "[1120, 1156)", "(160 bytes)"}});
 
   // ---- B07: non-finite scales
-  for (auto [d, what] : {std::pair<uint16_t, const char*>{0x7C00, "+Inf"},
-                         {0xFC00, "-Inf"},
-                         {0x7E00, "NaN"}}) {
+  for (auto [d, what] : {std::pair<uint16_t, const char*>{0x7C00, "+Inf"}, {0xFC00, "-Inf"}, {0x7E00, "NaN"}}) {
     std::ostringstream nm;
     nm << "b07_q4_0_scale_" << std::hex << d;
-    cs.push_back({nm.str(), one_block_file(d), ErrorCode::kTensorNonFinite,
-                  {"tensor 't'", "block 0", "offset 96", what}});
+    cs.push_back(
+        {nm.str(), one_block_file(d), ErrorCode::kTensorNonFinite, {"tensor 't'", "block 0", "offset 96", what}});
   }
   {
     Bytes b = header(1, 0);
@@ -333,7 +362,9 @@ std::vector<Case> malformed_cases() {
     b.pad_to(96);
     b.u16(0x3C00).fill(32, 1);
     b.u16(0x7E01).fill(32, 1);
-    cs.push_back({"b07_q8_0_nan_block1", b, ErrorCode::kTensorNonFinite,
+    cs.push_back({"b07_q8_0_nan_block1",
+                  b,
+                  ErrorCode::kTensorNonFinite,
                   {"tensor 'w8'", "Q8_0", "block 1", "offset 130", "NaN"}});
   }
 
@@ -345,10 +376,8 @@ std::vector<Case> malformed_cases() {
   }
   cs.push_back({"version_1", header(0, 0, 1), ErrorCode::kGgufBadVersion, {"version 1", "offset 4"}});
   cs.push_back({"version_4", header(0, 0, 4), ErrorCode::kGgufBadVersion, {"version 4", "offset 4"}});
-  cs.push_back({"short_3_bytes", header(0, 0).truncated(3), ErrorCode::kGgufTruncated,
-                {"3 bytes", "offset 0"}});
-  cs.push_back({"short_header_20", header(0, 0).truncated(20), ErrorCode::kGgufTruncated,
-                {"kv_count", "offset 16"}});
+  cs.push_back({"short_3_bytes", header(0, 0).truncated(3), ErrorCode::kGgufTruncated, {"3 bytes", "offset 0"}});
+  cs.push_back({"short_header_20", header(0, 0).truncated(20), ErrorCode::kGgufTruncated, {"kv_count", "offset 16"}});
 
   // ---- value types
   {
@@ -356,21 +385,25 @@ std::vector<Case> malformed_cases() {
     b.str("k");
     const size_t at = b.size();
     b.u32(13).u32(0);
-    cs.push_back({"unknown_value_type", b, ErrorCode::kGgufBadType,
-                  {"'k'", "value type 13", "offset " + std::to_string(at)}});
+    cs.push_back(
+        {"unknown_value_type", b, ErrorCode::kGgufBadType, {"'k'", "value type 13", "offset " + std::to_string(at)}});
   }
   {
     Bytes b = header(0, 1);
     b.str("arr").u32(9);
     const size_t at = b.size();
     b.u32(77).u64(0);
-    cs.push_back({"unknown_array_elem_type", b, ErrorCode::kGgufBadType,
+    cs.push_back({"unknown_array_elem_type",
+                  b,
+                  ErrorCode::kGgufBadType,
                   {"'arr'", "element type 77", "offset " + std::to_string(at)}});
   }
   {
     Bytes b = header(0, 1);
     b.str("k").u32(6).u16(0);
-    cs.push_back({"truncated_float_value", b, ErrorCode::kGgufTruncated,
+    cs.push_back({"truncated_float_value",
+                  b,
+                  ErrorCode::kGgufTruncated,
                   {"'k'", "FLOAT32 value", "offset 37", "needs 4 bytes"}});
   }
   {
@@ -382,8 +415,8 @@ std::vector<Case> malformed_cases() {
   }
 
   // ---- tensor infos
-  auto tensor_case = [&](const std::string& name, std::vector<uint64_t> ne, uint32_t type,
-                         ErrorCode code, std::vector<std::string> needles) {
+  auto tensor_case = [&](const std::string& name, std::vector<uint64_t> ne, uint32_t type, ErrorCode code,
+                         std::vector<std::string> needles) {
     Bytes b = header(1, 0);
     tensor_info(b, "w", std::move(ne), type, 0);
     b.pad_to((b.size() + 31) / 32 * 32).fill(64, 0);
@@ -391,34 +424,89 @@ std::vector<Case> malformed_cases() {
     cs.push_back({name, b, code, needles});
   };
   tensor_case("tensor_ndims_0", {}, 0, ErrorCode::kGgufBadTensor, {"n_dims 0", "offset 33"});
-  tensor_case("tensor_ndims_5", {1, 1, 1, 1, 1}, 0, ErrorCode::kGgufBadTensor,
-              {"n_dims 5", "offset 33"});
+  tensor_case("tensor_ndims_5", {1, 1, 1, 1, 1}, 0, ErrorCode::kGgufBadTensor, {"n_dims 5", "offset 33"});
   tensor_case("tensor_dim_zero", {4, 0}, 0, ErrorCode::kGgufBadTensor, {"ne[1] = 0", "offset 45"});
-  tensor_case("tensor_dim_2p63", {1ull << 63}, 0, ErrorCode::kGgufBadTensor,
-              {"ne[0]", "offset 37"});
+  tensor_case("tensor_dim_2p63", {1ull << 63}, 0, ErrorCode::kGgufBadTensor, {"ne[0]", "offset 37"});
   tensor_case("tensor_elements_overflow", {1ull << 32, 1ull << 32}, 0, ErrorCode::kGgufBadTensor,
               {"overflow", "ne[1]"});
-  tensor_case("tensor_bytes_overflow", {1ull << 62}, 0, ErrorCode::kGgufBadTensor,
-              {"byte size overflows"});
-  tensor_case("tensor_type_q4_1", {32}, 3, ErrorCode::kGgufBadType, {"ggml type 3", "offset 45"});
-  tensor_case("tensor_type_huge", {32}, 0xFFFFFFFFu, ErrorCode::kGgufBadType,
-              {"ggml type 4294967295"});
+  tensor_case("tensor_bytes_overflow", {1ull << 62}, 0, ErrorCode::kGgufBadTensor, {"byte size overflows"});
+  tensor_case("tensor_type_iq2_xxs", {256}, 16, ErrorCode::kGgufBadType, {"ggml type 16", "offset 45"});
+  tensor_case("tensor_type_huge", {32}, 0xFFFFFFFFu, ErrorCode::kGgufBadType, {"ggml type 4294967295"});
   tensor_case("tensor_q4_0_row_16", {16, 2}, 2, ErrorCode::kGgufBadTensor,
               {"ne[0] = 16", "block size 32", "offset 37"});
-  tensor_case("tensor_q8_0_row_48", {48}, 8, ErrorCode::kGgufBadTensor,
-              {"ne[0] = 48", "Q8_0"});
+  tensor_case("tensor_q8_0_row_48", {48}, 8, ErrorCode::kGgufBadTensor, {"ne[0] = 48", "Q8_0"});
   {
     Bytes b = header(1, 0);
     b.u64(1ull << 40);
-    cs.push_back({"tensor_name_length", b.pad_to(80), ErrorCode::kGgufBadLength,
+    cs.push_back({"tensor_name_length",
+                  b.pad_to(80),
+                  ErrorCode::kGgufBadLength,
                   {"tensor #0 name length 1099511627776", "offset 24"}});
   }
   {
     Bytes b = header(2, 0);
-    tensor_info(b, "a", {32}, 0, 0);    // bytes [0, 128)
-    tensor_info(b, "b", {32}, 0, 96);   // bytes [96, 224): overlaps a
+    tensor_info(b, "a", {32}, 0, 0);   // bytes [0, 128)
+    tensor_info(b, "b", {32}, 0, 96);  // bytes [96, 224): overlaps a
     b.pad_to((b.size() + 31) / 32 * 32).fill(224, 0);
     cs.push_back({"tensor_overlap", b, ErrorCode::kGgufBadTensor, {"'a'", "'b'", "overlaps"}});
+  }
+
+  // ---- quantised types beyond Q4_0/Q8_0: short data, wrong row length, bad scale or min.
+  // Block sizes and the offsets of the fp16 fields are ggml's (ggml-common.h), written out
+  // here independently of the reader's table.
+  struct QuantType {
+    const char* name;
+    uint32_t id;
+    uint64_t block_elements, block_bytes;
+    std::vector<std::pair<size_t, const char*>> fp16_fields;  // offset in block, name
+  };
+  const QuantType quant_types[] = {
+      {"q4_1", 3, 32, 20, {{0, "scale d"}, {2, "min m"}}},
+      {"q5_0", 6, 32, 22, {{0, "scale d"}}},
+      {"q5_1", 7, 32, 24, {{0, "scale d"}, {2, "min m"}}},
+      {"q2_k", 10, 256, 84, {{80, "scale d"}, {82, "min dmin"}}},
+      {"q3_k", 11, 256, 110, {{108, "scale d"}}},
+      {"q4_k", 12, 256, 144, {{0, "scale d"}, {2, "min dmin"}}},
+      {"q5_k", 13, 256, 176, {{0, "scale d"}, {2, "min dmin"}}},
+      {"q6_k", 14, 256, 210, {{208, "scale d"}}},
+  };
+  for (const QuantType& q : quant_types) {
+    // Two rows of one block each; every fp16 field 1.0, `bad` (offset) of block 1 set to
+    // `value` when given.
+    auto file = [&](std::optional<std::pair<size_t, uint16_t>> bad) {
+      Bytes b = header(1, 0);
+      tensor_info(b, "w", {q.block_elements, 2}, q.id, 0);
+      b.pad_to((b.size() + 31) / 32 * 32);
+      for (int blk = 0; blk < 2; ++blk) {
+        const size_t at = b.size();
+        b.fill(q.block_bytes, 0x11);
+        for (const auto& [off, field] : q.fp16_fields) {
+          const uint16_t v = blk == 1 && bad && bad->first == off ? bad->second : uint16_t{0x3C00};
+          std::memcpy(b.b.data() + at + off, &v, 2);
+        }
+      }
+      return b;
+    };
+    const Bytes good = file(std::nullopt);
+    const size_t data_at = good.size() - 2 * q.block_bytes;
+    const std::string nm = std::string("quant_") + q.name;
+    cs.push_back({nm + "_short_data",
+                  good.truncated(good.size() - 1),
+                  ErrorCode::kGgufTruncated,
+                  {"tensor 'w'", "runs past the end"}});
+    tensor_case(nm + "_row_half_block", {q.block_elements / 2, 2}, q.id, ErrorCode::kGgufBadTensor,
+                {"ne[0] = " + std::to_string(q.block_elements / 2), "block size " + std::to_string(q.block_elements)});
+    for (const auto& [off, field] : q.fp16_fields) {
+      const std::string f = std::string(field).substr(std::string(field).find(' ') + 1);
+      cs.push_back({nm + "_nan_" + f + "_block1",
+                    file(std::pair{off, uint16_t{0x7E00}}),
+                    ErrorCode::kTensorNonFinite,
+                    {"tensor 'w'", "block 1", "offset " + std::to_string(data_at + q.block_bytes), field, "NaN"}});
+      cs.push_back({nm + "_inf_" + f + "_block1",
+                    file(std::pair{off, uint16_t{0xFC00}}),
+                    ErrorCode::kTensorNonFinite,
+                    {"tensor 'w'", "block 1", field, "-Inf"}});
+    }
   }
   return cs;
 }
@@ -455,11 +543,27 @@ TEST_CASE("ggml type helpers", "[gguf]") {
   CHECK(tandem::ggml_block_bytes(GgmlType::kBF16) == 2);
   CHECK(tandem::ggml_block_bytes(GgmlType::kQ4_0) == 18);
   CHECK(tandem::ggml_block_bytes(GgmlType::kQ8_0) == 34);
+  // ggml-common.h block sizes of the types Model converts at load.
+  const std::tuple<GgmlType, const char*, int64_t, int64_t> more[] = {
+      {GgmlType::kQ4_1, "Q4_1", 32, 20},   {GgmlType::kQ5_0, "Q5_0", 32, 22},   {GgmlType::kQ5_1, "Q5_1", 32, 24},
+      {GgmlType::kQ2_K, "Q2_K", 256, 84},  {GgmlType::kQ3_K, "Q3_K", 256, 110}, {GgmlType::kQ4_K, "Q4_K", 256, 144},
+      {GgmlType::kQ5_K, "Q5_K", 256, 176}, {GgmlType::kQ6_K, "Q6_K", 256, 210}};
+  for (const auto& [t, name, elements, bytes] : more) {
+    CHECK(tandem::ggml_type_name(t) == name);
+    CHECK(tandem::ggml_block_elements(t) == elements);
+    CHECK(tandem::ggml_block_bytes(t) == bytes);
+    CHECK(tandem::ggml_is_quantized(t));
+  }
+  CHECK_FALSE(tandem::ggml_is_quantized(GgmlType::kBF16));
+  CHECK(tandem::ggml_type_name(static_cast<GgmlType>(16)) == "unknown");
+  CHECK(tandem::ggml_block_bytes(static_cast<GgmlType>(16)) == 0);
 }
 
 TEST_CASE("malformed GGUF inputs are refused with the right code and message", "[gguf]") {
   for (const Case& c : malformed_cases()) {
-    SECTION(c.name) { expect_error(c.bytes, c.code, c.needles); }
+    SECTION(c.name) {
+      expect_error(c.bytes, c.code, c.needles);
+    }
   }
 }
 
@@ -473,8 +577,7 @@ TEST_CASE("stored malformed corpus matches the builders and fails via open()", "
     manifest << "# <file> <ERROR_NAME>: generated by tests/test_gguf.cpp (TANDEM_REGEN_GGUF_CORPUS=1)\n";
     for (const Case& c : cases) {
       std::ofstream f(dir / (c.name + ".gguf"), std::ios::binary);
-      f.write(reinterpret_cast<const char*>(c.bytes.b.data()),
-              static_cast<std::streamsize>(c.bytes.size()));
+      f.write(reinterpret_cast<const char*>(c.bytes.b.data()), static_cast<std::streamsize>(c.bytes.size()));
       manifest << c.name << ".gguf " << tandem::error_code_name(c.code) << "\n";
     }
   }
@@ -629,8 +732,8 @@ TEST_CASE("every scalar value type round-trips through the getters", "[gguf]") {
       CHECK_THAT(e.what(), Catch::Contains("'" + key + "'"));
     }
   };
-  expect_bad_type([&] { (void)f->get_uint("i8"); }, "i8");    // negative
-  expect_bad_type([&] { (void)f->get_int("u64"); }, "u64");   // > INT64_MAX
+  expect_bad_type([&] { (void)f->get_uint("i8"); }, "i8");   // negative
+  expect_bad_type([&] { (void)f->get_int("u64"); }, "u64");  // > INT64_MAX
   expect_bad_type([&] { (void)f->get_uint("s"); }, "s");
   expect_bad_type([&] { (void)f->get_int("f32"); }, "f32");
   expect_bad_type([&] { (void)f->get_string("u32"); }, "u32");
@@ -679,10 +782,10 @@ TEST_CASE("arrays: typed getters and nested arrays of arrays", "[gguf]") {
 
 TEST_CASE("multiple tensors, all float types, find_tensor", "[gguf]") {
   Bytes b = header(4, 0);
-  tensor_info(b, "f32", {3, 2}, 0, 0);     // 24 bytes
-  tensor_info(b, "f16", {5}, 1, 32);       // 10 bytes
+  tensor_info(b, "f32", {3, 2}, 0, 0);           // 24 bytes
+  tensor_info(b, "f16", {5}, 1, 32);             // 10 bytes
   tensor_info(b, "bf16", {2, 2, 2, 2}, 30, 64);  // 32 bytes
-  tensor_info(b, "q8", {32, 1, 1}, 8, 96);  // 34 bytes -> ends at 130
+  tensor_info(b, "q8", {32, 1, 1}, 8, 96);       // 34 bytes -> ends at 130
   b.pad_to((b.size() + 31) / 32 * 32);
   const size_t ds = b.size();
   b.fill(96, 0).u16(0x3C00).fill(32, 0xFF);
@@ -764,4 +867,23 @@ TEST_CASE("real models in shared/models load", "[gguf][models]") {
       CHECK(t.offset % f->alignment() == 0);
     }
   }
+}
+
+TEST_CASE("SmolLM2 Q4_1 file as the PyPI wheel ships it opens", "[gguf][smollm2]") {
+  const auto path = tandem::test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+    return;
+  }
+  auto f = GgufFile::open(path);
+  CHECK(f->file_size() == 98362432);
+  CHECK(f->get_string("tokenizer.ggml.pre") == std::string("smollm"));
+  CHECK(f->get_string_array("tokenizer.ggml.tokens")->size() == 49152);
+  std::map<GgmlType, int> by_type;
+  for (const auto& t : f->tensors()) ++by_type[t.type];
+  // README of shared/golden: 210 Q4_1 weights, token_embd Q8_0, the norms F32.
+  CHECK(by_type[GgmlType::kQ4_1] == 210);
+  CHECK(by_type[GgmlType::kQ8_0] == 1);
+  CHECK(by_type[GgmlType::kF32] == 61);
+  CHECK(f->find_tensor("blk.0.ffn_down.weight")->type == GgmlType::kQ4_1);
 }

@@ -215,6 +215,8 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
     case GgmlType::kQ8_0:
       kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
       break;
+    default:
+      break;  // Model::load converts every other type (model.hpp)
   }
 }
 
@@ -291,6 +293,8 @@ struct GpuQ4Executor::Impl {
       case GgmlType::kF32: w.type = ck::WType::kF32; w.q = upload_bytes(t.data, t.row_bytes * n); break;
       case GgmlType::kF16: w.type = ck::WType::kF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
       case GgmlType::kBF16: w.type = ck::WType::kBF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
+      default:
+        break;  // Model::load converts every other type (model.hpp)
     }
     return w;
   }
