@@ -2,7 +2,8 @@
 //
 //   tandem-cli -m MODEL.gguf -p "Once upon a time" -n 64 [-t N] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
-//              [--prompt-ids 1,2,3] [--logits-out FILE] [--json] [--chat]
+//              [--prompt-ids 1,2,3] [--logits-out FILE] [--json]
+//              [--chat [-sys|--system-prompt TEXT] [-st|--single-turn]]
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
 //
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "tandem/chat_session.hpp"
+#include "tandem/chat_template.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/gguf.hpp"
 #include "tandem/model.hpp"
@@ -53,17 +57,15 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-// Chat formatting from the vocabulary's chat template family; plain turns otherwise.
-std::string format_turn(const tandem::Tokenizer& tok, const std::string& user, bool first) {
-  const std::string tmpl = tok.chat_template();
-  if (tmpl.find("<|im_start|>") != std::string::npos) {
-    return fmt::format("<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n", user);
+// llama-cli's multi-letter single-dash chat flags, which CLI11 cannot declare: -sys, -st.
+std::vector<std::string> expand_chat_flags(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    args.push_back(a == "-sys" ? "--system-prompt" : a == "-st" ? "--single-turn" : a);
   }
-  if (tmpl.find("<|start_header_id|>") != std::string::npos) {
-    return fmt::format("<|start_header_id|>user<|end_header_id|>\n\n{}<|eot_id|>"
-                       "<|start_header_id|>assistant<|end_header_id|>\n\n", user);
-  }
-  return fmt::format("{}User: {}\nAssistant:", first ? "" : "\n", user);
+  std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
+  return args;
 }
 
 int run_tokenize(const std::string& model_path, const std::string& text, bool no_bos, bool parse_special) {
@@ -83,7 +85,8 @@ int main(int argc, char** argv) {
   int n_predict = 128, n_threads = 0, n_ctx = 0, n_batch = 512;
   tandem::SamplingParams sp;
   int64_t seed = -1;
-  bool json_out = false, chat = false, ignore_eos = false;
+  bool json_out = false, chat = false, ignore_eos = false, single_turn = false;
+  std::string system_prompt;
   std::string session_path, kv_tier = "host", kv_dir;
   int migrate_after = -1;
   std::vector<std::string> stops;
@@ -108,7 +111,9 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p")->excludes("--prompt");
   app.add_option("--logits-out", logits_out, "write prompt logits as float32 [n_prompt, n_vocab]");
   app.add_flag("--json", json_out, "print ids, text and timings as one JSON object");
-  app.add_flag("--chat", chat, "interactive chat on stdin");
+  app.add_flag("--chat", chat, "chat with the model's template (-p: the first user message)");
+  app.add_option("--system-prompt", system_prompt, "chat: system message (also -sys)");
+  app.add_flag("--single-turn", single_turn, "chat: answer the first message (-p) and exit (also -st)");
   app.add_option("--session", session_path,
                  "restore the conversation from FILE if it exists (no recompute), save it there at the end");
   app.add_option("--kv-tier", kv_tier, "where KV pages live: host (RAM) or file (memory-mapped file)")
@@ -129,7 +134,7 @@ int main(int argc, char** argv) {
   app.get_option("--model")->required(false);
 
   try {
-    app.parse(argc, argv);
+    app.parse(expand_chat_flags(argc, argv));
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
@@ -171,22 +176,29 @@ int main(int argc, char** argv) {
     }
 
     if (chat) {
-      std::string line;
-      bool first = true;
-      std::fprintf(stderr, "tandem-cli: chat mode, one message per line, Ctrl-D to end\n> ");
-      while (std::getline(std::cin, line)) {
-        auto ids = model->tokenizer().tokenize(format_turn(model->tokenizer(), line, first), first, true);
-        if (first) go.stop.push_back("\nUser:");
-        first = false;
+      const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_model(*model);
+      tandem::ChatSession chat_session(session, tmpl, system_prompt);
+      std::fprintf(stderr, "tandem-cli: chat template %s%s\n", std::string(tmpl.name()).c_str(),
+                   tmpl.matched() ? "" : " (fallback: no known template in the model)");
+      auto turn = [&](const std::string& message) {
         try {
-          session.generate(std::span<const int32_t>(ids), go);
+          chat_session.send(message, go);
         } catch (const tandem::Error& e) {
           if (e.code() != tandem::ErrorCode::kContextOverflow) throw;
           std::fprintf(stderr, "tandem-cli: this turn does not fit the context (%s); the chat keeps its history\n",
                        e.what());
         }
         std::fprintf(stdout, "\n");
-        std::fprintf(stderr, "> ");
+        std::fflush(stdout);
+      };
+      if (!prompt.empty()) turn(prompt);
+      if (!single_turn) {
+        std::string line;
+        std::fprintf(stderr, "tandem-cli: chat mode, one message per line, Ctrl-D to end\n> ");
+        while (std::getline(std::cin, line)) {
+          turn(line);
+          std::fprintf(stderr, "> ");
+        }
       }
       if (!session_path.empty()) session.save(session_path);
       return 0;

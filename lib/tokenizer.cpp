@@ -582,20 +582,38 @@ void Tokenizer::Impl::encode_bpe(std::string_view text, std::vector<int32_t>& ou
 // public API
 
 std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special, bool parse_special) const {
+  const TextSegment one{text, parse_special};
+  return tokenize(std::span<const TextSegment>(&one, 1), add_special);
+}
+
+std::vector<int32_t> Tokenizer::tokenize(std::span<const TextSegment> segments, bool add_special) const {
   const Impl& m = *impl_;
   struct Frag {
     int32_t token;  // kNull: raw text [off, off + len)
     size_t off, len;
+    bool parse;  // special-token text inside it becomes control tokens
   };
+  // One buffer holding every segment; special tokens are searched only inside fragments
+  // of segments that allow it, and never across a segment boundary.
+  std::string joined;
   std::vector<Frag> frags;
-  if (!text.empty()) frags.push_back(Frag{kNull, 0, text.size()});
+  bool any_parse = false;
+  for (const TextSegment& seg : segments) {
+    if (seg.text.empty()) continue;
+    frags.push_back(Frag{kNull, joined.size(), seg.text.size(), seg.parse_special});
+    joined.append(seg.text);
+    any_parse = any_parse || seg.parse_special;
+  }
+  const std::string_view text = joined;
   std::vector<Frag> next;
   for (int32_t sid : m.special_tokens) {
-    if (!parse_special && is_special_type(m.types[sid])) continue;
+    const bool control = is_special_type(m.types[sid]);
+    if (!any_parse && control) continue;
     const std::string_view st = m.texts[sid];
+    auto eligible = [&](const Frag& f) { return f.token == kNull && (f.parse || !control) && f.len >= st.size(); };
     bool any = false;
     for (const Frag& f : frags) {
-      if (f.token == kNull && f.len >= st.size() && text.substr(f.off, f.len).find(st) != std::string_view::npos) {
+      if (eligible(f) && text.substr(f.off, f.len).find(st) != std::string_view::npos) {
         any = true;
         break;
       }
@@ -603,7 +621,7 @@ std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special
     if (!any) continue;
     next.clear();
     for (const Frag& f : frags) {
-      if (f.token != kNull) {
+      if (!eligible(f)) {
         next.push_back(f);
         continue;
       }
@@ -612,14 +630,25 @@ std::vector<int32_t> Tokenizer::tokenize(std::string_view text, bool add_special
       while (off < end) {
         const size_t pos = text.substr(0, end).find(st, off);
         if (pos == std::string_view::npos) break;
-        if (pos > off) next.push_back(Frag{kNull, off, pos - off});
-        next.push_back(Frag{sid, 0, 0});
+        if (pos > off) next.push_back(Frag{kNull, off, pos - off, f.parse});
+        next.push_back(Frag{sid, 0, 0, false});
         off = pos + st.size();
       }
-      if (off < end) next.push_back(Frag{kNull, off, end - off});
+      if (off < end) next.push_back(Frag{kNull, off, end - off, f.parse});
     }
     frags.swap(next);
   }
+  // Raw fragments that touch (text of neighbouring segments) are one text, as if the
+  // segments had been tokenized as one string.
+  next.clear();
+  for (const Frag& f : frags) {
+    if (f.token == kNull && !next.empty() && next.back().token == kNull && next.back().off + next.back().len == f.off) {
+      next.back().len += f.len;
+    } else {
+      next.push_back(f);
+    }
+  }
+  frags.swap(next);
 
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);

@@ -115,6 +115,18 @@ class Tokenizer {
   ///    taken whole (llama.cpp's ignore_merges).
   std::vector<int32_t> tokenize(std::string_view text, bool add_special, bool parse_special) const;
 
+  /// One piece of a text to tokenize (see the segment overload of tokenize()).
+  struct TextSegment {
+    std::string_view text;
+    bool parse_special;  ///< control/unknown token texts inside this piece become tokens
+  };
+  /// Tokenize the concatenation of `segments` as one text (so SPM space prefixes, BPE
+  /// pre-tokens and merges see it whole), but look for control-token texts only inside
+  /// segments with parse_special and never across a segment boundary. This is how a chat
+  /// template's markers become control tokens while message text never does. Equal to
+  /// tokenize(text, add_special, p) for a single segment {text, p}.
+  std::vector<int32_t> tokenize(std::span<const TextSegment> segments, bool add_special) const;
+
   /// Raw bytes of one token (llama_token_to_piece with lstrip 0): SPM U+2581 -> ' ',
   /// <0xXX> byte tokens -> that byte; BPE byte-level unmapping. Control and unknown-type
   /// tokens give "" unless `special` (then their text); user-defined tokens always give
