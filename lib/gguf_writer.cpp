@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <variant>
 
 namespace tandem {
 
@@ -109,6 +110,72 @@ void GgufWriter::add_i32_array(const std::string& key, const std::vector<int32_t
   put<uint32_t>(kv_, static_cast<uint32_t>(GgufValueType::kInt32));
   put<uint64_t>(kv_, values.size());
   for (int32_t v : values) put(kv_, v);
+}
+
+void GgufWriter::add_value(const std::string& key, const GgufValue& value) {
+  put_key(key, value.type);
+  put_value(key, value);
+}
+
+void GgufWriter::put_value(const std::string& key, const GgufValue& v) {
+  const auto u = [&] { return std::get<uint64_t>(v.value); };
+  const auto i = [&] { return std::get<int64_t>(v.value); };
+  try {
+    switch (v.type) {
+      case GgufValueType::kUint8:
+        put(kv_, static_cast<uint8_t>(u()));
+        break;
+      case GgufValueType::kInt8:
+        put(kv_, static_cast<int8_t>(i()));
+        break;
+      case GgufValueType::kUint16:
+        put(kv_, static_cast<uint16_t>(u()));
+        break;
+      case GgufValueType::kInt16:
+        put(kv_, static_cast<int16_t>(i()));
+        break;
+      case GgufValueType::kUint32:
+        put(kv_, static_cast<uint32_t>(u()));
+        break;
+      case GgufValueType::kInt32:
+        put(kv_, static_cast<int32_t>(i()));
+        break;
+      case GgufValueType::kUint64:
+        put(kv_, u());
+        break;
+      case GgufValueType::kInt64:
+        put(kv_, i());
+        break;
+      case GgufValueType::kFloat32:
+        put(kv_, static_cast<float>(std::get<double>(v.value)));
+        break;
+      case GgufValueType::kFloat64:
+        put(kv_, std::get<double>(v.value));
+        break;
+      case GgufValueType::kBool:
+        put<uint8_t>(kv_, std::get<bool>(v.value) ? 1 : 0);
+        break;
+      case GgufValueType::kString:
+        put_str(kv_, std::get<std::string>(v.value));
+        break;
+      case GgufValueType::kArray: {
+        const auto& arr = std::get<GgufArray>(v.value);
+        put<uint32_t>(kv_, static_cast<uint32_t>(arr.elem_type));
+        put<uint64_t>(kv_, arr.items.size());
+        for (const GgufValue& item : arr.items) {
+          if (item.type != arr.elem_type) {
+            throw Error(ErrorCode::kInvalidArgument,
+                        fmt::format("GGUF writer: key '{}' array item type differs from the element type", key));
+          }
+          put_value(key, item);
+        }
+        break;
+      }
+    }
+  } catch (const std::bad_variant_access&) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GGUF writer: key '{}' value does not hold its declared type", key));
+  }
 }
 
 void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> ne, GgmlType type, Fill fill) {

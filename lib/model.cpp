@@ -5,8 +5,16 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <new>
+
+#include "tandem/requantize.hpp"
+#include "tandem/thread_pool.hpp"
 
 namespace tandem {
 
@@ -75,12 +83,6 @@ class TensorBinder {
     if (n == 0 && t->type != GgmlType::kF32) {
       throw Error(ErrorCode::kModelBadTensorShape,
                   fmt::format("model: tensor '{}' must be F32 (a norm or bias vector), found {}",
-                              name, ggml_type_name(t->type)));
-    }
-    if (ggml_is_quantized(t->type) && t->type != GgmlType::kQ4_0 && t->type != GgmlType::kQ8_0) {
-      throw Error(ErrorCode::kModelBadTensorShape,
-                  fmt::format("model: tensor '{}' is {}; the executors compute with F32, F16, BF16, "
-                              "Q4_0 and Q8_0 weights",
                               name, ggml_type_name(t->type)));
     }
     TensorView v;
@@ -195,8 +197,71 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path,
     L.ffn_up = b.get(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
     L.ffn_down = b.get(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
   }
-  for (const auto& t : f.tensors()) m->weight_bytes_ += t.n_bytes;
+  m->convert_weights(options.n_threads);
   return m;
+}
+
+void Model::AlignedFree::operator()(std::byte* p) const noexcept {
+  ::operator delete[](p, std::align_val_t{kConvertedAlignment});
+}
+
+void Model::convert_weights(int n_threads) {
+  // Every bound 2-D weight, once (a tied output shares token_embd's view).
+  std::vector<TensorView*> views{&token_embd_, &output_};
+  for (LayerWeights& L : layers_) {
+    for (TensorView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) views.push_back(v);
+  }
+  struct Conversion {
+    const GgufTensorInfo* info;
+    GgmlType type;
+    uint64_t offset;
+  };
+  std::vector<Conversion> todo;
+  uint64_t total = 0;
+  const bool has_output = !hp_.tied_output;
+  for (TensorView* v : views) {
+    const GgufTensorInfo* t = v->info;
+    const bool executable = !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0;
+    if (executable || std::any_of(todo.begin(), todo.end(), [t](const Conversion& c) { return c.info == t; })) {
+      continue;
+    }
+    const GgmlType type = requantized_type(*t, has_output, GgmlType::kQ4_0, false);
+    todo.push_back({t, type, total});
+    total += (requantized_bytes(*t, type) + kConvertedAlignment - 1) / kConvertedAlignment * kConvertedAlignment;
+  }
+  weight_bytes_ = 0;
+  for (const auto& t : gguf_->tensors()) weight_bytes_ += t.n_bytes;
+  if (todo.empty()) return;
+
+  const auto start = std::chrono::steady_clock::now();
+  converted_.reset(static_cast<std::byte*>(::operator new[](total, std::align_val_t{kConvertedAlignment})));
+  ThreadPool pool(n_threads);
+  std::map<std::pair<GgmlType, GgmlType>, int> kinds;
+  for (const Conversion& c : todo) {
+    requantize_tensor(*c.info, c.type, converted_.get() + c.offset, pool);
+    weight_bytes_ += requantized_bytes(*c.info, c.type);
+    weight_bytes_ -= c.info->n_bytes;
+    ++kinds[{c.info->type, c.type}];
+  }
+  for (TensorView* v : views) {
+    for (const Conversion& c : todo) {
+      if (v->info != c.info) continue;
+      v->type = c.type;
+      v->data = converted_.get() + c.offset;
+      v->row_bytes = static_cast<size_t>(requantized_bytes(*c.info, c.type) / static_cast<uint64_t>(v->n));
+    }
+  }
+  converted_tensors_ = static_cast<int>(todo.size());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string what;
+  for (const auto& [from_to, count] : kinds) {
+    what += fmt::format("{}{} {} -> {}", what.empty() ? "" : ", ", count, ggml_type_name(from_to.first),
+                        ggml_type_name(from_to.second));
+  }
+  fmt::print(stderr,
+             "tandem: converted {} weights of {} at load ({}) in {:.2f} s on {} threads; "
+             "tandem-quantize writes a file that needs no conversion\n",
+             todo.size(), gguf_->path().filename().string(), what, seconds, pool.size());
 }
 
 std::string Model::name() const {

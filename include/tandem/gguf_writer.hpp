@@ -33,6 +33,10 @@ class GgufWriter {
   void add_string_array(const std::string& key, const std::vector<std::string>& values);
   void add_f32_array(const std::string& key, const std::vector<float>& values);
   void add_i32_array(const std::string& key, const std::vector<int32_t>& values);
+  /// Any value as the reader returns it (copying metadata from one file to another): the
+  /// declared type is kept, arrays nest. Throws Error(kInvalidArgument) when an array item
+  /// does not have the array's element type.
+  void add_value(const std::string& key, const GgufValue& value);
 
   /// ne in ggml order (ne[0] = row length). Throws Error(kInvalidArgument) when ne[0] is
   /// not a multiple of the type's block size or a name repeats.
@@ -50,6 +54,7 @@ class GgufWriter {
     Fill fill;
   };
   void put_key(const std::string& key, GgufValueType type);
+  void put_value(const std::string& key, const GgufValue& value);
   std::vector<std::byte> kv_;
   uint64_t n_kv_ = 0;
   std::vector<Tensor> tensors_;

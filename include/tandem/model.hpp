@@ -10,6 +10,16 @@
 // "<arch>.attention.head_count_kv", ...). When `output.weight` is absent the output
 // projection is tied to `token_embd.weight`.
 //
+// Weight formats: the executors compute with F32, F16, BF16, Q4_0 and Q8_0 weights. A 2-D
+// weight of any other type the reader accepts (Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) is converted
+// once at load, on a thread pool, by llama-quantize's rule for a Q4_0 target
+// (requantize.hpp): the output projection (`output.weight`, or a tied `token_embd.weight`)
+// becomes Q8_0, every other weight Q4_0, with ggml's reference quantiser, so the bytes
+// equal those `tandem-quantize IN OUT q4_0` writes. The converted blocks live in one
+// 64-byte aligned allocation owned by the Model; both executors read (the GPU uploads)
+// those bytes. Load prints one line on stderr saying what was converted and how long it
+// took. Float weights are not converted (the executors use them as they are).
+//
 // Thread-safety: a Model is immutable after load(); share it (std::shared_ptr) between
 // any number of executors and threads.
 #pragma once
@@ -71,6 +81,8 @@ struct LayerWeights {
 
 struct ModelOptions {
   GgufOpenOptions gguf;
+  /// Threads converting weights at load (see above); <= 0: physical_core_count().
+  int n_threads = 0;
 };
 
 class Model {
@@ -91,7 +103,12 @@ class Model {
   const TensorView& output() const noexcept { return output_; }
   const std::vector<LayerWeights>& layers() const noexcept { return layers_; }
 
-  /// Bytes of all tensor data (what a forward pass over every weight reads at most).
+  /// Number of weights converted at load (0 when the file is already in the executors'
+  /// formats).
+  int converted_tensors() const noexcept { return converted_tensors_; }
+
+  /// Bytes of all tensor data as the executors read it (converted weights at their
+  /// converted size): what a forward pass over every weight reads at most.
   uint64_t weight_bytes() const noexcept { return weight_bytes_; }
   /// Bytes of weights a single decode token reads (everything except the embedding
   /// table, of which one row is read, unless the output is tied to it).
@@ -104,12 +121,19 @@ class Model {
 
  private:
   Model() = default;
+  static constexpr size_t kConvertedAlignment = 64;
+  void convert_weights(int n_threads);
   std::shared_ptr<const GgufFile> gguf_;
   std::unique_ptr<Tokenizer> tokenizer_;
   HParams hp_;
   TensorView token_embd_, output_norm_, output_;
   std::vector<LayerWeights> layers_;
   uint64_t weight_bytes_ = 0;
+  struct AlignedFree {
+    void operator()(std::byte* p) const noexcept;
+  };
+  std::unique_ptr<std::byte, AlignedFree> converted_;  ///< converted weights, 64-byte aligned
+  int converted_tensors_ = 0;
   mutable std::once_flag hash_once_;
   mutable uint64_t identity_hash_ = 0;
 };
