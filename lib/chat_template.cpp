@@ -47,8 +47,8 @@ void check_roles(std::span<const ChatMessage> messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& r = messages[i].role;
     if (r != "system" && r != "user" && r != "assistant") {
-      throw Error(ErrorCode::kInvalidArgument, "chat message " + std::to_string(i) + ": role '" + r +
-                                                   "' is not one of system, user, assistant");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "chat message " + std::to_string(i) + ": role '" + r + "' is not one of system, user, assistant");
     }
   }
 }
@@ -205,8 +205,12 @@ void render_zephyr(std::span<const ChatMessage> ms, bool add_assistant, Pieces& 
 // DeepSeek V3 / R1: S<｜User｜>U<｜Assistant｜>A<｜end▁of▁sentence｜>...<｜Assistant｜>
 void render_deepseek(std::span<const ChatMessage> ms, bool add_assistant, Pieces& p) {
   static const std::string kUser = "<\xef\xbd\x9cUser\xef\xbd\x9c>";
-  static const std::string kAssistant = "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>";
-  static const std::string kEos = "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
+  static const std::string kAssistant =
+      "<\xef\xbd\x9c"
+      "Assistant\xef\xbd\x9c>";
+  static const std::string kEos =
+      "<\xef\xbd\x9c"
+      "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
   for (size_t i = 0; i < ms.size(); ++i) {
     const int m = static_cast<int>(i);
     const ChatMessage& msg = ms[i];
@@ -228,14 +232,30 @@ std::vector<Piece> render_pieces(ChatTemplateFamily family, std::span<const Chat
   check_roles(ms);
   Pieces p;
   switch (family) {
-    case ChatTemplateFamily::kChatML: render_chatml(ms, add_assistant, p); break;
-    case ChatTemplateFamily::kLlama3: render_llama3(ms, add_assistant, p); break;
-    case ChatTemplateFamily::kLlama2: render_llama2(ms, p); break;
-    case ChatTemplateFamily::kMistral: render_mistral(ms, p); break;
-    case ChatTemplateFamily::kPhi3: render_phi3(ms, add_assistant, p); break;
-    case ChatTemplateFamily::kGemma: render_gemma(ms, add_assistant, p); break;
-    case ChatTemplateFamily::kZephyr: render_zephyr(ms, add_assistant, p); break;
-    case ChatTemplateFamily::kDeepSeek: render_deepseek(ms, add_assistant, p); break;
+    case ChatTemplateFamily::kChatML:
+      render_chatml(ms, add_assistant, p);
+      break;
+    case ChatTemplateFamily::kLlama3:
+      render_llama3(ms, add_assistant, p);
+      break;
+    case ChatTemplateFamily::kLlama2:
+      render_llama2(ms, p);
+      break;
+    case ChatTemplateFamily::kMistral:
+      render_mistral(ms, p);
+      break;
+    case ChatTemplateFamily::kPhi3:
+      render_phi3(ms, add_assistant, p);
+      break;
+    case ChatTemplateFamily::kGemma:
+      render_gemma(ms, add_assistant, p);
+      break;
+    case ChatTemplateFamily::kZephyr:
+      render_zephyr(ms, add_assistant, p);
+      break;
+    case ChatTemplateFamily::kDeepSeek:
+      render_deepseek(ms, add_assistant, p);
+      break;
   }
   return p.take();
 }
@@ -292,7 +312,9 @@ ChatTemplate ChatTemplate::detect(std::string_view src) {
     f = ChatTemplateFamily::kGemma;
   } else if (has("<|start_header_id|>") && has("<|end_header_id|>")) {
     f = ChatTemplateFamily::kLlama3;
-  } else if (has("<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>") && has("<\xef\xbd\x9cUser\xef\xbd\x9c>")) {
+  } else if (has("<\xef\xbd\x9c"
+                 "Assistant\xef\xbd\x9c>") &&
+             has("<\xef\xbd\x9cUser\xef\xbd\x9c>")) {
     f = ChatTemplateFamily::kDeepSeek;
   } else {
     matched = false;

@@ -35,7 +35,7 @@ class ChatSession {
   Session& session_;
   ChatTemplate template_;
   std::vector<ChatMessage> messages_;
-  size_t n_done_ = 0;      ///< messages whose rendering is in the KV cache
+  size_t n_done_ = 0;       ///< messages whose rendering is in the KV cache
   bool continued_ = false;  ///< the session held an earlier conversation
 };
 
