@@ -3,6 +3,7 @@
 // streaming callbacks.
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <cstring>
 
 #include "executor_factories.hpp"
@@ -124,8 +125,9 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
   SequenceStep twice[2] = {{&kv, good, 0, LogitsRows::kLast}, {&kv, good, 0, LogitsRows::kLast}};
   CHECK(code_of([&] { exec->step(twice, logits); }) == ErrorCode::kInvalidArgument);
   SequenceStep all{&kv, good, 0, LogitsRows::kAll};
-  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2)); }) ==
-        ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] {
+          exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2));
+        }) == ErrorCode::kInvalidArgument);
   CHECK(kv.n_tokens() == 0);
   CHECK(pool->used_pages() == 0);
 
@@ -142,7 +144,8 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
 
 TEST_CASE("chunked prefill and multi-sequence batches give the same logits as one run", "[executor][parity]") {
   const auto exec_name = GENERATE(from_range(test::executor_names()));
-  const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
+  const auto model_name =
+      GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
   auto model = Model::load(test::model_path(model_name));
   auto exec = test::make_executor(exec_name, model);
   const int32_t n_vocab = model->hparams().n_vocab;
@@ -234,4 +237,29 @@ TEST_CASE("a continued session equals one long evaluation", "[session][parity]")
   Session once(model, *exec);
   const auto r = once.generate(std::span<const int32_t>(all), go);
   CHECK(r.tokens == second.tokens);
+}
+
+// Issue 15 item 5: sizes asked for are bounded before anything is allocated. Fails on
+// the main before this change: n_ctx = INT32_MAX was accepted and sized a store and a
+// block table for 2^31 positions.
+TEST_CASE("a session refuses a context beyond the limit and clamps max_tokens to the context", "[session][sizes]") {
+  auto model = aidreams();
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  SessionOptions huge;
+  huge.n_ctx = INT32_MAX;
+  CHECK(code_of([&] { Session s(model, ex, huge); }) == ErrorCode::kInvalidArgument);
+  huge.n_ctx = kMaxContextSize + 1;
+  CHECK(code_of([&] { Session s(model, ex, huge); }) == ErrorCode::kInvalidArgument);
+
+  SessionOptions so;
+  so.n_ctx = 64;
+  Session s(model, ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.ignore_eos = true;
+  go.max_tokens = INT32_MAX;
+  const auto r = s.generate(std::span<const int32_t>(some_ids(20)), go);
+  CHECK(r.finish == FinishReason::kLength);
+  CHECK(r.tokens.size() == 64 - 20 + 1);  // the last sampled token is not in the KV yet
+  CHECK(s.tokens().size() == 64);
 }
