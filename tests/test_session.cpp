@@ -5,6 +5,8 @@
 
 #include <climits>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 
 #include "executor_factories.hpp"
 #include "tandem/session.hpp"
@@ -262,4 +264,55 @@ TEST_CASE("a session refuses a context beyond the limit and clamps max_tokens to
   CHECK(r.finish == FinishReason::kLength);
   CHECK(r.tokens.size() == 64 - 20 + 1);  // the last sampled token is not in the KV yet
   CHECK(s.tokens().size() == 64);
+}
+
+namespace {
+
+int thread_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Fails on the main before this change: every CpuQ4Executor built its own pool of all
+// physical cores, so two default executors ran twice as many compute threads as cores.
+TEST_CASE("default CPU executors share one node pool; steps from several threads take turns on it",
+          "[executor][threads]") {
+  auto model = aidreams();
+  const int before = thread_count();
+  CpuQ4Executor a(model), b(model);
+  CHECK(a.pool() == b.pool());
+  CHECK(a.pool() == CpuQ4Executor::node_pool());
+  CHECK(a.n_threads() == physical_core_count());
+  CHECK(thread_count() - before <= physical_core_count() - 1);  // the node pool's workers, once
+  CpuQ4Executor own(model, CpuExecutorOptions{1});
+  CHECK(own.pool() != a.pool());
+  CHECK(own.n_threads() == 1);
+  auto shared = CpuQ4Executor::make_pool(2);
+  CpuQ4Executor c(model, CpuExecutorOptions{.pool = shared});
+  CHECK(c.pool() == shared);
+
+  // Two sessions on the two executors, stepped at once from two threads, give their solo
+  // results (the pool runs one parallel_for at a time; each executor has its own scratch).
+  auto run = [&](Executor& ex, int salt) {
+    SessionOptions so;
+    so.n_ctx = 128;
+    Session s(model, ex, so);
+    GenerateOptions go;
+    go.sampling = SamplingParams::greedy();
+    go.ignore_eos = true;
+    go.max_tokens = 40;
+    auto ids = some_ids(20 + salt);
+    return s.generate(std::span<const int32_t>(ids), go).tokens;
+  };
+  const auto solo_a = run(own, 0), solo_b = run(own, 5);
+  std::vector<int32_t> got_a, got_b;
+  std::thread ta([&] { got_a = run(a, 0); });
+  std::thread tb([&] { got_b = run(b, 5); });
+  ta.join();
+  tb.join();
+  CHECK(got_a == solo_a);
+  CHECK(got_b == solo_b);
 }
