@@ -49,10 +49,10 @@ struct CpuQ4Executor::Scratch {
   Buffer<uint16_t> xf16;
   Buffer<TokenRef> tokens;
   Buffer<int64_t> out_index;
-  Buffer<float> scores;      // [n_threads][max positions]
-  Buffer<uint16_t> scores16; // [n_threads][max positions], f16 rounding of the probabilities
-  Buffer<uint16_t> q16;      // [n_threads][head_dim]
-  Buffer<float> acc;         // [n_threads][head_dim]
+  Buffer<float> scores;       // [n_threads][max positions]
+  Buffer<uint16_t> scores16;  // [n_threads][max positions], f16 rounding of the probabilities
+  Buffer<uint16_t> q16;       // [n_threads][head_dim]
+  Buffer<float> acc;          // [n_threads][head_dim]
   PreparedInput prepared;
 };
 
@@ -72,8 +72,13 @@ std::shared_ptr<ThreadPool> CpuQ4Executor::node_pool() {
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
     : Executor(std::move(model)),
-      pool_(options.pool ? options.pool : options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
+      pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
       s_(std::make_unique<Scratch>()) {}
+
+CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
+    : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
+  if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
+}
 
 CpuQ4Executor::~CpuQ4Executor() = default;
 
@@ -87,18 +92,28 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-const float* f32_data(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+const float* f32_data(const TensorView& t) {
+  return reinterpret_cast<const float*>(t.data);
+}
 
 void embed_row(const TensorView& t, int32_t id, float* y) {
   const std::byte* row = t.data + size_t(id) * t.row_bytes;
   switch (t.type) {
-    case GgmlType::kF32: std::memcpy(y, row, size_t(t.k) * sizeof(float)); break;
-    case GgmlType::kF16: k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k); break;
+    case GgmlType::kF32:
+      std::memcpy(y, row, size_t(t.k) * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
+      break;
     case GgmlType::kBF16:
       for (int64_t i = 0; i < t.k; ++i) y[i] = k::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
       break;
-    case GgmlType::kQ4_0: k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k); break;
-    case GgmlType::kQ8_0: k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k); break;
+    case GgmlType::kQ4_0:
+      k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k);
+      break;
+    case GgmlType::kQ8_0:
+      k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k);
+      break;
   }
 }
 
@@ -107,8 +122,7 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
-            float* y);
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y);
 
 }  // namespace
 
@@ -197,7 +211,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];
-    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
     matmul(*pool_, s, L.wq, xn, T, q);
     matmul(*pool_, s, L.wk, xn, T, kk);
@@ -310,7 +325,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     matmul(*pool_, s, L.wo, attn, T, tmp);
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
 
-    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
     matmul(*pool_, s, L.ffn_gate, xn, T, gate);
     matmul(*pool_, s, L.ffn_up, xn, T, up);
@@ -335,7 +351,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       const auto n = static_cast<int64_t>(sq.tokens.size());
       for (int64_t j = 0; j < n; ++j, ++t) {
         const bool want = sq.logits == LogitsRows::kAll || (sq.logits == LogitsRows::kLast && j == n - 1);
-        if (want) rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
+        if (want)
+          rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
       }
     }
     s.prepared = {};
@@ -346,8 +363,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
 namespace {
 
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
-            float* y) {
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y) {
   const int64_t kdim = W.k;
   const int64_t n = W.n;
   PreparedInput& prep = s.prepared;

@@ -291,7 +291,7 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
   CHECK(own.pool() != a.pool());
   CHECK(own.n_threads() == 1);
   auto shared = CpuQ4Executor::make_pool(2);
-  CpuQ4Executor c(model, CpuExecutorOptions{.pool = shared});
+  CpuQ4Executor c(model, shared);
   CHECK(c.pool() == shared);
 
   // Two sessions on the two executors, stepped at once from two threads, give their solo

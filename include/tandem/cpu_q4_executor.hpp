@@ -15,7 +15,7 @@
 // the process shares one node pool (node_pool(): one thread per physical core), so
 // several executors and sessions never run more compute threads than cores — their steps
 // take turns on the pool. n_threads > 0 gives the executor a pool of its own (the caller
-// then chooses the core budget); `pool` shares a pool the caller made with make_pool().
+// then chooses the core budget); the pool constructor shares a pool the caller made.
 #pragma once
 
 #include <memory>
@@ -26,18 +26,16 @@
 
 namespace tandem {
 
-class ThreadPool;
-
 struct CpuExecutorOptions {
   int n_threads = 0;  ///< > 0: a pool of this many threads of its own; <= 0: the shared node_pool()
-  /// A pool shared with other executors (from CpuQ4Executor::make_pool or node_pool());
-  /// overrides n_threads.
-  std::shared_ptr<ThreadPool> pool;
 };
 
 class CpuQ4Executor final : public Executor {
  public:
   CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options = {});
+  /// Computes on `pool`, shared with other executors (from make_pool() or node_pool()).
+  /// Throws Error(kInvalidArgument) for a null pool.
+  CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool);
   ~CpuQ4Executor() override;
   std::string_view name() const noexcept override { return "cpu"; }
   /// Computes on Host pages; File pages (memory-mapped) are readable too.
