@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "cpu/cpu_kernels.hpp"
 
@@ -48,17 +49,36 @@ struct CpuQ4Executor::Scratch {
   Buffer<uint16_t> xf16;
   Buffer<TokenRef> tokens;
   Buffer<int64_t> out_index;
-  Buffer<float> scores;      // [n_threads][max positions]
-  Buffer<uint16_t> scores16; // [n_threads][max positions], f16 rounding of the probabilities
-  Buffer<uint16_t> q16;      // [n_threads][head_dim]
-  Buffer<float> acc;         // [n_threads][head_dim]
+  Buffer<float> scores;       // [n_threads][max positions]
+  Buffer<uint16_t> scores16;  // [n_threads][max positions], f16 rounding of the probabilities
+  Buffer<uint16_t> q16;       // [n_threads][head_dim]
+  Buffer<float> acc;          // [n_threads][head_dim]
   PreparedInput prepared;
 };
 
+std::shared_ptr<ThreadPool> CpuQ4Executor::make_pool(int n_threads) {
+  return std::make_shared<ThreadPool>(n_threads, [] { k::cpu_thread_prepare(); });
+}
+
+std::shared_ptr<ThreadPool> CpuQ4Executor::node_pool() {
+  static std::mutex mu;
+  static std::weak_ptr<ThreadPool> node;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto p = node.lock()) return p;
+  auto p = make_pool(0);
+  node = p;
+  return p;
+}
+
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
     : Executor(std::move(model)),
-      pool_(options.n_threads, [] { k::cpu_thread_prepare(); }),
+      pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
       s_(std::make_unique<Scratch>()) {}
+
+CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
+    : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
+  if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
+}
 
 CpuQ4Executor::~CpuQ4Executor() = default;
 
@@ -72,13 +92,19 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-const float* f32_data(const TensorView& t) { return reinterpret_cast<const float*>(t.data); }
+const float* f32_data(const TensorView& t) {
+  return reinterpret_cast<const float*>(t.data);
+}
 
 void embed_row(const TensorView& t, int32_t id, float* y) {
   const std::byte* row = t.data + size_t(id) * t.row_bytes;
   switch (t.type) {
-    case GgmlType::kF32: std::memcpy(y, row, size_t(t.k) * sizeof(float)); break;
-    case GgmlType::kF16: k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k); break;
+    case GgmlType::kF32:
+      std::memcpy(y, row, size_t(t.k) * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
+      break;
     case GgmlType::kBF16:
       for (int64_t i = 0; i < t.k; ++i) y[i] = k::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
       break;
@@ -94,8 +120,7 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
-            float* y);
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y);
 
 }  // namespace
 
@@ -110,7 +135,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const int64_t hd = hp.head_dim;
   const int64_t q_w = int64_t{hp.n_head} * hd;
   const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
-  const int n_threads = pool_.size();
+  const int n_threads = pool_->size();
 
   int64_t T = 0;
   int32_t max_pos = 0;  // attention scores are sized for the largest context, so they never regrow
@@ -184,13 +209,14 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];
-    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(pool_, s, L.wq, xn, T, q);
-    matmul(pool_, s, L.wk, xn, T, kk);
-    matmul(pool_, s, L.wv, xn, T, v);
+    matmul(*pool_, s, L.wq, xn, T, q);
+    matmul(*pool_, s, L.wk, xn, T, kk);
+    matmul(*pool_, s, L.wv, xn, T, v);
 
-    pool_.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+    pool_->parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
         float* qt = q + t * q_w;
         float* kt = kk + t * kv_w;
@@ -228,7 +254,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     });
 
     // Causal GQA attention over the block table, one task per (token, head).
-    pool_.parallel_for(T * hp.n_head, 1, [&](int64_t b, int64_t e, int th) {
+    pool_->parallel_for(T * hp.n_head, 1, [&](int64_t b, int64_t e, int th) {
       float* sc = scores + size_t(th) * size_t(max_pos);
       uint16_t* sc16 = scores16 + size_t(th) * size_t(max_pos);
       uint16_t* qh16 = q16 + th * hd;
@@ -294,22 +320,23 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     });
 
     s.prepared = {};
-    matmul(pool_, s, L.wo, attn, T, tmp);
+    matmul(*pool_, s, L.wo, attn, T, tmp);
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
 
-    for (int64_t t = 0; t < T; ++t) rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(pool_, s, L.ffn_gate, xn, T, gate);
-    matmul(pool_, s, L.ffn_up, xn, T, up);
+    matmul(*pool_, s, L.ffn_gate, xn, T, gate);
+    matmul(*pool_, s, L.ffn_up, xn, T, up);
     const int64_t n_ff_total = T * hp.n_ff;
-    pool_.parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
+    pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
         const float g = gate[i];
         gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202)
       }
     });
     s.prepared = {};
-    matmul(pool_, s, L.ffn_down, gate, T, tmp);
+    matmul(*pool_, s, L.ffn_down, gate, T, tmp);
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
   }
 
@@ -322,19 +349,19 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       const auto n = static_cast<int64_t>(sq.tokens.size());
       for (int64_t j = 0; j < n; ++j, ++t) {
         const bool want = sq.logits == LogitsRows::kAll || (sq.logits == LogitsRows::kLast && j == n - 1);
-        if (want) rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
+        if (want)
+          rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
       }
     }
     s.prepared = {};
-    matmul(pool_, s, model.output(), rows, n_out, logits.data());
+    matmul(*pool_, s, model.output(), rows, n_out, logits.data());
   }
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }
 
 namespace {
 
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m,
-            float* y) {
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y) {
   const int64_t kdim = W.k;
   const int64_t n = W.n;
   PreparedInput& prep = s.prepared;

@@ -6,7 +6,7 @@ namespace tandem {
 std::string_view error_code_name(ErrorCode code) noexcept {
   switch (code) {
     case ErrorCode::kOk: return "OK";
-    case ErrorCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case ErrorCode::kInvalidArgument: return "INVALID_ARG";
     case ErrorCode::kIo: return "IO";
     case ErrorCode::kOutOfMemory: return "OUT_OF_MEMORY";
     case ErrorCode::kGgufBadMagic: return "GGUF_BAD_MAGIC";

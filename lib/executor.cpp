@@ -2,7 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace tandem {
+
+int32_t default_context_size(const HParams& hp) noexcept {
+  return hp.n_ctx_train > 0 ? std::min(hp.n_ctx_train, 4096) : 4096;
+}
 
 int64_t Executor::logits_rows(std::span<const SequenceStep> batch) noexcept {
   int64_t rows = 0;
@@ -44,9 +50,10 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
       }
     }
     if (s.pos0 < 0 || s.pos0 >= s.kv->max_tokens() || s.pos0 != s.kv->n_tokens()) {
-      throw Error(ErrorCode::kBadPosition,
-                  fmt::format("step: sequence {} starts at position {}, but it holds {} positions of a {}-position context",
-                              i, s.pos0, s.kv->n_tokens(), s.kv->max_tokens()));
+      throw Error(
+          ErrorCode::kBadPosition,
+          fmt::format("step: sequence {} starts at position {}, but it holds {} positions of a {}-position context", i,
+                      s.pos0, s.kv->n_tokens(), s.kv->max_tokens()));
     }
     const int64_t end = int64_t{s.pos0} + static_cast<int64_t>(s.tokens.size());
     if (end > s.kv->max_tokens()) {
@@ -63,10 +70,10 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
   struct Pins {
     std::span<const SequenceStep> b;
     explicit Pins(std::span<const SequenceStep> batch_) : b(batch_) {
-      for (const auto& s : b) s.kv->set_pinned(true);
+      for (const auto& s : b) s.kv->pin();
     }
     ~Pins() {
-      for (const auto& s : b) s.kv->set_pinned(false);
+      for (const auto& s : b) s.kv->unpin();
     }
   } pins(batch);
   const KvTier tier = kv_tier();
@@ -78,9 +85,10 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
     }
     for (PageId p : s.kv->block_table()) {
       if (!can_read(s.kv->store().tier_of(p))) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("step: a KV page of sequence {} lives in the {} tier, which the {} executor cannot read",
-                                s.kv->id(), kv_tier_name(s.kv->store().tier_of(p)), name()));
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            fmt::format("step: a KV page of sequence {} lives in the {} tier, which the {} executor cannot read",
+                        s.kv->id(), kv_tier_name(s.kv->store().tier_of(p)), name()));
       }
     }
   }

@@ -13,10 +13,14 @@ namespace tandem {
 
 std::string_view finish_reason_name(FinishReason r) noexcept {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kStopString: return "stop_string";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kStopString:
+      return "stop_string";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
   }
   return "?";
 }
@@ -24,12 +28,16 @@ std::string_view finish_reason_name(FinishReason r) noexcept {
 namespace {
 
 int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
-  if (o.n_ctx < 0) throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_ctx {} must be >= 0", o.n_ctx));
-  if (o.n_batch < 1) throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_batch {} must be >= 1", o.n_batch));
+  if (o.n_ctx < 0 || o.n_ctx > kMaxContextSize) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("session: n_ctx {} must be in [0, {}]", o.n_ctx, kMaxContextSize));
+  }
+  if (o.n_batch < 1)
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_batch {} must be >= 1", o.n_batch));
   if (o.page_size < 1) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("session: page_size {} must be >= 1", o.page_size));
   }
-  return o.n_ctx > 0 ? o.n_ctx : std::min(hp.n_ctx_train, 4096);
+  return o.n_ctx > 0 ? o.n_ctx : default_context_size(hp);
 }
 
 int32_t pages_for(int32_t n_ctx, int32_t page_size) {
@@ -88,9 +96,8 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
                 fmt::format("context overflow: {} positions needed, n_ctx is {}", need, n_ctx_));
   }
   if (!all_logits.empty() && all_logits.size() < ids.size() * size_t(n_vocab)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("eval: logits buffer holds {} floats, {} needed", all_logits.size(),
-                            ids.size() * size_t(n_vocab)));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("eval: logits buffer holds {} floats, {} needed",
+                                                         all_logits.size(), ids.size() * size_t(n_vocab)));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= n_vocab) {
@@ -102,6 +109,7 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
     const int32_t id = *pending_;
     SequenceStep st{kv_.get(), std::span<const int32_t>(&id, 1), kv_->n_tokens(),
                     ids.empty() ? LogitsRows::kLast : LogitsRows::kNone};
+    place_kv(st.pos0 + 1);
     executor_->step(std::span<const SequenceStep>(&st, 1), logits_);
     tokens_.push_back(id);
     pending_.reset();
@@ -112,6 +120,7 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
     const size_t n = std::min(chunk, ids.size() - b);
     const bool last = b + n == ids.size();
     SequenceStep st{kv_.get(), ids.subspan(b, n), kv_->n_tokens(), LogitsRows::kNone};
+    place_kv(st.pos0 + int32_t(n));
     std::span<float> out;
     if (!all_logits.empty()) {
       st.logits = LogitsRows::kAll;
@@ -129,6 +138,18 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
       have_logits_ = true;
     }
   }
+}
+
+void Session::place_kv(int32_t end) {
+  // The session decides where its pages live: resident in the executor's tier (brought
+  // back when a shared store swapped it out), with room for positions up to `end`.
+  const KvTier t = executor_->kv_tier();
+  if (store_->has_tier(t) && (kv_->tier() != t || kv_->pages_outside(t) > 0)) {
+    kv_->make_resident(t);
+  } else {
+    kv_->touch();
+  }
+  kv_->make_room(end);
 }
 
 GenerateResult Session::generate(std::string_view text, const GenerateOptions& options, bool parse_special) {
@@ -157,7 +178,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   r.prompt_seconds = seconds_since(t0);
 
   const auto t1 = std::chrono::steady_clock::now();
-  size_t emitted_upto = 0;   // bytes of r.text already passed on
+  size_t emitted_upto = 0;  // bytes of r.text already passed on
   bool stop = false;
   for (int32_t i = 0; i < options.max_tokens && !stop; ++i) {
     const int32_t id = sampler.sample(logits_, tokens_);

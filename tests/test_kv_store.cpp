@@ -217,9 +217,9 @@ TEST_CASE("LRU eviction moves the least recently used inactive sequence to File"
     CHECK(seqs[1]->pages_outside(KvTier::kFile) == 0);  // evicted
     CHECK(seqs[0]->pages_outside(KvTier::kHost) == 0);  // recently used: stays
     // A pinned sequence is never evicted.
-    seqs[0]->set_pinned(true);
+    seqs[0]->pin();
     CHECK(store->evict_lru(KvTier::kHost, KvTier::kFile, 2, seqs[2].get()) == 0);
-    seqs[0]->set_pinned(false);
+    seqs[0]->unpin();
     CHECK(store->evict_lru(KvTier::kHost, KvTier::kFile, 2, seqs[2].get()) == 2);
   }
   check_empty(*store);

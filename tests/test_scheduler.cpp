@@ -5,7 +5,10 @@
 // counting terminal events. After every scenario the stores hold zero pages.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -44,6 +47,10 @@ struct Rig {
     int32_t max_running = 8;
     int32_t max_queued = 1024;
     int32_t host_pages = 256;
+    int32_t host_pages_a = 0;  // executor 0's Host tier when different (0 = host_pages)
+    int32_t admission_output = -1;
+    std::chrono::milliseconds handoff_ttl{30000};
+    Executor* exec_a = nullptr;  // replaces executor 0 (e.g. a fault-injecting wrapper)
     int32_t file_pages = 0;
     int32_t prefix_cache = 0;
     int32_t prefill_chunk = 32;
@@ -53,19 +60,21 @@ struct Rig {
 
   explicit Rig(const Opt& o) {
     const auto& hp = model->hparams();
-    sa = test::make_store(hp, o.host_pages, o.file_pages);
+    sa = test::make_store(hp, o.host_pages_a > 0 ? o.host_pages_a : o.host_pages, o.file_pages);
     sb = test::make_store(hp, o.host_pages, o.file_pages);
     SchedulerOptions so;
     so.max_queued = o.max_queued;
     so.max_context = kCtx;
     so.prefix_cache_entries = o.prefix_cache;
+    so.handoff_ttl = o.handoff_ttl;
     so.policy = std::make_shared<DefaultRoutingPolicy>(o.routing);
     so.log = [this](std::string_view s) {
       std::lock_guard<std::mutex> lk(log_mu);
       log.emplace_back(s);
     };
     ExecutorConfig ca;
-    ca.executor = &a;
+    ca.executor = o.exec_a ? o.exec_a : &a;
+    ca.admission_output_tokens = o.admission_output;
     ca.store = sa;
     ca.max_running = o.max_running;
     ca.step_token_budget = o.budget;
@@ -82,6 +91,10 @@ struct Rig {
       so.executors.push_back(cb);
     }
     sched = std::make_unique<Scheduler>(std::move(so));
+  }
+  bool logged(std::string_view what) {
+    std::lock_guard<std::mutex> lk(log_mu);
+    return std::any_of(log.begin(), log.end(), [&](const std::string& l) { return l.find(what) != l.npos; });
   }
   /// Everything finished and released: zero pages in every tier of both stores.
   void check_released() {
@@ -477,8 +490,10 @@ TEST_CASE("the pollable handle streams every piece; text matches; metrics render
       continue;
     }
     streamed += buf;
-    if (ev.final) ++finals;
-    else ++n_tokens;
+    if (ev.final)
+      ++finals;
+    else
+      ++n_tokens;
   }
   CHECK(!h.poll(ev, buf));
   const auto& res = h.wait();
@@ -517,7 +532,8 @@ TEST_CASE("stress: 1000 requests, exactly one terminal event each, zero KV after
     th.emplace_back([&, t] {
       std::mt19937 rng(uint32_t(100 + t));
       for (int i = t; i < N; i += T) {
-        Request r = greedy_request(prompt_of(2 + int32_t(rng() % 40), i % 7), 1 + int32_t(rng() % 5), SlaClass(rng() % 3));
+        Request r =
+            greedy_request(prompt_of(2 + int32_t(rng() % 40), i % 7), 1 + int32_t(rng() % 5), SlaClass(rng() % 3));
         if (rng() % 10 == 0) r.deadline = Clock::now() + std::chrono::microseconds(rng() % 2000);
         r.on_event = [&, i](const RequestEvent& ev) {
           ++events;
@@ -542,4 +558,245 @@ TEST_CASE("stress: 1000 requests, exactly one terminal event each, zero KV after
   CHECK(m.finished == uint64_t(N));
   CHECK(by[RequestFinish::kLength] > 0);
   CHECK(by[RequestFinish::kCancelled] > 0);
+}
+
+namespace {
+
+/// Runs `inner`, but throws std::bad_alloc from the step numbered `fail_at` (0-based): an
+/// allocation failure inside a step, as the executor's scratch growth can raise.
+class FaultyExecutor final : public Executor {
+ public:
+  explicit FaultyExecutor(Executor& inner) : Executor(inner.model_ptr()), inner_(inner) {}
+  std::string_view name() const noexcept override { return "faulty"; }
+  KvTier kv_tier() const noexcept override { return inner_.kv_tier(); }
+  bool can_read(KvTier t) const noexcept override { return inner_.can_read(t); }
+  bool supports(KvDtype d) const noexcept override { return inner_.supports(d); }
+  std::atomic<int> fail_at{-1};
+  std::atomic<int> steps{0};
+
+ protected:
+  void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override {
+    if (steps++ == fail_at.load()) throw std::bad_alloc();
+    inner_.step(batch, logits);
+  }
+
+ private:
+  Executor& inner_;
+};
+
+/// Resident set size of this process in bytes (/proc/self/statm).
+size_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * size_t(sysconf(_SC_PAGESIZE));
+}
+
+/// Poll `cond` every millisecond for at most `limit`; true when it held.
+template <class Cond>
+bool eventually(Cond cond, std::chrono::milliseconds limit = 10s) {
+  const auto until = Clock::now() + limit;
+  while (!cond()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+}  // namespace
+
+// Fails on the main before this change: the exception escaped the step loop's thread
+// (std::terminate, the test process died).
+TEST_CASE("a throwing on_event callback ends only its request; the loop keeps serving", "[scheduler][robust]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  Rig rig(o);
+  const auto pa = prompt_of(12, 1), pb = prompt_of(9, 2);
+  std::atomic<int> a_finals{0}, a_tokens{0};
+  Request ra = greedy_request(pa, 20);
+  ra.on_event = [&](const RequestEvent& ev) -> bool {
+    if (ev.final) {
+      ++a_finals;
+      throw std::runtime_error("the final event's callback throws too");
+    }
+    if (++a_tokens == 3) throw std::runtime_error("callback failure");
+    return true;
+  };
+  auto ha = rig.sched->submit(std::move(ra));
+  auto hb = rig.sched->submit(greedy_request(pb, 24));
+  const RequestResult A = ha.wait();
+  CHECK(A.finish == RequestFinish::kError);
+  CHECK_THAT(A.message, Catch::Contains("callback failure"));
+  CHECK(A.tokens.size() == 3);
+  CHECK(a_finals.load() == 1);
+  CHECK(hb.wait().tokens == solo(pb, 24));
+  // Still serving.
+  CHECK(rig.sched->submit(greedy_request(pa, 8)).wait().tokens == solo(pa, 8));
+  rig.check_released();
+}
+
+// Fails on the main before this change: std::bad_alloc from a step escaped the loop
+// (std::terminate).
+TEST_CASE("an allocation failure inside a step ends that step's requests; the loop keeps serving",
+          "[scheduler][robust]") {
+  Rig::Opt base;
+  auto model = tiny();
+  CpuQ4Executor inner(model, CpuExecutorOptions{1});
+  FaultyExecutor faulty(inner);
+  faulty.fail_at = 4;
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.max_running = 4;
+  o.exec_a = &faulty;
+  Rig rig(o);
+  std::vector<RequestHandle> hs;
+  std::vector<std::atomic<int>> finals(4);
+  for (int i = 0; i < 4; ++i) {
+    Request r = greedy_request(prompt_of(10 + i, i), 12);
+    r.on_event = [&, i](const RequestEvent& ev) {
+      if (ev.final) ++finals[size_t(i)];
+      return true;
+    };
+    hs.push_back(rig.sched->submit(std::move(r)));
+  }
+  int failed = 0;
+  for (int i = 0; i < 4; ++i) {
+    const RequestResult& r = hs[size_t(i)].wait();
+    CHECK(finals[size_t(i)].load() == 1);
+    if (r.finish == RequestFinish::kError) {
+      ++failed;
+      CHECK(r.error == ErrorCode::kOutOfMemory);
+      CHECK_THAT(r.message, Catch::Contains("bad_alloc") || Catch::Contains("allocation"));
+    } else {
+      CHECK(r.tokens == solo(prompt_of(10 + i, i), 12));
+    }
+  }
+  CHECK(failed >= 1);
+  CHECK(faulty.steps.load() > 4);  // the loop went on stepping
+  CHECK(rig.sched->submit(greedy_request(prompt_of(7, 5), 10)).wait().tokens == solo(prompt_of(7, 5), 10));
+  rig.check_released();
+}
+
+// Preemption under KV pressure. Admitting with only the prompt reserved
+// (admission_output_tokens = 0) lets more sequences run than the tier can finish, so
+// growing sequences preempt the youngest: swapped to File, or dropped and recomputed.
+// Each step's batch is a value, so a sequence left out of a step never reads another's
+// logits row; every output must equal its solo run.
+TEST_CASE("preemption swaps out or recomputes, and every output equals its solo run", "[scheduler][preempt]") {
+  const bool swap = GENERATE(false, true);
+  INFO((swap ? "swap to the File tier" : "drop and recompute"));
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.max_running = 8;
+  o.host_pages = 12;  // 192 positions for 8 sequences of up to 80
+  o.file_pages = swap ? 128 : 0;
+  o.admission_output = 0;
+  o.budget = 24;  // the token budget leaves sequences out of some steps
+  o.prefill_chunk = 16;
+  Rig rig(o);
+  std::vector<std::pair<std::vector<int32_t>, int32_t>> cases;
+  for (int i = 0; i < 16; ++i) cases.emplace_back(prompt_of(10 + (i * 7) % 30, i), 20 + (i * 11) % 30);
+  std::vector<RequestHandle> hs;
+  for (const auto& [p, n] : cases) hs.push_back(rig.sched->submit(greedy_request(p, n)));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const RequestResult& r = hs[i].wait();
+    INFO("case " << i);
+    CHECK(r.finish == RequestFinish::kLength);
+    CHECK(r.tokens == solo(cases[i].first, cases[i].second));
+  }
+  CHECK(rig.sched->metrics().preemptions > 0);
+  CHECK(rig.logged(swap ? "swapped to file" : "KV dropped"));
+  rig.check_released();
+}
+
+// Fails on the main before this change: the interactive request was routed to the
+// accelerator, whose tier can never hold it, and ended with kOutOfMemory; the refusal
+// said "needs 9 pages" for a request that needs 8.
+TEST_CASE("routing offers only executors that can hold the request; refusals count pages right",
+          "[scheduler][routing]") {
+  const auto prompt = prompt_of(28, 3);
+  SECTION("an executor that can hold it is chosen") {
+    Rig::Opt o;
+    o.host_pages_a = 4;  // cpuA (the accelerator) holds 64 positions
+    Rig rig(o);
+    const RequestResult r = rig.sched->submit(greedy_request(prompt, 100, SlaClass::kInteractive)).wait();
+    CHECK(r.finish == RequestFinish::kLength);
+    CHECK(r.tokens == solo(prompt, 100));
+    CHECK(r.metrics.prefill_executor == "cpuB");
+    CHECK(r.metrics.decode_executor == "cpuB");
+    rig.check_released();
+  }
+  SECTION("no executor can: the refusal names the right page count") {
+    Rig::Opt o;
+    o.n_exec = 1;
+    o.host_pages = 7;
+    Rig rig(o);
+    // 28 + 100 tokens: 127 positions hold KV (the last sampled token is never fed) = 8 pages.
+    const RequestResult r = rig.sched->submit(greedy_request(prompt, 100)).wait();
+    CHECK(r.finish == RequestFinish::kError);
+    CHECK(r.error == ErrorCode::kOutOfMemory);
+    CHECK_THAT(r.message, Catch::Contains("= 8 pages of 16 tokens") && Catch::Contains("holds 7 pages"));
+    rig.check_released();
+  }
+}
+
+// Fails on the main before this change: the lease's pages stayed in cpuA's store until
+// the busy receiver looked at the hand-off again.
+TEST_CASE("an expired hand-off lease returns its pages while the receiver is busy", "[scheduler][handoff]") {
+  Rig::Opt o;
+  o.routing.long_prompt_tokens = 20;
+  o.routing.decode_scarce_fraction = 0.0;  // long standard prompts prefill on cpuA, decode on cpuB
+  o.handoff_ttl = 50ms;
+  Rig rig(o);
+  std::atomic<bool> release{false};
+  Request blocker = greedy_request(prompt_of(5, 1), 4);  // short standard: runs on cpuB
+  blocker.on_event = [&](const RequestEvent&) {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
+    return true;
+  };
+  auto hb = rig.sched->submit(std::move(blocker));
+  REQUIRE(eventually([&] { return rig.sched->metrics().executors[1].running == 1; }));
+  const auto long_prompt = prompt_of(40, 2);
+  auto h = rig.sched->submit(greedy_request(long_prompt, 10));
+  // Prefilled on cpuA and handed to the blocked cpuB: once the lease expires, cpuA's
+  // store is empty although nobody imported or refused the hand-off.
+  const bool returned = eventually([&] {
+    const auto m = rig.sched->metrics();
+    return m.executors[0].steps > 0 && m.executors[0].running == 0 && rig.sa->usage(KvTier::kHost).used == 0;
+  });
+  CHECK(returned);
+  release = true;
+  CHECK(hb.wait().finish == RequestFinish::kLength);
+  const RequestResult& r = h.wait();
+  CHECK(r.tokens == solo(long_prompt, 10));  // recomputed on cpuB
+  CHECK(rig.logged("recomputing on cpuB"));
+  rig.check_released();
+}
+
+// Issue 15 item 5. Fails on the main before this change: the event log was sized for the
+// unclamped max_tokens (INT32_MAX: std::bad_alloc out of submit; 10^7: about 1 GB).
+TEST_CASE("max_tokens far beyond the context is clamped: kLength at the context end, no big allocation",
+          "[scheduler][sizes]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  Rig rig(o);
+  const auto prompt = prompt_of(200, 4);
+  const int32_t max_tokens = GENERATE(10'000'000, INT32_MAX);
+  const size_t rss0 = rss_bytes();
+  Request r = greedy_request(prompt, max_tokens);
+  std::atomic<bool> go{false};
+  r.on_event = [&](const RequestEvent&) {
+    while (!go.load()) std::this_thread::sleep_for(1ms);
+    return true;
+  };
+  auto h = rig.sched->submit(std::move(r));
+  // Measured while the request is alive: its buffers are sized for the context, not for
+  // max_tokens (a 1 GB log would show; 64 MB is far above any context-sized buffer here).
+  CHECK(rss_bytes() < rss0 + (size_t(64) << 20));
+  go = true;
+  const RequestResult& res = h.wait();
+  CHECK(res.finish == RequestFinish::kLength);
+  CHECK(res.tokens.size() == size_t(kCtx - 200 + 1));  // the last sampled token needs no KV
+  CHECK(res.tokens == solo(prompt, kCtx - 200 + 1));
+  rig.check_released();
 }

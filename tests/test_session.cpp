@@ -3,7 +3,10 @@
 // streaming callbacks.
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <cstring>
+#include <filesystem>
+#include <thread>
 
 #include "executor_factories.hpp"
 #include "tandem/session.hpp"
@@ -124,8 +127,9 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
   SequenceStep twice[2] = {{&kv, good, 0, LogitsRows::kLast}, {&kv, good, 0, LogitsRows::kLast}};
   CHECK(code_of([&] { exec->step(twice, logits); }) == ErrorCode::kInvalidArgument);
   SequenceStep all{&kv, good, 0, LogitsRows::kAll};
-  CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2)); }) ==
-        ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] {
+          exec->step(std::span<const SequenceStep>(&all, 1), std::span<float>(logits).first(size_t(n_vocab) * 2));
+        }) == ErrorCode::kInvalidArgument);
   CHECK(kv.n_tokens() == 0);
   CHECK(pool->used_pages() == 0);
 
@@ -142,7 +146,8 @@ TEST_CASE("executor refuses malformed batches without changing any sequence", "[
 
 TEST_CASE("chunked prefill and multi-sequence batches give the same logits as one run", "[executor][parity]") {
   const auto exec_name = GENERATE(from_range(test::executor_names()));
-  const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
+  const auto model_name =
+      GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
   auto model = Model::load(test::model_path(model_name));
   auto exec = test::make_executor(exec_name, model);
   const int32_t n_vocab = model->hparams().n_vocab;
@@ -234,4 +239,80 @@ TEST_CASE("a continued session equals one long evaluation", "[session][parity]")
   Session once(model, *exec);
   const auto r = once.generate(std::span<const int32_t>(all), go);
   CHECK(r.tokens == second.tokens);
+}
+
+// Issue 15 item 5: sizes asked for are bounded before anything is allocated. Fails on
+// the main before this change: n_ctx = INT32_MAX was accepted and sized a store and a
+// block table for 2^31 positions.
+TEST_CASE("a session refuses a context beyond the limit and clamps max_tokens to the context", "[session][sizes]") {
+  auto model = aidreams();
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  SessionOptions huge;
+  huge.n_ctx = INT32_MAX;
+  CHECK(code_of([&] { Session s(model, ex, huge); }) == ErrorCode::kInvalidArgument);
+  huge.n_ctx = kMaxContextSize + 1;
+  CHECK(code_of([&] { Session s(model, ex, huge); }) == ErrorCode::kInvalidArgument);
+
+  SessionOptions so;
+  so.n_ctx = 64;
+  Session s(model, ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.ignore_eos = true;
+  go.max_tokens = INT32_MAX;
+  const auto r = s.generate(std::span<const int32_t>(some_ids(20)), go);
+  CHECK(r.finish == FinishReason::kLength);
+  CHECK(r.tokens.size() == 64 - 20 + 1);  // the last sampled token is not in the KV yet
+  CHECK(s.tokens().size() == 64);
+}
+
+namespace {
+
+int thread_count() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+}  // namespace
+
+// Fails on the main before this change: every CpuQ4Executor built its own pool of all
+// physical cores, so two default executors ran twice as many compute threads as cores.
+TEST_CASE("default CPU executors share one node pool; steps from several threads take turns on it",
+          "[executor][threads]") {
+  auto model = aidreams();
+  const int before = thread_count();
+  CpuQ4Executor a(model), b(model);
+  CHECK(a.pool() == b.pool());
+  CHECK(a.pool() == CpuQ4Executor::node_pool());
+  CHECK(a.n_threads() == physical_core_count());
+  CHECK(thread_count() - before <= physical_core_count() - 1);  // the node pool's workers, once
+  CpuQ4Executor own(model, CpuExecutorOptions{1});
+  CHECK(own.pool() != a.pool());
+  CHECK(own.n_threads() == 1);
+  auto shared = CpuQ4Executor::make_pool(2);
+  CpuQ4Executor c(model, shared);
+  CHECK(c.pool() == shared);
+
+  // Two sessions on the two executors, stepped at once from two threads, give their solo
+  // results (the pool runs one parallel_for at a time; each executor has its own scratch).
+  auto run = [&](Executor& ex, int salt) {
+    SessionOptions so;
+    so.n_ctx = 128;
+    Session s(model, ex, so);
+    GenerateOptions go;
+    go.sampling = SamplingParams::greedy();
+    go.ignore_eos = true;
+    go.max_tokens = 40;
+    auto ids = some_ids(20 + salt);
+    return s.generate(std::span<const int32_t>(ids), go).tokens;
+  };
+  const auto solo_a = run(own, 0), solo_b = run(own, 5);
+  std::vector<int32_t> got_a, got_b;
+  std::thread ta([&] { got_a = run(a, 0); });
+  std::thread tb([&] { got_b = run(b, 5); });
+  ta.join();
+  tb.join();
+  CHECK(got_a == solo_a);
+  CHECK(got_b == solo_b);
 }

@@ -4,10 +4,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 namespace tandem::test {
@@ -22,7 +24,9 @@ inline std::filesystem::path models_dir() {
   if (const char* env = std::getenv("TANDEM_MODELS"); env && *env) return env;
   return shared_dir() / "models";
 }
-inline std::filesystem::path golden_dir() { return shared_dir() / "golden"; }
+inline std::filesystem::path golden_dir() {
+  return shared_dir() / "golden";
+}
 inline std::filesystem::path model_path(const std::string& name) {
   return models_dir() / (name + ".gguf");
 }
@@ -59,9 +63,29 @@ inline std::vector<float> read_f32(const std::filesystem::path& p) {
   return v;
 }
 
-/// A scratch directory under the build tree, made fresh for each call site name.
+/// This run's scratch root, <tmp>/tandem-test-<pid>-<random>: unique per test process
+/// (two runs on one machine never delete each other's files), removed at exit.
+inline const std::filesystem::path& scratch_root() {
+  struct Root {
+    std::filesystem::path path;
+    Root() {
+      std::random_device rd;
+      path = std::filesystem::temp_directory_path() /
+             ("tandem-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+      std::filesystem::create_directories(path);
+    }
+    ~Root() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
+/// A scratch directory of this run, made fresh for each call site name.
 inline std::filesystem::path scratch_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("tandem-test-" + name);
+  auto p = scratch_root() / name;
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;

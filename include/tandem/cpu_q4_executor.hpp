@@ -9,8 +9,13 @@
 // golden references.
 //
 // Memory: scratch buffers grow to the largest batch seen and are then reused, so a
-// steady decode loop does no heap allocation. Work is split over a persistent
-// ThreadPool (threads default to the number of physical cores).
+// steady decode loop does no heap allocation.
+//
+// Threads: work is split over a persistent ThreadPool. By default every CpuQ4Executor of
+// the process shares one node pool (node_pool(): one thread per physical core), so
+// several executors and sessions never run more compute threads than cores — their steps
+// take turns on the pool. n_threads > 0 gives the executor a pool of its own (the caller
+// then chooses the core budget); the pool constructor shares a pool the caller made.
 #pragma once
 
 #include <memory>
@@ -22,19 +27,31 @@
 namespace tandem {
 
 struct CpuExecutorOptions {
-  int n_threads = 0;  ///< <= 0: number of physical cores
+  int n_threads = 0;  ///< > 0: a pool of this many threads of its own; <= 0: the shared node_pool()
 };
 
 class CpuQ4Executor final : public Executor {
  public:
   CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options = {});
+  /// Computes on `pool`, shared with other executors (from make_pool() or node_pool()).
+  /// Throws Error(kInvalidArgument) for a null pool.
+  CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool);
   ~CpuQ4Executor() override;
   std::string_view name() const noexcept override { return "cpu"; }
   /// Computes on Host pages; File pages (memory-mapped) are readable too.
   KvTier kv_tier() const noexcept override { return KvTier::kHost; }
   bool can_read(KvTier tier) const noexcept override { return tier != KvTier::kDevice; }
   bool supports(KvDtype) const noexcept override { return true; }
-  int n_threads() const noexcept { return pool_.size(); }
+  int n_threads() const noexcept { return pool_->size(); }
+  const std::shared_ptr<ThreadPool>& pool() const noexcept { return pool_; }
+
+  /// A pool of `n_threads` (<= 0: physical cores) whose workers have the kernels'
+  /// per-thread scratch prepared, for sharing between executors. Errors as ThreadPool's.
+  static std::shared_ptr<ThreadPool> make_pool(int n_threads);
+  /// The process-wide pool (one thread per physical core) every executor built without
+  /// n_threads or pool shares. Made on first use, released with its last user.
+  /// Thread-safe.
+  static std::shared_ptr<ThreadPool> node_pool();
 
  protected:
   void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override;
@@ -43,7 +60,7 @@ class CpuQ4Executor final : public Executor {
   struct Scratch;  ///< opaque: per-step buffers, reused between steps
 
  private:
-  ThreadPool pool_;
+  std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> s_;
 };
 

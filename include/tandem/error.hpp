@@ -47,7 +47,9 @@ enum class ErrorCode : int32_t {
   kInternal = 99,              ///< a broken invariant inside Tandem (a bug)
 };
 
-/// Short stable name of a code, e.g. "GGUF_TRUNCATED".
+/// Short stable name of a code, e.g. "GGUF_TRUNCATED": the one name table for C++ and
+/// the C ABI (tandem_status_name gives the same name for every code it shares, e.g.
+/// "INVALID_ARG" as in TANDEM_E_INVALID_ARG).
 std::string_view error_code_name(ErrorCode code) noexcept;
 
 /// The exception type thrown by all Tandem library code.

@@ -10,9 +10,12 @@
 // whole batch, brings every sequence's KV pages into the executor's tier (kv_tier():
 // Host for the CPU, Device for the GPU; a swapped-out sequence is brought back, evicting
 // least-recently-used inactive sequences to File when the tier is full), pins the
-// sequences against eviction, reserves the pages the new positions need, then calls
-// step_impl(), which may assume valid, resident inputs. On an error thrown by step()
-// nothing has been computed and no sequence's n_tokens changed.
+// sequences against eviction (a counted pin: a caller's own pin stays), reserves the
+// pages the new positions need, then calls step_impl(), which may assume valid, resident
+// inputs. On an error thrown by step() nothing has been computed and no sequence's
+// n_tokens changed. The placement is for standalone callers (tests, tools): a caller that
+// owns placement — the Scheduler and Session — makes every page resident and reserves the
+// new positions' pages before the step, so step() then neither evicts nor moves a page.
 //
 // Thread-safety: an executor runs one step at a time (the caller serialises; the
 // scheduler gives each executor one step loop). Different executors run concurrently.
@@ -35,11 +38,19 @@ enum class LogitsRows {
 };
 
 struct SequenceStep {
-  KvSequence* kv = nullptr;            ///< positions [0, pos0) already hold this sequence's KV
-  std::span<const int32_t> tokens;     ///< new token ids, at positions pos0 .. pos0 + n - 1
-  int32_t pos0 = 0;                    ///< must equal kv->n_tokens()
+  KvSequence* kv = nullptr;         ///< positions [0, pos0) already hold this sequence's KV
+  std::span<const int32_t> tokens;  ///< new token ids, at positions pos0 .. pos0 + n - 1
+  int32_t pos0 = 0;                 ///< must equal kv->n_tokens()
   LogitsRows logits = LogitsRows::kLast;
 };
+
+/// The context size used when none is given — the one rule for Session, Scheduler and the
+/// tools: the model's n_ctx_train capped at 4096 (4096 when the model does not say).
+int32_t default_context_size(const HParams& hp) noexcept;
+
+/// The largest context any Session or Scheduler accepts (2^24 positions): a size beyond it
+/// is refused before anything is allocated.
+inline constexpr int32_t kMaxContextSize = 1 << 24;
 
 class Executor {
  public:

@@ -12,14 +12,20 @@
 // Inside: one step loop (thread) per executor. Between steps a loop takes newly routed
 // requests from its inbox (one uncontended lock per step), expires deadlines and
 // cancellations, admits waiting requests while it has decode slots and can reserve their
-// KV pages (KvStore::reserve + KvSequence::adopt_reservation: prompt + max_tokens, so an
-// admitted sequence never runs out of pages), then builds one step: every decoding
-// sequence's next token first, then prefill chunks of waiting prompts up to the per-step
-// token budget (chunked prefill: a long prompt never stalls running decodes). Finished
-// sequences are retired right after the step that finished them.
+// KV pages (KvStore::reserve + KvSequence::adopt_reservation: prompt + max_tokens by
+// default, so an admitted sequence never runs out of pages; see admission_output_tokens),
+// then builds one step as a value: every decoding sequence's next token first, then
+// prefill chunks of waiting prompts up to the per-step token budget (chunked prefill: a
+// long prompt never stalls running decodes). The pages a step writes are reserved by the
+// loop before it runs; the loop alone decides where a sequence's pages live. Finished
+// sequences are retired right after the step that finished them. A loop never dies: an
+// exception from a step (std::bad_alloc included) or from a request's on_event callback
+// ends the requests it concerns with kError (one terminal event each); the rest go on.
 //
 // Routing: a RoutingPolicy (routing_policy.hpp) picks the prefill and decode executors
-// at submission. When they differ, the prefill loop samples the first token, exports the
+// at submission, among the executors whose KV tier can hold the request (prompt + clamped
+// output); only when none can is every executor offered (the request then ends with
+// kOutOfMemory, naming the pages it needs). When they differ, the prefill loop samples the first token, exports the
 // KV under a lease (kv_export) and hands the sequence to the decode loop, which imports
 // it (kv_import: verified, the KV moves once) and continues. Requests sharing a prompt
 // prefix with a sequence an executor holds (running, a parked session, or its prefix
@@ -81,17 +87,20 @@ struct RequestEvent {
 };
 
 struct Request {
-  std::string prompt_text;             ///< used when prompt_ids is empty (tokenised with BOS
-                                       ///< when the sequence is new)
+  std::string prompt_text;  ///< used when prompt_ids is empty (tokenised with BOS
+                            ///< when the sequence is new)
   std::vector<int32_t> prompt_ids;
   bool parse_special = false;
   SamplingParams sampling = SamplingParams::greedy();
+  /// Most tokens to generate; any value >= 1. Clamped to what the context leaves after
+  /// the prompt (n_ctx - prompt + 1: the last sampled token needs no KV), which ends the
+  /// request with kLength; nothing is allocated in proportion to the unclamped value.
   int32_t max_tokens = 128;
   std::vector<std::string> stop;
   bool ignore_eos = false;
   SlaClass sla = SlaClass::kStandard;
   std::optional<Clock::time_point> deadline;  ///< the request ends with kTimeout after it
-  uint64_t session = 0;                ///< continue this session (open_session()); 0 = none
+  uint64_t session = 0;                       ///< continue this session (open_session()); 0 = none
   /// Streaming callback, on a step-loop thread: keep it short (copy and return). Return
   /// false to cancel the request.
   std::function<bool(const RequestEvent&)> on_event;
@@ -101,12 +110,12 @@ struct Request {
 struct RequestResult {
   uint64_t id = 0;
   RequestFinish finish = RequestFinish::kLength;
-  ErrorCode error = ErrorCode::kOk;    ///< for kError
-  std::string message;                 ///< for kError / kOverloaded
-  std::vector<int32_t> tokens;         ///< generated ids
+  ErrorCode error = ErrorCode::kOk;  ///< for kError
+  std::string message;               ///< for kError / kOverloaded
+  std::vector<int32_t> tokens;       ///< generated ids
   std::string text;
   RequestMetrics metrics;
-  std::string route;                   ///< the routing decision's rule and reason
+  std::string route;  ///< the routing decision's rule and reason
 };
 
 struct RequestState;  // opaque, shared between the handle and the scheduler
@@ -121,7 +130,7 @@ class RequestHandle {
   bool valid() const noexcept { return s_ != nullptr; }
   bool done() const noexcept;
   /// Take the next buffered event (text copied into `text`); false when none is ready.
-  /// The queue holds max_tokens + 2 events, so a poller never loses one.
+  /// The queue holds (clamped) max_tokens + 2 events, so a poller never loses one.
   bool poll(RequestEvent& event, std::string& text);
   /// Block until finished (or `timeout` passes: false).
   bool wait_for(std::chrono::milliseconds timeout) const;
@@ -141,19 +150,28 @@ struct ExecutorConfig {
   int32_t max_running = 16;         ///< decode slots (sequences admitted at once)
   int32_t step_token_budget = 256;  ///< tokens per step (decodes + prefill chunks)
   int32_t prefill_chunk = 128;      ///< most prompt tokens of one sequence per step
+  /// Output tokens whose KV pages are reserved when a request is admitted. -1 (default):
+  /// all of them (its clamped max_tokens), so an admitted sequence never runs out of
+  /// pages. n >= 0: only the next n — more sequences run at once (as vLLM admits), and
+  /// when a growing sequence finds the tier full the youngest running sequence is
+  /// preempted (swapped to the File tier when the store has one, else its KV is dropped
+  /// and recomputed from its tokens; greedy output is unchanged either way).
+  int32_t admission_output_tokens = -1;
   /// Treat as an accelerator in routing (default: the executor computes on Device pages).
   std::optional<bool> accelerator;
-  double prior_prefill_tps = 0.0;   ///< speeds assumed before any measurement (0 = 1000 / 100)
+  double prior_prefill_tps = 0.0;  ///< speeds assumed before any measurement (0 = 1000 / 100)
   double prior_decode_tps = 0.0;
-  std::string name;                 ///< for logs and metrics ("" = executor name + index)
+  std::string name;  ///< for logs and metrics ("" = executor name + index)
 };
 
 struct SchedulerOptions {
   std::vector<ExecutorConfig> executors;
-  std::shared_ptr<RoutingPolicy> policy;   ///< null = DefaultRoutingPolicy
-  int32_t max_queued = 1024;               ///< waiting requests, all executors together
-  int32_t max_context = 0;                 ///< positions per sequence (0 = model n_ctx_train, <= 4096)
-  int32_t prefix_cache_entries = 4;        ///< finished prompts kept per executor for reuse (0 = off)
+  std::shared_ptr<RoutingPolicy> policy;  ///< null = DefaultRoutingPolicy
+  int32_t max_queued = 1024;              ///< waiting requests, all executors together
+  /// Positions per sequence (prompt + output): 0 = default_context_size(model); at most
+  /// kMaxContextSize (else the constructor throws Error(kInvalidArgument)).
+  int32_t max_context = 0;
+  int32_t prefix_cache_entries = 4;              ///< finished prompts kept per executor for reuse (0 = off)
   std::chrono::milliseconds handoff_ttl{30000};  ///< lease lifetime of a KV hand-off
   /// Debug log (routing decisions, preemptions, hand-offs), called from any thread.
   std::function<void(std::string_view)> log;

@@ -4,13 +4,15 @@
 // thread and the workers claim with an atomic counter; it returns when every chunk is
 // done. A worker the OS does not schedule (a busy machine) simply claims nothing, so the
 // step slows down in proportion to the CPU it lost instead of waiting for that thread.
-// Dispatch does no heap allocation (the task is passed by reference) and takes no lock
-// on the fast path (workers wait on an atomic generation counter, spinning briefly, then
-// sleeping).
+// Dispatch does no heap allocation (the task is passed by reference). It takes two
+// locks: the run mutex (below) and, briefly, the sleep mutex to publish the new task to
+// sleeping workers (workers wait on an atomic generation counter, spinning briefly, then
+// sleeping). With one caller neither is contended.
 //
-// Thread-safety: one parallel_for at a time per pool. Calls from several threads are
-// serialised by an internal mutex (the pool is owned by one executor, whose step loop is
-// the only caller, so the mutex is never contended in practice).
+// Thread-safety: one parallel_for at a time per pool. Calls from several threads (several
+// executors sharing one node pool: CpuQ4Executor::node_pool) are serialised by the run
+// mutex: their steps take turns on the same cores instead of oversubscribing them, and a
+// caller waiting its turn sleeps.
 #pragma once
 
 #include <atomic>
@@ -75,7 +77,7 @@ class ThreadPool {
   std::condition_variable wake_;
   const Task* task_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  int64_t n_chunks_ = 0;          // of the current task (written before open_ is set)
+  int64_t n_chunks_ = 0;  // of the current task (written before open_ is set)
   int64_t grains_per_chunk_ = 0;
   std::atomic<int64_t> next_chunk_{0};
   std::atomic<int64_t> done_chunks_{0};

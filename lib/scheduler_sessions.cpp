@@ -1,0 +1,76 @@
+// The session registry: a session's KV stays parked (unpinned, unreserved, swappable down
+// the tiers) between its requests; one request runs on a session at a time.
+#include <fmt/format.h>
+
+#include "scheduler_internal.hpp"
+
+namespace tandem {
+
+std::shared_ptr<SessionRec> Scheduler::Impl::take_session(uint64_t id, std::vector<int32_t>& tokens) {
+  std::shared_ptr<SessionRec> rec;
+  {
+    std::lock_guard<std::mutex> lk(sessions_mu);
+    auto it = sessions.find(id);
+    if (it == sessions.end()) throw Error(ErrorCode::kInvalidArgument, fmt::format("no session {}", id));
+    rec = it->second;
+  }
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->busy || rec->closed) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is busy or closed", id));
+  }
+  tokens = rec->tokens;
+  rec->busy = true;
+  return rec;
+}
+
+void Scheduler::Impl::park_session(Seq& s) noexcept {
+  std::shared_ptr<SessionRec> rec = std::move(s.session);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  try {
+    if (rec->closed) {
+      // closed meanwhile: the KV is released with the sequence
+    } else if (s.kv) {
+      const int32_t r = s.kv->reservation();
+      if (r > 0) {
+        s.kv->adopt_reservation(-r);
+        s.kv->store().unreserve(s.kv->tier(), r);
+      }
+      rec->tokens = s.tokens;  // the KV holds [0, kv->n_tokens()); further tokens are pending
+      rec->kv = std::move(s.kv);
+      rec->executor = s.kv_loop;
+    } else if (s.took_session_kv) {
+      // The KV was lost (dropped for recompute, or the hand-off failed): the session
+      // keeps its history and recomputes on its next use.
+      rec->tokens = s.tokens;
+    }
+  } catch (...) {  // no memory to copy the history: the session starts over
+    rec->tokens.clear();
+    rec->kv.reset();
+  }
+  rec->busy = false;
+}
+
+uint64_t Scheduler::open_session() {
+  auto s = std::make_shared<SessionRec>();
+  s->id = impl_->next_session.fetch_add(1);
+  std::lock_guard<std::mutex> lk(impl_->sessions_mu);
+  impl_->sessions[s->id] = s;
+  return s->id;
+}
+
+void Scheduler::close_session(uint64_t id) {
+  std::shared_ptr<SessionRec> s;
+  {
+    std::lock_guard<std::mutex> lk(impl_->sessions_mu);
+    auto it = impl_->sessions.find(id);
+    if (it == impl_->sessions.end()) return;
+    s = it->second;
+    impl_->sessions.erase(it);
+  }
+  std::lock_guard<std::mutex> lk(s->mu);
+  s->closed = true;
+  // A running request still holds the KV; it is released when that request ends.
+  if (!s->busy) s->kv.reset();
+}
+
+}  // namespace tandem
