@@ -18,11 +18,17 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
-#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -79,33 +85,57 @@ double seconds_of(const std::function<void()>& fn) {
 }
 
 // Sequential write then read of `bytes` through a file in `dir` (page cache, no fsync:
-// the same path the File tier's memory-mapped pages take), bytes per second each way.
+// the same path the File tier's memory-mapped pages take), bytes per second each way. The
+// file is unlinked as soon as it exists, so no exit path leaves it behind.
 std::pair<double, double> file_bandwidth(const std::filesystem::path& dir, size_t bytes) {
-  const auto path = dir / "tandem-bench-seq.bin";
+  std::string name = (dir / "tandem-bench-seq.XXXXXX").string();
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot create '{}': {}", name, std::strerror(errno)));
+  ::unlink(name.c_str());
   std::vector<char> buf(size_t(1) << 20, 'x');
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw std::runtime_error("cannot write " + path.string());
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(fmt::format("cannot {} '{}': {}", what, name, std::strerror(err)));
+  };
   const double w = seconds_of([&] {
-    for (size_t done = 0; done < bytes; done += buf.size()) std::fwrite(buf.data(), 1, std::min(buf.size(), bytes - done), f);
-    std::fflush(f);
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t n = ::write(fd, buf.data(), std::min(buf.size(), bytes - done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      done += size_t(n);
+    }
   });
-  std::fclose(f);
-  f = std::fopen(path.c_str(), "rb");
+  if (::lseek(fd, 0, SEEK_SET) != 0) fail("rewind");
   size_t got = 0;
   const double r = seconds_of([&] {
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) got += n;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("read");
+      if (n == 0) break;
+      got += size_t(n);
+    }
   });
-  std::fclose(f);
-  std::filesystem::remove(path);
+  ::close(fd);
   return {double(bytes) / w, double(got) / r};
 }
+
+// A path removed when this object goes out of scope, on any return or exception.
+struct RemovedOnExit {
+  std::filesystem::path path;
+  ~RemovedOnExit() {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
 
 int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::string& kv_dir, bool json_out) {
   auto model = tandem::Model::load(model_path);
   const auto& hp = model->hparams();
   tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
-  const std::filesystem::path dir = kv_dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(kv_dir);
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::filesystem::path dir = !kv_dir.empty() ? kv_dir : tmpdir && *tmpdir ? tmpdir : "/tmp";
   tandem::KvStoreOptions so;
   so.layout = tandem::KvLayout::for_model(hp);
   so.host_pages = n_ctx / 16 + 2;
@@ -129,7 +159,8 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   const int32_t next = 5;
   s.kv().move_to(tandem::KvTier::kFile);
   const double resume_file_s = seconds_of([&] { s.eval(std::span<const int32_t>(&next, 1)); });
-  const auto path = dir / "tandem-bench.session";
+  const RemovedOnExit saved{dir / fmt::format("tandem-bench-{}.session", ::getpid())};
+  const auto& path = saved.path;
   const double save_s = seconds_of([&] { s.save(path); });
   tandem::SessionOptions fresh_opts;
   fresh_opts.n_ctx = n_ctx + 2;
@@ -138,7 +169,6 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
     fresh.restore(path);
     fresh.eval(std::span<const int32_t>(&next, 1));
   });
-  std::filesystem::remove(path);
   if (json_out) {
     nlohmann::json j;
     j["model"] = model->name();

@@ -10,8 +10,9 @@
 // its bytes live, not its id, so block tables stay valid across moves.
 //
 // Tiers. Host: one allocation in RAM. File: pages in a memory-mapped file created in a
-// configurable directory, grown in chunks, removed when the store is destroyed (the OS
-// pages it in and out). Device: GPU memory through a KvDeviceBackend supplied by the GPU
+// configurable directory and unlinked at once (freed by the kernel on any exit), grown in
+// chunks with blocks reserved first (a full disk is a kIo error, never SIGBUS); the OS
+// pages it in and out. Device: GPU memory through a KvDeviceBackend supplied by the GPU
 // executor (absent on CPU-only builds: capacity 0). Host and File pages are addressable by
 // the CPU; Device pages only through copies.
 //
@@ -85,7 +86,10 @@ struct KvStoreOptions {
   KvLayout layout;
   int32_t host_pages = 0;     ///< capacity of the Host tier, in pages
   int32_t file_pages = 0;     ///< capacity of the File tier, in pages (0 = no File tier)
-  std::filesystem::path file_dir = std::filesystem::temp_directory_path();
+  /// Directory of the File tier ("" = $TMPDIR, else /tmp). The page file is unlinked as
+  /// soon as it is created, so no exit path leaves it behind; stale page files of dead
+  /// processes found there are removed (lib/kv_page_file.hpp).
+  std::filesystem::path file_dir;
   int32_t file_chunk_pages = 256;  ///< the file grows by this many pages at a time
   std::unique_ptr<KvDeviceBackend> device;  ///< Device tier (null = none)
   /// Capacities given in bytes instead (rounded down to whole pages); 0 = use the page counts.
@@ -115,7 +119,7 @@ class KvStore {
  public:
   /// Throws Error(kInvalidArgument) for an empty layout or negative capacities,
   /// kOutOfMemory when Host memory cannot be allocated, kIo when the File tier's
-  /// directory is unusable.
+  /// directory is unusable (missing, not a directory, not writable).
   explicit KvStore(KvStoreOptions options);
   ~KvStore();
   KvStore(const KvStore&) = delete;
@@ -127,7 +131,8 @@ class KvStore {
   int32_t used_pages() const;
   /// True when the tier exists (capacity > 0).
   bool has_tier(KvTier tier) const noexcept;
-  /// The File tier's path ("" when there is none).
+  /// The name the File tier's file had when it was created ("" when there is none); the
+  /// file is unlinked right after creation, so the name no longer exists.
   std::filesystem::path file_path() const;
 
   /// A new page (refcount 1, zero-filled unless on the Device tier) in `tier`, or -1 when

@@ -36,7 +36,7 @@ struct SessionOptions {
   int32_t page_size = 16;   ///< KV page size in tokens (own store only)
   KvDtype kv_dtype = KvDtype::kF16;  ///< (own store only)
   KvTier kv_tier = KvTier::kHost;    ///< tier new pages go to
-  std::filesystem::path kv_dir = std::filesystem::temp_directory_path();  ///< File tier directory (own store)
+  std::filesystem::path kv_dir;      ///< File tier directory of an own store ("" = $TMPDIR, else /tmp)
   uint64_t seed = 0;        ///< initial state of the session's random engine
 };
 
@@ -100,9 +100,12 @@ class Session {
   void reset();
 
   /// Write tokens, the pending token, the last logits, the random engine's state, the KV
-  /// descriptor and the KV pages to `path` atomically (a unique temporary file beside it,
-  /// fsync, rename: concurrent savers of one path never corrupt it, the last one wins). Format: "TANDEMSS", u32 version, ..., xxHash3-64 of everything
-  /// before it (lib/session_file.cpp). Errors: kIo.
+  /// descriptor and the KV pages to `path` atomically (AtomicFileWriter,
+  /// include/tandem/atomic_file.hpp: symbolic links followed, a temporary file in the real
+  /// directory, permissions kept, fsync, rename; concurrent savers never corrupt it, the
+  /// last one wins). Format: "TANDEMSS", u32 version, ..., xxHash3-64 of everything before
+  /// it (lib/session_file.cpp). Errors: kIo (the old file is then intact), kInvalidArgument
+  /// (the path is a directory, device, FIFO or socket: refused, nothing written).
   void save(const std::filesystem::path& path) const;
   /// Replace this session's state with the one saved in `path`. Refused, with the session
   /// left exactly as it was: kIo (unreadable), kSessionCorrupt (not a session file,
