@@ -25,9 +25,9 @@ const char* kind_of(mode_t m) {
   return "not a regular file";
 }
 
-// `path` with every symbolic link of its last component followed, and its directory made
-// canonical (the directory must exist).
-std::filesystem::path resolve_target(const std::filesystem::path& path) {
+}  // namespace
+
+std::filesystem::path resolve_save_target(const std::filesystem::path& path) {
   std::filesystem::path p = path;
   for (int hop = 0;; ++hop) {
     struct stat st {};
@@ -55,11 +55,9 @@ std::filesystem::path resolve_target(const std::filesystem::path& path) {
   return dir / name;
 }
 
-}  // namespace
-
 AtomicFileWriter::AtomicFileWriter(const std::filesystem::path& path) : requested_(path) {
   if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "cannot save: empty file name");
-  target_ = resolve_target(path);
+  target_ = resolve_save_target(path);
   struct stat st {};
   const bool exists = ::stat(target_.c_str(), &st) == 0;
   if (exists && !S_ISREG(st.st_mode)) {

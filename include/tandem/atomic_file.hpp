@@ -52,6 +52,11 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+/// The file a save to `path` replaces: symbolic links of the last component followed (to
+/// any depth, max 40 hops), the directory made canonical. Throws kIo when the directory is
+/// missing, kInvalidArgument when `path` names a directory ("x/", ".").
+std::filesystem::path resolve_save_target(const std::filesystem::path& path);
+
 /// Writes `data` to `path` through an AtomicFileWriter (errors as above).
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> data);
 
