@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +122,16 @@ std::pair<double, double> file_bandwidth(const std::filesystem::path& dir, size_
   return {double(bytes) / w, double(got) / r};
 }
 
+// Reports a failed write to stdout (a full disk, /dev/full) as an error: exit status 1.
+int finish_stdout(int rc) {
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    std::fprintf(stderr, "tandem-bench: error: cannot write standard output: %s\n", std::strerror(errno ? errno : EIO));
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
+}
+
 // A path removed when this object goes out of scope, on any return or exception.
 struct RemovedOnExit {
   std::filesystem::path path;
@@ -211,10 +222,10 @@ int main(int argc, char** argv) {
   int n_prompt = 512, n_gen = 128, n_threads = 0, reps = 3;
   bool json_out = false, no_bandwidth = false;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
-  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::NonNegativeNumber);
-  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::NonNegativeNumber);
-  app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
-  app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("-t,--threads", n_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
+  app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::Range(1, 10000));
   app.add_flag("--json", json_out, "print JSON");
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory bandwidth measurement");
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
@@ -223,17 +234,23 @@ int main(int argc, char** argv) {
   bool kv_json = false;
   kv_cmd->add_option("-m,--model", kv_model, "GGUF model")->required();
   kv_cmd->add_option("-c,--ctx", kv_ctx, "session length in tokens")->check(CLI::Range(17, 1 << 20));
-  kv_cmd->add_option("-t,--threads", kv_threads, "threads");
+  kv_cmd->add_option("-t,--threads", kv_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
   kv_cmd->add_option("--kv-dir", kv_dir, "directory of the File tier");
   kv_cmd->add_flag("--json", kv_json, "print JSON");
   tandem::bench::ServeOptions serve_opt;
   tandem::bench::add_serve_options(app, serve_opt);
   app.get_option("--model")->required(false);
-  CLI11_PARSE(app, argc, argv);
-  if (serve_opt.cmd->parsed()) return tandem::bench::run_serve(serve_opt);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2
+    return rc == 0 ? 0 : 2;
+  }
+  std::signal(SIGXFSZ, SIG_IGN);  // a file size limit is an EFBIG error, reported
+  if (serve_opt.cmd->parsed()) return finish_stdout(tandem::bench::run_serve(serve_opt));
   if (kv_cmd->parsed()) {
     try {
-      return run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json);
+      return finish_stdout(run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json));
     } catch (const std::exception& e) {
       std::cerr << "tandem-bench: error: " << e.what() << "\n";
       return 1;
@@ -241,7 +258,7 @@ int main(int argc, char** argv) {
   }
   if (model_path.empty()) {
     std::cerr << "tandem-bench: error: --model is required\n";
-    return 1;
+    return 2;
   }
 
   try {
@@ -316,7 +333,7 @@ int main(int argc, char** argv) {
                    bw / 1e9, exec.n_threads(), bytes_per_token / 1e6, bw / bytes_per_token, 100.0 * bw_fraction);
       }
     }
-    return 0;
+    return finish_stdout(0);
   } catch (const std::exception& e) {
     std::cerr << "tandem-bench: error: " << e.what() << "\n";
     return 1;
