@@ -1,10 +1,11 @@
 // tandem-cli: generate text with a GGUF model on the CPU, or tokenize text.
 //
-//   tandem-cli -m MODEL.gguf -p "Once upon a time" -n 64 [-t N] [--temp T] [--top-k K]
+//   tandem-cli -m MODEL.gguf -p "Once upon a time" | -f PROMPT_FILE -n 64 [-t N] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
 //              [--prompt-ids 1,2,3] [--logits-out FILE] [--json] [--chat]
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
+//   tandem-cli --version | --help   (--help shows every default)
 //
 // Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr and exit
 // status 1; bad flags (usage): exit status 2; the first SIGINT/SIGTERM/SIGHUP stops at the
