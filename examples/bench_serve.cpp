@@ -12,8 +12,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -72,29 +75,49 @@ int32_t draw_len(std::mt19937_64& rng, double p50, double p95, double p99) {
   return int32_t(p99);
 }
 
+// An integer field of a trace line in [lo, hi]; `fallback` when absent.
+int32_t int_field(const nlohmann::json& j, const char* key, int32_t fallback, int32_t lo, int32_t hi) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    throw std::runtime_error(fmt::format("\"{}\" must be an integer in {}..{}, not {}", key, lo, hi, v.dump()));
+  }
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 std::vector<Item> load_trace(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw std::runtime_error(fmt::format("trace '{}' is a directory", path));
   std::ifstream f(path);
-  if (!f) throw std::runtime_error("cannot open trace " + path);
+  if (!f) throw std::runtime_error(fmt::format("cannot open trace '{}': {}", path, std::strerror(errno)));
   std::vector<Item> v;
   std::string line;
   int n = 0;
   while (std::getline(f, line)) {
     ++n;
     if (line.empty() || line[0] == '#') continue;
-    const auto j = nlohmann::json::parse(line);
     Item it;
-    it.t = j.value("t", 0.0);
-    it.prompt_tokens = j.value("prompt_tokens", 0);
-    it.prompt = j.value("prompt", std::string());
-    it.output_tokens = j.value("output_tokens", 16);
-    const auto sla = parse_sla_class(j.value("sla", std::string("standard")));
-    if (!sla) throw std::runtime_error(fmt::format("{}:{}: unknown sla", path, n));
-    it.sla = *sla;
-    it.prefix_id = j.value("prefix_id", std::string());
-    it.prefix_tokens = j.value("prefix_tokens", 0);
-    if (it.prompt.empty() && it.prompt_tokens < 1) throw std::runtime_error(fmt::format("{}:{}: no prompt", path, n));
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.is_object()) throw std::runtime_error("a line must be a JSON object");
+      const double t = j.value("t", 0.0);
+      if (!std::isfinite(t) || t < 0) throw std::runtime_error(fmt::format("\"t\" must be >= 0 seconds, not {}", t));
+      it.t = t;
+      it.prompt_tokens = int_field(j, "prompt_tokens", 0, 0, INT32_MAX);
+      it.prompt = j.value("prompt", std::string());
+      it.output_tokens = int_field(j, "output_tokens", 16, 1, INT32_MAX);
+      const auto sla = parse_sla_class(j.value("sla", std::string("standard")));
+      if (!sla) throw std::runtime_error("unknown sla (interactive, standard or batch)");
+      it.sla = *sla;
+      it.prefix_id = j.value("prefix_id", std::string());
+      it.prefix_tokens = int_field(j, "prefix_tokens", 0, 0, INT32_MAX);
+      if (it.prompt.empty() && it.prompt_tokens < 1) throw std::runtime_error("no prompt");
+    } catch (const std::exception& e) {  // nlohmann parse/type errors too
+      throw std::runtime_error(fmt::format("{}:{}: {}", path, n, e.what()));
+    }
     v.push_back(std::move(it));
   }
+  if (f.bad()) throw std::runtime_error(fmt::format("cannot read trace '{}'", path));
+  if (v.empty()) throw std::runtime_error(fmt::format("trace '{}' holds no requests", path));
   std::sort(v.begin(), v.end(), [](const Item& a, const Item& b) { return a.t < b.t; });
   return v;
 }
@@ -150,6 +173,8 @@ struct RunResult {
   nlohmann::json json;
   double attainment = 0;
   double goodput = 0;
+  int completed = 0;        // requests that finished with length or stop
+  std::string first_error;  // the first failed request's message
 };
 
 RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, const std::vector<Item>& items,
@@ -268,8 +293,12 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     int n = 0, ok = 0, met = 0;
     uint64_t tokens = 0;
   } acc[kSlaClassCount + 1];
+  std::string rr_first_error;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& r = hs[i].wait();
+    if (r.finish != RequestFinish::kLength && r.finish != RequestFinish::kStop && rr_first_error.empty()) {
+      rr_first_error = fmt::format("request {}: {} {}", i, request_finish_name(r.finish), r.message);
+    }
     for (int k : {int(items[i].sla), kSlaClassCount}) {
       Acc& a = acc[k];
       ++a.n;
@@ -285,6 +314,8 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     }
   }
   RunResult rr;
+  rr.completed = acc[kSlaClassCount].ok;
+  rr.first_error = rr_first_error;
   nlohmann::json j;
   j["executors"] = o.executors;
   j["rate"] = rate_label;
@@ -349,34 +380,73 @@ void print_table(const nlohmann::json& j) {
 
 }  // namespace
 
+// Flag values CLI11's per-option checks cannot judge alone.
+void check_serve_options(const ServeOptions& o) {
+  auto finite_positive = [](const char* flag, double v) {
+    if (!std::isfinite(v) || v <= 0) throw CLI::ValidationError(flag, fmt::format("{} must be a positive number", v));
+  };
+  finite_positive("--rate", o.rate);
+  finite_positive("--slo-scale", o.slo_scale);
+  if (!(o.target > 0 && o.target <= 1)) {
+    throw CLI::ValidationError("--target", fmt::format("{} must be in (0, 1] (a fraction: 0.9 = 90%)", o.target));
+  }
+  double sum = 0;
+  for (double w : o.mix) {
+    if (!std::isfinite(w) || w < 0) throw CLI::ValidationError("--mix", fmt::format("weight {} must be >= 0", w));
+    sum += w;
+  }
+  if (sum <= 0) throw CLI::ValidationError("--mix", "at least one weight must be above 0");
+  for (const auto* p : {&o.prompt_p, &o.output_p}) {
+    for (double v : *p) {
+      if (!std::isfinite(v) || v < 1 || v > 1 << 24) {
+        throw CLI::ValidationError(p == &o.prompt_p ? "--prompt-p" : "--output-p",
+                                   fmt::format("length {} must be in 1..{}", v, 1 << 24));
+      }
+    }
+  }
+}
+
 void add_serve_options(CLI::App& app, ServeOptions& o) {
   auto* c = app.add_subcommand("serve", "replay a workload against the Scheduler (TTFT/TPOT/e2e, goodput)");
   o.cmd = c;
   c->add_option("-m,--model", o.model, "GGUF model")->required();
   c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)");
-  c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them)");
+  c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them; 0 = physical cores)")
+      ->check(CLI::Range(0, 512));
   c->add_option("--trace", o.trace, "JSONL trace (t, prompt_tokens|prompt, output_tokens, sla, prefix_id, prefix_tokens)");
   c->add_option("--rate", o.rate, "generated: Poisson arrivals per second");
-  c->add_option("-n,--requests", o.n_requests, "generated: number of requests");
+  c->add_option("-n,--requests", o.n_requests, "generated: number of requests")->check(CLI::Range(1, 1 << 24));
   c->add_option("--prompt-p", o.prompt_p, "generated: prompt length P50 P95 P99")->expected(3);
   c->add_option("--output-p", o.output_p, "generated: output length P50 P95 P99")->expected(3);
   c->add_option("--mix", o.mix, "generated: interactive standard batch weights")->expected(3);
-  c->add_option("--shared-prefix", o.shared_prefix_tokens, "generated: tokens of a shared prefix (0 = none)");
-  c->add_option("--prefixes", o.n_prefixes, "generated: number of distinct shared prefixes");
+  c->add_option("--shared-prefix", o.shared_prefix_tokens, "generated: tokens of a shared prefix (0 = none)")
+      ->check(CLI::Range(0, 1 << 24));
+  c->add_option("--prefixes", o.n_prefixes, "generated: number of distinct shared prefixes")
+      ->check(CLI::Range(1, 1 << 20));
   c->add_option("--seed", o.seed, "random seed");
-  c->add_option("-c,--ctx", o.n_ctx, "context per sequence");
-  c->add_option("--max-running", o.max_running, "decode slots per CPU executor");
-  c->add_option("--max-queued", o.max_queued, "bounded queue");
-  c->add_option("--step-budget", o.step_budget, "tokens per step");
-  c->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per sequence per step");
-  c->add_option("--prefix-cache", o.prefix_cache, "finished prompts kept per executor");
-  c->add_option("--long-prompt", o.long_prompt_tokens, "routing: long-prompt threshold (0 = policy default)");
+  c->add_option("-c,--ctx", o.n_ctx, "context per sequence")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--max-running", o.max_running, "decode slots per CPU executor")->check(CLI::Range(1, 4096));
+  c->add_option("--max-queued", o.max_queued, "bounded queue")->check(CLI::Range(1, 1 << 24));
+  c->add_option("--step-budget", o.step_budget, "tokens per step")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per sequence per step")
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--prefix-cache", o.prefix_cache, "finished prompts kept per executor")->check(CLI::Range(0, 1 << 16));
+  c->add_option("--long-prompt", o.long_prompt_tokens, "routing: long-prompt threshold (0 = policy default)")
+      ->check(CLI::Range(0, 1 << 24));
   c->add_option("--slo-scale", o.slo_scale, "multiply the per-class TTFT/TPOT SLOs");
   c->add_flag("--sweep", o.sweep, "find the highest rate meeting --target attainment");
   c->add_option("--target", o.target, "sweep: attainment target (0..1)");
   c->add_option("--log", o.log_path, "write the scheduler's routing log here");
   c->add_flag("--json", o.json, "print JSON");
   c->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+  c->callback([&o] { check_serve_options(o); });
+}
+
+// Every request of a run failed: the figures mean nothing, say so (exit status 1).
+bool all_failed(const RunResult& r) {
+  if (r.completed > 0) return false;
+  std::cerr << "tandem-bench serve: error: every request failed (" << r.first_error << ")\n";
+  return true;
 }
 
 int run_serve(const ServeOptions& o) {
@@ -391,7 +461,7 @@ int run_serve(const ServeOptions& o) {
       } else {
         print_table(r.json);
       }
-      return 0;
+      return all_failed(r) ? 1 : 0;
     }
     if (!o.sweep) {
       const auto r = run_once(o, model, generate(o, o.rate), o.rate);
@@ -400,7 +470,7 @@ int run_serve(const ServeOptions& o) {
       } else {
         print_table(r.json);
       }
-      return 0;
+      return all_failed(r) ? 1 : 0;
     }
     // Sweep: double the rate until attainment drops below the target, then bisect.
     nlohmann::json runs = nlohmann::json::array();

@@ -18,11 +18,18 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
-#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -79,33 +86,67 @@ double seconds_of(const std::function<void()>& fn) {
 }
 
 // Sequential write then read of `bytes` through a file in `dir` (page cache, no fsync:
-// the same path the File tier's memory-mapped pages take), bytes per second each way.
+// the same path the File tier's memory-mapped pages take), bytes per second each way. The
+// file is unlinked as soon as it exists, so no exit path leaves it behind.
 std::pair<double, double> file_bandwidth(const std::filesystem::path& dir, size_t bytes) {
-  const auto path = dir / "tandem-bench-seq.bin";
+  std::string name = (dir / "tandem-bench-seq.XXXXXX").string();
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot create '{}': {}", name, std::strerror(errno)));
+  ::unlink(name.c_str());
   std::vector<char> buf(size_t(1) << 20, 'x');
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (!f) throw std::runtime_error("cannot write " + path.string());
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(fmt::format("cannot {} '{}': {}", what, name, std::strerror(err)));
+  };
   const double w = seconds_of([&] {
-    for (size_t done = 0; done < bytes; done += buf.size()) std::fwrite(buf.data(), 1, std::min(buf.size(), bytes - done), f);
-    std::fflush(f);
+    for (size_t done = 0; done < bytes;) {
+      const ssize_t n = ::write(fd, buf.data(), std::min(buf.size(), bytes - done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail("write");
+      done += size_t(n);
+    }
   });
-  std::fclose(f);
-  f = std::fopen(path.c_str(), "rb");
+  if (::lseek(fd, 0, SEEK_SET) != 0) fail("rewind");
   size_t got = 0;
   const double r = seconds_of([&] {
-    size_t n;
-    while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) got += n;
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail("read");
+      if (n == 0) break;
+      got += size_t(n);
+    }
   });
-  std::fclose(f);
-  std::filesystem::remove(path);
+  ::close(fd);
   return {double(bytes) / w, double(got) / r};
 }
+
+// Reports a failed write to stdout (a full disk, /dev/full) as an error: exit status 1.
+int finish_stdout(int rc) {
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    std::fprintf(stderr, "tandem-bench: error: cannot write standard output: %s\n", std::strerror(errno ? errno : EIO));
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
+}
+
+// A path removed when this object goes out of scope, on any return or exception.
+struct RemovedOnExit {
+  std::filesystem::path path;
+  ~RemovedOnExit() {
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+  }
+};
 
 int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::string& kv_dir, bool json_out) {
   auto model = tandem::Model::load(model_path);
   const auto& hp = model->hparams();
   tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
-  const std::filesystem::path dir = kv_dir.empty() ? std::filesystem::temp_directory_path() : std::filesystem::path(kv_dir);
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::filesystem::path dir = !kv_dir.empty() ? kv_dir : tmpdir && *tmpdir ? tmpdir : "/tmp";
   tandem::KvStoreOptions so;
   so.layout = tandem::KvLayout::for_model(hp);
   so.host_pages = n_ctx / 16 + 2;
@@ -129,7 +170,8 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   const int32_t next = 5;
   s.kv().move_to(tandem::KvTier::kFile);
   const double resume_file_s = seconds_of([&] { s.eval(std::span<const int32_t>(&next, 1)); });
-  const auto path = dir / "tandem-bench.session";
+  const RemovedOnExit saved{dir / fmt::format("tandem-bench-{}.session", ::getpid())};
+  const auto& path = saved.path;
   const double save_s = seconds_of([&] { s.save(path); });
   tandem::SessionOptions fresh_opts;
   fresh_opts.n_ctx = n_ctx + 2;
@@ -138,7 +180,6 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
     fresh.restore(path);
     fresh.eval(std::span<const int32_t>(&next, 1));
   });
-  std::filesystem::remove(path);
   if (json_out) {
     nlohmann::json j;
     j["model"] = model->name();
@@ -181,10 +222,10 @@ int main(int argc, char** argv) {
   int n_prompt = 512, n_gen = 128, n_threads = 0, reps = 3;
   bool json_out = false, no_bandwidth = false;
   app.add_option("-m,--model", model_path, "GGUF model")->required();
-  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::NonNegativeNumber);
-  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::NonNegativeNumber);
-  app.add_option("-t,--threads", n_threads, "threads (default: physical cores)");
-  app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("-t,--threads", n_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
+  app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::Range(1, 10000));
   app.add_flag("--json", json_out, "print JSON");
   app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory bandwidth measurement");
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
@@ -193,17 +234,23 @@ int main(int argc, char** argv) {
   bool kv_json = false;
   kv_cmd->add_option("-m,--model", kv_model, "GGUF model")->required();
   kv_cmd->add_option("-c,--ctx", kv_ctx, "session length in tokens")->check(CLI::Range(17, 1 << 20));
-  kv_cmd->add_option("-t,--threads", kv_threads, "threads");
+  kv_cmd->add_option("-t,--threads", kv_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
   kv_cmd->add_option("--kv-dir", kv_dir, "directory of the File tier");
   kv_cmd->add_flag("--json", kv_json, "print JSON");
   tandem::bench::ServeOptions serve_opt;
   tandem::bench::add_serve_options(app, serve_opt);
   app.get_option("--model")->required(false);
-  CLI11_PARSE(app, argc, argv);
-  if (serve_opt.cmd->parsed()) return tandem::bench::run_serve(serve_opt);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2
+    return rc == 0 ? 0 : 2;
+  }
+  std::signal(SIGXFSZ, SIG_IGN);  // a file size limit is an EFBIG error, reported
+  if (serve_opt.cmd->parsed()) return finish_stdout(tandem::bench::run_serve(serve_opt));
   if (kv_cmd->parsed()) {
     try {
-      return run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json);
+      return finish_stdout(run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json));
     } catch (const std::exception& e) {
       std::cerr << "tandem-bench: error: " << e.what() << "\n";
       return 1;
@@ -211,7 +258,7 @@ int main(int argc, char** argv) {
   }
   if (model_path.empty()) {
     std::cerr << "tandem-bench: error: --model is required\n";
-    return 1;
+    return 2;
   }
 
   try {
@@ -286,7 +333,7 @@ int main(int argc, char** argv) {
                    bw / 1e9, exec.n_threads(), bytes_per_token / 1e6, bw / bytes_per_token, 100.0 * bw_fraction);
       }
     }
-    return 0;
+    return finish_stdout(0);
   } catch (const std::exception& e) {
     std::cerr << "tandem-bench: error: " << e.what() << "\n";
     return 1;

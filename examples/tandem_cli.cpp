@@ -1,25 +1,32 @@
 // tandem-cli: generate text with a GGUF model on the CPU, or tokenize text.
 //
-//   tandem-cli -m MODEL.gguf -p "Once upon a time" -n 64 [-t N] [--temp T] [--top-k K]
+//   tandem-cli -m MODEL.gguf -p "Once upon a time" | -f PROMPT_FILE -n 64 [-t N] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
 //              [--prompt-ids 1,2,3] [--logits-out FILE] [--json]
 //              [--chat [-sys|--system-prompt TEXT] [-st|--single-turn]]
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
+//   tandem-cli --version | --help   (--help shows every default)
 //
-// Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr,
-// exit status 1.
+// Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr and exit
+// status 1; bad flags (usage): exit status 2; the first SIGINT/SIGTERM/SIGHUP stops at the
+// next token, saves --session and exits 128 + the signal (130 for Ctrl-C), a second one
+// exits at once (examples/cli_signals.hpp). A write error on stdout is an error.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -27,6 +34,9 @@
 
 #include "tandem/chat_session.hpp"
 #include "tandem/chat_template.hpp"
+#include "cli_session_lock.hpp"
+#include "cli_signals.hpp"
+#include "tandem/atomic_file.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/gguf.hpp"
 #include "tandem/model.hpp"
@@ -57,6 +67,99 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+// A bad flag or flag combination: exit status 2, as for the flags CLI11 refuses itself.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Flags that CLI11's per-option checks cannot see: values that parse but mean nothing,
+// and flags that contradict each other.
+void check_generate_flags(const CLI::App& app, const tandem::SamplingParams& sp, int n_predict,
+                          const std::string& kv_tier, int migrate_after, bool chat, bool json_out,
+                          const std::string& logits_out) {
+  const std::pair<const char*, float> finite[] = {{"--temp", sp.temperature},
+                                                  {"--top-p", sp.top_p},
+                                                  {"--min-p", sp.min_p},
+                                                  {"--repeat-penalty", sp.repeat_penalty},
+                                                  {"--frequency-penalty", sp.frequency_penalty},
+                                                  {"--presence-penalty", sp.presence_penalty}};
+  for (const auto& [flag, v] : finite) {
+    if (!std::isfinite(v)) throw UsageError(fmt::format("{} {} is not a finite number", flag, v));
+  }
+  if (sp.temperature < 0) throw UsageError(fmt::format("--temp {} must be >= 0 (0 = greedy)", sp.temperature));
+  if (app.count("--kv-dir") > 0 && kv_tier != "file") throw UsageError("--kv-dir needs --kv-tier file");
+  if (migrate_after >= n_predict && app.count("--migrate-after") > 0) {
+    throw UsageError(fmt::format("--migrate-after {} must be below -n {} (no token would run after the move)",
+                                 migrate_after, n_predict));
+  }
+  if (chat && json_out) throw UsageError("--chat and --json cannot be combined");
+  if (chat && !logits_out.empty()) throw UsageError("--chat and --logits-out cannot be combined");
+  if (chat && app.count("--prompt-ids") > 0) throw UsageError("--chat and --prompt-ids cannot be combined");
+}
+
+// --seed: -1 (random) or 0..INT64_MAX, every digit checked (no wrapping, no saturation).
+int64_t parse_seed(const std::string& text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < -1) {
+    throw UsageError(fmt::format("--seed {} must be -1 (random) or 0..{}", text, INT64_MAX));
+  }
+  return v;
+}
+
+// Refuses text that is not well-formed UTF-8 (as the C ABI does), naming the byte offset.
+void check_utf8(const std::string& text, const char* what) {
+  const std::string clean = tandem::utf8_sanitize(text);
+  if (clean == text) return;
+  size_t at = 0;
+  while (at < text.size() && at < clean.size() && text[at] == clean[at]) ++at;
+  throw UsageError(fmt::format("{} is not valid UTF-8 (byte offset {})", what, at));
+}
+
+std::string read_prompt_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f || std::filesystem::is_directory(path)) {
+    throw tandem::Error(tandem::ErrorCode::kIo,
+                        fmt::format("cannot read prompt file '{}': {}", path, std::strerror(errno ? errno : EISDIR)));
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Text to stdout as it streams; false (stop generating) on an interrupt or a write error.
+bool write_stdout(std::string_view text) {
+  if (!text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fflush(stdout);
+  if (std::ferror(stdout) && errno == EINTR && tandem::cli::interrupted()) std::clearerr(stdout);  // not a failure
+  return !tandem::cli::interrupted() && !std::ferror(stdout);
+}
+
+// Reports a failed write to stdout (a full disk, /dev/full, a closed pipe) as an error.
+int finish_stdout(int rc) {
+  std::cout.flush();
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
+    std::fprintf(stderr, "tandem-cli: error: cannot write standard output: %s\n", std::strerror(errno ? errno : EIO));
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
+}
+
+// Evaluates a long prompt in pieces of n_batch tokens with progress on stderr, stopping
+// early on an interrupt. Returns the seconds taken.
+double prefill_with_progress(tandem::Session& session, std::span<const int32_t> ids, int n_batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t done = 0; done < ids.size() && !tandem::cli::interrupted();) {
+    const size_t n = std::min(ids.size() - done, size_t(n_batch));
+    session.eval(ids.subspan(done, n));
+    done += n;
+    std::fprintf(stderr, "\rtandem-cli: prompt %zu / %zu tokens (%.0f%%)", done, ids.size(),
+                 100.0 * double(done) / double(ids.size()));
+  }
+  std::fprintf(stderr, "\n");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // llama-cli's multi-letter single-dash chat flags, which CLI11 cannot declare: -sys, -st.
 std::vector<std::string> expand_chat_flags(int argc, char** argv) {
   std::vector<std::string> args;
@@ -73,7 +176,7 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
   const tandem::Tokenizer tok = tandem::Tokenizer::from_gguf(*gguf);
   const auto ids = tok.tokenize(text, !no_bos, parse_special);
   std::cout << nlohmann::json(ids).dump() << "\n";
-  return 0;
+  return finish_stdout(0);
 }
 
 }  // namespace
@@ -81,7 +184,9 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
 int main(int argc, char** argv) {
   CLI::App app{"tandem-cli: generate text with a GGUF model on the CPU"};
   app.require_subcommand(0, 1);
-  std::string model_path, prompt = "", prompt_ids, logits_out;
+  app.option_defaults()->always_capture_default();  // --help shows each default
+  app.set_version_flag("--version", "tandem-cli " TANDEM_VERSION);
+  std::string model_path, prompt = "", prompt_ids, logits_out, prompt_file;
   int n_predict = 128, n_threads = 0, n_ctx = 0, n_batch = 512;
   tandem::SamplingParams sp;
   int64_t seed = -1;
@@ -92,6 +197,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
   app.add_option("-p,--prompt", prompt, "prompt text");
+  app.add_option("-f,--file", prompt_file, "read the prompt from FILE")->excludes("--prompt");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, INT32_MAX));
   app.add_option("-t,--threads", n_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
   app.add_option("-c,--ctx-size", n_ctx, "context size in tokens (0 = the model's training context, capped at 4096)")
@@ -105,10 +211,13 @@ int main(int argc, char** argv) {
   app.add_option("--repeat-last-n", sp.repeat_last_n, "tokens of history to penalise");
   app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty");
   app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty");
-  app.add_option("-s,--seed", seed, "sampling seed (-1 = random)");
+  std::string seed_text = "-1";  // parsed here: CLI11 saturates out-of-range integers silently
+  app.add_option("-s,--seed", seed_text, "sampling seed (-1 = random)");
   app.add_option("--stop", stops, "stop string (repeatable)");
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past end-of-generation tokens");
-  app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p")->excludes("--prompt");
+  app.add_option("--prompt-ids", prompt_ids, "comma-separated token ids instead of -p")
+      ->excludes("--prompt")
+      ->excludes("--file");
   app.add_option("--logits-out", logits_out, "write prompt logits as float32 [n_prompt, n_vocab]");
   app.add_flag("--json", json_out, "print ids, text and timings as one JSON object");
   app.add_flag("--chat", chat, "chat with the model's template (-p: the first user message)");
@@ -136,17 +245,38 @@ int main(int argc, char** argv) {
   try {
     app.parse(expand_chat_flags(argc, argv));
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // --help and --version: 0; a refused flag: usage, 2
+    return rc == 0 ? 0 : 2;
   }
+  tandem::cli::install_interrupt_handlers();
 
   try {
-    if (tok_cmd->parsed()) return run_tokenize(tok_model, tok_text, no_bos, parse_special);
-    if (model_path.empty()) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "--model is required");
+    if (tok_cmd->parsed()) {
+      check_utf8(tok_text, "the text");
+      return run_tokenize(tok_model, tok_text, no_bos, parse_special);
+    }
+    if (model_path.empty()) throw UsageError("--model is required");
+    seed = parse_seed(seed_text);
+    check_generate_flags(app, sp, n_predict, kv_tier, migrate_after, chat, json_out, logits_out);
+    try {
+      sp.validate();
+    } catch (const tandem::Error& e) {
+      throw UsageError(e.what());
+    }
+    if (!prompt_file.empty()) prompt = read_prompt_file(prompt_file);
+    check_utf8(prompt, prompt_file.empty() ? "the prompt" : "the prompt file");
+    const bool seed_given = seed >= 0;
     if (seed < 0) seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
-    sp.validate();
 
     const auto t_load = std::chrono::steady_clock::now();
     auto model = tandem::Model::load(model_path);
+    const int32_t n_ctx_train = model->hparams().n_ctx_train;
+    if (n_ctx > n_ctx_train && n_ctx_train > 0) {
+      std::fprintf(stderr,
+                   "tandem-cli: warning: -c %d exceeds the model's training context of %d tokens; "
+                   "output past it may degrade\n",
+                   n_ctx, n_ctx_train);
+    }
     tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
     std::optional<tandem::CpuQ4Executor> second;  // the --migrate-after target; outlives the session's use
     tandem::SessionOptions so;
@@ -156,10 +286,23 @@ int main(int argc, char** argv) {
     so.kv_tier = kv_tier == "file" ? tandem::KvTier::kFile : tandem::KvTier::kHost;
     if (!kv_dir.empty()) so.kv_dir = kv_dir;
     tandem::Session session(model, exec, so);
-    if (!session_path.empty() && std::filesystem::exists(session_path)) {
+    // One run at a time per session file: restore, generate and save under one lock.
+    std::optional<tandem::cli::SessionFileLock> session_lock;
+    if (!session_path.empty()) session_lock.emplace(session_path);
+    if (session_lock && session_lock->has_saved_state()) {
       session.restore(session_path);
       std::fprintf(stderr, "tandem-cli: restored %zu tokens from %s\n", session.tokens().size(), session_path.c_str());
+      if (seed_given) {
+        std::fprintf(stderr,
+                     "tandem-cli: warning: --seed is ignored: the restored session continues its saved "
+                     "random state\n");
+      }
     }
+    auto save_session = [&] {
+      if (session_path.empty()) return;
+      session.save(session_path);
+      std::fprintf(stderr, "tandem-cli: saved %zu tokens to %s\n", session.tokens().size(), session_path.c_str());
+    };
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
     tandem::GenerateOptions go;
@@ -167,12 +310,10 @@ int main(int argc, char** argv) {
     go.sampling = sp;
     go.stop = stops;
     go.ignore_eos = ignore_eos;
-    if (!json_out) {
-      go.on_text = [](std::string_view text, int32_t) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-        return true;
-      };
+    if (json_out) {
+      go.on_text = [](std::string_view, int32_t) { return !tandem::cli::interrupted(); };
+    } else {
+      go.on_text = [](std::string_view text, int32_t) { return write_stdout(text); };
     }
 
     if (chat) {
@@ -195,19 +336,28 @@ int main(int argc, char** argv) {
       if (!single_turn) {
         std::string line;
         std::fprintf(stderr, "tandem-cli: chat mode, one message per line, Ctrl-D to end\n> ");
-        while (std::getline(std::cin, line)) {
+        while (!tandem::cli::interrupted() && std::getline(std::cin, line)) {
           turn(line);
           std::fprintf(stderr, "> ");
         }
       }
-      if (!session_path.empty()) session.save(session_path);
-      return 0;
+      save_session();
+      return finish_stdout(tandem::cli::interrupt_exit_code());
     }
 
     const bool fresh = session.tokens().empty();
     std::vector<int32_t> ids = prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false)
                                                   : parse_ids(prompt_ids);
     if (ids.empty() && fresh) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
+    if (!fresh && !ids.empty() && prompt_ids.empty()) {
+      const auto again = model->tokenizer().tokenize(prompt, true, false);
+      if (again.size() <= session.tokens().size() && std::equal(again.begin(), again.end(), session.tokens().begin())) {
+        std::fprintf(stderr,
+                     "tandem-cli: warning: %s already starts with this prompt; -p is appended to the saved "
+                     "conversation (a session file continues, it is not a prompt cache)\n",
+                     session_path.c_str());
+      }
+    }
     if (session.tokens().size() + ids.size() > size_t(session.n_ctx())) {  // refuse before printing anything
       throw tandem::Error(tandem::ErrorCode::kContextOverflow,
                           fmt::format("context overflow: the prompt needs {} positions, n_ctx is {}",
@@ -220,9 +370,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       session.eval(ids, all);
       const double prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::ofstream f(logits_out, std::ios::binary);
-      f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
-      if (!f) throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot write '{}'", logits_out));
+      tandem::write_file_atomic(logits_out, std::as_bytes(std::span<const float>(all)));
       r = session.generate(std::span<const int32_t>(), go);
       r.n_prompt = static_cast<int32_t>(ids.size());
       r.prompt_seconds = prompt_s;
@@ -231,30 +379,46 @@ int main(int argc, char** argv) {
         const std::string shown = model->tokenizer().detokenize(ids, true, false);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
       }
-      if (migrate_after >= 0 && migrate_after < n_predict) {
+      // A long prompt (over 4 batches) is evaluated first, with progress on stderr.
+      std::span<const int32_t> rest(ids);
+      double long_prompt_s = 0.0;
+      if (ids.size() > size_t(4) * size_t(n_batch)) {
+        long_prompt_s = prefill_with_progress(session, ids, n_batch);
+        rest = {};
+      }
+      if (migrate_after >= 0 && migrate_after < n_predict && !tandem::cli::interrupted()) {
         // Generate N tokens here, hand the session (KV pages under the contract) to a
         // second executor with its own thread pool, and continue there.
         second.emplace(model, tandem::CpuExecutorOptions{n_threads});
         tandem::GenerateOptions first = go;
         first.max_tokens = migrate_after;
         first.flush_text = false;
-        r = session.generate(std::span<const int32_t>(ids), first);
+        r = session.generate(rest, first);
         if (r.finish == tandem::FinishReason::kLength && static_cast<int>(r.tokens.size()) == migrate_after) {
           const auto m = session.migrate(*second);
           std::fprintf(stderr, "\ntandem-cli: migrated after %d tokens: %d pages, %llu bytes, %.0f us\n",
                        migrate_after, m.pages, static_cast<unsigned long long>(m.bytes), m.seconds * 1e6);
           go.max_tokens = n_predict - migrate_after;
-          auto rest = session.generate(std::span<const int32_t>(), go);
-          r.tokens.insert(r.tokens.end(), rest.tokens.begin(), rest.tokens.end());
-          r.text += rest.text;
-          r.finish = rest.finish;
-          r.generate_seconds += rest.generate_seconds;
+          auto after = session.generate(std::span<const int32_t>(), go);
+          r.tokens.insert(r.tokens.end(), after.tokens.begin(), after.tokens.end());
+          r.text += after.text;
+          r.finish = after.finish;
+          r.generate_seconds += after.generate_seconds;
         }
-      } else {
-        r = session.generate(std::span<const int32_t>(ids), go);
+      } else if (!tandem::cli::interrupted()) {
+        r = session.generate(rest, go);
+      }
+      if (rest.empty()) {
+        r.n_prompt = static_cast<int32_t>(ids.size());
+        r.prompt_seconds = long_prompt_s;
       }
     }
-    if (!session_path.empty()) session.save(session_path);
+    if (r.finish == tandem::FinishReason::kLength && int(r.tokens.size()) < n_predict &&
+        session.tokens().size() + 1 >= size_t(session.n_ctx())) {
+      std::fprintf(stderr, "\ntandem-cli: the context of %d tokens is full; generation stopped (-c sets its size)\n",
+                   session.n_ctx());
+    }
+    save_session();
     const double pp_tps = r.prompt_seconds > 0 ? r.n_prompt / r.prompt_seconds : 0.0;
     const double tg_tps = r.generate_seconds > 0 ? double(r.tokens.size()) / r.generate_seconds : 0.0;
     if (json_out) {
@@ -271,12 +435,16 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stdout, "\n");
     }
+    if (tandem::cli::interrupted()) std::fprintf(stderr, "tandem-cli: interrupted\n");
     std::fprintf(stderr,
                  "\ntandem-cli: load %.1f ms | prompt %d tokens, %.1f tokens/s | generate %zu tokens, %.1f tokens/s "
                  "| %d threads | finish: %s\n",
                  load_s * 1e3, r.n_prompt, pp_tps, r.tokens.size(), tg_tps, exec.n_threads(),
                  std::string(tandem::finish_reason_name(r.finish)).c_str());
-    return 0;
+    return finish_stdout(tandem::cli::interrupt_exit_code());
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "tandem-cli: error: %s\nRun with --help for more information.\n", e.what());
+    return 2;
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem-cli: error: %s\n", e.what());
     return 1;

@@ -13,7 +13,10 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -77,9 +80,19 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", out, "output GGUF path");
   app.add_option("--seed", seed, "random seed");
   app.add_flag("--list", list, "list presets");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2
+    return rc == 0 ? 0 : 2;
+  }
+  std::signal(SIGXFSZ, SIG_IGN);  // a file size limit is an EFBIG error, reported
   if (list) {
     for (const auto& p : kPresets) fmt::print("{:16} {}\n", p.name, p.about);
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::cerr << "tandem-synth: error: cannot write standard output: " << std::strerror(errno) << "\n";
+      return 1;
+    }
     return 0;
   }
   const Preset* p = nullptr;
@@ -88,7 +101,7 @@ int main(int argc, char** argv) {
   }
   if (!p || out.empty()) {
     std::cerr << "tandem-synth: error: give --preset NAME (one of --list) and -o FILE\n";
-    return 1;
+    return 2;
   }
   try {
     using tandem::GgmlType;

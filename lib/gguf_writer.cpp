@@ -1,10 +1,8 @@
 #include "tandem/gguf_writer.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
+#include "tandem/atomic_file.hpp"
 #include <cerrno>
 #include <cstring>
 #include <variant>
@@ -28,42 +26,6 @@ void put_str(std::vector<std::byte>& out, const std::string& s) {
 }
 
 uint64_t align_up(uint64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }
-
-class File {
- public:
-  explicit File(const std::filesystem::path& p) : path_(p) {
-    fd_ = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail("open");
-  }
-  ~File() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void write(const void* data, size_t n) {
-    const auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("write");
-      p += w;
-      n -= size_t(w);
-    }
-  }
-  void sync_and_close() {
-    if (::fsync(fd_) != 0) fail("fsync");
-    if (::close(fd_) != 0) {
-      fd_ = -1;
-      fail("close");
-    }
-    fd_ = -1;
-  }
-  [[noreturn]] void fail(const char* what) const {
-    throw Error(ErrorCode::kIo, fmt::format("GGUF writer: {} '{}': {}", what, path_.string(), std::strerror(errno)));
-  }
-
- private:
-  std::filesystem::path path_;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -214,25 +176,15 @@ void GgufWriter::write(const std::filesystem::path& path) const {
   }
   head.resize(align_up(head.size()));
 
-  const auto tmp = std::filesystem::path(path.string() + ".tmp");
-  try {
-    File f(tmp);
-    f.write(head.data(), head.size());
-    std::vector<std::byte> buf;
-    for (const auto& t : tensors_) {
-      buf.assign(align_up(t.n_bytes), std::byte{0});
-      t.fill(std::span<std::byte>(buf.data(), t.n_bytes));
-      f.write(buf.data(), &t == &tensors_.back() ? t.n_bytes : buf.size());
-    }
-    f.sync_and_close();
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) throw Error(ErrorCode::kIo, fmt::format("GGUF writer: rename to '{}': {}", path.string(), ec.message()));
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
+  AtomicFileWriter f(path);
+  f.write(head.data(), head.size());
+  std::vector<std::byte> buf;
+  for (const auto& t : tensors_) {
+    buf.assign(align_up(t.n_bytes), std::byte{0});
+    t.fill(std::span<std::byte>(buf.data(), t.n_bytes));
+    f.write(buf.data(), &t == &tensors_.back() ? t.n_bytes : buf.size());
   }
+  f.commit();
 }
 
 }  // namespace tandem

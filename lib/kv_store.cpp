@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "kv_page_file.hpp"
+
 namespace tandem {
 
 std::string_view kv_tier_name(KvTier t) noexcept {
@@ -69,11 +71,7 @@ struct KvStore::Tier {
     for (std::byte* c : chunks) {
       if (c) ::munmap(c, size_t(chunk_pages) * page_bytes);
     }
-    if (fd >= 0) {
-      ::close(fd);
-      std::error_code ec;
-      std::filesystem::remove(path, ec);
-    }
+    if (fd >= 0) ::close(fd);  // the file has no name (kv_page_file.hpp): closing frees it
   }
 
   // Host address of a slot (mapping the File chunk on first use); nullptr on Device.
@@ -84,16 +82,9 @@ struct KvStore::Tier {
     if (c >= chunks.size()) chunks.resize(c + 1, nullptr);
     if (!chunks[c]) {
       const size_t chunk_bytes = size_t(chunk_pages) * page_bytes;
-      const off_t end = static_cast<off_t>((c + 1) * chunk_bytes);
       // Allocate the chunk's blocks now (a full disk fails here, not with SIGBUS on a
       // later page fault) and map it pre-faulted, so page moves are plain copies.
-      struct stat st {};
-      if (::fstat(fd, &st) != 0 ||
-          (st.st_size < end && ::posix_fallocate(fd, static_cast<off_t>(c * chunk_bytes),
-                                                 static_cast<off_t>(chunk_bytes)) != 0 && ::ftruncate(fd, end) != 0)) {
-        throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot grow '{}' to {} bytes: {}", path.string(),
-                                                 static_cast<long long>(end), std::strerror(errno)));
-      }
+      grow_kv_page_file(fd, path, static_cast<off_t>(c * chunk_bytes), static_cast<off_t>(chunk_bytes));
       void* p = ::mmap(nullptr, chunk_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                        static_cast<off_t>(c * chunk_bytes));
       if (p == MAP_FAILED) {
@@ -103,6 +94,13 @@ struct KvStore::Tier {
       chunks[c] = static_cast<std::byte*>(p);
     }
     return chunks[c] + size_t(slot % chunk_pages) * page_bytes;
+  }
+
+  // Maps (on File: allocates blocks for) the next `n` free slots, so that taking them
+  // cannot fail: a full disk throws kIo here, before any page or count has changed.
+  void prepare_free_slots(int32_t n) {
+    const size_t k = std::min(free_slots.size(), size_t(std::max(n, 0)));
+    for (size_t i = 0; i < k; ++i) slot_ptr(free_slots[free_slots.size() - 1 - i]);
   }
 };
 
@@ -132,14 +130,8 @@ KvStore::KvStore(KvStoreOptions options) : layout_(options.layout) {
   }
   if (options.file_pages > 0) {
     Tier& f = *tiers_[int(KvTier::kFile)];
-    static std::atomic<uint64_t> counter{0};
     f.chunk_pages = options.file_chunk_pages;
-    f.path = options.file_dir / fmt::format("tandem-kv-{}-{}.pages", ::getpid(), counter.fetch_add(1));
-    f.fd = ::open(f.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (f.fd < 0) {
-      throw Error(ErrorCode::kIo, fmt::format("KV store: cannot create the file tier '{}': {}", f.path.string(),
-                                               std::strerror(errno)));
-    }
+    f.fd = create_kv_page_file(kv_page_file_dir(options.file_dir), f.path);
   }
   n_entries_ = device_pages + options.host_pages + options.file_pages;
   entries_ = std::make_unique<Entry[]>(size_t(n_entries_));
@@ -296,6 +288,9 @@ KvMoveStats KvStore::move_pages_locked(std::span<const PageId> pages, KvTier dst
                 fmt::format("KV store: {} pages do not fit in the {} tier ({} of {} used, {} reserved)", need,
                             kv_tier_name(dst), d.used, d.capacity, d.reserved));
   }
+  // Map (and, on File, allocate blocks for) every destination slot first: a full disk
+  // refuses the whole move before any page has changed tier.
+  d.prepare_free_slots(need);
   for (PageId p : pages) {
     Entry& e = entries_[size_t(p)];
     const KvTier src = e.tier.load();
@@ -435,6 +430,7 @@ void KvSequence::reserve(int32_t n) {
     }
   }
   const size_t had = block_table_.size();
+  store_->tiers_[int(tier_.load())]->prepare_free_slots(static_cast<int32_t>(need - had));  // kIo: nothing taken
   while (block_table_.size() < need) {
     const bool res = reserved_ > 0;
     const PageId p = store_->allocate_locked(tier_, res);

@@ -13,10 +13,6 @@
 //           page payloads, n_pages x descriptor.page_payload_bytes()
 //   trailer u64 xxHash3-64 of header and body
 // Every length is checked against the bytes left before anything is allocated.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 
 #define XXH_INLINE_ALL
@@ -27,6 +23,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "tandem/atomic_file.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/session.hpp"
 
@@ -93,44 +90,6 @@ class Reader {
   size_t at_ = 0;
 };
 
-[[noreturn]] void io_error(const std::string& what, const std::filesystem::path& p) {
-  throw Error(ErrorCode::kIo, fmt::format("session file: {} '{}': {}", what, p.string(), std::strerror(errno)));
-}
-
-void write_atomic(const std::filesystem::path& path, const std::vector<std::byte>& data) {
-  // A unique temporary beside the target (several writers of one path never share it);
-  // the last rename wins, and a reader always sees one complete file.
-  std::string tmp_name = path.string() + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp_name.data(), O_CLOEXEC);
-  const std::filesystem::path tmp(tmp_name);
-  if (fd < 0) io_error("cannot create a temporary file beside", path);
-  ::fchmod(fd, 0644);
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd, data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      io_error("cannot write", tmp);
-    }
-    done += size_t(w);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("cannot sync", tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    io_error("cannot rename to", path);
-  }
-  const auto dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 }  // namespace
 
 void Session::save(const std::filesystem::path& path) const {
@@ -189,7 +148,7 @@ void Session::save(const std::filesystem::path& path) const {
   const uint64_t body = w.out.size() - kHeaderBytes;
   std::memcpy(w.out.data() + 16, &body, sizeof(body));
   w.put(uint64_t(XXH3_64bits(w.out.data(), w.out.size())));
-  write_atomic(path, w.out);
+  write_file_atomic(path, w.out);
 }
 
 void Session::restore(const std::filesystem::path& path) {

@@ -3,7 +3,8 @@
 // Layout as the GGUF spec: header, metadata in insertion order, tensor infos, padding to
 // `general.alignment` (32), tensor data each aligned. Tensor data is produced by a fill
 // callback at write time, so multi-gigabyte files stream without being held in memory.
-// write() is atomic: it writes `path.tmp`, fsyncs, then renames.
+// write() is atomic (AtomicFileWriter, include/tandem/atomic_file.hpp): symbolic links are
+// followed, a non-regular target is refused, and a failure leaves the old file intact.
 //
 // Thread-safety: one thread builds and writes a GgufWriter.
 #pragma once

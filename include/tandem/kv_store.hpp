@@ -10,8 +10,9 @@
 // its bytes live, not its id, so block tables stay valid across moves.
 //
 // Tiers. Host: one allocation in RAM. File: pages in a memory-mapped file created in a
-// configurable directory, grown in chunks, removed when the store is destroyed (the OS
-// pages it in and out). Device: GPU memory through a KvDeviceBackend supplied by the GPU
+// configurable directory and unlinked at once (freed by the kernel on any exit), grown in
+// chunks with blocks reserved first (a full disk is a kIo error, never SIGBUS); the OS
+// pages it in and out. Device: GPU memory through a KvDeviceBackend supplied by the GPU
 // executor (absent on CPU-only builds: capacity 0). Host and File pages are addressable by
 // the CPU; Device pages only through copies.
 //
@@ -45,7 +46,7 @@ enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0 };
 enum class KvTier : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
 inline constexpr int kKvTierCount = 3;
 
-std::string_view kv_tier_name(KvTier t) noexcept;    ///< "device", "host", "file"
+std::string_view kv_tier_name(KvTier t) noexcept;  ///< "device", "host", "file"
 std::string_view kv_dtype_name(KvDtype d) noexcept;  ///< "f16", "f32"
 
 struct KvLayout {
@@ -53,7 +54,7 @@ struct KvLayout {
   int32_t layer_begin = 0;  ///< first model layer held
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
-  int32_t page_size = 16;  ///< tokens per page
+  int32_t page_size = 16;   ///< tokens per page
   KvDtype dtype = KvDtype::kF16;
 
   static KvLayout for_model(const HParams& hp, int32_t page_size = 16, KvDtype dtype = KvDtype::kF16);
@@ -83,10 +84,13 @@ class KvDeviceBackend {
 
 struct KvStoreOptions {
   KvLayout layout;
-  int32_t host_pages = 0;  ///< capacity of the Host tier, in pages
-  int32_t file_pages = 0;  ///< capacity of the File tier, in pages (0 = no File tier)
-  std::filesystem::path file_dir = std::filesystem::temp_directory_path();
-  int32_t file_chunk_pages = 256;           ///< the file grows by this many pages at a time
+  int32_t host_pages = 0;     ///< capacity of the Host tier, in pages
+  int32_t file_pages = 0;     ///< capacity of the File tier, in pages (0 = no File tier)
+  /// Directory of the File tier ("" = $TMPDIR, else /tmp). The page file is unlinked as
+  /// soon as it is created, so no exit path leaves it behind; stale page files of dead
+  /// processes found there are removed (lib/kv_page_file.hpp).
+  std::filesystem::path file_dir;
+  int32_t file_chunk_pages = 256;  ///< the file grows by this many pages at a time
   std::unique_ptr<KvDeviceBackend> device;  ///< Device tier (null = none)
   /// Capacities given in bytes instead (rounded down to whole pages); 0 = use the page counts.
   static int32_t pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept;
@@ -115,7 +119,7 @@ class KvStore {
  public:
   /// Throws Error(kInvalidArgument) for an empty layout or negative capacities,
   /// kOutOfMemory when Host memory cannot be allocated, kIo when the File tier's
-  /// directory is unusable.
+  /// directory is unusable (missing, not a directory, not writable).
   explicit KvStore(KvStoreOptions options);
   ~KvStore();
   KvStore(const KvStore&) = delete;
@@ -127,7 +131,8 @@ class KvStore {
   int32_t used_pages() const;
   /// True when the tier exists (capacity > 0).
   bool has_tier(KvTier tier) const noexcept;
-  /// The File tier's path ("" when there is none).
+  /// The name the File tier's file had when it was created ("" when there is none); the
+  /// file is unlinked right after creation, so the name no longer exists.
   std::filesystem::path file_path() const;
 
   /// A new page (refcount 1, zero-filled unless on the Device tier) in `tier`, or -1 when
@@ -249,12 +254,9 @@ class KvSequence {
   void adopt_reservation(int32_t n_pages) noexcept { reserved_ += n_pages; }
   int32_t reservation() const noexcept { return reserved_; }
   uint64_t last_use() const noexcept { return last_use_; }
-  /// A pinned sequence is never evicted (admitted by a scheduler, or an executor step in
-  /// progress). Pins are counted: each holder pins once and unpins once (KvPin does both),
-  /// so one layer's unpin never clears another's pin.
-  void pin() noexcept { pins_.fetch_add(1, std::memory_order_acq_rel); }
-  void unpin() noexcept { pins_.fetch_sub(1, std::memory_order_acq_rel); }
-  bool pinned() const noexcept { return pins_.load(std::memory_order_acquire) > 0; }
+  /// A pinned sequence is never evicted (an executor step in progress).
+  void set_pinned(bool pinned) noexcept { pinned_ = pinned; }
+  bool pinned() const noexcept { return pinned_; }
 
  private:
   friend class KvStore;
@@ -265,23 +267,11 @@ class KvSequence {
   std::atomic<KvTier> tier_;
   std::vector<PageId> block_table_;
   std::atomic<uint64_t> last_use_{0};
-  std::atomic<int32_t> pins_{0};
+  std::atomic<bool> pinned_{false};
   int32_t reserved_ = 0;
   /// Set once pages of this sequence may be shared (share_prefix either way): only then
   /// does reserve() look for a copy-on-write under the store's lock.
   mutable std::atomic<bool> shares_pages_{false};
-};
-
-/// Holds one pin on a sequence for its lifetime (RAII).
-class KvPin {
- public:
-  explicit KvPin(KvSequence& seq) noexcept : seq_(&seq) { seq_->pin(); }
-  ~KvPin() { seq_->unpin(); }
-  KvPin(const KvPin&) = delete;
-  KvPin& operator=(const KvPin&) = delete;
-
- private:
-  KvSequence* seq_;
 };
 
 }  // namespace tandem

@@ -1515,6 +1515,8 @@ static void test_session_save_restore(const golden_case* g) {
   CHECK_STATUS(tandem_session_restore(s, ""), TANDEM_E_INVALID_ARG);
   CHECK_STATUS(tandem_session_save((const tandem_session*)g_model, path), TANDEM_E_INVALID_HANDLE);
   CHECK_STATUS(tandem_session_save(s, missing), TANDEM_E_IO);
+  /* A device node is refused and stays a device (a save never replaces a non-regular file). */
+  CHECK_STATUS(tandem_session_save(s, "/dev/full"), TANDEM_E_INVALID_ARG);
 
   /* Every failed restore leaves s2 exactly as it was: the rewound state continues the same. */
   CHECK_OK(tandem_session_restore(s2, path));

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""tandem-cli when things go wrong: interrupts keep the work done, concurrent runs of one
+--session file lose nothing, full disks and unwritable stdout are errors (never a signal,
+never exit 0), saves never damage the target, bad flags exit 2 with the flag named.
+
+Usage: test_cli_faults.py TANDEM_CLI SHARED_DIR   (TANDEM_SHARED, when set, wins)
+"""
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+cli = sys.argv[1]
+shared = os.environ.get("TANDEM_SHARED", sys.argv[2])
+model = os.path.join(shared, "models", "aidreams260K-q4_0.gguf")
+tmp = tempfile.mkdtemp(prefix="tandem-cli-faults-")
+failures = []
+passed = 0
+
+
+def check(name, ok, detail=""):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failures.append(name)
+        print(f"FAILED: {name} {detail}")
+
+
+def run(*args, stdin=None, stdout=subprocess.PIPE, env=None, preexec=None):
+    return subprocess.run([cli, "-m", model, *args], stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                          stdout=stdout, stderr=subprocess.PIPE, env=env, preexec_fn=preexec, timeout=120)
+
+
+def restored(session):
+    """Tokens a run would restore from `session` (0 when it holds none): the u64 token count
+    at byte 116 of the file (the layout in lib/session_file.cpp), read without a run, which
+    would save the file again."""
+    try:
+        with open(session, "rb") as f:
+            data = f.read(124)
+    except OSError:
+        return 0
+    return int.from_bytes(data[116:124], "little") if len(data) == 124 else 0
+
+
+# --- bad flags: exit 2, the flag named, nothing written ---------------------------------
+usage = [
+    (["-p", "x", "--temp", "inf"], b"--temp"),
+    (["-p", "x", "--temp", "nan"], b"--temp"),
+    (["-p", "x", "--top-p", "inf"], b"--top-p"),
+    (["-p", "x", "--seed", "-5"], b"--seed"),
+    (["-p", "x", "--seed", "99999999999999999999999"], b"seed"),
+    (["-p", "x", "--kv-dir", tmp], b"--kv-dir"),
+    (["-p", "x", "-n", "5", "--migrate-after", "5"], b"--migrate-after"),
+    (["-p", b"caf\xc3"], b"UTF-8"),
+    (["--chat", "--json"], b"--json"),
+    (["--chat", "--logits-out", os.path.join(tmp, "l.f32")], b"--logits-out"),
+    (["-p", "x", "-t", "-1"], b"threads"),
+]
+for args, named in usage:
+    p = run(*args)
+    check(f"usage {args!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
+    check(f"usage {args!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
+check("no stray files from refused flags", os.listdir(tmp) == [], repr(os.listdir(tmp)))
+p = subprocess.run([cli, "--version"], capture_output=True)
+check("--version", p.returncode == 0 and re.match(rb"tandem-cli \d+\.\d+\.\d+", p.stdout) is not None, repr(p.stdout))
+p = subprocess.run([cli, "--help"], capture_output=True)
+check("--help shows defaults", p.returncode == 0 and b"=128" in p.stdout, repr(p.stdout[:300]))
+
+# -f FILE reads the prompt; a long prompt shows progress on stderr.
+with open(os.path.join(tmp, "prompt.txt"), "w") as f:
+    f.write("Once upon a time")
+p = run("-f", os.path.join(tmp, "prompt.txt"), "-n", "4", "--temp", "0", "--json")
+check("-f FILE reads the prompt", b'"prompt_ids":[1,429,491,433,295,429,444,445,265,262,263,342,430]' in p.stdout,
+      repr(p.stdout[:200]))
+with open(os.path.join(tmp, "long.txt"), "w") as f:
+    f.write("Once upon a time " * 300)
+p = run("-f", os.path.join(tmp, "long.txt"), "-n", "2", "-c", "4096", "-b", "64", "--temp", "0")
+check("long prefill shows progress", p.returncode == 0 and b"tokens (100%)" in p.stderr, repr(p.stderr[-300:]))
+p = run("-p", "Once", "-n", "200", "--temp", "0", "--ignore-eos", "-c", "32")
+check("a full context says so", b"context of 32 tokens is full" in p.stderr, repr(p.stderr[-300:]))
+
+# --- write errors on stdout ---------------------------------------------------------------
+with open("/dev/full", "wb") as full:
+    for args in (["-p", "Once", "-n", "4"], ["-p", "Once", "-n", "4", "--json"]):
+        p = run(*args, stdout=full)
+        check(f"{args} > /dev/full fails", p.returncode == 1 and b"cannot write standard output" in p.stderr,
+              f"rc {p.returncode} {p.stderr[-200:]!r}")
+    p = subprocess.run([cli, "tokenize", "-m", model, "-p", "Once"], stdout=full, stderr=subprocess.PIPE)
+    check("tokenize > /dev/full fails", p.returncode == 1 and b"cannot write standard output" in p.stderr,
+          f"rc {p.returncode}")
+
+# --- saves never damage the target ----------------------------------------------------------
+p = run("-p", "Once", "-n", "4", "--session", "/dev/full")
+check("--session /dev/full refused", p.returncode == 1 and b"not a regular file" in p.stderr, repr(p.stderr[-200:]))
+check("/dev/full still a device", os.path.exists("/dev/full") and not os.path.isfile("/dev/full"))
+os.mkdir(os.path.join(tmp, "real"))
+link = os.path.join(tmp, "link.session")
+os.symlink("real/story.session", link)
+p = run("-p", "Once upon a time", "-n", "8", "--temp", "0", "--session", link)
+check("session through a symlink", p.returncode == 0 and os.path.islink(link)
+      and os.path.getsize(os.path.join(tmp, "real", "story.session")) > 0, repr(p.stderr[-200:]))
+check("session symlink restores", restored(link) == 20)
+
+# A file size limit (ulimit -f) stands in for a full disk: the old session survives.
+story = os.path.join(tmp, "real", "story.session")
+before = open(story, "rb").read()
+
+
+def limit(n):
+    return lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_FSIZE, (n, n))
+
+
+p = run("-p", " The", "-n", "40", "--temp", "0", "--ignore-eos", "--session", link, preexec=limit(len(before)))
+check("a full disk during the save: exit 1", p.returncode == 1 and b"File too large" in p.stderr,
+      f"rc {p.returncode} {p.stderr[-300:]!r}")
+check("a full disk during the save: old file intact", open(story, "rb").read() == before)
+check("a full disk during the save: no temporary left", sorted(os.listdir(os.path.join(tmp, "real"))) == ["story.session"],
+      repr(os.listdir(os.path.join(tmp, "real"))))
+
+# --- the File KV tier on a full disk: an error, not SIGBUS, and no page file left ----------
+kvdir = os.path.join(tmp, "kv")
+os.mkdir(kvdir)
+for attempt in range(2):  # the second run must not be hurt by the first
+    p = run("-p", "Once", "-n", "3000", "-c", "4096", "--ignore-eos", "--kv-tier", "file", "--kv-dir", kvdir,
+            preexec=limit(64 * 1024))
+    check(f"full disk under the File tier exits 1 (run {attempt})", p.returncode == 1 and b"File too large" in p.stderr,
+          f"rc {p.returncode} {p.stderr[-300:]!r}")
+check("no page file left behind", os.listdir(kvdir) == [], repr(os.listdir(kvdir)))
+with open(os.path.join(kvdir, "tandem-kv-999999999-0.pages"), "wb") as f:  # a crashed run's (no such PID)
+    f.write(b"\0" * 4096)
+p = run("-p", "Once", "-n", "8", "--kv-tier", "file", "--kv-dir", kvdir)
+check("stale page file cleaned at start", p.returncode == 0 and os.listdir(kvdir) == [], repr(os.listdir(kvdir)))
+p = run("-p", "Once", "-n", "4", env=dict(os.environ, TMPDIR="/nonexistent/tandem"))
+check("a bad TMPDIR does not matter without the File tier", p.returncode == 0, repr(p.stderr[-200:]))
+p = run("-p", "Once", "-n", "4", "--kv-tier", "file", env=dict(os.environ, TMPDIR="/nonexistent/tandem"))
+check("a bad TMPDIR is named for the File tier", p.returncode == 1 and b"TMPDIR" in p.stderr, repr(p.stderr[-200:]))
+
+# --- concurrent runs of one session file lose nothing --------------------------------------
+conc = os.path.join(tmp, "shared.session")
+args = ["-p", " x", "-n", "20", "--temp", "0", "--ignore-eos", "-c", "2048", "--session", conc]
+run(*args)
+base = restored(conc)
+run(*args)
+delta = restored(conc) - base
+procs = [subprocess.Popen([cli, "-m", model, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE) for _ in range(4)]
+codes = [pr.wait(timeout=120) for pr in procs]
+check("four concurrent runs all succeed", codes == [0, 0, 0, 0], repr(codes))
+check("four concurrent runs: every run's tokens kept", restored(conc) == base + 5 * delta,
+      f"{restored(conc)} != {base} + 5 x {delta}")
+
+# --- interrupts: stop at a token boundary, save, exit 130 -----------------------------------
+sess = os.path.join(tmp, "interrupted.session")
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: one page, so generation blocks on a reader that waits
+proc = subprocess.Popen([cli, "-m", model, "-p", "Once upon a time", "-n", "8000", "-c", "8192", "--temp", "0",
+                         "--ignore-eos", "--session", sess], stdin=subprocess.DEVNULL, stdout=w,
+                        stderr=subprocess.PIPE)
+os.close(w)
+out = b""
+while len(out) < 2000:  # a few hundred tokens generated; the pipe fills again and blocks the writer
+    out += os.read(r, 2000 - len(out))
+proc.send_signal(signal.SIGINT)
+deadline = time.monotonic() + 60
+while restored(sess) == 0 and time.monotonic() < deadline:  # stopped and saved; now blocked on stdout
+    time.sleep(0.05)
+proc.send_signal(signal.SIGINT)  # the second signal: exit at once, without waiting for the reader
+try:
+    rc = proc.wait(timeout=30)
+except subprocess.TimeoutExpired:
+    proc.kill()
+    rc = "still running after the second SIGINT"
+os.close(r)
+err = proc.stderr.read()
+check("SIGINT exits 130 (second one at once)", rc == 130, f"rc {rc} {err[-300:]!r}")
+n = restored(sess)
+check("SIGINT saved the tokens generated so far", 13 + 100 < n < 13 + 8000, f"restored {n}; {err[-300:]!r}")
+check("SIGINT said it was interrupted", b"interrupted" in err, repr(err[-300:]))
+
+# --chat: the session is written at the end of input and on an interrupt.
+chat_sess = os.path.join(tmp, "chat.session")
+r, w = os.pipe()
+proc = subprocess.Popen([cli, "-m", model, "--chat", "-n", "8", "--temp", "0", "--session", chat_sess],
+                        stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+os.close(r)
+os.write(w, b"Hello\n")
+err = b""
+deadline = time.monotonic() + 60
+while err.count(b"> ") < 2 and time.monotonic() < deadline:  # the second prompt: the first turn is done
+    err += os.read(proc.stderr.fileno(), 4096)
+proc.send_signal(signal.SIGTERM)
+rc = proc.wait(timeout=60)
+os.close(w)
+check("SIGTERM in --chat exits 143", rc == 143, f"rc {rc}")
+check("SIGTERM in --chat saved the session", restored(chat_sess) > 5)
+
+shutil.rmtree(tmp)
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""tandem-bench and tandem-synth refuse bad input where it enters (exit 2, the flag or the
+trace file and line named), exit 1 when every request failed or stdout cannot be written,
+and never replace a device with a regular file.
+
+Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR   (TANDEM_SHARED wins)
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+bench, synth = sys.argv[1], sys.argv[2]
+shared = os.environ.get("TANDEM_SHARED", sys.argv[3])
+model = os.path.join(shared, "models", "aidreams260K-q4_0.gguf")
+tmp = tempfile.mkdtemp(prefix="tandem-tools-faults-")
+failures = []
+passed = 0
+
+
+def check(name, ok, detail=""):
+    global passed
+    if ok:
+        passed += 1
+    else:
+        failures.append(name)
+        print(f"FAILED: {name} {detail}")
+
+
+def run(*args, stdout=subprocess.PIPE):
+    return subprocess.run(list(args), stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, timeout=120)
+
+
+def trace(name, text):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+serve = [bench, "serve", "-m", model, "--no-progress"]
+usage = [
+    ([bench, "-m", model, "-t", "-1"], b"--threads"),
+    ([bench, "-m", model, "-p", "2147483647"], b"--n-prompt"),
+    ([bench, "kv", "-m", model, "-t", "-1"], b"--threads"),
+    (serve + ["-t", "-1"], b"--threads"),
+    (serve + ["--rate", "-2"], b"--rate"),
+    (serve + ["--rate", "nan"], b"--rate"),
+    (serve + ["--rate", "inf"], b"--rate"),
+    (serve + ["--target", "5"], b"--target"),
+    (serve + ["--mix", "0", "0", "0"], b"--mix"),
+    (serve + ["--mix", "1", "-1", "0"], b"--mix"),
+    (serve + ["--max-running", "0"], b"--max-running"),
+    ([synth, "--preset", "no-such-preset", "-o", os.path.join(tmp, "x.gguf")], b"--preset"),
+]
+for args, named in usage:
+    p = run(*args)
+    check(f"usage {args[1:]!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
+    check(f"usage {args[1:]!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
+
+bad_traces = [
+    (tmp, b"is a directory"),
+    (trace("empty.jsonl", ""), b"holds no requests"),
+    (trace("syntax.jsonl", '{"t": 0, "prompt_tokens": 4}\n{"t": 1, bad}\n'), b"syntax.jsonl:2:"),
+    (trace("huge.jsonl", '{"t": 0, "prompt_tokens": 4, "output_tokens": 1e9}\n'), b"huge.jsonl:1:"),
+    (trace("negative.jsonl", '{"t": -1, "prompt_tokens": 4}\n'), b"negative.jsonl:1:"),
+    (trace("array.jsonl", '[1, 2]\n'), b"array.jsonl:1:"),
+]
+for path, said in bad_traces:
+    p = run(*serve, "--trace", path)
+    check(f"trace {os.path.basename(path)} refused", p.returncode == 1 and said in p.stderr,
+          f"rc {p.returncode} {p.stderr[-300:]!r}")
+
+failing = trace("too-long.jsonl", '{"t": 0, "prompt_tokens": 500, "output_tokens": 4}\n' * 2)
+p = run(*serve, "--trace", failing, "-c", "64")
+check("every request failed: exit 1", p.returncode == 1 and b"every request failed" in p.stderr,
+      f"rc {p.returncode} {p.stderr[-300:]!r}")
+
+with open("/dev/full", "wb") as full:
+    p = run(*serve, "--trace", trace("ok.jsonl", '{"t": 0, "prompt_tokens": 5, "output_tokens": 4}\n'), stdout=full)
+    check("serve > /dev/full exits 1", p.returncode == 1 and b"cannot write standard output" in p.stderr,
+          f"rc {p.returncode}")
+    p = run(bench, "-m", model, "-p", "16", "-n", "4", "-r", "1", "--no-bandwidth", stdout=full)
+    check("bench > /dev/full exits 1", p.returncode == 1 and b"cannot write standard output" in p.stderr,
+          f"rc {p.returncode}")
+    p = run(bench, "kv", "-m", model, "-c", "64", "--kv-dir", tmp, stdout=full)
+    check("bench kv > /dev/full exits 1", p.returncode == 1, f"rc {p.returncode}")
+    p = run(synth, "--list", stdout=full)
+    check("synth --list > /dev/full exits 1", p.returncode == 1, f"rc {p.returncode}")
+check("bench kv leaves nothing in --kv-dir", sorted(os.listdir(tmp)) == sorted(
+    ["empty.jsonl", "syntax.jsonl", "huge.jsonl", "negative.jsonl", "array.jsonl", "too-long.jsonl", "ok.jsonl"]),
+    repr(os.listdir(tmp)))
+
+p = run(synth, "--preset", "small-llama", "-o", "/dev/full")
+check("synth -o /dev/full refused", p.returncode == 1 and b"character device" in p.stderr, repr(p.stderr[-200:]))
+check("/dev/full still a device", not os.path.isfile("/dev/full"))
+os.symlink("real.gguf", os.path.join(tmp, "link.gguf"))
+p = run(synth, "--preset", "small-llama", "-o", os.path.join(tmp, "link.gguf"))
+check("synth -o through a symlink writes the target", p.returncode == 0 and os.path.islink(os.path.join(tmp, "link.gguf"))
+      and os.path.getsize(os.path.join(tmp, "real.gguf")) > 0, repr(p.stderr[-200:]))
+
+shutil.rmtree(tmp)
+print(f"{passed} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
