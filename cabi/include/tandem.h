@@ -143,7 +143,9 @@ enum tandem_status_code {
   TANDEM_E_INTERNAL = 99,               /* a bug in Tandem (or a callback threw a C++ exception) */
   TANDEM_E_INVALID_HANDLE = 100,        /* a freed, unknown or wrong-kind handle */
   TANDEM_E_BUSY = 101,                  /* the session is in use by another call */
-  TANDEM_E_BUFFER_TOO_SMALL = 102       /* a caller buffer is too small (size in the out-count) */
+  TANDEM_E_BUFFER_TOO_SMALL = 102,      /* a caller buffer is too small (size in the out-count) */
+  TANDEM_E_UNSUPPORTED = 103            /* not available in this build (e.g. a GPU executor in a
+                                           library built without CUDA) */
 };
 
 /* ---- library-wide functions --------------------------------------------------------- */
@@ -167,6 +169,7 @@ typedef struct tandem_model tandem_model;         /* an immutable loaded GGUF mo
 typedef struct tandem_session tandem_session;     /* one conversation: tokens, KV cache, executor */
 typedef struct tandem_scheduler tandem_scheduler; /* the multi-executor scheduler */
 typedef struct tandem_request tandem_request;     /* a request submitted to a scheduler */
+typedef struct tandem_executor tandem_executor;   /* a CPU or GPU executor (tandem_executor_create) */
 
 /* ---- model -------------------------------------------------------------------------- */
 
@@ -262,15 +265,25 @@ TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_
 
 /* ---- session ------------------------------------------------------------------------ */
 
+/* KV cache options (include/tandem/kv_store.hpp): the tier pages live in, the element type. */
+enum tandem_kv_tier { TANDEM_KV_DEVICE = 0, TANDEM_KV_HOST = 1, TANDEM_KV_FILE = 2 };
+enum tandem_kv_dtype { TANDEM_KV_F32 = 0, TANDEM_KV_F16 = 1 };
+
 typedef struct tandem_session_params {
   size_t struct_size;
   int32_t n_ctx;     /* context positions; 0 = the model's n_ctx_train capped at 4096 */
   int32_t n_batch;   /* prompt tokens per executor step (chunked prefill), >= 1; default 512 */
   int32_t page_size; /* KV page size in tokens, >= 1; default 16 */
   int32_t n_threads; /* CPU threads of the session's executor, 0..512; 0 = physical cores */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  int32_t kv_tier;   /* TANDEM_KV_HOST (default) or TANDEM_KV_FILE (pages in a memory-mapped
+                        file in kv_dir, removed when the session is freed) */
+  int32_t kv_dtype;  /* a tandem_kv_dtype; default TANDEM_KV_F16 */
+  const char* kv_dir; /* directory of the File tier (NULL = the system temporary directory) */
 } tandem_session_params;
 
-/* Defaults: n_ctx 0, n_batch 512, page_size 16, n_threads 0. Thread-safe. */
+/* Defaults: n_ctx 0, n_batch 512, page_size 16, n_threads 0, kv_tier TANDEM_KV_HOST,
+ * kv_dtype TANDEM_KV_F16, kv_dir NULL. Thread-safe. */
 TANDEM_API tandem_status tandem_session_params_init(tandem_session_params* params, size_t struct_size);
 
 /* Create a session on `model` with its own CPU executor (CpuQ4Executor, n_threads
@@ -464,7 +477,23 @@ typedef struct tandem_executor_params {
   int32_t accelerator;       /* routing role: -1 = by kind (a CPU executor is not an
                                 accelerator), 0 = not, 1 = treat as the accelerator (for
                                 "cpu+cpu": mark one pool as the primary). Default -1 */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  int32_t device_kind;       /* a tandem_device_kind: TANDEM_DEVICE_CPU (default) or
+                                TANDEM_DEVICE_CUDA (TANDEM_E_UNSUPPORTED in a library built
+                                without CUDA) */
+  int32_t device_id;         /* CUDA device ordinal (tandem_device_get_info's device_id);
+                                0 for the CPU. Default 0 */
+  int32_t kv_dtype;          /* a tandem_kv_dtype of the executor's KV store; default
+                                TANDEM_KV_F16 */
+  int32_t kv_file_pages;     /* pages of a File tier below the compute tier (Host for a CPU,
+                                Device for a GPU executor): sequences preempted when the
+                                compute tier is full are swapped there instead of being
+                                recomputed. >= 0; 0 = no File tier (default) */
+  const char* kv_dir;        /* directory of the File tier's page file (NUL-terminated; NULL =
+                                the system temporary directory). Copied at creation */
 } tandem_executor_params;
+
+
 
 TANDEM_API tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t struct_size);
 
@@ -483,6 +512,17 @@ typedef struct tandem_scheduler_params {
   int32_t prefix_cache_entries; /* finished prompts kept per executor for KV reuse, >= 0
                                    (0 = off). Default 4 */
   int32_t page_size;            /* KV page size in tokens, >= 1; default 16 */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  /* NULL, or n_executors executor handles (tandem_executor_create): executor i is
+   * executor_handles[i] instead of a new one built from executors[i] (whose slot and KV
+   * fields still apply; its device fields are ignored). An executor serves one scheduler
+   * at a time: a handle in use by another live scheduler gives TANDEM_E_BUSY. The
+   * scheduler keeps the executors alive; freeing a handle does not stop it. */
+  tandem_executor* const* executor_handles;
+  int32_t log_routing;          /* nonzero: every routing decision, preemption and hand-off
+                                   goes to the log callback (tandem_log_set) at
+                                   TANDEM_LOG_DEBUG with its reason. Default 1 */
+  int32_t reserved;             /* must be 0 */
 } tandem_scheduler_params;
 
 TANDEM_API tandem_status tandem_scheduler_params_init(tandem_scheduler_params* params, size_t struct_size);
@@ -518,6 +558,12 @@ typedef struct tandem_request_params {
   int32_t sla;                   /* a tandem_sla_class; default TANDEM_SLA_STANDARD */
   int32_t deadline_ms;           /* > 0: the request ends with TANDEM_FINISH_TIMEOUT this many
                                     milliseconds after submission; 0 = none (default) */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  uint64_t session;              /* 0 (default), or a scheduler session
+                                    (tandem_scheduler_session_open): the request continues
+                                    that conversation, its prompt appended to the session's
+                                    tokens and KV (one request per session at a time; a
+                                    second one finishes with TANDEM_FINISH_ERROR) */
 } tandem_request_params;
 
 TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size);
@@ -636,6 +682,160 @@ TANDEM_API tandem_status tandem_request_get_result(const tandem_request* request
  * Already freed: TANDEM_E_INVALID_HANDLE. Thread-safe, also while another thread is
  * inside tandem_request_wait on it (that call returns normally). */
 TANDEM_API tandem_status tandem_request_free(tandem_request* request);
+
+/* ---- library: numeric version, log ---------------------------------------------------- */
+
+/* TANDEM_VERSION_NUMBER of the library actually loaded (major * 10000 + minor * 100 +
+ * patch). Cannot fail. Thread-safe. */
+TANDEM_API int32_t tandem_version_number(void);
+
+enum tandem_log_level {
+  TANDEM_LOG_DEBUG = 0, /* routing decisions (with their reasons), preemptions, hand-offs */
+  TANDEM_LOG_INFO = 1,  /* objects created: executors (device, threads), KV stores (pages) */
+  TANDEM_LOG_WARN = 2,
+  TANDEM_LOG_ERROR = 3
+};
+
+/* Receives every line the library would print (it prints nothing itself): `message` is
+ * NUL-terminated UTF-8 without a trailing newline, valid only during the call. Called from
+ * any library thread (scheduler step loops included), possibly from several at once: it
+ * must be thread-safe, quick, and must not call tandem functions other than
+ * tandem_last_error / tandem_status_name. */
+typedef void (*tandem_log_callback)(int32_t level, const char* message, void* user_data);
+
+/* Install `callback` (NULL = discard everything, the default) for lines of `min_level`
+ * and above, for the whole process. Once this returns, no call reaches the previous
+ * callback. Errors: TANDEM_E_INVALID_ARG (min_level outside TANDEM_LOG_DEBUG..ERROR).
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_log_set(tandem_log_callback callback, void* user_data, int32_t min_level);
+
+/* ---- devices and executors --------------------------------------------------------- */
+
+enum tandem_device_kind { TANDEM_DEVICE_CPU = 0, TANDEM_DEVICE_CUDA = 1 };
+
+typedef struct tandem_device_info {
+  size_t struct_size;
+  const char* name;        /* out: "cpu", or the CUDA device name; static storage */
+  const char* isa;         /* out: CPU: the kernels' instruction set ("avx512-vnni", "avx2",
+                              "scalar", ...); CUDA: "sm_<major><minor>"; static storage */
+  uint64_t memory_bytes;   /* out: CPU: physical memory; CUDA: total device memory */
+  int32_t kind;            /* out: a tandem_device_kind */
+  int32_t device_id;       /* out: CUDA device ordinal; 0 for the CPU */
+  int32_t n_cores;         /* out: CPU: hardware threads online; CUDA: multiprocessors */
+  int32_t compute_capability; /* out: CUDA: major * 10 + minor; CPU: 0 */
+} tandem_device_info;
+
+TANDEM_API tandem_status tandem_device_info_init(tandem_device_info* info, size_t struct_size);
+
+/* Number of devices: the CPU (always index 0) plus, in a library built with CUDA, every
+ * CUDA device the runtime sees (none without a driver). Errors: TANDEM_E_INVALID_ARG
+ * (out_n NULL). Thread-safe. */
+TANDEM_API tandem_status tandem_device_count(size_t* out_n);
+
+/* Describe device `index` (0 .. count-1). Errors: TANDEM_E_INVALID_ARG (info NULL, bad
+ * struct_size, index out of range). Thread-safe. */
+TANDEM_API tandem_status tandem_device_get_info(size_t index, tandem_device_info* info);
+
+/* Create an executor on `model` from params' device_kind, device_id and n_threads (the
+ * slot and KV fields are used by a scheduler built on it): a CPU executor (its own thread
+ * pool of n_threads) or, in a library built with CUDA, a GPU executor (the weights are
+ * uploaded now). params may be NULL (a CPU executor). On failure *out_executor is set to
+ * NULL. Errors: TANDEM_E_INVALID_ARG (NULL model or out_executor, bad params, no such CUDA
+ * device), TANDEM_E_UNSUPPORTED (TANDEM_DEVICE_CUDA in a library built without CUDA),
+ * TANDEM_E_OUT_OF_MEMORY, TANDEM_E_INVALID_HANDLE. Thread-safe. */
+TANDEM_API tandem_status tandem_executor_create(const tandem_model* model, const tandem_executor_params* params,
+                                                tandem_executor** out_executor);
+
+/* Release the handle; a scheduler using the executor keeps it until the scheduler is
+ * freed. NULL: no-op. Already freed: TANDEM_E_INVALID_HANDLE. Thread-safe. */
+TANDEM_API tandem_status tandem_executor_free(tandem_executor* executor);
+
+/* The device an executor computes on (as tandem_device_get_info; n_cores of a CPU
+ * executor is its thread count). Thread-safe. */
+TANDEM_API tandem_status tandem_executor_get_device(const tandem_executor* executor, tandem_device_info* info);
+
+/* ---- model metadata ------------------------------------------------------------------ */
+
+/* Number of GGUF metadata key/value pairs of the model's file. Thread-safe. */
+TANDEM_API tandem_status tandem_model_meta_count(const tandem_model* model, size_t* out_n);
+
+/* Key of metadata entry `index` (file order), as text. Buffer rules as tandem_detokenize
+ * (size query, TANDEM_E_BUFFER_TOO_SMALL, NUL-terminated). Errors: TANDEM_E_INVALID_ARG
+ * (index >= count). Thread-safe. */
+TANDEM_API tandem_status tandem_model_meta_key_by_index(const tandem_model* model, size_t index, char* buf,
+                                                        size_t capacity, size_t* out_len);
+
+/* Value of metadata key `key` as text (llama_model_meta_val_str): strings as they are,
+ * integers in decimal, floats with the shortest round-trip form, booleans "true"/"false",
+ * arrays as "[n items]" of their element type (e.g. "[32000 string]"); the vocabulary
+ * arrays are never copied out. Buffer rules as tandem_detokenize. Errors:
+ * TANDEM_E_INVALID_ARG (NULL key or out_len; a key the file does not have: the message
+ * names it). Thread-safe. */
+TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, const char* key, char* buf,
+                                                 size_t capacity, size_t* out_len);
+
+/* ---- chat templates ------------------------------------------------------------------- */
+
+/* A conversation is n_messages pairs roles[i] / contents[i] of NUL-terminated UTF-8.
+ * Roles are "system", "user" or "assistant". The template is the model's
+ * (tokenizer.chat_template, matched by family as llama.cpp's built-in list: ChatML, Llama
+ * 3, Llama 2, Mistral, Phi-3, Gemma, Zephyr, DeepSeek; ChatML when the model has none),
+ * or the family named by template_name ("chatml", "llama3", ...; NULL = the model's). */
+
+/* The rendered conversation as text, markers included; with add_assistant nonzero it ends
+ * with the opening of an assistant turn. Buffer rules as tandem_detokenize. Errors:
+ * TANDEM_E_INVALID_ARG (NULL arguments with n_messages > 0, an unknown role or template
+ * name, invalid UTF-8). Thread-safe. */
+TANDEM_API tandem_status tandem_chat_render(const tandem_model* model, const char* template_name,
+                                            const char* const* roles, const char* const* contents,
+                                            size_t n_messages, int32_t add_assistant, char* buf, size_t capacity,
+                                            size_t* out_len);
+
+/* Token ids of the rendered conversation: the template's markers become their control
+ * tokens, message contents are tokenized with special-token parsing OFF (a user typing
+ * "<|im_end|>" cannot end a turn), BOS added when the vocabulary asks. Pass them to
+ * tandem_session_generate_tokens or tandem_request_params.prompt_tokens. Buffer rules and
+ * errors as tandem_tokenize and tandem_chat_render. Thread-safe. */
+TANDEM_API tandem_status tandem_chat_tokenize(const tandem_model* model, const char* template_name,
+                                              const char* const* roles, const char* const* contents,
+                                              size_t n_messages, int32_t add_assistant, int32_t* tokens,
+                                              size_t capacity, size_t* out_n_tokens);
+
+/* ---- stopping a generation from another thread ---------------------------------------- */
+
+/* Ask the tandem_session_generate / _generate_tokens call running on `session` to stop
+ * (as llama_set_abort_callback / ORT's RunOptionsSetTerminate): it stops at the next
+ * prefill chunk boundary (n_batch tokens) or the next sampled token, whichever comes
+ * first, and returns TANDEM_OK with finish_reason TANDEM_FINISH_CANCELLED; the tokens
+ * evaluated so far stay in the conversation (it can be continued or reset). When no call
+ * is running it does nothing (it does not affect a later call). Never TANDEM_E_BUSY: made
+ * to be called while another thread is inside a session call. Thread-safe. */
+TANDEM_API tandem_status tandem_session_abort(tandem_session* session);
+
+/* ---- scheduler sessions and blocking waits --------------------------------------------- */
+
+/* Open a scheduler session: a conversation whose KV stays with the scheduler between
+ * requests (parked between requests, moved down the KV tiers when memory is short, moved
+ * to another executor when a request's SLA routes it there). Continue it by submitting
+ * requests with tandem_request_params.session = *out_session: each request's prompt is
+ * appended to the conversation (nothing is recomputed), so three requests in a row
+ * generate what one long generation would. Errors: TANDEM_E_INVALID_ARG (NULL
+ * out_session, a scheduler that was shut down). Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_session_open(tandem_scheduler* scheduler, uint64_t* out_session);
+
+/* Close a scheduler session: its KV pages are released (a request running on it finishes
+ * first). Closing an unknown or closed session is a no-op. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_session_close(tandem_scheduler* scheduler, uint64_t session);
+
+/* As tandem_request_poll, but block until an event is there or timeout_ms milliseconds
+ * have passed (< 0: no limit; 0: do not block). On a timeout it returns TANDEM_OK with
+ * event->kind TANDEM_EVENT_NONE. The wait sleeps in the library (a condition variable
+ * signalled by the scheduler's step loop), so bindings never need to sleep and poll.
+ * Every request ends with a TANDEM_EVENT_FINISH, so a wait without limit always returns
+ * (cancel, free of the scheduler, deadlines all finish it). Errors as tandem_request_poll.
+ * Thread-safe (waits of one request are serialised with its polls). */
+TANDEM_API tandem_status tandem_request_next_event(tandem_request* request, int32_t timeout_ms,
+                                                   tandem_request_event* event);
 
 #ifdef __cplusplus
 } /* extern "C" */

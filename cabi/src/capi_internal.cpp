@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <shared_mutex>
+
 namespace tandem::capi {
 
 namespace {
@@ -23,16 +25,26 @@ tandem_status set_error(tandem_status code, const char* message) noexcept {
   return code;
 }
 
-const char* last_error() noexcept { return tl_last_error; }
+const char* last_error() noexcept {
+  return tl_last_error;
+}
 
-void fail(tandem_status code, const std::string& message) { throw CError(code, message); }
+void fail(tandem_status code, const std::string& message) {
+  throw CError(code, message);
+}
 
 const char* kind_name(Kind kind) noexcept {
   switch (kind) {
-    case Kind::kModel: return "model";
-    case Kind::kSession: return "session";
-    case Kind::kScheduler: return "scheduler";
-    case Kind::kRequest: return "request";
+    case Kind::kModel:
+      return "model";
+    case Kind::kSession:
+      return "session";
+    case Kind::kScheduler:
+      return "scheduler";
+    case Kind::kRequest:
+      return "request";
+    case Kind::kExecutor:
+      return "executor";
   }
   return "unknown";
 }
@@ -73,8 +85,7 @@ std::shared_ptr<void> Registry::remove(uintptr_t handle, Kind kind) {
 
 std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn) {
   require(h, fn, "model");
-  return std::static_pointer_cast<ModelObj>(
-      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kModel, fn));
+  return std::static_pointer_cast<ModelObj>(Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kModel, fn));
 }
 
 std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn) {
@@ -95,14 +106,71 @@ std::shared_ptr<RequestObj> get_request(const tandem_request* h, const char* fn)
       Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kRequest, fn));
 }
 
+std::shared_ptr<ExecutorObj> get_executor(const tandem_executor* h, const char* fn) {
+  require(h, fn, "executor");
+  return std::static_pointer_cast<ExecutorObj>(
+      Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kExecutor, fn));
+}
+
 BusyGuard::BusyGuard(SessionObj& s, const char* fn) : s_(s) {
   if (s_.busy.exchange(true, std::memory_order_acquire)) {
-    fail(TANDEM_E_BUSY, std::string(fn) + ": the session is in use by another call (a session serves one call "
-                                          "at a time)");
+    fail(TANDEM_E_BUSY, std::string(fn) +
+                            ": the session is in use by another call (a session serves one call "
+                            "at a time)");
   }
 }
 
-BusyGuard::~BusyGuard() { s_.busy.store(false, std::memory_order_release); }
+BusyGuard::~BusyGuard() {
+  std::lock_guard<std::mutex> lock(s_.abort_mu);
+  s_.abort.store(false, std::memory_order_relaxed);
+  s_.busy.store(false, std::memory_order_release);
+}
+
+namespace {
+// The log sink. A line is delivered under the shared lock, so tandem_log_set (which takes
+// it exclusively) returns only when no call to the old callback is in flight.
+struct LogSink {
+  std::shared_mutex mu;
+  tandem_log_callback callback = nullptr;
+  void* user_data = nullptr;
+  std::atomic<int32_t> min_level{TANDEM_LOG_ERROR + 1};  // nothing when no callback
+};
+LogSink& log_sink() {
+  static LogSink* sink = new LogSink;  // never destroyed: step loops may log at exit
+  return *sink;
+}
+}  // namespace
+
+bool log_enabled(int32_t level) noexcept {
+  return level >= log_sink().min_level.load(std::memory_order_relaxed);
+}
+
+void log_line(int32_t level, std::string_view message) noexcept {
+  LogSink& sink = log_sink();
+  if (level < sink.min_level.load(std::memory_order_relaxed)) return;
+  try {
+    std::string line(message);
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    std::shared_lock<std::shared_mutex> lock(sink.mu);
+    if (sink.callback != nullptr && level >= sink.min_level.load(std::memory_order_relaxed)) {
+      sink.callback(level, line.c_str(), sink.user_data);
+    }
+  } catch (...) {
+    // A log line is never worth failing the operation that produced it.
+  }
+}
+
+tandem_status set_log(tandem_log_callback callback, void* user_data, int32_t min_level) noexcept {
+  if (min_level < TANDEM_LOG_DEBUG || min_level > TANDEM_LOG_ERROR) {
+    return set_error(TANDEM_E_INVALID_ARG, "tandem_log_set: min_level must be TANDEM_LOG_DEBUG..TANDEM_LOG_ERROR");
+  }
+  LogSink& sink = log_sink();
+  std::unique_lock<std::shared_mutex> lock(sink.mu);
+  sink.callback = callback;
+  sink.user_data = user_data;
+  sink.min_level.store(callback != nullptr ? min_level : TANDEM_LOG_ERROR + 1, std::memory_order_relaxed);
+  return TANDEM_OK;
+}
 
 size_t utf8_invalid_at(std::string_view s) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -145,8 +213,7 @@ bool check_capacity(const void* buf, size_t capacity, size_t needed, const char*
     return false;  // size query
   }
   if (capacity < needed) {
-    fail(TANDEM_E_BUFFER_TOO_SMALL,
-         fmt::format("{}: {} holds {} elements, {} needed", fn, what, capacity, needed));
+    fail(TANDEM_E_BUFFER_TOO_SMALL, fmt::format("{}: {} holds {} elements, {} needed", fn, what, capacity, needed));
   }
   return true;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -73,7 +74,7 @@ inline void require(const void* p, const char* fn, const char* what) {
 
 // ---- handles -------------------------------------------------------------------------
 
-enum class Kind : uintptr_t { kModel = 1, kSession = 2, kScheduler = 3, kRequest = 4 };
+enum class Kind : uintptr_t { kModel = 1, kSession = 2, kScheduler = 3, kRequest = 4, kExecutor = 5 };
 const char* kind_name(Kind kind) noexcept;
 
 struct ModelObj {
@@ -88,17 +89,42 @@ struct SessionObj {
   int32_t n_batch = 0;
   int32_t page_size = 0;
   std::atomic<bool> busy{false};
+  /// tandem_session_abort: set only while a call is running (under abort_mu, which the
+  /// end of every call also takes to clear it), so an abort never outlives its call.
+  std::atomic<bool> abort{false};
+  std::mutex abort_mu;
   std::string piece;  ///< NUL-terminated copy of the current callback piece
+};
+
+/// An executor made by tandem_executor_create (or by a scheduler for itself).
+struct ExecutorObj {
+  std::shared_ptr<ModelObj> model;
+  std::unique_ptr<tandem::Executor> executor;
+  int32_t device_kind = TANDEM_DEVICE_CPU;
+  int32_t device_id = 0;
+  std::atomic<bool> in_use{false};  ///< taken by a live scheduler (one at a time)
 };
 
 struct SchedulerObj {
   std::shared_ptr<ModelObj> model;
-  std::vector<std::unique_ptr<tandem::CpuQ4Executor>> executors;
+  std::vector<std::shared_ptr<ExecutorObj>> executors;  ///< in_use released by the destructor
   std::vector<std::shared_ptr<tandem::KvStore>> stores;
   std::unique_ptr<tandem::Scheduler> scheduler;  ///< declared last: stopped before the executors go
   ~SchedulerObj() {
     if (scheduler) scheduler->shutdown();
+    scheduler.reset();
+    for (auto& e : executors) e->in_use.store(false, std::memory_order_release);
   }
+};
+
+/// Wakes tandem_request_next_event: the request's on_event (on a step-loop thread) bumps
+/// `seq` after the scheduler has appended the event to the handle's poll log (see
+/// lib/scheduler.cpp: log_event precedes on_event), so a waiter that saw seq unchanged
+/// and found nothing to poll can sleep until seq moves.
+struct EventSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t seq = 0;
 };
 
 struct RequestObj {
@@ -108,8 +134,9 @@ struct RequestObj {
   bool have_pending = false;              ///< an event taken but not yet delivered
   tandem::RequestEvent pending{};
   std::string pending_text;
-  bool finish_seen = false;               ///< the terminal event was delivered
+  bool finish_seen = false;  ///< the terminal event was delivered
   tandem::RequestFinish finish = tandem::RequestFinish::kLength;
+  std::shared_ptr<EventSignal> signal = std::make_shared<EventSignal>();
 };
 
 /// Live handles. A handle value is (id << 4 | kind) with an id that is never reused, so a
@@ -138,9 +165,23 @@ std::shared_ptr<ModelObj> get_model(const tandem_model* h, const char* fn);
 std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn);
 std::shared_ptr<SchedulerObj> get_scheduler(const tandem_scheduler* h, const char* fn);
 std::shared_ptr<RequestObj> get_request(const tandem_request* h, const char* fn);
+std::shared_ptr<ExecutorObj> get_executor(const tandem_executor* h, const char* fn);
+
+/// A new executor for `model` as params describe it (device kind and id, threads);
+/// TANDEM_E_UNSUPPORTED for a GPU in a build without CUDA. Logged at TANDEM_LOG_INFO.
+std::shared_ptr<ExecutorObj> make_executor(const std::shared_ptr<ModelObj>& model, const tandem_executor_params& p,
+                                           const char* fn);
+/// Range checks of an executor description (index names it in the message).
+void check_executor_params(const tandem_executor_params& p, size_t index, const char* fn);
+
+/// Send a line to the callback of tandem_log_set (if any and if level >= its minimum).
+/// Never throws; a callback is never called after tandem_log_set replaced it.
+void log_line(int32_t level, std::string_view message) noexcept;
+tandem_status set_log(tandem_log_callback callback, void* user_data, int32_t min_level) noexcept;
+bool log_enabled(int32_t level) noexcept;
 
 /// Marks a session in use for the duration of one call; a second concurrent call gets
-/// TANDEM_E_BUSY (never blocks).
+/// TANDEM_E_BUSY (never blocks). The end of the call clears a pending abort.
 class BusyGuard {
  public:
   BusyGuard(SessionObj& s, const char* fn);
@@ -166,16 +207,14 @@ void read_struct(const T* user, size_t min_size, T& out, const char* fn, const c
   std::memcpy(&n, user, sizeof n);
   if (n < min_size) {
     fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + ".struct_size " + std::to_string(n) +
-                                   " is smaller than " + std::to_string(min_size) +
-                                   " (use the *_init function)");
+                                   " is smaller than " + std::to_string(min_size) + " (use the *_init function)");
   }
   if (n > sizeof(T)) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(user);
     for (size_t i = sizeof(T); i < n; ++i) {
       if (bytes[i] != 0) {
-        fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + " sets a field at byte " +
-                                       std::to_string(i) + " that this library version (" +
-                                       TANDEM_VERSION_STRING + ") does not know");
+        fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + " sets a field at byte " + std::to_string(i) +
+                                       " that this library version (" + TANDEM_VERSION_STRING + ") does not know");
       }
     }
   }
@@ -190,8 +229,7 @@ size_t out_struct_size(const T* user, size_t min_size, const char* fn, const cha
   std::memcpy(&n, user, sizeof n);
   if (n < min_size) {
     fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": " + type + ".struct_size " + std::to_string(n) +
-                                   " is smaller than " + std::to_string(min_size) +
-                                   " (use the *_init function)");
+                                   " is smaller than " + std::to_string(min_size) + " (use the *_init function)");
   }
   return std::min(n, sizeof(T));
 }
@@ -207,13 +245,12 @@ void write_struct(T* user, const T& value, size_t n) {
 
 /// *_init: zero struct_size bytes, set struct_size, then the defaults that fit.
 template <class T>
-void init_struct(T* user, size_t struct_size, size_t min_size, const T& defaults, const char* fn,
-                 const char* type) {
+void init_struct(T* user, size_t struct_size, size_t min_size, const T& defaults, const char* fn, const char* type) {
   require(user, fn, type);
   if (struct_size < min_size) {
     fail(TANDEM_E_INVALID_ARG, std::string(fn) + ": struct_size " + std::to_string(struct_size) +
-                                   " is smaller than sizeof(" + type + ") of version 0.1 (" +
-                                   std::to_string(min_size) + ")");
+                                   " is smaller than sizeof(" + type + ") of version 0.1 (" + std::to_string(min_size) +
+                                   ")");
   }
   std::memset(static_cast<void*>(user), 0, struct_size);
   std::memcpy(static_cast<void*>(user), &defaults, std::min(struct_size, sizeof(T)));

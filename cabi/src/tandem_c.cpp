@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "capi_internal.hpp"
+#include "tandem/gpu_q4_executor.hpp"
 #include "tandem/tokenizer.hpp"
 
 using namespace tandem;
@@ -68,6 +70,11 @@ static_assert(static_cast<int>(RequestFinish::kError) == TANDEM_FINISH_ERROR);
 static_assert(static_cast<int>(SlaClass::kInteractive) == TANDEM_SLA_INTERACTIVE);
 static_assert(static_cast<int>(SlaClass::kStandard) == TANDEM_SLA_STANDARD);
 static_assert(static_cast<int>(SlaClass::kBatch) == TANDEM_SLA_BATCH);
+static_assert(static_cast<int>(KvTier::kDevice) == TANDEM_KV_DEVICE);
+static_assert(static_cast<int>(KvTier::kHost) == TANDEM_KV_HOST);
+static_assert(static_cast<int>(KvTier::kFile) == TANDEM_KV_FILE);
+static_assert(static_cast<int>(KvDtype::kF32) == TANDEM_KV_F32);
+static_assert(static_cast<int>(KvDtype::kF16) == TANDEM_KV_F16);
 
 // ---- struct sizes of version 0.1 ----------------------------------------------------------
 //
@@ -79,14 +86,14 @@ namespace {
 
 constexpr size_t kModelParamsV01 = sizeof(tandem_model_params);
 constexpr size_t kModelInfoV01 = sizeof(tandem_model_info);
-constexpr size_t kSessionParamsV01 = sizeof(tandem_session_params);
+constexpr size_t kSessionParamsV01 = offsetof(tandem_session_params, kv_tier);
 constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);
 constexpr size_t kSamplingParamsV01 = sizeof(tandem_sampling_params);
 constexpr size_t kGenerateParamsV01 = sizeof(tandem_generate_params);
 constexpr size_t kGenerateResultV01 = sizeof(tandem_generate_result);
-constexpr size_t kExecutorParamsV01 = sizeof(tandem_executor_params);
-constexpr size_t kSchedulerParamsV01 = sizeof(tandem_scheduler_params);
-constexpr size_t kRequestParamsV01 = sizeof(tandem_request_params);
+constexpr size_t kExecutorParamsV01 = offsetof(tandem_executor_params, device_kind);
+constexpr size_t kSchedulerParamsV01 = offsetof(tandem_scheduler_params, executor_handles);
+constexpr size_t kRequestParamsV01 = offsetof(tandem_request_params, session);
 constexpr size_t kRequestEventV01 = sizeof(tandem_request_event);
 constexpr size_t kRequestResultV01 = sizeof(tandem_request_result);
 
@@ -94,14 +101,14 @@ constexpr size_t kRequestResultV01 = sizeof(tandem_request_result);
   static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
 TANDEM_NO_TAIL_PADDING(tandem_model_params, max_alignment);
 TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
-TANDEM_NO_TAIL_PADDING(tandem_session_params, n_threads);
+TANDEM_NO_TAIL_PADDING(tandem_session_params, kv_dir);
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
 TANDEM_NO_TAIL_PADDING(tandem_generate_params, flags);
 TANDEM_NO_TAIL_PADDING(tandem_generate_result, generate_seconds);
-TANDEM_NO_TAIL_PADDING(tandem_executor_params, accelerator);
-TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, page_size);
-TANDEM_NO_TAIL_PADDING(tandem_request_params, deadline_ms);
+TANDEM_NO_TAIL_PADDING(tandem_executor_params, kv_dir);
+TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, reserved);
+TANDEM_NO_TAIL_PADDING(tandem_request_params, session);
 TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_result, e2e_seconds);
 #undef TANDEM_NO_TAIL_PADDING
@@ -128,6 +135,9 @@ tandem_session_params default_session_params() {
   p.n_batch = d.n_batch;
   p.page_size = d.page_size;
   p.n_threads = 0;
+  p.kv_tier = TANDEM_KV_HOST;
+  p.kv_dtype = TANDEM_KV_F16;
+  p.kv_dir = nullptr;
   return p;
 }
 
@@ -164,6 +174,11 @@ tandem_executor_params default_executor_params() {
   p.prefill_chunk = d.prefill_chunk;
   p.kv_pages = 0;
   p.accelerator = -1;
+  p.device_kind = TANDEM_DEVICE_CPU;
+  p.device_id = 0;
+  p.kv_dtype = TANDEM_KV_F16;
+  p.kv_file_pages = 0;
+  p.kv_dir = nullptr;
   return p;
 }
 
@@ -177,6 +192,9 @@ tandem_scheduler_params default_scheduler_params() {
   p.max_context = d.max_context;
   p.prefix_cache_entries = d.prefix_cache_entries;
   p.page_size = 16;
+  p.executor_handles = nullptr;
+  p.log_routing = 1;
+  p.reserved = 0;
   return p;
 }
 
@@ -186,6 +204,7 @@ tandem_request_params default_request_params() {
   p.max_tokens = Request{}.max_tokens;
   p.sla = TANDEM_SLA_STANDARD;
   p.deadline_ms = 0;
+  p.session = 0;
   return p;
 }
 
@@ -272,8 +291,7 @@ struct PreparedGenerate {
   size_t result_bytes = 0;
 };
 
-PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_generate_result* result,
-                                  const char* fn) {
+PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_generate_result* result, const char* fn) {
   PreparedGenerate g;
   tandem_generate_params p = default_generate_params();
   if (user != nullptr) read_struct(user, kGenerateParamsV01, p, fn, "tandem_generate_params");
@@ -288,7 +306,8 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
     g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
     std::memcpy(&g.result, result, g.result_bytes);
     if (g.result.tokens == nullptr && g.result.tokens_cap != 0) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->tokens is NULL but tokens_cap is {}", fn, g.result.tokens_cap));
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: result->tokens is NULL but tokens_cap is {}", fn, g.result.tokens_cap));
     }
     if (g.result.text == nullptr && g.result.text_cap != 0) {
       fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->text is NULL but text_cap is {}", fn, g.result.text_cap));
@@ -297,12 +316,58 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
   return g;
 }
 
+/// The token callback, plus the abort check of tandem_session_abort after each piece.
 void attach_callback(PreparedGenerate& g, SessionObj& s, tandem_token_callback callback, void* user_data) {
-  if (callback == nullptr) return;
   g.options.on_text = [&s, callback, user_data](std::string_view text, int32_t token) {
-    s.piece.assign(text.data(), text.size());  // NUL-terminated copy, reused between calls
-    return callback(s.piece.c_str(), s.piece.size(), token, user_data) == 0;
+    if (callback != nullptr) {
+      s.piece.assign(text.data(), text.size());  // NUL-terminated copy, reused between calls
+      if (callback(s.piece.c_str(), s.piece.size(), token, user_data) != 0) return false;
+    }
+    return !s.abort.load(std::memory_order_relaxed);
   };
+}
+
+/// Session::generate with the prompt evaluated here, n_batch tokens at a time, so that
+/// tandem_session_abort can stop a long prefill between chunks. Same results as
+/// Session::generate(prompt, options): the same chunks reach the executor, the whole
+/// prompt is checked (ids, context) before anything is evaluated.
+GenerateResult generate_abortable(SessionObj& s, std::span<const int32_t> prompt, const GenerateOptions& options) {
+  Session& session = *s.session;
+  const int32_t n_vocab = session.model().hparams().n_vocab;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= n_vocab) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("generate: token id {} at index {} is outside the vocabulary [0, {})", prompt[i], i, n_vocab));
+    }
+  }
+  const size_t before = session.tokens().size();
+  // A pending sampled token (at most one) is evaluated with the first chunk. When the
+  // prompt might not fit with it, leave the whole check to Session::generate, which
+  // refuses an overflowing prompt before evaluating anything.
+  const bool chunked = !prompt.empty() && before + prompt.size() + 1 <= size_t(session.n_ctx());
+  if (!chunked) return session.generate(prompt, options);
+  const auto t0 = std::chrono::steady_clock::now();
+  GenerateResult cancelled;
+  cancelled.finish = FinishReason::kCancelled;
+  const size_t chunk = size_t(s.n_batch);
+  for (size_t b = 0; b < prompt.size(); b += chunk) {
+    if (s.abort.load(std::memory_order_relaxed)) {
+      cancelled.n_prompt = int32_t(session.tokens().size() - before);
+      return cancelled;
+    }
+    session.eval(prompt.subspan(b, std::min(chunk, prompt.size() - b)));
+  }
+  const double prompt_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int32_t n_prompt = int32_t(session.tokens().size() - before);  // the pending token included
+  if (s.abort.load(std::memory_order_relaxed)) {
+    cancelled.n_prompt = n_prompt;
+    cancelled.prompt_seconds = prompt_seconds;
+    return cancelled;
+  }
+  GenerateResult r = session.generate(std::span<const int32_t>(), options);
+  r.n_prompt = n_prompt;
+  r.prompt_seconds = prompt_seconds;
+  return r;
 }
 
 void write_result(const GenerateResult& r, PreparedGenerate& g, tandem_generate_result* result) {
@@ -377,51 +442,142 @@ void fill_request_result(const RequestObj& r, tandem_request_result* result, con
   write_struct(result, out, n);
 }
 
+/// One poll of tandem_request_poll: writes *event (kind NONE when nothing is there) and
+/// returns true when it delivered a token or finish event.
+bool poll_event(RequestObj& r, tandem_request_event* event, const char* fn) {
+  require(event, fn, "event");
+  const size_t n = out_struct_size(event, kRequestEventV01, fn, "tandem_request_event");
+  tandem_request_event out{};
+  std::memcpy(&out, event, n);
+  if (out.text == nullptr && out.text_cap != 0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: event->text is NULL but text_cap is {}", fn, out.text_cap));
+  }
+  std::lock_guard<std::mutex> lock(r.poll_mu);
+  out.kind = TANDEM_EVENT_NONE;
+  out.token = -1;
+  out.finish_reason = -1;
+  out.reserved = 0;
+  out.text_len = 0;
+  std::string_view text;
+  bool taking = false;
+  if (!r.have_pending && !r.finish_seen) {
+    r.have_pending = r.handle.poll(r.pending, r.pending_text);
+  }
+  if (r.have_pending) {
+    taking = true;
+    text = r.pending_text;
+    out.kind = r.pending.final ? TANDEM_EVENT_FINISH : TANDEM_EVENT_TOKEN;
+    out.token = r.pending.final ? -1 : r.pending.token;
+    out.finish_reason = r.pending.final ? static_cast<int32_t>(r.pending.finish) : -1;
+  } else if (r.finish_seen) {
+    out.kind = TANDEM_EVENT_FINISH;
+    out.finish_reason = static_cast<int32_t>(r.finish);
+  }
+  out.text_len = text.size();
+  if (out.text != nullptr) {
+    if (out.text_cap < text.size() + 1) {
+      event->text_len = text.size();  // the event stays first in line
+      fail(TANDEM_E_BUFFER_TOO_SMALL, fmt::format("{}: event->text holds {} bytes, {} needed (the event is kept)", fn,
+                                                  out.text_cap, text.size() + 1));
+    }
+    if (!text.empty()) std::memcpy(out.text, text.data(), text.size());
+    out.text[text.size()] = '\0';
+  }
+  if (taking) {
+    r.have_pending = false;
+    if (r.pending.final) {
+      r.finish_seen = true;
+      r.finish = r.pending.finish;
+    }
+  }
+  write_struct(event, out, n);
+  return out.kind != TANDEM_EVENT_NONE;
+}
+
 }  // namespace
 
 extern "C" {
 
 // ---- library-wide ------------------------------------------------------------------------
 
-const char* tandem_version(void) { return TANDEM_VERSION_STRING; }
+const char* tandem_version(void) {
+  return TANDEM_VERSION_STRING;
+}
 
-const char* tandem_last_error(void) { return last_error(); }
+const char* tandem_last_error(void) {
+  return last_error();
+}
 
 const char* tandem_status_name(tandem_status status) {
   switch (status) {
-    case TANDEM_OK: return "OK";
-    case TANDEM_E_INVALID_ARG: return "INVALID_ARG";
-    case TANDEM_E_IO: return "IO";
-    case TANDEM_E_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
-    case TANDEM_E_GGUF_BAD_MAGIC: return "GGUF_BAD_MAGIC";
-    case TANDEM_E_GGUF_BAD_VERSION: return "GGUF_BAD_VERSION";
-    case TANDEM_E_GGUF_TRUNCATED: return "GGUF_TRUNCATED";
-    case TANDEM_E_GGUF_BAD_LENGTH: return "GGUF_BAD_LENGTH";
-    case TANDEM_E_GGUF_BAD_ALIGNMENT: return "GGUF_BAD_ALIGNMENT";
-    case TANDEM_E_GGUF_DUPLICATE_KEY: return "GGUF_DUPLICATE_KEY";
-    case TANDEM_E_GGUF_DUPLICATE_TENSOR: return "GGUF_DUPLICATE_TENSOR";
-    case TANDEM_E_GGUF_BAD_TYPE: return "GGUF_BAD_TYPE";
-    case TANDEM_E_GGUF_BAD_TENSOR: return "GGUF_BAD_TENSOR";
-    case TANDEM_E_TENSOR_NON_FINITE: return "TENSOR_NON_FINITE";
-    case TANDEM_E_MODEL_UNSUPPORTED_ARCH: return "MODEL_UNSUPPORTED_ARCH";
-    case TANDEM_E_MODEL_MISSING_TENSOR: return "MODEL_MISSING_TENSOR";
-    case TANDEM_E_MODEL_BAD_HPARAMS: return "MODEL_BAD_HPARAMS";
-    case TANDEM_E_MODEL_BAD_TENSOR_SHAPE: return "MODEL_BAD_TENSOR_SHAPE";
-    case TANDEM_E_TOKENIZER: return "TOKENIZER";
-    case TANDEM_E_CONTEXT_OVERFLOW: return "CONTEXT_OVERFLOW";
-    case TANDEM_E_BAD_POSITION: return "BAD_POSITION";
-    case TANDEM_E_KV_MISMATCH: return "KV_MISMATCH";
-    case TANDEM_E_KV_CHECKSUM: return "KV_CHECKSUM";
-    case TANDEM_E_KV_LEASE_EXPIRED: return "KV_LEASE_EXPIRED";
-    case TANDEM_E_KV_TOKEN_RANGE: return "KV_TOKEN_RANGE";
-    case TANDEM_E_SESSION_CORRUPT: return "SESSION_CORRUPT";
-    case TANDEM_E_SESSION_MODEL_MISMATCH: return "SESSION_MODEL_MISMATCH";
-    case TANDEM_E_SESSION_VERSION: return "SESSION_VERSION";
-    case TANDEM_E_INTERNAL: return "INTERNAL";
-    case TANDEM_E_INVALID_HANDLE: return "INVALID_HANDLE";
-    case TANDEM_E_BUSY: return "BUSY";
-    case TANDEM_E_BUFFER_TOO_SMALL: return "BUFFER_TOO_SMALL";
-    default: break;
+    case TANDEM_OK:
+      return "OK";
+    case TANDEM_E_INVALID_ARG:
+      return "INVALID_ARG";
+    case TANDEM_E_IO:
+      return "IO";
+    case TANDEM_E_OUT_OF_MEMORY:
+      return "OUT_OF_MEMORY";
+    case TANDEM_E_GGUF_BAD_MAGIC:
+      return "GGUF_BAD_MAGIC";
+    case TANDEM_E_GGUF_BAD_VERSION:
+      return "GGUF_BAD_VERSION";
+    case TANDEM_E_GGUF_TRUNCATED:
+      return "GGUF_TRUNCATED";
+    case TANDEM_E_GGUF_BAD_LENGTH:
+      return "GGUF_BAD_LENGTH";
+    case TANDEM_E_GGUF_BAD_ALIGNMENT:
+      return "GGUF_BAD_ALIGNMENT";
+    case TANDEM_E_GGUF_DUPLICATE_KEY:
+      return "GGUF_DUPLICATE_KEY";
+    case TANDEM_E_GGUF_DUPLICATE_TENSOR:
+      return "GGUF_DUPLICATE_TENSOR";
+    case TANDEM_E_GGUF_BAD_TYPE:
+      return "GGUF_BAD_TYPE";
+    case TANDEM_E_GGUF_BAD_TENSOR:
+      return "GGUF_BAD_TENSOR";
+    case TANDEM_E_TENSOR_NON_FINITE:
+      return "TENSOR_NON_FINITE";
+    case TANDEM_E_MODEL_UNSUPPORTED_ARCH:
+      return "MODEL_UNSUPPORTED_ARCH";
+    case TANDEM_E_MODEL_MISSING_TENSOR:
+      return "MODEL_MISSING_TENSOR";
+    case TANDEM_E_MODEL_BAD_HPARAMS:
+      return "MODEL_BAD_HPARAMS";
+    case TANDEM_E_MODEL_BAD_TENSOR_SHAPE:
+      return "MODEL_BAD_TENSOR_SHAPE";
+    case TANDEM_E_TOKENIZER:
+      return "TOKENIZER";
+    case TANDEM_E_CONTEXT_OVERFLOW:
+      return "CONTEXT_OVERFLOW";
+    case TANDEM_E_BAD_POSITION:
+      return "BAD_POSITION";
+    case TANDEM_E_KV_MISMATCH:
+      return "KV_MISMATCH";
+    case TANDEM_E_KV_CHECKSUM:
+      return "KV_CHECKSUM";
+    case TANDEM_E_KV_LEASE_EXPIRED:
+      return "KV_LEASE_EXPIRED";
+    case TANDEM_E_KV_TOKEN_RANGE:
+      return "KV_TOKEN_RANGE";
+    case TANDEM_E_SESSION_CORRUPT:
+      return "SESSION_CORRUPT";
+    case TANDEM_E_SESSION_MODEL_MISMATCH:
+      return "SESSION_MODEL_MISMATCH";
+    case TANDEM_E_SESSION_VERSION:
+      return "SESSION_VERSION";
+    case TANDEM_E_INTERNAL:
+      return "INTERNAL";
+    case TANDEM_E_INVALID_HANDLE:
+      return "INVALID_HANDLE";
+    case TANDEM_E_BUSY:
+      return "BUSY";
+    case TANDEM_E_BUFFER_TOO_SMALL:
+      return "BUFFER_TOO_SMALL";
+    case TANDEM_E_UNSUPPORTED:
+      return "UNSUPPORTED";
+    default:
+      break;
   }
   // Codes the C++ library has that this header does not name yet (it passes them
   // through): tandem::error_code_name gives their stable names (string literals).
@@ -461,9 +617,8 @@ tandem_status tandem_model_free(tandem_model* model) {
     if (model == nullptr) return;
     auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(model), Kind::kModel);
     if (!obj) {
-      fail(TANDEM_E_INVALID_HANDLE,
-           fmt::format("tandem_model_free: model handle {:#x} is not live (double free?)",
-                       reinterpret_cast<uintptr_t>(model)));
+      fail(TANDEM_E_INVALID_HANDLE, fmt::format("tandem_model_free: model handle {:#x} is not live (double free?)",
+                                                reinterpret_cast<uintptr_t>(model)));
     }
   });
 }
@@ -589,19 +744,29 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
            fmt::format("{}: n_ctx {} must be >= 0, n_batch {} and page_size {} >= 1, n_threads {} in [0, {}]", fn,
                        p.n_ctx, p.n_batch, p.page_size, p.n_threads, kMaxThreads));
     }
+    if (p.kv_tier != TANDEM_KV_HOST && p.kv_tier != TANDEM_KV_FILE) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: kv_tier {} must be TANDEM_KV_HOST (1) or TANDEM_KV_FILE (2) for a "
+                                             "session",
+                                             fn, p.kv_tier));
+    }
+    if (p.kv_dtype != TANDEM_KV_F16 && p.kv_dtype != TANDEM_KV_F32) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16)", fn, p.kv_dtype));
+    }
     const HParams& hp = m->model->hparams();
     const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : std::min(hp.n_ctx_train, 4096);
     if (n_ctx > int64_t(std::numeric_limits<int32_t>::max()) - p.page_size) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_ctx {} with page_size {} overflows the page count", fn,
-                                             p.n_ctx, p.page_size));
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: n_ctx {} with page_size {} overflows the page count", fn, p.n_ctx, p.page_size));
     }
     // Refuse a KV cache that cannot fit in physical memory before allocating it (the
     // pool is zero-filled at creation, so all of it would be touched at once).
     const double n_pages = std::ceil(double(n_ctx) / double(p.page_size));
+    const double elem_bytes = p.kv_dtype == TANDEM_KV_F16 ? 2.0 : 4.0;
     const double kv_bytes = n_pages * double(p.page_size) * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) *
-                            double(std::max(hp.head_dim, hp.head_dim_v)) * 2.0;
+                            double(std::max(hp.head_dim, hp.head_dim_v)) * elem_bytes;
     const double phys = physical_memory_bytes();
-    if (kv_bytes > phys) {
+    if (p.kv_tier == TANDEM_KV_HOST && kv_bytes > phys) {
       fail(TANDEM_E_OUT_OF_MEMORY,
            fmt::format("{}: a KV cache of {} positions needs {:.3g} bytes, more than the {:.3g} bytes of physical "
                        "memory",
@@ -616,6 +781,9 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
     session_options.n_ctx = p.n_ctx;
     session_options.n_batch = p.n_batch;
     session_options.page_size = p.page_size;
+    session_options.kv_tier = static_cast<KvTier>(p.kv_tier);
+    session_options.kv_dtype = static_cast<KvDtype>(p.kv_dtype);
+    if (p.kv_dir != nullptr) session_options.kv_dir = std::filesystem::path(p.kv_dir);
     s->session = std::make_unique<Session>(m->model, *s->executor, session_options);
     s->n_batch = p.n_batch;
     s->page_size = p.page_size;
@@ -628,9 +796,8 @@ tandem_status tandem_session_free(tandem_session* session) {
     if (session == nullptr) return;
     auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(session), Kind::kSession);
     if (!obj) {
-      fail(TANDEM_E_INVALID_HANDLE,
-           fmt::format("tandem_session_free: session handle {:#x} is not live (double free?)",
-                       reinterpret_cast<uintptr_t>(session)));
+      fail(TANDEM_E_INVALID_HANDLE, fmt::format("tandem_session_free: session handle {:#x} is not live (double free?)",
+                                                reinterpret_cast<uintptr_t>(session)));
     }
   });
 }
@@ -688,8 +855,7 @@ tandem_status tandem_session_eval(tandem_session* session, const int32_t* tokens
   });
 }
 
-tandem_status tandem_session_get_logits(const tandem_session* session, float* logits, size_t capacity,
-                                        size_t* out_n) {
+tandem_status tandem_session_get_logits(const tandem_session* session, float* logits, size_t capacity, size_t* out_n) {
   static constexpr const char* fn = "tandem_session_get_logits";
   return guard([&] {
     auto s = get_session(session, fn);
@@ -749,7 +915,9 @@ tandem_status tandem_session_generate(tandem_session* session, const char* promp
     PreparedGenerate g = prepare_generate(params, result, fn);
     BusyGuard busy(*s, fn);
     attach_callback(g, *s, callback, user_data);
-    const GenerateResult r = s->session->generate(prompt, g.options, g.parse_special);
+    // BOS when the conversation is empty (as Session::generate(text) adds it).
+    const auto ids = s->session->model().tokenizer().tokenize(prompt, s->session->tokens().empty(), g.parse_special);
+    const GenerateResult r = generate_abortable(*s, ids, g.options);
     write_result(r, g, result);
   });
 }
@@ -767,8 +935,17 @@ tandem_status tandem_session_generate_tokens(tandem_session* session, const int3
     PreparedGenerate g = prepare_generate(params, result, fn);
     BusyGuard busy(*s, fn);
     attach_callback(g, *s, callback, user_data);
-    const GenerateResult r = s->session->generate(std::span<const int32_t>(prompt, n_prompt), g.options);
+    const GenerateResult r = generate_abortable(*s, std::span<const int32_t>(prompt, n_prompt), g.options);
     write_result(r, g, result);
+  });
+}
+
+tandem_status tandem_session_abort(tandem_session* session) {
+  static constexpr const char* fn = "tandem_session_abort";
+  return guard([&] {
+    auto s = get_session(session, fn);
+    std::lock_guard<std::mutex> lock(s->abort_mu);
+    if (s->busy.load(std::memory_order_acquire)) s->abort.store(true, std::memory_order_relaxed);
   });
 }
 
@@ -807,8 +984,8 @@ tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t
 
 tandem_status tandem_scheduler_params_init(tandem_scheduler_params* params, size_t struct_size) {
   return guard([&] {
-    init_struct(params, struct_size, kSchedulerParamsV01, default_scheduler_params(),
-                "tandem_scheduler_params_init", "tandem_scheduler_params");
+    init_struct(params, struct_size, kSchedulerParamsV01, default_scheduler_params(), "tandem_scheduler_params_init",
+                "tandem_scheduler_params");
   });
 }
 
@@ -847,13 +1024,15 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
     if (params != nullptr) read_struct(params, kSchedulerParamsV01, p, fn, "tandem_scheduler_params");
     constexpr size_t kMaxExecutors = 64;
     if (p.n_executors < 1 || p.n_executors > kMaxExecutors) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_executors {} must be in [1, {}]", fn, p.n_executors, kMaxExecutors));
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: n_executors {} must be in [1, {}]", fn, p.n_executors, kMaxExecutors));
     }
     if (p.max_queued < 0 || p.max_context < 0 || p.prefix_cache_entries < 0 || p.page_size < 1) {
       fail(TANDEM_E_INVALID_ARG,
            fmt::format("{}: max_queued {}, max_context {} and prefix_cache_entries {} must be >= 0, page_size {} >= 1",
                        fn, p.max_queued, p.max_context, p.prefix_cache_entries, p.page_size));
     }
+    if (p.reserved != 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: reserved must be 0", fn));
     std::vector<tandem_executor_params> ex(p.n_executors, default_executor_params());
     if (p.executors != nullptr) {
       size_t stride = 0;
@@ -869,67 +1048,107 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
         size_t n = 0;
         std::memcpy(&n, e, sizeof n);
         if (n != stride) {
-          fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}].struct_size {} differs from executors[0]'s {}", fn,
-                                                 i, n, stride));
+          fail(TANDEM_E_INVALID_ARG,
+               fmt::format("{}: executors[{}].struct_size {} differs from executors[0]'s {}", fn, i, n, stride));
         }
         read_struct(e, kExecutorParamsV01, ex[i], fn, "tandem_executor_params");
       }
     }
+    std::vector<std::shared_ptr<ExecutorObj>> given(p.n_executors);
+    if (p.executor_handles != nullptr) {
+      for (size_t i = 0; i < p.n_executors; ++i) {
+        given[i] = get_executor(p.executor_handles[i], fn);
+        if (given[i]->model->model != m->model) {
+          fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executor_handles[{}] was created for another model", fn, i));
+        }
+        for (size_t j = 0; j < i; ++j) {
+          if (given[j] == given[i]) {
+            fail(TANDEM_E_INVALID_ARG,
+                 fmt::format("{}: executor_handles[{}] and [{}] are the same executor", fn, j, i));
+          }
+        }
+        ex[i].device_kind = given[i]->device_kind;
+        ex[i].device_id = given[i]->device_id;
+      }
+    }
+    for (size_t i = 0; i < ex.size(); ++i) check_executor_params(ex[i], i, fn);
     const HParams& hp = m->model->hparams();
     const int64_t n_ctx = p.max_context > 0 ? p.max_context : std::min(hp.n_ctx_train, 4096);
-    const KvLayout layout = KvLayout::for_model(hp, p.page_size);
     // The scheduler reserves the pages of prompt + max_tokens plus one (copy-on-write of a
     // shared last page) per sequence.
     const int64_t pages_per_seq = (n_ctx + p.page_size - 1) / p.page_size + 1;
     std::vector<int32_t> kv_pages(ex.size());
-    double kv_bytes = 0.0;
+    double host_kv_bytes = 0.0;
     for (size_t i = 0; i < ex.size(); ++i) {
       const tandem_executor_params& e = ex[i];
-      if (e.n_threads < 0 || e.n_threads > kMaxThreads || e.max_running < 1 || e.step_token_budget < 1 ||
-          e.prefill_chunk < 1 || e.kv_pages < 0 || e.accelerator < -1 || e.accelerator > 1) {
-        fail(TANDEM_E_INVALID_ARG,
-             fmt::format("{}: executors[{}]: n_threads {} must be in [0, {}], max_running {}, step_token_budget {} "
-                         "and prefill_chunk {} >= 1, kv_pages {} >= 0, accelerator {} in [-1, 1]",
-                         fn, i, e.n_threads, kMaxThreads, e.max_running, e.step_token_budget, e.prefill_chunk,
-                         e.kv_pages, e.accelerator));
-      }
       const int64_t pages = e.kv_pages > 0 ? int64_t(e.kv_pages) : int64_t(e.max_running) * pages_per_seq;
       if (pages > int64_t(std::numeric_limits<int32_t>::max())) {
         fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: {} KV pages (max_running {} x {} pages) is too many",
                                                fn, i, pages, e.max_running, pages_per_seq));
       }
       kv_pages[i] = int32_t(pages);
-      kv_bytes += double(pages) * double(layout.page_bytes());
+      const KvLayout layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(e.kv_dtype));
+      if (e.device_kind == TANDEM_DEVICE_CPU) host_kv_bytes += double(pages) * double(layout.page_bytes());
     }
     const double phys = physical_memory_bytes();
-    if (kv_bytes > phys) {
+    if (host_kv_bytes > phys) {
       fail(TANDEM_E_OUT_OF_MEMORY,
            fmt::format("{}: the KV stores need {:.3g} bytes, more than the {:.3g} bytes of physical memory (set "
                        "kv_pages or max_context)",
-                       fn, kv_bytes, phys));
+                       fn, host_kv_bytes, phys));
     }
     auto obj = std::make_shared<SchedulerObj>();
     obj->model = m;
+    // Take the given executors (one scheduler each); the destructor hands them back.
+    for (size_t i = 0; i < given.size(); ++i) {
+      if (!given[i]) continue;
+      if (given[i]->in_use.exchange(true, std::memory_order_acq_rel)) {
+        fail(TANDEM_E_BUSY, fmt::format("{}: executor_handles[{}] is in use by another scheduler", fn, i));
+      }
+      obj->executors.push_back(given[i]);
+    }
     SchedulerOptions so;
     so.max_queued = p.max_queued;
     so.max_context = p.max_context;
     so.prefix_cache_entries = p.prefix_cache_entries;
+    if (p.log_routing != 0) so.log = [](std::string_view line) { log_line(TANDEM_LOG_DEBUG, line); };
+    std::vector<std::shared_ptr<ExecutorObj>> used(ex.size());
+    for (size_t i = 0, k = 0; i < ex.size(); ++i) {
+      if (given[i]) {
+        used[i] = obj->executors[k++];
+      } else {
+        used[i] = make_executor(m, ex[i], fn);
+        used[i]->in_use.store(true, std::memory_order_release);
+        obj->executors.push_back(used[i]);
+      }
+    }
     for (size_t i = 0; i < ex.size(); ++i) {
-      CpuExecutorOptions eo;
-      eo.n_threads = ex[i].n_threads;
-      obj->executors.push_back(std::make_unique<CpuQ4Executor>(m->model, eo));
+      const tandem_executor_params& e = ex[i];
       KvStoreOptions ko;
-      ko.layout = layout;
-      ko.host_pages = kv_pages[i];
+      ko.layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(e.kv_dtype));
+      ko.file_pages = e.kv_file_pages;
+      if (e.kv_dir != nullptr) ko.file_dir = std::filesystem::path(e.kv_dir);
+      if (e.device_kind == TANDEM_DEVICE_CUDA) {
+#if defined(TANDEM_HAVE_CUDA)
+        ko.device =
+            static_cast<const GpuQ4Executor&>(*used[i]->executor).make_kv_device_backend(ko.layout, kv_pages[i]);
+#endif
+      } else {
+        ko.host_pages = kv_pages[i];
+      }
       obj->stores.push_back(std::make_shared<KvStore>(std::move(ko)));
+      log_line(TANDEM_LOG_INFO, fmt::format("scheduler: executor {} ({}) with {} KV pages of {} tokens ({}), {} File "
+                                            "pages",
+                                            i, used[i]->executor->name(), kv_pages[i], p.page_size,
+                                            e.kv_dtype == TANDEM_KV_F16 ? "f16" : "f32", e.kv_file_pages));
       ExecutorConfig c;
-      c.executor = obj->executors.back().get();
+      c.executor = used[i]->executor.get();
       c.store = obj->stores.back();
-      c.max_running = ex[i].max_running;
-      c.step_token_budget = ex[i].step_token_budget;
-      c.prefill_chunk = ex[i].prefill_chunk;
-      if (ex[i].accelerator >= 0) c.accelerator = ex[i].accelerator == 1;
-      c.name = fmt::format("cpu{}", i);
+      c.max_running = e.max_running;
+      c.step_token_budget = e.step_token_budget;
+      c.prefill_chunk = e.prefill_chunk;
+      if (e.accelerator >= 0) c.accelerator = e.accelerator == 1;
+      c.name = fmt::format("{}{}", used[i]->executor->name(), i);
       so.executors.push_back(std::move(c));
     }
     obj->scheduler = std::make_unique<Scheduler>(std::move(so));
@@ -977,15 +1196,15 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
       for (size_t i = 0; i < p.n_prompt_tokens; ++i) {
         const int32_t id = p.prompt_tokens[i];
         if (id < 0 || id >= n_vocab) {
-          fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt_tokens[{}] = {} is outside the vocabulary [0, {})", fn,
-                                                 i, id, n_vocab));
+          fail(TANDEM_E_INVALID_ARG,
+               fmt::format("{}: prompt_tokens[{}] = {} is outside the vocabulary [0, {})", fn, i, id, n_vocab));
         }
       }
       r.prompt_ids.assign(p.prompt_tokens, p.prompt_tokens + p.n_prompt_tokens);
     } else {
       if (p.n_prompt_tokens != 0) {
-        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt_tokens is NULL but n_prompt_tokens is {}", fn,
-                                               p.n_prompt_tokens));
+        fail(TANDEM_E_INVALID_ARG,
+             fmt::format("{}: prompt_tokens is NULL but n_prompt_tokens is {}", fn, p.n_prompt_tokens));
       }
       if (p.prompt == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt and prompt_tokens are NULL", fn));
       r.prompt_text = p.prompt;
@@ -998,11 +1217,34 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
     r.stop = read_stops(p.stop, p.n_stop, fn);
     r.sla = static_cast<SlaClass>(p.sla);
     if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
+    r.session = p.session;
     auto obj = std::make_shared<RequestObj>();
+    r.on_event = [signal = obj->signal](const RequestEvent&) {
+      {
+        std::lock_guard<std::mutex> lock(signal->mu);
+        ++signal->seq;
+      }
+      signal->cv.notify_all();
+      return true;
+    };
     obj->scheduler = sc;
     obj->handle = sc->scheduler->submit(std::move(r));  // kInvalidArgument after shutdown
     *out_request = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, std::move(obj)));
   });
+}
+
+tandem_status tandem_scheduler_session_open(tandem_scheduler* scheduler, uint64_t* out_session) {
+  static constexpr const char* fn = "tandem_scheduler_session_open";
+  return guard([&] {
+    auto sc = get_scheduler(scheduler, fn);
+    require(out_session, fn, "out_session");
+    *out_session = sc->scheduler->open_session();
+  });
+}
+
+tandem_status tandem_scheduler_session_close(tandem_scheduler* scheduler, uint64_t session) {
+  static constexpr const char* fn = "tandem_scheduler_session_close";
+  return guard([&] { get_scheduler(scheduler, fn)->scheduler->close_session(session); });
 }
 
 tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler) {
@@ -1029,52 +1271,33 @@ tandem_status tandem_request_poll(tandem_request* request, tandem_request_event*
   static constexpr const char* fn = "tandem_request_poll";
   return guard([&] {
     auto r = get_request(request, fn);
-    require(event, fn, "event");
-    const size_t n = out_struct_size(event, kRequestEventV01, fn, "tandem_request_event");
-    tandem_request_event out{};
-    std::memcpy(&out, event, n);
-    if (out.text == nullptr && out.text_cap != 0) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: event->text is NULL but text_cap is {}", fn, out.text_cap));
-    }
-    std::lock_guard<std::mutex> lock(r->poll_mu);
-    out.kind = TANDEM_EVENT_NONE;
-    out.token = -1;
-    out.finish_reason = -1;
-    out.reserved = 0;
-    out.text_len = 0;
-    std::string_view text;
-    bool taking = false;
-    if (!r->have_pending && !r->finish_seen) {
-      r->have_pending = r->handle.poll(r->pending, r->pending_text);
-    }
-    if (r->have_pending) {
-      taking = true;
-      text = r->pending_text;
-      out.kind = r->pending.final ? TANDEM_EVENT_FINISH : TANDEM_EVENT_TOKEN;
-      out.token = r->pending.final ? -1 : r->pending.token;
-      out.finish_reason = r->pending.final ? static_cast<int32_t>(r->pending.finish) : -1;
-    } else if (r->finish_seen) {
-      out.kind = TANDEM_EVENT_FINISH;
-      out.finish_reason = static_cast<int32_t>(r->finish);
-    }
-    out.text_len = text.size();
-    if (out.text != nullptr) {
-      if (out.text_cap < text.size() + 1) {
-        event->text_len = text.size();  // the event stays first in line
-        fail(TANDEM_E_BUFFER_TOO_SMALL, fmt::format("{}: event->text holds {} bytes, {} needed (the event is kept)",
-                                                    fn, out.text_cap, text.size() + 1));
+    poll_event(*r, event, fn);
+  });
+}
+
+tandem_status tandem_request_next_event(tandem_request* request, int32_t timeout_ms, tandem_request_event* event) {
+  static constexpr const char* fn = "tandem_request_next_event";
+  return guard([&] {
+    auto r = get_request(request, fn);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+    EventSignal& signal = *r->signal;
+    for (;;) {
+      uint64_t seen = 0;
+      {
+        std::lock_guard<std::mutex> lock(signal.mu);
+        seen = signal.seq;
       }
-      if (!text.empty()) std::memcpy(out.text, text.data(), text.size());
-      out.text[text.size()] = '\0';
-    }
-    if (taking) {
-      r->have_pending = false;
-      if (r->pending.final) {
-        r->finish_seen = true;
-        r->finish = r->pending.finish;
+      if (poll_event(*r, event, fn) || timeout_ms == 0) return;
+      std::unique_lock<std::mutex> lock(signal.mu);
+      const auto moved = [&] { return signal.seq != seen; };
+      if (timeout_ms < 0) {
+        signal.cv.wait(lock, moved);
+      } else if (!signal.cv.wait_until(lock, deadline, moved)) {
+        lock.unlock();
+        poll_event(*r, event, fn);  // a last look: the event may have come with the timeout
+        return;
       }
     }
-    write_struct(event, out, n);
   });
 }
 
@@ -1115,9 +1338,8 @@ tandem_status tandem_request_free(tandem_request* request) {
     if (request == nullptr) return;
     auto obj = Registry::instance().remove(reinterpret_cast<uintptr_t>(request), Kind::kRequest);
     if (!obj) {
-      fail(TANDEM_E_INVALID_HANDLE,
-           fmt::format("tandem_request_free: request handle {:#x} is not live (double free?)",
-                       reinterpret_cast<uintptr_t>(request)));
+      fail(TANDEM_E_INVALID_HANDLE, fmt::format("tandem_request_free: request handle {:#x} is not live (double free?)",
+                                                reinterpret_cast<uintptr_t>(request)));
     }
     auto r = std::static_pointer_cast<RequestObj>(obj);
     if (!r->handle.done()) {

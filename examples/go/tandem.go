@@ -224,6 +224,14 @@ type SessionParams struct {
 	NCtx, NBatch, PageSize, NThreads int
 }
 
+// Abort stops the generation running on s (called from another goroutine): it ends within
+// one prefill chunk or one token with FinishCancelled, and the session stays usable. With
+// no generation running it does nothing.
+func (s *Session) Abort() error {
+	defer runtime.KeepAlive(s)
+	return call(func() C.tandem_status { return C.tandem_session_abort(s.raw) })
+}
+
 // SessionInfo describes a session's state.
 type SessionInfo struct {
 	NCtx, NTokens, NBatch, PageSize, NThreads int

@@ -243,6 +243,35 @@ func TestCallbackStopAndStopString(t *testing.T) {
 	}
 }
 
+func TestAbortFromAnotherGoroutine(t *testing.T) {
+	c := loadCase(t, "once_upon")
+	m := mustModel(t)
+	s := mustSession(t, m, SessionParams{NCtx: 512})
+	if err := s.Abort(); err != nil { // nothing running: no effect on the next call
+		t.Fatal(err)
+	}
+	pieces := 0
+	// At the 5th piece another goroutine aborts; the callback waits until it has, so the
+	// generation must end right there (by token count, not time).
+	r, err := s.Generate(c.PromptText, Greedy(400), func(string, int32) bool {
+		pieces++
+		if pieces == 5 {
+			done := make(chan error)
+			go func() { done <- s.Abort() }()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+		return false
+	})
+	if err != nil || r.FinishReason != FinishCancelled || pieces != 5 || len(r.Tokens) > 8 {
+		t.Fatalf("%v pieces %d finish %d tokens %d", err, pieces, r.FinishReason, len(r.Tokens))
+	}
+	if r, err = s.Generate("", Greedy(3), nil); err != nil || r.FinishReason != FinishLength {
+		t.Fatalf("not usable after the abort: %v %+v", err, r)
+	}
+}
+
 func TestCallbackPanicDoesNotCrossC(t *testing.T) {
 	m := mustModel(t)
 	s := mustSession(t, m, SessionParams{})

@@ -19,6 +19,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -341,31 +343,37 @@ static void test_init_functions(void) {
   tandem_request_event re;
   tandem_request_result rr;
 
-#define CHECK_INIT(fn, type)                                                              \
+#define CHECK_INIT_MIN(fn, type, min_size)                                                \
   do {                                                                                    \
     CHECK_STATUS(fn(NULL, sizeof(type)), TANDEM_E_INVALID_ARG);                           \
     CHECK_STATUS(fn((type*)big, 0), TANDEM_E_INVALID_ARG);                                \
     CHECK_STATUS(fn((type*)big, sizeof(size_t)), TANDEM_E_INVALID_ARG);                   \
-    CHECK_STATUS(fn((type*)big, sizeof(type) - 1), TANDEM_E_INVALID_ARG);                 \
+    CHECK_STATUS(fn((type*)big, (min_size) - 1), TANDEM_E_INVALID_ARG);                   \
+    CHECK_OK(fn((type*)big, (min_size)));                                                 \
     memset(big, 0xAB, sizeof big);                                                        \
     CHECK_OK(fn((type*)big, sizeof(type) + 64));                                          \
     CHECK(((type*)big)->struct_size == sizeof(type) + 64);                                \
     CHECK(big[sizeof(type) + 63] == 0); /* the tail the library does not know: zeroed */  \
     CHECK(big[sizeof(type) + 64] == 0xAB); /* nothing past struct_size */                 \
   } while (0)
+#define CHECK_INIT(fn, type) CHECK_INIT_MIN(fn, type, sizeof(type))
   CHECK_INIT(tandem_model_params_init, tandem_model_params);
   CHECK_INIT(tandem_model_info_init, tandem_model_info);
-  CHECK_INIT(tandem_session_params_init, tandem_session_params);
+  /* Structs that grew accept the struct_size of their first version. */
+  CHECK_INIT_MIN(tandem_session_params_init, tandem_session_params, offsetof(tandem_session_params, kv_tier));
   CHECK_INIT(tandem_session_info_init, tandem_session_info);
   CHECK_INIT(tandem_sampling_params_init, tandem_sampling_params);
   CHECK_INIT(tandem_generate_params_init, tandem_generate_params);
   CHECK_INIT(tandem_generate_result_init, tandem_generate_result);
-  CHECK_INIT(tandem_executor_params_init, tandem_executor_params);
-  CHECK_INIT(tandem_scheduler_params_init, tandem_scheduler_params);
-  CHECK_INIT(tandem_request_params_init, tandem_request_params);
+  CHECK_INIT_MIN(tandem_executor_params_init, tandem_executor_params, offsetof(tandem_executor_params, device_kind));
+  CHECK_INIT_MIN(tandem_scheduler_params_init, tandem_scheduler_params,
+                 offsetof(tandem_scheduler_params, executor_handles));
+  CHECK_INIT_MIN(tandem_request_params_init, tandem_request_params, offsetof(tandem_request_params, session));
   CHECK_INIT(tandem_request_event_init, tandem_request_event);
   CHECK_INIT(tandem_request_result_init, tandem_request_result);
+  CHECK_INIT(tandem_device_info_init, tandem_device_info);
 #undef CHECK_INIT
+#undef CHECK_INIT_MIN
 
   CHECK_OK(tandem_model_params_init(&mp, sizeof mp));
   CHECK(mp.struct_size == sizeof mp && mp.check_block_scales == 1 && mp.max_alignment == (1u << 20));
@@ -373,6 +381,7 @@ static void test_init_functions(void) {
   CHECK(mi.struct_size == sizeof mi && mi.arch == NULL && mi.n_vocab == 0);
   CHECK_OK(tandem_session_params_init(&sp, sizeof sp));
   CHECK(sp.n_ctx == 0 && sp.n_batch == 512 && sp.page_size == 16 && sp.n_threads == 0);
+  CHECK(sp.kv_tier == TANDEM_KV_HOST && sp.kv_dtype == TANDEM_KV_F16 && sp.kv_dir == NULL);
   CHECK_OK(tandem_session_info_init(&si, sizeof si));
   CHECK(si.n_ctx == 0 && si.has_logits == 0);
   CHECK_OK(tandem_sampling_params_init(&smp, sizeof smp));
@@ -392,7 +401,7 @@ static void test_init_functions(void) {
   CHECK_OK(tandem_request_params_init(&rp, sizeof rp));
   CHECK(rp.prompt == NULL && rp.prompt_tokens == NULL && rp.n_prompt_tokens == 0 && rp.sampling == NULL);
   CHECK(rp.stop == NULL && rp.n_stop == 0 && rp.max_tokens == 128 && rp.flags == 0);
-  CHECK(rp.sla == TANDEM_SLA_STANDARD && rp.deadline_ms == 0);
+  CHECK(rp.sla == TANDEM_SLA_STANDARD && rp.deadline_ms == 0 && rp.session == 0);
   CHECK_OK(tandem_request_event_init(&re, sizeof re));
   CHECK(re.text == NULL && re.text_cap == 0 && re.kind == TANDEM_EVENT_NONE && re.token == -1);
   CHECK(re.finish_reason == -1);
@@ -413,8 +422,10 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_model_info, n_vocab) == 24);
   CHECK(offsetof(tandem_model_info, token_eos) == 52);
   CHECK(offsetof(tandem_model_info, weight_bytes) == 56);
-  CHECK(sizeof(tandem_session_params) == 24);
+  CHECK(sizeof(tandem_session_params) == 40);
   CHECK(offsetof(tandem_session_params, n_threads) == 20);
+  CHECK(offsetof(tandem_session_params, kv_tier) == 24);
+  CHECK(offsetof(tandem_session_params, kv_dir) == 32);
   CHECK(sizeof(tandem_session_info) == 32);
   CHECK(offsetof(tandem_session_info, has_logits) == 28);
   CHECK(sizeof(tandem_sampling_params) == 48);
@@ -433,15 +444,21 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_generate_result, finish_reason) == 56);
   CHECK(offsetof(tandem_generate_result, prompt_seconds) == 64);
   CHECK(offsetof(tandem_generate_result, generate_seconds) == 72);
-  CHECK(sizeof(tandem_executor_params) == 32);
+  CHECK(sizeof(tandem_executor_params) == 56);
   CHECK(offsetof(tandem_executor_params, n_threads) == 8);
   CHECK(offsetof(tandem_executor_params, accelerator) == 28);
-  CHECK(sizeof(tandem_scheduler_params) == 40);
+  CHECK(offsetof(tandem_executor_params, device_kind) == 32);
+  CHECK(offsetof(tandem_executor_params, kv_file_pages) == 44);
+  CHECK(offsetof(tandem_executor_params, kv_dir) == 48);
+  CHECK(sizeof(tandem_scheduler_params) == 56);
+  CHECK(offsetof(tandem_scheduler_params, executor_handles) == 40);
+  CHECK(offsetof(tandem_scheduler_params, log_routing) == 48);
   CHECK(offsetof(tandem_scheduler_params, executors) == 8);
   CHECK(offsetof(tandem_scheduler_params, n_executors) == 16);
   CHECK(offsetof(tandem_scheduler_params, max_queued) == 24);
   CHECK(offsetof(tandem_scheduler_params, page_size) == 36);
-  CHECK(sizeof(tandem_request_params) == 72);
+  CHECK(sizeof(tandem_request_params) == 80);
+  CHECK(offsetof(tandem_request_params, session) == 72);
   CHECK(offsetof(tandem_request_params, prompt) == 8);
   CHECK(offsetof(tandem_request_params, prompt_tokens) == 16);
   CHECK(offsetof(tandem_request_params, sampling) == 32);
@@ -461,6 +478,9 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_request_result, status) == 72);
   CHECK(offsetof(tandem_request_result, message) == 80);
   CHECK(offsetof(tandem_request_result, e2e_seconds) == 104);
+  CHECK(sizeof(tandem_device_info) == 48);
+  CHECK(offsetof(tandem_device_info, memory_bytes) == 24);
+  CHECK(offsetof(tandem_device_info, compute_capability) == 44);
 }
 
 /* B21: NULL handles to every function -> TANDEM_E_INVALID_ARG; free(NULL) no-op. */
@@ -2036,6 +2056,575 @@ static void test_scheduler_errors(void) {
 #undef CHECK_SUBMIT_FAILS
 }
 
+/* ---- later entry points: version number, log, devices, executors, metadata, chat,
+ * abort, scheduler sessions, blocking waits ------------------------------------------- */
+
+typedef struct log_sink {
+  pthread_mutex_t mu;
+  int lines[4];
+  int bad_lines; /* NULL, empty or newline-terminated messages */
+  char last_debug[512];
+} log_sink;
+
+static void log_cb(int32_t level, const char* message, void* user_data) {
+  log_sink* s = (log_sink*)user_data;
+  pthread_mutex_lock(&s->mu);
+  if (level >= TANDEM_LOG_DEBUG && level <= TANDEM_LOG_ERROR) s->lines[level]++;
+  if (message == NULL || message[0] == '\0' || message[strlen(message) - 1] == '\n') s->bad_lines++;
+  if (message != NULL && level == TANDEM_LOG_DEBUG) snprintf(s->last_debug, sizeof s->last_debug, "%s", message);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void test_version_number(void) {
+  const int32_t v = tandem_version_number();
+  char text[32];
+  CHECK(v == TANDEM_VERSION_NUMBER);
+  snprintf(text, sizeof text, "%d.%d.%d", (int)(v / 10000), (int)(v / 100 % 100), (int)(v % 100));
+  CHECK(strcmp(text, tandem_version()) == 0);
+  CHECK(strcmp(tandem_status_name(TANDEM_E_UNSUPPORTED), "UNSUPPORTED") == 0);
+}
+
+static void test_devices_and_executors(void) {
+  size_t n = 0, i;
+  int n_cuda = 0;
+  tandem_device_info di;
+  tandem_executor_params ep;
+  tandem_executor* e = NULL;
+  tandem_executor* e2 = NULL;
+  tandem_status st;
+
+  CHECK_STATUS(tandem_device_count(NULL), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_device_count(&n));
+  CHECK(n >= 1);
+  CHECK_OK(tandem_device_info_init(&di, sizeof di));
+  CHECK_OK(tandem_device_get_info(0, &di));
+  CHECK(di.struct_size == sizeof di && di.kind == TANDEM_DEVICE_CPU && di.device_id == 0);
+  CHECK(di.name != NULL && strcmp(di.name, "cpu") == 0);
+  CHECK(di.isa != NULL && strlen(di.isa) > 0);
+  CHECK(di.n_cores >= 1 && di.memory_bytes > 0 && di.compute_capability == 0);
+  for (i = 1; i < n; ++i) {
+    CHECK_OK(tandem_device_get_info(i, &di));
+    CHECK(di.kind == TANDEM_DEVICE_CUDA && di.device_id == (int32_t)(i - 1) && di.compute_capability > 0);
+    CHECK(di.memory_bytes > 0 && di.name != NULL && strncmp(di.isa, "sm_", 3) == 0);
+    ++n_cuda;
+  }
+  printf("  devices: %zu (cpu + %d CUDA)\n", n, n_cuda);
+  CHECK_STATUS(tandem_device_get_info(n, &di), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("out of range");
+  CHECK_STATUS(tandem_device_get_info(0, NULL), TANDEM_E_INVALID_ARG);
+  di.struct_size = 4;
+  CHECK_STATUS(tandem_device_get_info(0, &di), TANDEM_E_INVALID_ARG);
+
+  /* A CPU executor. */
+  CHECK_OK(tandem_executor_params_init(&ep, sizeof ep));
+  CHECK(ep.device_kind == TANDEM_DEVICE_CPU && ep.device_id == 0 && ep.kv_dtype == TANDEM_KV_F16);
+  CHECK(ep.kv_file_pages == 0 && ep.kv_dir == NULL);
+  ep.n_threads = 1;
+  CHECK_OK(tandem_executor_create(g_model, &ep, &e));
+  CHECK(e != NULL);
+  CHECK_OK(tandem_device_info_init(&di, sizeof di));
+  CHECK_OK(tandem_executor_get_device(e, &di));
+  CHECK(di.kind == TANDEM_DEVICE_CPU && di.n_cores == 1);
+  CHECK_OK(tandem_executor_free(e));
+  CHECK_STATUS(tandem_executor_free(e), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_executor_get_device(e, &di), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_executor_get_device(NULL, &di), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_executor_free(NULL));
+  /* A model handle is not an executor handle. */
+  CHECK_STATUS(tandem_executor_get_device((const tandem_executor*)(void*)g_model, &di), TANDEM_E_INVALID_HANDLE);
+  /* The 0.1 form of the struct (without the later fields) is still accepted. */
+  ep.struct_size = offsetof(tandem_executor_params, device_kind);
+  CHECK_OK(tandem_executor_create(g_model, &ep, &e2));
+  CHECK_OK(tandem_executor_free(e2));
+  ep.struct_size = sizeof ep;
+
+  /* A GPU executor: UNSUPPORTED without CUDA; without a device, INVALID_ARG. */
+  ep.device_kind = TANDEM_DEVICE_CUDA;
+  ep.device_id = 99;
+  e = (tandem_executor*)(void*)&ep;
+  st = tandem_executor_create(g_model, &ep, &e);
+  CHECK(e == NULL);
+  CHECK(st == TANDEM_E_UNSUPPORTED || (n_cuda < 100 && st == TANDEM_E_INVALID_ARG));
+  if (st == TANDEM_E_UNSUPPORTED) CHECK_MSG_CONTAINS("without CUDA");
+  /* Bad descriptions. */
+  ep.device_kind = 7;
+  ep.device_id = 0;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("device_kind");
+  ep.device_kind = TANDEM_DEVICE_CPU;
+  ep.device_id = 1;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  ep.device_id = 0;
+  ep.kv_dtype = 5;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  ep.kv_dtype = TANDEM_KV_F16;
+  ep.kv_file_pages = -1;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  ep.kv_file_pages = 0;
+  ep.n_threads = 513;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_executor_create(NULL, NULL, &e), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_executor_create(g_model, NULL, NULL), TANDEM_E_INVALID_ARG);
+}
+
+/* Copy `in` without spaces; 0 when it does not fit. */
+static int strip_spaces(const char* in, char* out, size_t cap) {
+  size_t n = 0;
+  for (; *in; ++in) {
+    if (*in == ' ') continue;
+    if (n + 1 >= cap) return 0;
+    out[n++] = *in;
+  }
+  out[n] = '\0';
+  return 1;
+}
+
+static void test_metadata_and_chat(void) {
+  size_t n = 0, len = 0, i, n_ids = 0;
+  char buf[512], plain_text[512], want_text[512];
+  char key0[256];
+  int32_t ids[256];
+  const char* roles[3] = {"system", "user", "assistant"};
+  const char* contents[3] = {"Be brief.", "Hi <|im_end|>", "Hello."};
+  const char* bad_role[1] = {"wizard"};
+  const char* bad_utf8[1] = {"\xff"};
+  const char* expect =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi <|im_end|><|im_end|>\n"
+      "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n";
+
+  CHECK_OK(tandem_model_meta_count(g_model, &n));
+  CHECK(n > 5);
+  CHECK_OK(tandem_model_meta_key_by_index(g_model, 0, NULL, 0, &len));
+  CHECK(len > 0 && len < sizeof key0);
+  CHECK_OK(tandem_model_meta_key_by_index(g_model, 0, key0, sizeof key0, &len));
+  CHECK(strlen(key0) == len);
+  CHECK_STATUS(tandem_model_meta_key_by_index(g_model, 0, key0, len, &len), TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_model_meta_key_by_index(g_model, n, key0, sizeof key0, &len), TANDEM_E_INVALID_ARG);
+  /* Every key has a value. */
+  for (i = 0; i < n; ++i) {
+    CHECK_OK(tandem_model_meta_key_by_index(g_model, i, key0, sizeof key0, &len));
+    CHECK_OK(tandem_model_meta_value(g_model, key0, NULL, 0, &len));
+  }
+  CHECK_OK(tandem_model_meta_value(g_model, "general.architecture", buf, sizeof buf, &len));
+  CHECK(strcmp(buf, "llama") == 0 && len == 5);
+  CHECK_OK(tandem_model_meta_value(g_model, "llama.block_count", buf, sizeof buf, &len));
+  CHECK(atoi(buf) > 0);
+  /* Arrays are summarised with their length: the vocabulary has n_vocab strings. */
+  CHECK_OK(tandem_model_meta_value(g_model, "tokenizer.ggml.tokens", buf, sizeof buf, &len));
+  CHECK(strcmp(buf, "[512 string]") == 0);
+  CHECK_STATUS(tandem_model_meta_value(g_model, "no.such.key", buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("no.such.key");
+  CHECK_STATUS(tandem_model_meta_value(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_model_meta_count(NULL, &n), TANDEM_E_INVALID_ARG);
+
+  /* Chat: the model has no template, so ChatML (the documented fallback); the user's
+   * "<|im_end|>" stays text. */
+  CHECK_OK(tandem_chat_render(g_model, NULL, roles, contents, 3, 1, NULL, 0, &len));
+  CHECK(len == strlen(expect));
+  CHECK_OK(tandem_chat_render(g_model, NULL, roles, contents, 3, 1, buf, sizeof buf, &len));
+  CHECK(strcmp(buf, expect) == 0);
+  CHECK_OK(tandem_chat_render(g_model, "chatml", roles, contents, 3, 1, buf, sizeof buf, &len));
+  CHECK(strcmp(buf, expect) == 0);
+  CHECK_STATUS(tandem_chat_render(g_model, NULL, roles, contents, 3, 1, buf, 10, &len), TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_chat_render(g_model, "no-such-template", roles, contents, 3, 1, buf, sizeof buf, &len),
+               TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_chat_render(g_model, NULL, bad_role, contents, 1, 1, buf, sizeof buf, &len),
+               TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_chat_render(g_model, NULL, roles, bad_utf8, 1, 1, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_chat_render(g_model, NULL, NULL, contents, 1, 1, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_chat_render(g_model, NULL, NULL, NULL, 0, 1, buf, sizeof buf, &len));
+  CHECK(strcmp(buf, "<|im_start|>assistant\n") == 0);
+  /* Tokenize: this vocabulary has no ChatML control tokens, so the markers are plain
+   * text and no id is a control token; the size query agrees with the ids. */
+  CHECK_OK(tandem_chat_tokenize(g_model, NULL, roles, contents, 3, 1, NULL, 0, &n_ids));
+  CHECK(n_ids > 10 && n_ids <= 256);
+  CHECK_OK(tandem_chat_tokenize(g_model, NULL, roles, contents, 3, 1, ids, 256, &n_ids));
+  CHECK(ids[0] == 1); /* BOS */
+  /* The text of the ids is the rendered conversation; SentencePiece puts a space before
+   * each piece tokenized on its own (its dummy prefix), so compare without spaces. */
+  CHECK_OK(tandem_detokenize(g_model, ids, n_ids, TANDEM_DETOKENIZE_REMOVE_SPECIAL, buf, sizeof buf, &len));
+  CHECK(strip_spaces(buf, plain_text, sizeof plain_text) && strip_spaces(expect, want_text, sizeof want_text));
+  CHECK(strcmp(plain_text, want_text) == 0);
+  /* The user's "<|im_end|>" is text: no id of the conversation is the BOS/EOS control
+   * token except the leading BOS. */
+  for (i = 1; i < n_ids; ++i) CHECK(ids[i] != 1 && ids[i] != 2);
+  CHECK_STATUS(tandem_chat_tokenize(g_model, NULL, roles, contents, 3, 1, ids, 2, &n_ids), TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_chat_tokenize(g_model, NULL, bad_role, contents, 1, 1, ids, 256, &n_ids), TANDEM_E_INVALID_ARG);
+}
+
+/* Abort from another thread: the token callback hands control to an aborting thread at
+ * the 5th piece and waits until it has called tandem_session_abort, so the generation
+ * must end right there (deterministic: the abort lands while the call is running). */
+typedef struct abort_ctx {
+  tandem_session* s;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int pieces;
+  int stop_at; /* the callback's piece number that triggers the abort */
+  int asked;
+  int aborted;
+  int done;
+  tandem_status abort_status;
+} abort_ctx;
+
+static void* aborter_thread(void* arg) {
+  abort_ctx* a = (abort_ctx*)arg;
+  pthread_mutex_lock(&a->mu);
+  while (!a->asked) pthread_cond_wait(&a->cv, &a->mu);
+  pthread_mutex_unlock(&a->mu);
+  a->abort_status = tandem_session_abort(a->s);
+  pthread_mutex_lock(&a->mu);
+  a->aborted = 1;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+  return NULL;
+}
+
+static int abort_at_cb(const char* piece, size_t len, int32_t token, void* user_data) {
+  abort_ctx* a = (abort_ctx*)user_data;
+  (void)piece;
+  (void)len;
+  (void)token;
+  pthread_mutex_lock(&a->mu);
+  if (++a->pieces == a->stop_at) {
+    a->asked = 1;
+    pthread_cond_broadcast(&a->cv);
+    while (!a->aborted) pthread_cond_wait(&a->cv, &a->mu);
+  }
+  pthread_mutex_unlock(&a->mu);
+  return 0;
+}
+
+typedef struct prefill_ctx {
+  tandem_session* s;
+  const int32_t* prompt;
+  size_t n_prompt;
+  volatile int done;
+  tandem_status status;
+  tandem_generate_result r;
+} prefill_ctx;
+
+static void* prefill_thread(void* arg) {
+  prefill_ctx* p = (prefill_ctx*)arg;
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, 8);
+  tandem_generate_result_init(&p->r, sizeof p->r);
+  p->status = tandem_session_generate_tokens(p->s, p->prompt, p->n_prompt, &gp, NULL, NULL, &p->r);
+  __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void test_session_abort(const golden_case* g) {
+  tandem_session_params sp;
+  tandem_session* s = NULL;
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, 200);
+  tandem_generate_result r;
+  abort_ctx a;
+  pthread_t th;
+  prefill_ctx p;
+  int32_t ids[128], long_prompt[1000];
+  char text[4096];
+  size_t n = 0, i;
+  int aborts = 0;
+
+  /* No call running: nothing happens, a later call is not affected. */
+  s = new_session(0);
+  CHECK_OK(tandem_session_abort(s));
+  CHECK_OK(tandem_generate_result_init(&r, sizeof r));
+  r.tokens = ids;
+  r.tokens_cap = 128;
+  r.text = text;
+  r.text_cap = sizeof text;
+  gp.max_tokens = 64;
+  CHECK_OK(tandem_session_generate(s, g->prompt_text, &gp, NULL, NULL, &r));
+  CHECK(r.finish_reason == TANDEM_FINISH_LENGTH && r.n_tokens == 64);
+  check_against_golden(g, ids, r.n_tokens, text, "after an idle abort");
+  CHECK_OK(tandem_session_reset(s));
+
+  /* During decode, from another thread. */
+  memset(&a, 0, sizeof a);
+  a.s = s;
+  a.stop_at = 5;
+  pthread_mutex_init(&a.mu, NULL);
+  pthread_cond_init(&a.cv, NULL);
+  pthread_create(&th, NULL, aborter_thread, &a);
+  gp.max_tokens = 200;
+  CHECK_OK(tandem_generate_result_init(&r, sizeof r));
+  CHECK_OK(tandem_session_generate(s, g->prompt_text, &gp, abort_at_cb, &a, &r));
+  pthread_join(th, NULL);
+  CHECK_OK(a.abort_status);
+  CHECK(r.finish_reason == TANDEM_FINISH_CANCELLED);
+  CHECK(a.pieces == 5);            /* no piece after the abort */
+  CHECK(r.n_tokens >= 5 && r.n_tokens <= 8); /* a piece may span a few tokens */
+  printf("  abort during decode: ended after %zu of 200 tokens\n", r.n_tokens);
+  /* The session is usable: it continues, and after a reset it reproduces the golden text. */
+  gp.max_tokens = 3;
+  CHECK_OK(tandem_generate_result_init(&r, sizeof r));
+  CHECK_OK(tandem_session_generate(s, "", &gp, NULL, NULL, &r));
+  CHECK(r.finish_reason == TANDEM_FINISH_LENGTH && r.n_tokens == 3);
+  CHECK_OK(tandem_session_reset(s));
+  gp.max_tokens = 64;
+  CHECK_OK(tandem_generate_result_init(&r, sizeof r));
+  r.tokens = ids;
+  r.tokens_cap = 128;
+  r.text = text;
+  r.text_cap = sizeof text;
+  CHECK_OK(tandem_session_generate(s, g->prompt_text, &gp, NULL, NULL, &r));
+  check_against_golden(g, ids, r.n_tokens, text, "after an abort and a reset");
+  CHECK_OK(tandem_session_free(s));
+  pthread_mutex_destroy(&a.mu);
+  pthread_cond_destroy(&a.cv);
+
+  /* During prefill: a 1000-token prompt evaluated one token per step; another thread
+   * aborts as soon as the call runs. The call ends in the prompt (fewer than 1000 tokens
+   * evaluated, nothing generated) and the session keeps what was evaluated. */
+  REQUIRE_OK(tandem_session_params_init(&sp, sizeof sp));
+  sp.n_ctx = 1024;
+  sp.n_batch = 1;
+  sp.n_threads = 1;
+  REQUIRE_OK(tandem_session_create(g_model, &sp, &s));
+  for (i = 0; i < 1000; ++i) long_prompt[i] = g->prompt_ids[i % g->n_prompt];
+  memset(&p, 0, sizeof p);
+  p.s = s;
+  p.prompt = long_prompt;
+  p.n_prompt = 1000;
+  pthread_create(&th, NULL, prefill_thread, &p);
+  while (!__atomic_load_n(&p.done, __ATOMIC_ACQUIRE)) {
+    CHECK_OK(tandem_session_abort(s));
+    ++aborts;
+    sched_yield();
+  }
+  pthread_join(th, NULL);
+  CHECK_OK(p.status);
+  CHECK(p.r.finish_reason == TANDEM_FINISH_CANCELLED);
+  CHECK(p.r.n_tokens == 0);
+  CHECK(p.r.n_prompt >= 0 && p.r.n_prompt < 1000);
+  CHECK_OK(tandem_session_get_tokens(s, NULL, 0, &n));
+  CHECK(n == (size_t)p.r.n_prompt);
+  printf("  abort during prefill: %d of 1000 prompt tokens evaluated (%d abort calls)\n", (int)p.r.n_prompt, aborts);
+  CHECK_STATUS(tandem_session_abort(NULL), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_session_free(s));
+  CHECK_STATUS(tandem_session_abort(s), TANDEM_E_INVALID_HANDLE);
+}
+
+typedef struct waiter_ctx {
+  tandem_request* r;
+  tandem_status status;
+  tandem_request_event ev;
+} waiter_ctx;
+
+static void* waiter_thread(void* arg) {
+  waiter_ctx* w = (waiter_ctx*)arg;
+  tandem_request_event_init(&w->ev, sizeof w->ev);
+  do {
+    w->status = tandem_request_next_event(w->r, -1, &w->ev);
+  } while (w->status == TANDEM_OK && w->ev.kind == TANDEM_EVENT_TOKEN);
+  return NULL;
+}
+
+/* Stream a request with the blocking wait; returns the number of token events. */
+static int stream_blocking(tandem_request* r, char* text, size_t cap, int32_t* finish) {
+  tandem_request_event ev;
+  char piece[512];
+  size_t len = 0;
+  int tokens = 0;
+  text[0] = '\0';
+  CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+  for (;;) {
+    ev.text = piece;
+    ev.text_cap = sizeof piece;
+    CHECK_OK(tandem_request_next_event(r, -1, &ev));
+    CHECK(ev.kind != TANDEM_EVENT_NONE); /* no limit: never returns empty-handed */
+    if (ev.kind == TANDEM_EVENT_NONE) return -1;
+    if (len + ev.text_len < cap) {
+      memcpy(text + len, piece, ev.text_len + 1);
+      len += ev.text_len;
+    }
+    if (ev.kind == TANDEM_EVENT_FINISH) break;
+    ++tokens;
+  }
+  *finish = ev.finish_reason;
+  return tokens;
+}
+
+static void test_scheduler_sessions_and_waits(const golden_case* g) {
+  log_sink sink;
+  tandem_executor_params ep[2];
+  tandem_executor* ex[2] = {NULL, NULL};
+  tandem_scheduler_params scp;
+  tandem_scheduler* sched = NULL;
+  tandem_scheduler* other = NULL;
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, 20);
+  tandem_request* r = NULL;
+  tandem_request* busy = NULL;
+  tandem_request_result res;
+  tandem_request_event ev;
+  waiter_ctx w;
+  pthread_t th;
+  uint64_t session = 0;
+  int32_t ids[64];
+  char text[4096], part[2048];
+  size_t n_ids = 0, i;
+  int32_t finish = -1;
+  const int32_t steps[3] = {20, 20, 24};
+
+  memset(&sink, 0, sizeof sink);
+  pthread_mutex_init(&sink.mu, NULL);
+  CHECK_STATUS(tandem_log_set(log_cb, &sink, 7), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_log_set(log_cb, &sink, TANDEM_LOG_DEBUG));
+
+  /* cpu+cpu from two executor handles. */
+  for (i = 0; i < 2; ++i) {
+    REQUIRE_OK(tandem_executor_params_init(&ep[i], sizeof ep[i]));
+    ep[i].n_threads = 1;
+    ep[i].max_running = 4;
+    REQUIRE_OK(tandem_executor_create(g_model, &ep[i], &ex[i]));
+  }
+  ep[0].accelerator = 1;
+  REQUIRE_OK(tandem_scheduler_params_init(&scp, sizeof scp));
+  CHECK(scp.executor_handles == NULL && scp.log_routing == 1 && scp.reserved == 0);
+  scp.executors = ep;
+  scp.n_executors = 2;
+  scp.max_context = 256;
+  scp.executor_handles = ex;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &sched));
+  /* An executor serves one scheduler at a time. */
+  CHECK_STATUS(tandem_scheduler_create(g_model, &scp, &other), TANDEM_E_BUSY);
+  CHECK(other == NULL);
+  /* The same handle twice. */
+  ex[1] = ex[0];
+  CHECK_STATUS(tandem_scheduler_create(g_model, &scp, &other), TANDEM_E_INVALID_ARG);
+  ex[1] = NULL;
+  CHECK_STATUS(tandem_scheduler_create(g_model, &scp, &other), TANDEM_E_INVALID_ARG);
+  scp.reserved = 1;
+  scp.executor_handles = NULL;
+  CHECK_STATUS(tandem_scheduler_create(g_model, &scp, &other), TANDEM_E_INVALID_ARG);
+  scp.reserved = 0;
+  pthread_mutex_lock(&sink.mu);
+  CHECK(sink.lines[TANDEM_LOG_INFO] >= 2); /* executors and KV stores were announced */
+  pthread_mutex_unlock(&sink.mu);
+
+  /* A session continued over three requests equals one long generation (the golden
+   * continuation: 20 + 20 + 24 = 64 tokens). */
+  CHECK_OK(tandem_scheduler_session_open(sched, &session));
+  CHECK(session != 0);
+  rp.session = session;
+  text[0] = '\0';
+  for (i = 0; i < 3; ++i) {
+    rp.prompt = i == 0 ? g->prompt_text : "";
+    rp.max_tokens = steps[i];
+    rp.sla = i == 1 ? TANDEM_SLA_BATCH : TANDEM_SLA_INTERACTIVE; /* may move the session */
+    REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+    if (i == 1) {
+      /* One request per session at a time. */
+      REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &busy));
+      CHECK(finish_of(busy) == TANDEM_FINISH_ERROR);
+      CHECK_OK(tandem_request_free(busy));
+    }
+    CHECK(stream_blocking(r, part, sizeof part, &finish) == steps[i]);
+    CHECK(finish == TANDEM_FINISH_LENGTH);
+    CHECK_OK(tandem_request_result_init(&res, sizeof res));
+    res.tokens = ids + n_ids;
+    res.tokens_cap = 64 - n_ids;
+    CHECK_OK(tandem_request_wait(r, -1, &res));
+    CHECK(res.finished && res.n_tokens == (size_t)steps[i]);
+    n_ids += res.n_tokens;
+    strncat(text, part, sizeof text - strlen(text) - 1);
+    CHECK_OK(tandem_request_free(r));
+  }
+  check_against_golden(g, ids, n_ids, text, "scheduler session over three requests");
+  pthread_mutex_lock(&sink.mu);
+  CHECK(sink.lines[TANDEM_LOG_DEBUG] >= 3); /* a routing decision per request */
+  CHECK(sink.bad_lines == 0);
+  printf("  last routing line: %s\n", sink.last_debug);
+  pthread_mutex_unlock(&sink.mu);
+  CHECK_OK(tandem_scheduler_session_close(sched, session));
+  CHECK_OK(tandem_scheduler_session_close(sched, session)); /* closed: no-op */
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));     /* on a closed session */
+  CHECK(finish_of(r) == TANDEM_FINISH_ERROR);
+  CHECK_OK(tandem_request_free(r));
+  rp.session = 0;
+
+  /* A blocked waiter wakes when the request is cancelled. */
+  rp.prompt = g->prompt_text;
+  rp.max_tokens = 200;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+  memset(&w, 0, sizeof w);
+  w.r = r;
+  pthread_create(&th, NULL, waiter_thread, &w);
+  CHECK_OK(tandem_request_cancel(r));
+  pthread_join(th, NULL);
+  CHECK_OK(w.status);
+  CHECK(w.ev.kind == TANDEM_EVENT_FINISH);
+  CHECK(w.ev.finish_reason == TANDEM_FINISH_CANCELLED || w.ev.finish_reason == TANDEM_FINISH_LENGTH);
+  /* After the finish: the FINISH event again, at once, whatever the timeout. */
+  CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+  CHECK_OK(tandem_request_next_event(r, 0, &ev));
+  CHECK(ev.kind == TANDEM_EVENT_FINISH);
+  CHECK_OK(tandem_request_next_event(r, 1000000, &ev));
+  CHECK(ev.kind == TANDEM_EVENT_FINISH);
+  CHECK_OK(tandem_request_free(r));
+  CHECK_STATUS(tandem_request_next_event(r, 0, &ev), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_request_next_event(NULL, 0, &ev), TANDEM_E_INVALID_ARG);
+
+  /* A timeout returns NONE: a request queued behind a long one on a one-slot executor. */
+  {
+    tandem_executor_params one;
+    tandem_scheduler_params sp1;
+    tandem_scheduler* s1 = NULL;
+    tandem_request* first = NULL;
+    tandem_request* second = NULL;
+    tandem_request_result fr;
+    REQUIRE_OK(tandem_executor_params_init(&one, sizeof one));
+    one.n_threads = 1;
+    one.max_running = 1;
+    REQUIRE_OK(tandem_scheduler_params_init(&sp1, sizeof sp1));
+    sp1.executors = &one;
+    sp1.max_context = 256;
+    REQUIRE_OK(tandem_scheduler_create(g_model, &sp1, &s1));
+    rp.max_tokens = 240;
+    REQUIRE_OK(tandem_scheduler_submit(s1, &rp, &first));
+    REQUIRE_OK(tandem_scheduler_submit(s1, &rp, &second));
+    CHECK_OK(tandem_request_event_init(&ev, sizeof ev));
+    CHECK_OK(tandem_request_next_event(second, 1, &ev));
+    CHECK_OK(tandem_request_result_init(&fr, sizeof fr));
+    CHECK_OK(tandem_request_get_result(first, &fr));
+    /* Only meaningful while the first request still holds the only slot. */
+    if (!fr.finished) CHECK(ev.kind == TANDEM_EVENT_NONE);
+    CHECK_STATUS(tandem_request_next_event(second, 0, NULL), TANDEM_E_INVALID_ARG);
+    CHECK_OK(tandem_scheduler_free(s1));
+    CHECK(finish_of(second) == TANDEM_FINISH_CANCELLED);
+    CHECK_OK(tandem_request_free(first));
+    CHECK_OK(tandem_request_free(second));
+  }
+
+  CHECK_STATUS(tandem_scheduler_session_open(NULL, &session), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_open(sched, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_close(NULL, 1), TANDEM_E_INVALID_ARG);
+
+  /* The executor handles may go before the scheduler; once it is freed they are free to
+   * serve another one. */
+  CHECK_OK(tandem_executor_free(ex[1]));
+  CHECK_OK(tandem_scheduler_free(sched));
+  scp.n_executors = 1;
+  scp.executor_handles = ex;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &other));
+  CHECK_OK(tandem_scheduler_free(other));
+  CHECK_OK(tandem_executor_free(ex[0]));
+
+  /* After tandem_log_set(NULL) nothing reaches the old callback. */
+  CHECK_OK(tandem_log_set(NULL, NULL, TANDEM_LOG_DEBUG));
+  pthread_mutex_lock(&sink.mu);
+  i = (size_t)(sink.lines[0] + sink.lines[1] + sink.lines[2] + sink.lines[3]);
+  pthread_mutex_unlock(&sink.mu);
+  sched = new_scheduler(1, 1, 16);
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK(i == (size_t)(sink.lines[0] + sink.lines[1] + sink.lines[2] + sink.lines[3]));
+  pthread_mutex_destroy(&sink.mu);
+}
+
 int main(int argc, char** argv) {
   golden_case g;
   (void)argc;
@@ -2074,6 +2663,11 @@ int main(int argc, char** argv) {
   test_scheduler_golden(&g);
   test_scheduler_lifecycle(&g);
   test_scheduler_errors();
+  test_version_number();
+  test_devices_and_executors();
+  test_metadata_and_chat();
+  test_session_abort(&g);
+  test_scheduler_sessions_and_waits(&g);
   CHECK_OK(tandem_model_free(g_model));
   CHECK_STATUS(tandem_model_free(g_model), TANDEM_E_INVALID_HANDLE);
 

@@ -1,303 +1,134 @@
-"""Tandem from Python, through the C ABI (cabi/include/tandem.h) with ctypes only.
+"""Tandem from Python: the C ABI (cabi/include/tandem.h) through ctypes, no third-party
+packages.
 
-No third-party packages. The library is found, in order, from:
-  TANDEM_LIB      path of libtandem.so itself
-  TANDEM_PREFIX   an install prefix (PREFIX/lib/libtandem.so)
-  the system      ctypes.util.find_library("tandem")
+``pip install .`` in a Tandem checkout builds libtandem and puts it inside this package.
+Otherwise the library is found from TANDEM_LIB (the .so itself), TANDEM_PREFIX (an
+install prefix) or the system loader path; ``import tandem`` names these variables when
+it finds none.
 
     import tandem
     model = tandem.Model("aidreams260K-q4_0.gguf")
-    session = tandem.Session(model, n_threads=2)
-    for piece in session.generate("Once upon a time", max_tokens=64, temperature=0):
-        print(piece, end="", flush=True)
+    with tandem.Session(model, n_threads=2) as session:
+        for piece in session.generate("Once upon a time", max_tokens=64, temperature=0):
+            print(piece, end="", flush=True)
+    reply = model.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=32)
+    print(reply["choices"][0]["message"]["content"])
 
-Errors raise tandem.TandemError (status code, status name, the library's message).
-Thread-safety is the C ABI's: a Model may be shared by threads; a Session serves one
-call at a time and refuses a concurrent one with TandemError(BUSY).
+Errors raise TandemError (``.status`` the tandem_status number, ``.name``, ``.message``);
+an argument Python cannot pass without changing it (an integer outside its C type, a
+number given as text, a NUL byte in a prompt) is refused with TandemError(E_INVALID_ARG)
+before the call, never truncated. Thread-safety is the C ABI's: a Model may be shared by
+threads; a Session serves one call at a time and refuses a concurrent one with
+TandemError(E_BUSY); Scheduler and Request may be used from any thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ctypes
-import ctypes.util
 import os
 import queue
 import threading
+import time
+import uuid
+import weakref
 from array import array
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence
+from typing import (Any, AsyncIterator, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union)
+
+from . import _capi as _c
+from ._capi import (E_BAD_POSITION, E_BUFFER_TOO_SMALL, E_BUSY, E_CONTEXT_OVERFLOW, E_GGUF_BAD_MAGIC, E_INTERNAL,
+                    E_INVALID_ARG, E_INVALID_HANDLE, E_IO, E_KV_CHECKSUM, E_KV_LEASE_EXPIRED, E_KV_MISMATCH,
+                    E_KV_TOKEN_RANGE, E_OUT_OF_MEMORY, E_SESSION_CORRUPT, E_SESSION_MODEL_MISMATCH, E_SESSION_VERSION,
+                    E_TOKENIZER, E_UNSUPPORTED, OK, TandemError, library_path)
 
 __all__ = [
-    "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult",
-    "version", "library_path", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY", "E_CONTEXT_OVERFLOW",
-    "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL", "E_SESSION_CORRUPT",
-    "E_SESSION_MODEL_MISMATCH", "E_SESSION_VERSION", "Scheduler", "Request", "RequestEvent", "RequestResult",
-    "Executor",
+    "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult", "Device",
+    "devices", "set_log_callback", "version", "version_number", "library_path", "Scheduler", "SchedulerSession",
+    "Request", "RequestEvent", "RequestResult", "Executor", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY",
+    "E_GGUF_BAD_MAGIC", "E_TOKENIZER", "E_CONTEXT_OVERFLOW", "E_BAD_POSITION", "E_KV_MISMATCH", "E_KV_CHECKSUM",
+    "E_KV_LEASE_EXPIRED", "E_KV_TOKEN_RANGE", "E_SESSION_CORRUPT", "E_SESSION_MODEL_MISMATCH", "E_SESSION_VERSION",
+    "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL", "E_UNSUPPORTED",
 ]
 
-# ---- status codes (tandem.h) ------------------------------------------------------------
-OK = 0
-E_INVALID_ARG = 1
-E_IO = 2
-E_OUT_OF_MEMORY = 3
-E_GGUF_BAD_MAGIC = 10
-E_TOKENIZER = 40
-E_CONTEXT_OVERFLOW = 50
-E_BAD_POSITION = 51
-E_KV_MISMATCH = 60
-E_KV_CHECKSUM = 61
-E_KV_LEASE_EXPIRED = 62
-E_KV_TOKEN_RANGE = 63
-E_SESSION_CORRUPT = 70
-E_SESSION_MODEL_MISMATCH = 71
-E_SESSION_VERSION = 72
-E_INTERNAL = 99
-E_INVALID_HANDLE = 100
-E_BUSY = 101
-E_BUFFER_TOO_SMALL = 102
-
-TOKENIZE_ADD_SPECIAL = 1
-TOKENIZE_PARSE_SPECIAL = 2
-DETOKENIZE_REMOVE_SPECIAL = 1
-DETOKENIZE_UNPARSE_SPECIAL = 2
-GENERATE_IGNORE_EOS = 1
-GENERATE_PARSE_SPECIAL = 2
-
-FINISH_REASONS = {0: "stop", 1: "stop_string", 2: "length", 3: "cancelled", 4: "timeout", 5: "overloaded",
-                  6: "error"}
-SLA_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
-EVENT_NONE, EVENT_TOKEN, EVENT_FINISH = 0, 1, 2
+Prompt = Union[str, bytes, Sequence[int]]
+Message = Dict[str, str]
 
 
-# ---- the library --------------------------------------------------------------------------
-
-def _find_library() -> str:
-    env = os.environ.get("TANDEM_LIB")
-    if env:
-        return env
-    prefix = os.environ.get("TANDEM_PREFIX")
-    if prefix:
-        for libdir in ("lib", "lib64", os.path.join("lib", "x86_64-linux-gnu")):
-            path = os.path.join(prefix, libdir, "libtandem.so")
-            if os.path.exists(path):
-                return path
-    found = ctypes.util.find_library("tandem")
-    return found or "libtandem.so.0"
-
-
-library_path = _find_library()
-_lib = ctypes.CDLL(library_path)
-
-_status = ctypes.c_int32
-_handle = ctypes.c_void_p
-_size = ctypes.c_size_t
-_i32p = ctypes.POINTER(ctypes.c_int32)
-_f32p = ctypes.POINTER(ctypes.c_float)
-
-
-class _ModelParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("check_block_scales", ctypes.c_int32),
-                ("max_alignment", ctypes.c_uint32)]
-
-
-class _ModelInfo(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("arch", ctypes.c_char_p), ("name", ctypes.c_char_p),
-                ("n_vocab", ctypes.c_int32), ("n_ctx_train", ctypes.c_int32), ("n_embd", ctypes.c_int32),
-                ("n_layer", ctypes.c_int32), ("n_head", ctypes.c_int32), ("n_head_kv", ctypes.c_int32),
-                ("token_bos", ctypes.c_int32), ("token_eos", ctypes.c_int32),
-                ("weight_bytes", ctypes.c_uint64)]
-
-
-class _SessionParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("n_ctx", ctypes.c_int32), ("n_batch", ctypes.c_int32),
-                ("page_size", ctypes.c_int32), ("n_threads", ctypes.c_int32)]
-
-
-class _SessionInfo(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("n_ctx", ctypes.c_int32), ("n_tokens", ctypes.c_int32),
-                ("n_batch", ctypes.c_int32), ("page_size", ctypes.c_int32), ("n_threads", ctypes.c_int32),
-                ("has_logits", ctypes.c_int32)]
-
-
-class _SamplingParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("temperature", ctypes.c_float), ("top_k", ctypes.c_int32),
-                ("top_p", ctypes.c_float), ("min_p", ctypes.c_float), ("repeat_penalty", ctypes.c_float),
-                ("repeat_last_n", ctypes.c_int32), ("frequency_penalty", ctypes.c_float),
-                ("presence_penalty", ctypes.c_float), ("seed", ctypes.c_uint64)]
-
-
-class _GenerateParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("sampling", ctypes.POINTER(_SamplingParams)),
-                ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size),
-                ("max_tokens", ctypes.c_int32), ("flags", ctypes.c_uint32)]
-
-
-class _GenerateResult(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("tokens", _i32p), ("tokens_cap", _size),
-                ("text", ctypes.c_char_p), ("text_cap", _size), ("n_tokens", _size), ("text_len", _size),
-                ("finish_reason", ctypes.c_int32), ("n_prompt", ctypes.c_int32),
-                ("prompt_seconds", ctypes.c_double), ("generate_seconds", ctypes.c_double)]
-
-
-class _ExecutorParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("n_threads", ctypes.c_int32), ("max_running", ctypes.c_int32),
-                ("step_token_budget", ctypes.c_int32), ("prefill_chunk", ctypes.c_int32),
-                ("kv_pages", ctypes.c_int32), ("accelerator", ctypes.c_int32)]
-
-
-class _SchedulerParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("executors", ctypes.POINTER(_ExecutorParams)), ("n_executors", _size),
-                ("max_queued", ctypes.c_int32), ("max_context", ctypes.c_int32),
-                ("prefix_cache_entries", ctypes.c_int32), ("page_size", ctypes.c_int32)]
-
-
-class _RequestParams(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("prompt", ctypes.c_char_p), ("prompt_tokens", _i32p),
-                ("n_prompt_tokens", _size), ("sampling", ctypes.POINTER(_SamplingParams)),
-                ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size), ("max_tokens", ctypes.c_int32),
-                ("flags", ctypes.c_uint32), ("sla", ctypes.c_int32), ("deadline_ms", ctypes.c_int32)]
-
-
-class _RequestEvent(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("text", ctypes.c_void_p), ("text_cap", _size), ("text_len", _size),
-                ("kind", ctypes.c_int32), ("token", ctypes.c_int32), ("finish_reason", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
-
-
-class _RequestResult(ctypes.Structure):
-    _fields_ = [("struct_size", _size), ("tokens", _i32p), ("tokens_cap", _size), ("text", ctypes.c_void_p),
-                ("text_cap", _size), ("n_tokens", _size), ("text_len", _size), ("id", ctypes.c_uint64),
-                ("finished", ctypes.c_int32), ("finish_reason", ctypes.c_int32), ("status", ctypes.c_int32),
-                ("n_prompt", ctypes.c_int32), ("message", ctypes.c_char_p), ("queue_seconds", ctypes.c_double),
-                ("ttft_seconds", ctypes.c_double), ("e2e_seconds", ctypes.c_double)]
-
-
-_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, _size, ctypes.c_int32, ctypes.c_void_p)
-
-
-def _proto(name, restype, *argtypes):
-    fn = getattr(_lib, name)
-    fn.restype = restype
-    fn.argtypes = list(argtypes)
-    return fn
-
-
-_version = _proto("tandem_version", ctypes.c_char_p)
-_last_error = _proto("tandem_last_error", ctypes.c_char_p)
-_status_name = _proto("tandem_status_name", ctypes.c_char_p, _status)
-_model_params_init = _proto("tandem_model_params_init", _status, ctypes.POINTER(_ModelParams), _size)
-_model_load = _proto("tandem_model_load", _status, ctypes.c_char_p, ctypes.POINTER(_ModelParams),
-                     ctypes.POINTER(_handle))
-_model_free = _proto("tandem_model_free", _status, _handle)
-_model_info_init = _proto("tandem_model_info_init", _status, ctypes.POINTER(_ModelInfo), _size)
-_model_get_info = _proto("tandem_model_get_info", _status, _handle, ctypes.POINTER(_ModelInfo))
-_model_identity_hash = _proto("tandem_model_identity_hash", _status, _handle, ctypes.POINTER(ctypes.c_uint64))
-_tokenize = _proto("tandem_tokenize", _status, _handle, ctypes.c_char_p, _size, ctypes.c_uint32, _i32p, _size,
-                   ctypes.POINTER(_size))
-_detokenize = _proto("tandem_detokenize", _status, _handle, _i32p, _size, ctypes.c_uint32, ctypes.c_char_p,
-                     _size, ctypes.POINTER(_size))
-_token_to_piece = _proto("tandem_token_to_piece", _status, _handle, ctypes.c_int32, ctypes.c_uint32,
-                         ctypes.c_char_p, _size, ctypes.POINTER(_size))
-_session_params_init = _proto("tandem_session_params_init", _status, ctypes.POINTER(_SessionParams), _size)
-_session_create = _proto("tandem_session_create", _status, _handle, ctypes.POINTER(_SessionParams),
-                         ctypes.POINTER(_handle))
-_session_free = _proto("tandem_session_free", _status, _handle)
-_session_info_init = _proto("tandem_session_info_init", _status, ctypes.POINTER(_SessionInfo), _size)
-_session_get_info = _proto("tandem_session_get_info", _status, _handle, ctypes.POINTER(_SessionInfo))
-_session_reset = _proto("tandem_session_reset", _status, _handle)
-_session_eval = _proto("tandem_session_eval", _status, _handle, _i32p, _size, _f32p, _size)
-_session_get_logits = _proto("tandem_session_get_logits", _status, _handle, _f32p, _size, ctypes.POINTER(_size))
-_session_get_tokens = _proto("tandem_session_get_tokens", _status, _handle, _i32p, _size, ctypes.POINTER(_size))
-_sampling_params_init = _proto("tandem_sampling_params_init", _status, ctypes.POINTER(_SamplingParams), _size)
-_generate_params_init = _proto("tandem_generate_params_init", _status, ctypes.POINTER(_GenerateParams), _size)
-_generate_result_init = _proto("tandem_generate_result_init", _status, ctypes.POINTER(_GenerateResult), _size)
-_session_generate = _proto("tandem_session_generate", _status, _handle, ctypes.c_char_p,
-                           ctypes.POINTER(_GenerateParams), _CALLBACK, ctypes.c_void_p,
-                           ctypes.POINTER(_GenerateResult))
-_session_generate_tokens = _proto("tandem_session_generate_tokens", _status, _handle, _i32p, _size,
-                                  ctypes.POINTER(_GenerateParams), _CALLBACK, ctypes.c_void_p,
-                                  ctypes.POINTER(_GenerateResult))
-_session_save = _proto("tandem_session_save", _status, _handle, ctypes.c_char_p)
-_session_restore = _proto("tandem_session_restore", _status, _handle, ctypes.c_char_p)
-_executor_params_init = _proto("tandem_executor_params_init", _status, ctypes.POINTER(_ExecutorParams), _size)
-_scheduler_params_init = _proto("tandem_scheduler_params_init", _status, ctypes.POINTER(_SchedulerParams), _size)
-_request_params_init = _proto("tandem_request_params_init", _status, ctypes.POINTER(_RequestParams), _size)
-_request_event_init = _proto("tandem_request_event_init", _status, ctypes.POINTER(_RequestEvent), _size)
-_request_result_init = _proto("tandem_request_result_init", _status, ctypes.POINTER(_RequestResult), _size)
-_scheduler_create = _proto("tandem_scheduler_create", _status, _handle, ctypes.POINTER(_SchedulerParams),
-                           ctypes.POINTER(_handle))
-_scheduler_free = _proto("tandem_scheduler_free", _status, _handle)
-_scheduler_submit = _proto("tandem_scheduler_submit", _status, _handle, ctypes.POINTER(_RequestParams),
-                           ctypes.POINTER(_handle))
-_scheduler_drain = _proto("tandem_scheduler_drain", _status, _handle)
-_scheduler_shutdown = _proto("tandem_scheduler_shutdown", _status, _handle)
-_scheduler_metrics_json = _proto("tandem_scheduler_metrics_json", _status, _handle, ctypes.c_char_p, _size,
-                                 ctypes.POINTER(_size))
-_request_poll = _proto("tandem_request_poll", _status, _handle, ctypes.POINTER(_RequestEvent))
-_request_cancel = _proto("tandem_request_cancel", _status, _handle)
-_request_wait = _proto("tandem_request_wait", _status, _handle, ctypes.c_int32, ctypes.POINTER(_RequestResult))
-_request_get_result = _proto("tandem_request_get_result", _status, _handle, ctypes.POINTER(_RequestResult))
-_request_free = _proto("tandem_request_free", _status, _handle)
-
-
-class TandemError(Exception):
-    """A tandem_* call failed: .status (the number), .name ("INVALID_ARG", ...), .message."""
-
-    def __init__(self, status: int, message: str):
-        self.status = status
-        self.name = _status_name(status).decode()
-        self.message = message
-        super().__init__(f"{self.name} ({status}): {message}")
-
-
-def _check(status: int) -> None:
-    if status != OK:
-        raise TandemError(status, _last_error().decode("utf-8", "replace"))
-
-
-def _init(struct_type, init_fn):
-    s = struct_type()
-    _check(init_fn(ctypes.byref(s), ctypes.sizeof(s)))
-    return s
-
+# ---- library-wide ---------------------------------------------------------------------------
 
 def version() -> str:
     """Version of the loaded library ("MAJOR.MINOR.PATCH")."""
-    return _version().decode()
+    return _c.version().decode()
 
 
-def _ids_array(ids: Sequence[int]):
-    for i in ids:  # ctypes would wrap a value outside int32 silently
-        if not isinstance(i, int) or not 0 <= i < 2**31:
-            raise TandemError(E_INVALID_ARG, f"token id {i!r} is not an integer in [0, 2**31)")
-    arr = (ctypes.c_int32 * max(len(ids), 1))(*ids)
-    return arr, len(ids)
+def version_number() -> int:
+    """Version of the loaded library as major * 10000 + minor * 100 + patch."""
+    return int(_c.version_number())
 
-
-# ---- model --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ModelInfo:
-    arch: str
-    name: str
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    token_bos: int
-    token_eos: int
-    weight_bytes: int
+class Device:
+    """A processor Tandem can compute on (tandem_device_info)."""
+    kind: str                # "cpu" or "cuda"
+    device_id: int           # CUDA ordinal; 0 for the CPU
+    name: str                # "cpu" or the CUDA device name
+    isa: str                 # CPU kernels' instruction set ("avx2", ...) or "sm_90"
+    memory_bytes: int        # physical memory / device memory
+    n_cores: int             # CPU hardware threads / CUDA multiprocessors
+    compute_capability: int  # CUDA major * 10 + minor; 0 for the CPU
 
+
+def devices() -> List[Device]:
+    """The CPU (first) and, in a library built with CUDA, every CUDA device."""
+    n = _c.size_t()
+    _c.check(_c.device_count(ctypes.byref(n)))
+    out = []
+    for i in range(n.value):
+        d = _c.init(_c.DeviceInfo, _c.device_info_init)
+        _c.check(_c.device_get_info(i, ctypes.byref(d)))
+        out.append(Device("cuda" if d.kind == _c.DEVICE_CUDA else "cpu", d.device_id, d.name.decode(),
+                          d.isa.decode(), d.memory_bytes, d.n_cores, d.compute_capability))
+    return out
+
+
+_log_callback_ref: Optional[Any] = None  # the ctypes thunk must outlive its registration
+
+
+def set_log_callback(callback: Optional[Callable[[str, str], None]], level: str = "info") -> None:
+    """Receive the library's log lines as callback(level, message), level one of "debug"
+    (routing decisions with their reasons, preemptions, hand-offs), "info", "warn",
+    "error"; lines below `level` are not delivered. None: discard (the default). The
+    callback runs on library threads (scheduler step loops): keep it short and
+    thread-safe; an exception in it is printed and dropped."""
+    global _log_callback_ref
+    if level not in _c.LOG_LEVELS:
+        raise TandemError(E_INVALID_ARG, f"level {level!r} is not one of {sorted(_c.LOG_LEVELS)}")
+    names = {v: k for k, v in _c.LOG_LEVELS.items()}
+    if callback is None:
+        thunk = _c.LOG_CALLBACK()
+    else:
+        def deliver(lvl, message, _user):
+            try:
+                callback(names.get(lvl, "info"), message.decode("utf-8", "replace"))
+            except Exception as e:  # never unwind through C
+                print(f"tandem log callback raised {e!r}")
+
+        thunk = _c.LOG_CALLBACK(deliver)
+    _c.check(_c.log_set(thunk, None, _c.LOG_LEVELS[level]))
+    _log_callback_ref = thunk
+
+
+# ---- handles --------------------------------------------------------------------------------
 
 class _Handle:
     """A library handle owned by a Python object: `handle` (raises once closed), close()
-    (idempotent; frees through `_free`), context manager, closed on garbage collection.
-    Subclasses set `_kind` (for the message) and `_free` (the tandem_*_free function)."""
+    (idempotent), context manager, closed on garbage collection. Subclasses set `_kind`
+    (for the message) and `_free` (the tandem_*_free function)."""
 
     _kind = "handle"
-    _free = None
+    _free: Callable[[int], int]
     _h: Optional[int] = None
 
     @property
@@ -310,7 +141,7 @@ class _Handle:
         """Release the handle. Idempotent."""
         if self._h is not None:
             h, self._h = self._h, None
-            _check(type(self)._free(h))
+            _c.check(type(self)._free(h))
 
     def __enter__(self):
         return self
@@ -325,66 +156,196 @@ class _Handle:
             pass
 
 
+# ---- model ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """tandem_model_info: architecture and sizes."""
+    arch: str
+    name: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    token_bos: int
+    token_eos: int
+    weight_bytes: int
+
+
+_OPENAI_FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "stop"}
+
+
+def _messages(messages: Iterable[Message]):
+    """(roles, contents) ctypes arrays of OpenAI-style messages, checked."""
+    roles, contents = [], []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise TandemError(E_INVALID_ARG, f"messages[{i}] must be a dict with str 'role' and 'content'")
+        roles.append(_c.text_bytes(f"messages[{i}]['role']", m["role"]))
+        contents.append(_c.text_bytes(f"messages[{i}]['content']", m["content"]))
+    n = len(roles)
+    return (ctypes.c_char_p * max(n, 1))(*roles), (ctypes.c_char_p * max(n, 1))(*contents), n
+
+
 class Model(_Handle):
     """An immutable loaded GGUF model. Safe to share between threads. Closing it leaves the
     sessions created from it working."""
 
     _kind = "model"
-    _free = _model_free
+    _free = _c.model_free
 
-    def __init__(self, path: str | os.PathLike, check_block_scales: bool = True):
-        params = _init(_ModelParams, _model_params_init)
+    def __init__(self, path: Union[str, os.PathLike], check_block_scales: bool = True, n_threads: int = 0):
+        """Load, validate and map `path`. `n_threads` (0 = physical cores) is used by the
+        sessions create_chat_completion makes. Raises TandemError (E_IO, E_GGUF_*, ...)."""
+        params = _c.init(_c.ModelParams, _c.model_params_init)
         params.check_block_scales = 1 if check_block_scales else 0
-        handle = _handle()
-        _check(_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))
+        self.n_threads = _c.check_int("n_threads", n_threads, 0, 512)
+        handle = _c.handle_t()
+        _c.check(_c.model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))
         self._h = handle.value
 
     @property
     def info(self) -> ModelInfo:
-        i = _init(_ModelInfo, _model_info_init)
-        _check(_model_get_info(self.handle, ctypes.byref(i)))
+        i = _c.init(_c.ModelInfo, _c.model_info_init)
+        _c.check(_c.model_get_info(self.handle, ctypes.byref(i)))
         return ModelInfo(i.arch.decode(), i.name.decode("utf-8", "replace"), i.n_vocab, i.n_ctx_train, i.n_embd,
                          i.n_layer, i.n_head, i.n_head_kv, i.token_bos, i.token_eos, i.weight_bytes)
 
     def identity_hash(self) -> int:
+        """xxHash3-64 of the hyper-parameters and every tensor (equal = same weights)."""
         h = ctypes.c_uint64()
-        _check(_model_identity_hash(self.handle, ctypes.byref(h)))
+        _c.check(_c.model_identity_hash(self.handle, ctypes.byref(h)))
         return h.value
 
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> List[int]:
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-        flags = (TOKENIZE_ADD_SPECIAL if add_special else 0) | (TOKENIZE_PARSE_SPECIAL if parse_special else 0)
-        n = _size()
-        _check(_tokenize(self.handle, data, len(data), flags, None, 0, ctypes.byref(n)))  # size query
+    @property
+    def metadata(self) -> Dict[str, str]:
+        """Every GGUF metadata key with its value as text (arrays as "[n type]")."""
+        h = self.handle
+        n = _c.size_t()
+        _c.check(_c.model_meta_count(h, ctypes.byref(n)))
+        out = {}
+        for i in range(n.value):
+            key = _c.read_text(lambda b, c, o: _c.model_meta_key_by_index(h, i, b, c, o))
+            out[key.decode("utf-8", "replace")] = self.meta(key.decode("utf-8", "replace"))
+        return out
+
+    def meta(self, key: str) -> str:
+        """The value of GGUF metadata `key` as text; TandemError(E_INVALID_ARG) if absent."""
+        h, k = self.handle, _c.text_bytes("key", key)
+        return _c.read_text(lambda b, c, o: _c.model_meta_value(h, k, b, c, o)).decode("utf-8", "replace")
+
+    def tokenize(self, text: Union[str, bytes], add_special: bool = True, parse_special: bool = False) -> List[int]:
+        """Token ids of `text` (str or UTF-8 bytes; BOS added when add_special and the
+        vocabulary asks for it)."""
+        data = _c.text_bytes("text", text, allow_nul=True)
+        flags = (_c.TOKENIZE_ADD_SPECIAL if add_special else 0) | (_c.TOKENIZE_PARSE_SPECIAL if parse_special else 0)
+        n = _c.size_t()
+        _c.check(_c.tokenize(self.handle, data, len(data), flags, None, 0, ctypes.byref(n)))  # size query
         out = (ctypes.c_int32 * max(n.value, 1))()
-        _check(_tokenize(self.handle, data, len(data), flags, out, n.value, ctypes.byref(n)))
+        _c.check(_c.tokenize(self.handle, data, len(data), flags, out, n.value, ctypes.byref(n)))
         return list(out[: n.value])
 
     def detokenize_bytes(self, ids: Sequence[int], remove_special: bool = False,
                          unparse_special: bool = False) -> bytes:
-        arr, n_ids = _ids_array(ids)
-        flags = (DETOKENIZE_REMOVE_SPECIAL if remove_special else 0) | (
-            DETOKENIZE_UNPARSE_SPECIAL if unparse_special else 0)
-        n = _size()
-        _check(_detokenize(self.handle, arr, n_ids, flags, None, 0, ctypes.byref(n)))
-        buf = ctypes.create_string_buffer(n.value + 1)
-        _check(_detokenize(self.handle, arr, n_ids, flags, buf, n.value + 1, ctypes.byref(n)))
-        return buf.raw[: n.value]
+        """Raw bytes of `ids` (may end inside a UTF-8 character)."""
+        arr, n_ids = _c.ids_array(ids)
+        flags = (_c.DETOKENIZE_REMOVE_SPECIAL if remove_special else 0) | (
+            _c.DETOKENIZE_UNPARSE_SPECIAL if unparse_special else 0)
+        h = self.handle
+        return _c.read_text(lambda b, c, o: _c.detokenize(h, arr, n_ids, flags, b, c, o))
 
     def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         """Text of `ids` (bytes that are not valid UTF-8 become U+FFFD)."""
         return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
-        flags = DETOKENIZE_UNPARSE_SPECIAL if special else 0
-        n = _size()
-        _check(_token_to_piece(self.handle, token, flags, None, 0, ctypes.byref(n)))
-        buf = ctypes.create_string_buffer(n.value + 1)
-        _check(_token_to_piece(self.handle, token, flags, buf, n.value + 1, ctypes.byref(n)))
-        return buf.raw[: n.value]
+        """Raw bytes of one token; control tokens give b"" unless `special`."""
+        token = _c.check_int("token", token, 0, _c.INT32_MAX)
+        flags = _c.DETOKENIZE_UNPARSE_SPECIAL if special else 0
+        h = self.handle
+        return _c.read_text(lambda b, c, o: _c.token_to_piece(h, token, flags, b, c, o))
+
+    # -- chat --
+
+    def chat_render(self, messages: Iterable[Message], add_generation_prompt: bool = True,
+                    template: Optional[str] = None) -> str:
+        """The conversation rendered with the model's chat template (or the family named by
+        `template`: "chatml", "llama3", ...), markers included; with
+        add_generation_prompt it ends with the opening of an assistant turn."""
+        roles, contents, n = _messages(messages)
+        h, t = self.handle, _c.optional_text(template)
+        return _c.read_text(lambda b, c, o: _c.chat_render(h, t, roles, contents, n, int(add_generation_prompt), b,
+                                                           c, o)).decode("utf-8", "replace")
+
+    def chat_tokenize(self, messages: Iterable[Message], add_generation_prompt: bool = True,
+                      template: Optional[str] = None) -> List[int]:
+        """Token ids of the rendered conversation: template markers become control tokens,
+        message text never does (a user typing "<|im_end|>" cannot end a turn)."""
+        roles, contents, n = _messages(messages)
+        h, t = self.handle, _c.optional_text(template)
+        count = _c.size_t()
+        _c.check(_c.chat_tokenize(h, t, roles, contents, n, int(add_generation_prompt), None, 0, ctypes.byref(count)))
+        out = (ctypes.c_int32 * max(count.value, 1))()
+        _c.check(_c.chat_tokenize(h, t, roles, contents, n, int(add_generation_prompt), out, count.value,
+                                  ctypes.byref(count)))
+        return list(out[: count.value])
+
+    def create_chat_completion(self, messages: List[Message], *, max_tokens: Optional[int] = None,
+                               temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                               stop: Union[None, str, List[str]] = None, seed: Optional[int] = None,
+                               stream: bool = False, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                               repeat_penalty: float = 1.0, n_ctx: int = 0, template: Optional[str] = None,
+                               model: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+        """An OpenAI-shaped chat completion, with the field names and defaults of
+        llama-cpp-python's ``Llama.create_chat_completion``: returns a "chat.completion"
+        dict (choices[0].message.content, finish_reason "stop" / "length", usage), or with
+        stream=True an iterator of "chat.completion.chunk" dicts (a first delta with the
+        role, then content deltas, then an empty delta with the finish_reason).
+        max_tokens None: until the context (n_ctx; 0 = the model's, capped at 4096) is
+        full. Runs on a session of its own (any number of calls may run at once)."""
+        ids = self.chat_tokenize(messages, True, template)
+        session = Session(self, n_ctx=n_ctx, n_threads=self.n_threads)
+        limit = session.info.n_ctx - len(ids)
+        if max_tokens is None:
+            max_tokens = max(limit, 0)
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                        repeat_penalty=repeat_penalty)
+        if seed is not None:
+            sampling["seed"] = seed
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, **sampling)
+        ident = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        name = model if model is not None else self.info.name
+
+        if not stream:
+            with session:
+                text = gen.text()
+            r = gen.result
+            return {"id": ident, "object": "chat.completion", "created": created, "model": name,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                                 "finish_reason": _OPENAI_FINISH.get(r.finish_reason, "stop")}],
+                    "usage": {"prompt_tokens": len(ids), "completion_tokens": len(r.tokens),
+                              "total_tokens": len(ids) + len(r.tokens)}}
+
+        def chunks() -> Iterator[Dict[str, Any]]:
+            def chunk(delta: Dict[str, str], finish: Optional[str]) -> Dict[str, Any]:
+                return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": name,
+                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+            with session, gen:
+                yield chunk({"role": "assistant"}, None)
+                for piece in gen:
+                    if piece:
+                        yield chunk({"content": piece}, None)
+            yield chunk({}, _OPENAI_FINISH.get(gen.result.finish_reason if gen.result else "stop", "stop"))
+
+        return chunks()
 
 
-# ---- session ------------------------------------------------------------------------------
+# ---- session --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SessionInfo:
@@ -398,6 +359,9 @@ class SessionInfo:
 
 @dataclass
 class GenerateResult:
+    """The outcome of a generation. finish_reason: "stop" (end-of-generation token),
+    "stop_string", "length" (max_tokens or the context), "cancelled" (closed, aborted,
+    interrupted or stopped by on_piece)."""
     text: str = ""
     tokens: List[int] = field(default_factory=list)
     finish_reason: str = ""
@@ -406,33 +370,47 @@ class GenerateResult:
     generate_seconds: float = 0.0
 
 
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                    "frequency_penalty", "presence_penalty", "seed")
+_INT32_SAMPLING = ("top_k", "repeat_last_n")
+_FLOAT_SAMPLING = ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")
+_SAMPLING_FIELDS = _INT32_SAMPLING + _FLOAT_SAMPLING + ("seed",)
+
+
+def _sampling(sampling: Dict[str, Any]) -> "_c.SamplingParams":
+    unknown = set(sampling) - set(_SAMPLING_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
+    s = _c.init(_c.SamplingParams, _c.sampling_params_init)
+    for k, v in sampling.items():
+        if v is None:
+            continue
+        if k in _INT32_SAMPLING:
+            v = _c.check_int(k, v, -2**31, _c.INT32_MAX)
+        elif k == "seed":
+            v = _c.check_int(k, v, 0, _c.UINT64_MAX)
+        else:
+            v = _c.check_float(k, v)
+        setattr(s, k, v)
+    return s
 
 
 class _Call:
     """The C structs and buffers of one generate call (kept alive for its duration)."""
 
-    def __init__(self, max_tokens: int, stop: Optional[Iterable[str]], ignore_eos: bool, parse_special: bool,
-                 sampling: dict, n_ctx: int):
-        unknown = set(sampling) - set(_SAMPLING_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
-        self.sampling = _init(_SamplingParams, _sampling_params_init)
-        for k, v in sampling.items():
-            if v is not None:
-                setattr(self.sampling, k, v)
-        self.params = _init(_GenerateParams, _generate_params_init)
+    def __init__(self, max_tokens: int, stop, ignore_eos: bool, parse_special: bool, sampling: Dict[str, Any],
+                 n_ctx: int):
+        max_tokens = _c.check_int("max_tokens", max_tokens, 0, _c.INT32_MAX)
+        self.sampling = _sampling(sampling)
+        self.params = _c.init(_c.GenerateParams, _c.generate_params_init)
         self.params.sampling = ctypes.pointer(self.sampling)
         self.params.max_tokens = max_tokens
-        self.params.flags = (GENERATE_IGNORE_EOS if ignore_eos else 0) | (
-            GENERATE_PARSE_SPECIAL if parse_special else 0)
-        stops = [s.encode("utf-8") for s in (stop or [])]
+        self.params.flags = (_c.GENERATE_IGNORE_EOS if ignore_eos else 0) | (
+            _c.GENERATE_PARSE_SPECIAL if parse_special else 0)
+        stops = _c.stop_list(stop)
         self.stop_array = (ctypes.c_char_p * max(len(stops), 1))(*stops)
         if stops:
             self.params.stop = self.stop_array
             self.params.n_stop = len(stops)
-        self.result = _init(_GenerateResult, _generate_result_init)
+        self.result = _c.init(_c.GenerateResult, _c.generate_result_init)
         # A generation never outgrows the context: size the buffer by that, not max_tokens.
         cap = max(min(max_tokens, n_ctx), 0)
         self.tokens = (ctypes.c_int32 * max(cap, 1))()
@@ -442,7 +420,7 @@ class _Call:
     def to_result(self, pieces: List[str]) -> GenerateResult:
         r = self.result
         n = min(r.n_tokens, r.tokens_cap)
-        return GenerateResult("".join(pieces), list(self.tokens[:n]), FINISH_REASONS.get(r.finish_reason, "?"),
+        return GenerateResult("".join(pieces), list(self.tokens[:n]), _c.FINISH_REASONS.get(r.finish_reason, "?"),
                               r.n_prompt, r.prompt_seconds, r.generate_seconds)
 
 
@@ -462,43 +440,54 @@ class _Stream:
         def on_piece(ptr, length, token, user_data):
             if self.cancel.is_set():
                 return 1
-            text = ctypes.string_at(ptr, length).decode("utf-8")
+            item = (ctypes.string_at(ptr, length).decode("utf-8"), token)
             while True:
                 try:
-                    self.queue.put(text, timeout=0.05)
+                    self.queue.put(item, timeout=0.05)
                     return 0
                 except queue.Full:
                     if self.cancel.is_set():
                         return 1
 
-        self.callback = _CALLBACK(on_piece)  # referenced for the call's lifetime
+        self.callback = _c.TOKEN_CALLBACK(on_piece)  # referenced for the call's lifetime
 
-    def run(self, start: Callable[[_CALLBACK], int]) -> None:
-        status = start(self.callback)
-        if status != OK:
-            self.status = status
-            self.error = _last_error().decode("utf-8", "replace")  # per thread: read it here
+    def run(self, start: Callable[[Any], int]) -> None:
+        if not self.cancel.is_set():
+            status = start(self.callback)
+            if status != OK:
+                self.status = status
+                self.error = _c.last_error().decode("utf-8", "replace")  # per thread: read it here
         self.queue.put(_Stream.DONE)
 
 
 class Generation:
     """A streaming generation: iterate for text pieces (str) as they are produced;
-    `.result` (GenerateResult) is set once the iteration is finished. `close()` (or
-    leaving a `with` block, or dropping the iterator) cancels a generation in progress
-    and waits until the session is free again.
+    ``.result`` (GenerateResult) is set once the iteration is finished. ``close()`` (or
+    leaving a ``with`` block, or dropping the iterator) stops a generation in progress
+    (tandem_session_abort: within one prefill chunk or one token) and waits until the
+    session is free again. An exception that reaches the iteration (KeyboardInterrupt
+    while waiting for a piece) does the same before it propagates, so Ctrl-C stops the
+    model promptly and leaves the session usable.
 
     The C call runs in a worker thread and hands pieces over through a bounded queue, so
     the text streams while the model computes; ctypes releases the GIL during the call."""
 
-    def __init__(self, start: Callable[[_CALLBACK], int], call: _Call, lookahead: int = 256):
+    def __init__(self, session_handle: int, start: Callable[[Any], int], call: _Call, lookahead: int = 256):
         self.result: Optional[GenerateResult] = None
+        self.last_token = -1
+        self._session_handle = session_handle
         self._call = call
         self._pieces: List[str] = []
         self._finished = False
+        self.owner_thread = threading.get_ident()
         self._stream = _Stream(lookahead)
         self._thread = threading.Thread(target=self._stream.run, args=(start,), name="tandem-generate",
                                         daemon=True)
         self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -506,7 +495,11 @@ class Generation:
     def __next__(self) -> str:
         if self._finished:
             raise StopIteration
-        item = self._stream.queue.get()
+        try:
+            item = self._stream.queue.get()
+        except BaseException:  # KeyboardInterrupt (or another async exception) while waiting
+            self.close()
+            raise
         if item is _Stream.DONE:
             self._thread.join()
             self._finished = True
@@ -514,19 +507,21 @@ class Generation:
                 raise TandemError(self._stream.status, self._stream.error)
             self.result = self._call.to_result(self._pieces)
             raise StopIteration
-        self._pieces.append(item)
-        return item
+        text, self.last_token = item
+        self._pieces.append(text)
+        return text
 
     def close(self) -> None:
         """Stop the generation (finish reason "cancelled") and wait for the worker."""
         if self._finished:
             return
         self._stream.cancel.set()
+        _c.session_abort(self._session_handle)  # stops a prefill too; nothing if already done
         while self._thread.is_alive():
             try:
                 item = self._stream.queue.get(timeout=0.05)
                 if item is not _Stream.DONE:
-                    self._pieces.append(item)
+                    self._pieces.append(item[0])
             except queue.Empty:
                 pass
         self._thread.join()
@@ -554,139 +549,211 @@ class Generation:
 
 
 class Session(_Handle):
-    """One conversation with its own CPU executor. One call at a time (a concurrent call
-    raises TandemError with status E_BUSY)."""
+    """One conversation with its own CPU executor and KV cache. One call at a time (a
+    concurrent call from another thread raises TandemError(E_BUSY)). A call made from
+    the thread that started a still-streaming generate() first stops that generation (an
+    abandoned stream never leaves the session busy)."""
 
     _kind = "session"
-    _free = _session_free
+    _free = _c.session_free
 
-    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, page_size: int = 16,
-                 n_threads: int = 0):
-        params = _init(_SessionParams, _session_params_init)
-        params.n_ctx, params.n_batch, params.page_size, params.n_threads = n_ctx, n_batch, page_size, n_threads
-        handle = _handle()
-        _check(_session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, page_size: int = 16, n_threads: int = 0,
+                 kv_tier: str = "host", kv_dtype: str = "f16", kv_dir: Optional[str] = None):
+        """n_ctx: positions (0 = the model's, capped at 4096); n_batch: prompt tokens per
+        step; n_threads: 0 = physical cores; kv_tier "host" or "file" (pages in a mapped
+        file in kv_dir); kv_dtype "f16" or "f32"."""
+        params = _c.init(_c.SessionParams, _c.session_params_init)
+        params.n_ctx = _c.check_int("n_ctx", n_ctx, 0, _c.INT32_MAX)
+        params.n_batch = _c.check_int("n_batch", n_batch, 1, _c.INT32_MAX)
+        params.page_size = _c.check_int("page_size", page_size, 1, _c.INT32_MAX)
+        params.n_threads = _c.check_int("n_threads", n_threads, 0, 512)
+        tiers = {"host": _c.KV_HOST, "file": _c.KV_FILE}
+        if kv_tier not in tiers:
+            raise TandemError(E_INVALID_ARG, f"kv_tier {kv_tier!r} is not one of {sorted(tiers)}")
+        if kv_dtype not in _c.KV_DTYPES:
+            raise TandemError(E_INVALID_ARG, f"kv_dtype {kv_dtype!r} is not one of {sorted(_c.KV_DTYPES)}")
+        params.kv_tier, params.kv_dtype = tiers[kv_tier], _c.KV_DTYPES[kv_dtype]
+        kv_dir_bytes = None if kv_dir is None else os.fsencode(kv_dir)
+        params.kv_dir = kv_dir_bytes
+        handle = _c.handle_t()
+        _c.check(_c.session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
         self._h = handle.value
+        self._model = model
+        self._active: Optional["weakref.ref[Generation]"] = None
         self.n_vocab = model.info.n_vocab
 
     @property
+    def handle(self) -> int:
+        h = super().handle
+        gen = self._active() if self._active is not None else None
+        if gen is not None and not gen.finished and gen.owner_thread == threading.get_ident():
+            gen.close()
+        return h
+
+    @property
     def info(self) -> SessionInfo:
-        i = _init(_SessionInfo, _session_info_init)
-        _check(_session_get_info(self.handle, ctypes.byref(i)))
+        i = _c.init(_c.SessionInfo, _c.session_info_init)
+        _c.check(_c.session_get_info(self.handle, ctypes.byref(i)))
         return SessionInfo(i.n_ctx, i.n_tokens, i.n_batch, i.page_size, i.n_threads, bool(i.has_logits))
 
     def reset(self) -> None:
-        _check(_session_reset(self.handle))
+        """Forget the conversation (KV pages returned)."""
+        _c.check(_c.session_reset(self.handle))
+
+    def abort(self) -> None:
+        """Stop the generation running on this session, from any thread: it ends within one
+        prefill chunk (n_batch tokens) or one token with finish_reason "cancelled" and the
+        session stays usable. Does nothing when no generation is running."""
+        if self._h is not None:
+            _c.check(_c.session_abort(self._h))
 
     def eval(self, ids: Sequence[int], all_logits: bool = False) -> Optional[List[array]]:
         """Append `ids` to the conversation. With all_logits, return one row of n_vocab
         floats (array('f')) per id."""
-        arr, n = _ids_array(ids)
+        arr, n = _c.ids_array(ids)
         if not all_logits:
-            _check(_session_eval(self.handle, arr, n, None, 0))
+            _c.check(_c.session_eval(self.handle, arr, n, None, 0))
             return None
         buf = (ctypes.c_float * max(n * self.n_vocab, 1))()
-        _check(_session_eval(self.handle, arr, n, buf, n * self.n_vocab))
+        _c.check(_c.session_eval(self.handle, arr, n, buf, n * self.n_vocab))
         flat = array("f", bytes(buf)[: n * self.n_vocab * 4])
         return [flat[i * self.n_vocab:(i + 1) * self.n_vocab] for i in range(n)]
 
     def logits(self) -> array:
         """Logits after the last evaluated token (empty before the first evaluation)."""
-        n = _size()
-        _check(_session_get_logits(self.handle, None, 0, ctypes.byref(n)))
+        n = _c.size_t()
+        _c.check(_c.session_get_logits(self.handle, None, 0, ctypes.byref(n)))
         buf = (ctypes.c_float * max(n.value, 1))()
-        _check(_session_get_logits(self.handle, buf, n.value, ctypes.byref(n)))
+        _c.check(_c.session_get_logits(self.handle, buf, n.value, ctypes.byref(n)))
         return array("f", bytes(buf)[: n.value * 4])
 
     def tokens(self) -> List[int]:
         """Ids whose KV is in the cache, in order."""
-        n = _size()
-        _check(_session_get_tokens(self.handle, None, 0, ctypes.byref(n)))
+        n = _c.size_t()
+        _c.check(_c.session_get_tokens(self.handle, None, 0, ctypes.byref(n)))
         buf = (ctypes.c_int32 * max(n.value, 1))()
-        _check(_session_get_tokens(self.handle, buf, n.value, ctypes.byref(n)))
+        _c.check(_c.session_get_tokens(self.handle, buf, n.value, ctypes.byref(n)))
         return list(buf[: n.value])
 
     # -- generation --
 
-    def _starter(self, prompt, call: _Call):
+    def _starter(self, prompt: Prompt, call: _Call):
         handle = self.handle
         if isinstance(prompt, (str, bytes)):
-            data = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
-            if b"\0" in data:
-                raise TandemError(E_INVALID_ARG, "the prompt contains a NUL byte")
-            return lambda cb: _session_generate(handle, data, ctypes.byref(call.params), cb, None,
-                                                ctypes.byref(call.result))
-        arr, n = _ids_array(list(prompt))
-        return lambda cb: _session_generate_tokens(handle, arr, n, ctypes.byref(call.params), cb, None,
-                                                   ctypes.byref(call.result))
+            data = _c.text_bytes("the prompt", prompt)
+            return lambda cb: _c.session_generate(handle, data, ctypes.byref(call.params), cb, None,
+                                                  ctypes.byref(call.result))
+        if isinstance(prompt, (int, float)) or not isinstance(prompt, Iterable):
+            raise TandemError(E_INVALID_ARG, f"the prompt must be str, bytes or a list of token ids, not "
+                                             f"{type(prompt).__name__}")
+        arr, n = _c.ids_array(prompt)
+        return lambda cb: _c.session_generate_tokens(handle, arr, n, ctypes.byref(call.params), cb, None,
+                                                     ctypes.byref(call.result))
 
-    def generate(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
-                 stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
-                 lookahead: int = 256, **sampling) -> Generation:
+    def generate(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
+                 ignore_eos: bool = False, parse_special: bool = False, lookahead: int = 256,
+                 **sampling) -> Generation:
         """Stream a generation: returns a Generation, an iterator of text pieces. `prompt`
-        is text (UTF-8; BOS added on an empty session) or a list of token ids. Sampling
-        keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
+        is text (UTF-8; BOS added on an empty session) or a list of token ids; an empty
+        prompt continues the conversation. `stop`: one stop string or a list of them.
+        Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, frequency_penalty, presence_penalty, seed. `lookahead`: how many
         pieces generation may run ahead of the consumer before it waits (backpressure)."""
         call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx)
-        return Generation(self._starter(prompt, call), call, lookahead)
+        lookahead = _c.check_int("lookahead", lookahead, 1, _c.INT32_MAX)
+        gen = Generation(self.handle, self._starter(prompt, call), call, lookahead)
+        self._active = weakref.ref(gen)
+        return gen
 
-    def complete(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
-                 stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
+    def complete(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
+                 ignore_eos: bool = False, parse_special: bool = False,
                  on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, **sampling) -> GenerateResult:
-        """Generate in the calling thread. `on_piece(text, token)` is called for each piece;
-        returning True stops the generation (finish reason "cancelled")."""
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx)
-        pieces: List[str] = []
-        raised: List[BaseException] = []
+        """Generate and return the whole result. `on_piece(text, token)` is called in this
+        thread for each piece; returning True stops the generation ("cancelled"). An
+        exception from on_piece, or KeyboardInterrupt, stops the generation and
+        propagates; the session stays usable."""
+        # lookahead 1: the model waits while on_piece runs, so a stop takes effect at once.
+        gen = self.generate(prompt, max_tokens, stop, ignore_eos, parse_special, lookahead=1, **sampling)
+        with gen:
+            for piece in gen:
+                if on_piece is not None and on_piece(piece, gen.last_token):
+                    break
+        assert gen.result is not None
+        return gen.result
 
-        def cb(ptr, length, token, user_data):
-            try:
-                text = ctypes.string_at(ptr, length).decode("utf-8")
-                pieces.append(text)
-                return 1 if on_piece is not None and on_piece(text, token) else 0
-            except BaseException as e:  # never let an exception unwind through C
-                raised.append(e)
-                return 1
-
-        status = self._starter(prompt, call)(_CALLBACK(cb))
-        if raised:
-            raise raised[0]
-        _check(status)
-        return call.to_result(pieces)
+    def chat(self, messages: List[Message], max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
+             template: Optional[str] = None, **sampling) -> Generation:
+        """Stream the assistant's reply to `messages` (OpenAI-style dicts with "role" and
+        "content"), rendered with the model's chat template. The session is reset first:
+        the conversation is re-evaluated from its messages each call."""
+        ids = self._model.chat_tokenize(messages, True, template)
+        self.reset()
+        return self.generate(ids, max_tokens, stop, **sampling)
 
     # -- persistence --
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: Union[str, os.PathLike]) -> None:
         """Write the conversation (tokens, KV cache, sampler state) to `path` atomically."""
-        _check(_session_save(self.handle, os.fsencode(path)))
+        _c.check(_c.session_save(self.handle, os.fsencode(path)))
 
-    def restore(self, path: str | os.PathLike) -> None:
+    def restore(self, path: Union[str, os.PathLike]) -> None:
         """Replace the conversation with the one saved in `path`. On any error (E_IO,
         E_SESSION_CORRUPT, E_SESSION_VERSION, E_SESSION_MODEL_MISMATCH, E_CONTEXT_OVERFLOW)
         the session is unchanged."""
-        _check(_session_restore(self.handle, os.fsencode(path)))
+        _c.check(_c.session_restore(self.handle, os.fsencode(path)))
 
 
 # ---- scheduler ------------------------------------------------------------------------------
 
 @dataclass
 class Executor:
-    """One CPU executor of a Scheduler (fields as tandem_executor_params)."""
+    """One executor of a Scheduler (tandem_executor_params). device: "cpu", "cuda" or
+    "cuda:N" (a GPU needs a library built with CUDA: TandemError(E_UNSUPPORTED)
+    otherwise). kv_file_pages: a File tier of that many pages (in kv_dir) below the
+    compute tier, for swapping preempted sequences."""
     n_threads: int = 0
     max_running: int = 16
     step_token_budget: int = 256
     prefill_chunk: int = 128
     kv_pages: int = 0
     accelerator: Optional[bool] = None
+    device: str = "cpu"
+    kv_dtype: str = "f16"
+    kv_file_pages: int = 0
+    kv_dir: Optional[str] = None
+
+    def _fill(self, p: "_c.ExecutorParams", i: int) -> Optional[bytes]:
+        _c.check(_c.executor_params_init(ctypes.byref(p), ctypes.sizeof(_c.ExecutorParams)))
+        name = f"executors[{i}]."
+        p.n_threads = _c.check_int(name + "n_threads", self.n_threads, 0, 512)
+        p.max_running = _c.check_int(name + "max_running", self.max_running, 1, _c.INT32_MAX)
+        p.step_token_budget = _c.check_int(name + "step_token_budget", self.step_token_budget, 1, _c.INT32_MAX)
+        p.prefill_chunk = _c.check_int(name + "prefill_chunk", self.prefill_chunk, 1, _c.INT32_MAX)
+        p.kv_pages = _c.check_int(name + "kv_pages", self.kv_pages, 0, _c.INT32_MAX)
+        p.kv_file_pages = _c.check_int(name + "kv_file_pages", self.kv_file_pages, 0, _c.INT32_MAX)
+        p.accelerator = -1 if self.accelerator is None else int(bool(self.accelerator))
+        kind, _, ordinal = self.device.partition(":")
+        if kind not in ("cpu", "cuda") or (ordinal and not ordinal.isdigit()) or (kind == "cpu" and ordinal):
+            raise TandemError(E_INVALID_ARG, f"{name}device {self.device!r} is not \"cpu\", \"cuda\" or \"cuda:N\"")
+        p.device_kind = _c.DEVICE_CUDA if kind == "cuda" else _c.DEVICE_CPU
+        p.device_id = _c.check_int(name + "device id", int(ordinal or 0), 0, _c.INT32_MAX)
+        if self.kv_dtype not in _c.KV_DTYPES:
+            raise TandemError(E_INVALID_ARG, f"{name}kv_dtype {self.kv_dtype!r} is not one of {sorted(_c.KV_DTYPES)}")
+        p.kv_dtype = _c.KV_DTYPES[self.kv_dtype]
+        kv_dir = None if self.kv_dir is None else os.fsencode(self.kv_dir)
+        p.kv_dir = kv_dir
+        return kv_dir
 
 
 @dataclass
 class RequestEvent:
-    kind: str               # "token" or "finish"
-    token: int              # the generated id ("token"), else -1
-    text: str               # the text it completed (may be empty)
-    finish_reason: Optional[str] = None  # for "finish"
+    """One streamed event of a Request: kind "token" (one generated id and the text it
+    completed, possibly empty while text is held back) or "finish" (finish_reason, and
+    any text flushed at the end)."""
+    kind: str
+    token: int
+    text: str
+    finish_reason: Optional[str] = None
 
 
 @dataclass
@@ -704,159 +771,260 @@ class RequestResult:
 
 
 class Request(_Handle):
-    """A request submitted to a Scheduler: poll() / iterate for streamed text, wait(),
-    cancel(), close() (a request closed before it finished is cancelled)."""
+    """A request submitted to a Scheduler. Stream its events with ``for event in
+    request`` or ``async for event in request`` (both block in the library's wait,
+    tandem_request_next_event: no sleeping and polling), or poll(); wait() / await
+    wait_async() for the whole result; cancel(); close() (a request closed before it
+    finished is cancelled). Thread-safe."""
 
     _kind = "request"
-    _free = _request_free
+    _free = _c.request_free
+    _WAIT_SLICE_MS = 200  # one C wait; between slices Python can deliver Ctrl-C
 
-    def __init__(self, handle: int, max_tokens: int):
+    def __init__(self, handle: int, max_tokens: int, pool: concurrent.futures.ThreadPoolExecutor):
         self._h = handle
         self._max_tokens = max_tokens
+        self._pool = pool
         self._buf = ctypes.create_string_buffer(1024)
+        self._lock = threading.Lock()  # one event buffer: one taker at a time
+        self._done = False
+
+    def _take(self, timeout_ms: Optional[int]) -> Optional[RequestEvent]:
+        """poll (timeout None) or next_event(timeout_ms)."""
+        with self._lock:
+            ev = _c.init(_c.RequestEvent, _c.request_event_init)
+            while True:
+                ev.text = ctypes.addressof(self._buf)
+                ev.text_cap = len(self._buf)
+                if timeout_ms is None:
+                    status = _c.request_poll(self.handle, ctypes.byref(ev))
+                else:
+                    status = _c.request_next_event(self.handle, timeout_ms, ctypes.byref(ev))
+                if status == E_BUFFER_TOO_SMALL:  # the event is kept: retry with room for it
+                    self._buf = ctypes.create_string_buffer(ev.text_len + 1)
+                    timeout_ms = None if timeout_ms is None else 0
+                    continue
+                _c.check(status)
+                break
+            if ev.kind == _c.EVENT_NONE:
+                return None
+            text = self._buf.raw[: ev.text_len].decode("utf-8")
+        if ev.kind == _c.EVENT_TOKEN:
+            return RequestEvent("token", ev.token, text)
+        return RequestEvent("finish", -1, text, _c.FINISH_REASONS.get(ev.finish_reason, "?"))
 
     def poll(self) -> Optional[RequestEvent]:
         """The next event without blocking, or None when nothing is new. After the finish
         event, every poll returns it again (with empty text)."""
-        ev = _init(_RequestEvent, _request_event_init)
-        while True:
-            ev.text = ctypes.addressof(self._buf)
-            ev.text_cap = len(self._buf)
-            status = _request_poll(self.handle, ctypes.byref(ev))
-            if status == E_BUFFER_TOO_SMALL:  # the event is kept: retry with room for it
-                self._buf = ctypes.create_string_buffer(ev.text_len + 1)
-                continue
-            _check(status)
-            break
-        if ev.kind == EVENT_NONE:
-            return None
-        text = self._buf.raw[: ev.text_len].decode("utf-8")
-        if ev.kind == EVENT_TOKEN:
-            return RequestEvent("token", ev.token, text)
-        return RequestEvent("finish", -1, text, FINISH_REASONS.get(ev.finish_reason, "?"))
+        return self._take(None)
 
-    def __iter__(self) -> Iterator[str]:
-        """The streamed text pieces (polling; sleeps briefly while nothing is new)."""
-        import time
-        delay = 1e-4
+    def next_event(self, timeout: Optional[float] = None) -> Optional[RequestEvent]:
+        """Block (in the library) until the next event, or `timeout` seconds (None: no
+        limit) have passed: None."""
+        if timeout is None:
+            while True:
+                ev = self._take(self._WAIT_SLICE_MS)
+                if ev is not None:
+                    return ev
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+            raise TandemError(E_INVALID_ARG, f"timeout must be a number >= 0 or None, not {timeout!r}")
+        return self._take(int(min(timeout * 1000, _c.INT32_MAX)))
+
+    def __iter__(self) -> Iterator[RequestEvent]:
+        """The events up to and including the finish event."""
         while True:
-            ev = self.poll()
-            if ev is None:
-                time.sleep(delay)
-                delay = min(delay * 2, 5e-3)
-                continue
-            delay = 1e-4
-            if ev.text:
-                yield ev.text
+            ev = self.next_event()
+            yield ev
             if ev.kind == "finish":
                 return
 
+    def __aiter__(self) -> AsyncIterator[RequestEvent]:
+        return self._aevents()
+
+    async def _aevents(self) -> AsyncIterator[RequestEvent]:
+        loop = asyncio.get_running_loop()
+        while True:
+            ev = await loop.run_in_executor(self._pool, self._take, self._WAIT_SLICE_MS)
+            if ev is None:
+                continue
+            yield ev
+            if ev.kind == "finish":
+                return
+
+    def text(self) -> str:
+        """Consume the events and return the concatenated text."""
+        return "".join(ev.text for ev in self)
+
     def cancel(self) -> None:
-        _check(_request_cancel(self.handle))
+        """Ask the request to stop (finish "cancelled" within one step, unless finished)."""
+        _c.check(_c.request_cancel(self.handle))
 
     def _fill(self, call) -> Optional[RequestResult]:
-        r = _init(_RequestResult, _request_result_init)
+        r = _c.init(_c.RequestResult, _c.request_result_init)
         while True:
             tokens = (ctypes.c_int32 * max(self._max_tokens, 1))()
             text = ctypes.create_string_buffer(max(self._max_tokens * 16, 64))
             r.tokens, r.tokens_cap = tokens, len(tokens)
             r.text, r.text_cap = ctypes.addressof(text), len(text)
-            _check(call(ctypes.byref(r)))
+            _c.check(call(ctypes.byref(r)))
             if not r.finished:
                 return None
             if r.n_tokens <= r.tokens_cap and r.text_len < r.text_cap:
                 break
             self._max_tokens = max(r.n_tokens, r.text_len // 16 + 1)  # grow and read again
-        return RequestResult(r.id, FINISH_REASONS.get(r.finish_reason, "?"), list(tokens[: r.n_tokens]),
+        return RequestResult(r.id, _c.FINISH_REASONS.get(r.finish_reason, "?"), list(tokens[: r.n_tokens]),
                              text.raw[: r.text_len].decode("utf-8", "replace"), r.status,
                              (r.message or b"").decode("utf-8", "replace"), r.n_prompt, r.queue_seconds,
                              r.ttft_seconds, r.e2e_seconds)
 
     def wait(self, timeout: Optional[float] = None) -> Optional[RequestResult]:
         """Block until finished (or `timeout` seconds pass: None)."""
-        ms = -1 if timeout is None else max(0, min(int(timeout * 1000), 2**31 - 1))
         h = self.handle
-        return self._fill(lambda r: _request_wait(h, ms, r))
+        if timeout is None:
+            while True:
+                res = self._fill(lambda r: _c.request_wait(h, self._WAIT_SLICE_MS, r))
+                if res is not None:
+                    return res
+        ms = max(0, min(int(timeout * 1000), _c.INT32_MAX))
+        return self._fill(lambda r: _c.request_wait(h, ms, r))
+
+    async def wait_async(self) -> RequestResult:
+        """await the whole result (the wait blocks in a worker thread, not the loop)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            h = self.handle
+            res = await loop.run_in_executor(self._pool, self._fill,
+                                             lambda r: _c.request_wait(h, self._WAIT_SLICE_MS, r))
+            if res is not None:
+                return res
 
     def result(self) -> Optional[RequestResult]:
         """The outcome if finished, else None (does not block)."""
         h = self.handle
-        return self._fill(lambda r: _request_get_result(h, r))
+        return self._fill(lambda r: _c.request_get_result(h, r))
+
+
+class SchedulerSession:
+    """A conversation kept by the Scheduler between requests (its KV parked, moved down
+    the tiers under memory pressure, or to another executor when a request's SLA routes
+    it there): submit() appends a prompt and generates, continuing where the last
+    request stopped. One request at a time; close() releases the KV."""
+
+    def __init__(self, scheduler: "Scheduler", session_id: int):
+        self._scheduler = scheduler
+        self.id = session_id
+        self._closed = False
+
+    def submit(self, prompt: Prompt = "", **kw) -> Request:
+        """As Scheduler.submit, continuing this conversation ("" continues it as is)."""
+        if self._closed:
+            raise TandemError(E_INVALID_HANDLE, "the scheduler session is closed")
+        return self._scheduler.submit(prompt, session=self.id, **kw)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._scheduler._h is not None:
+                _c.check(_c.scheduler_session_close(self._scheduler._h, self.id))
+
+    def __enter__(self) -> "SchedulerSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class Scheduler(_Handle):
-    """Many requests on one or more CPU executors with continuous batching. `executors`:
-    a list of Executor (default: one). "cpu+cpu" is [Executor(n_threads=1),
-    Executor(n_threads=1)]. Closing it cancels outstanding requests (their Request objects
-    stay usable and report "cancelled")."""
+    """Many requests on one or more executors with continuous batching. `executors`: a
+    list of Executor (default: one CPU executor); "cpu+cpu" is [Executor(n_threads=1,
+    accelerator=True), Executor(n_threads=1)], "cpu+gpu" [Executor(), Executor(device=
+    "cuda")]. Closing it cancels outstanding requests (their Request objects stay usable
+    and report "cancelled")."""
 
     _kind = "scheduler"
-    _free = _scheduler_free
+    _free = _c.scheduler_free
 
     def __init__(self, model: Model, executors: Optional[Sequence[Executor]] = None, max_queued: int = 1024,
-                 max_context: int = 0, prefix_cache_entries: int = 4, page_size: int = 16):
+                 max_context: int = 0, prefix_cache_entries: int = 4, page_size: int = 16, log_routing: bool = True):
         executors = list(executors) if executors is not None else [Executor()]
-        arr = (_ExecutorParams * max(len(executors), 1))()
-        for i, e in enumerate(executors):
-            _check(_executor_params_init(ctypes.byref(arr[i]), ctypes.sizeof(_ExecutorParams)))
-            arr[i].n_threads, arr[i].max_running = e.n_threads, e.max_running
-            arr[i].step_token_budget, arr[i].prefill_chunk, arr[i].kv_pages = (
-                e.step_token_budget, e.prefill_chunk, e.kv_pages)
-            arr[i].accelerator = -1 if e.accelerator is None else int(bool(e.accelerator))
-        params = _init(_SchedulerParams, _scheduler_params_init)
+        if not executors:
+            raise TandemError(E_INVALID_ARG, "executors is empty")
+        arr = (_c.ExecutorParams * len(executors))()
+        keep = [e._fill(arr[i], i) for i, e in enumerate(executors)]
+        params = _c.init(_c.SchedulerParams, _c.scheduler_params_init)
         params.executors = arr
         params.n_executors = len(executors)
-        params.max_queued, params.max_context = max_queued, max_context
-        params.prefix_cache_entries, params.page_size = prefix_cache_entries, page_size
-        handle = _handle()
-        _check(_scheduler_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        params.max_queued = _c.check_int("max_queued", max_queued, 0, _c.INT32_MAX)
+        params.max_context = _c.check_int("max_context", max_context, 0, _c.INT32_MAX)
+        params.prefix_cache_entries = _c.check_int("prefix_cache_entries", prefix_cache_entries, 0, _c.INT32_MAX)
+        params.page_size = _c.check_int("page_size", page_size, 1, _c.INT32_MAX)
+        params.log_routing = int(bool(log_routing))
+        handle = _c.handle_t()
+        _c.check(_c.scheduler_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
+        del keep
         self._h = handle.value
         self._model = model
+        # Threads for the async interface's blocking waits (one per awaiting request).
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="tandem-wait")
 
-    def submit(self, prompt: str | bytes | Sequence[int], max_tokens: int = 128,
-               stop: Optional[Iterable[str]] = None, ignore_eos: bool = False, parse_special: bool = False,
-               sla: str = "standard", deadline_ms: int = 0, **sampling) -> Request:
+    def submit(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
+               ignore_eos: bool = False, parse_special: bool = False, sla: str = "standard", deadline_ms: int = 0,
+               session: int = 0, **sampling) -> Request:
         """Submit a request (prompt text or token ids). sla: "interactive", "standard" or
-        "batch". Sampling keywords as Session.generate (the C defaults when omitted)."""
-        if sla not in SLA_CLASSES:
-            raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(SLA_CLASSES)}")
+        "batch"; deadline_ms > 0 ends it with "timeout" after that long; session: a
+        SchedulerSession id to continue (see open_session). Sampling keywords as
+        Session.generate."""
+        if sla not in _c.SLA_CLASSES:
+            raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(_c.SLA_CLASSES)}")
+        max_tokens = _c.check_int("max_tokens", max_tokens, 1, _c.INT32_MAX)
         call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, 0)  # sampling + stop arrays only
-        p = _init(_RequestParams, _request_params_init)
-        keep = []
+        p = _c.init(_c.RequestParams, _c.request_params_init)
+        keep: List[Any] = []
         if isinstance(prompt, (str, bytes)):
-            data = prompt.encode("utf-8") if isinstance(prompt, str) else prompt
-            if b"\0" in data:
-                raise TandemError(E_INVALID_ARG, "the prompt contains a NUL byte")
+            data = _c.text_bytes("the prompt", prompt)
             p.prompt = data
             keep.append(data)
         else:
-            arr, n = _ids_array(list(prompt))
+            arr, n = _c.ids_array(prompt)
             p.prompt_tokens, p.n_prompt_tokens = arr, n
             keep.append(arr)
         p.sampling = ctypes.pointer(call.sampling)
         p.stop, p.n_stop = call.params.stop, call.params.n_stop
         p.max_tokens, p.flags = max_tokens, call.params.flags
-        p.sla, p.deadline_ms = SLA_CLASSES[sla], deadline_ms
-        handle = _handle()
-        _check(_scheduler_submit(self.handle, ctypes.byref(p), ctypes.byref(handle)))
-        return Request(handle.value, max_tokens)
+        p.sla = _c.SLA_CLASSES[sla]
+        p.deadline_ms = _c.check_int("deadline_ms", deadline_ms, 0, _c.INT32_MAX)
+        p.session = _c.check_int("session", session, 0, _c.UINT64_MAX)
+        handle = _c.handle_t()
+        _c.check(_c.scheduler_submit(self.handle, ctypes.byref(p), ctypes.byref(handle)))
+        return Request(handle.value, max_tokens, self._pool)
+
+    def open_session(self) -> SchedulerSession:
+        """A conversation continued over several requests (see SchedulerSession)."""
+        sid = ctypes.c_uint64()
+        _c.check(_c.scheduler_session_open(self.handle, ctypes.byref(sid)))
+        return SchedulerSession(self, sid.value)
 
     def drain(self) -> None:
         """Stop accepting (later requests finish "overloaded"); wait for all to finish."""
-        _check(_scheduler_drain(self.handle))
+        _c.check(_c.scheduler_drain(self.handle))
 
     def shutdown(self) -> None:
         """Cancel everything outstanding and stop; later submits raise E_INVALID_ARG."""
-        _check(_scheduler_shutdown(self.handle))
+        _c.check(_c.scheduler_shutdown(self.handle))
+
+    def close(self) -> None:
+        super().close()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def metrics(self) -> dict:
         """The serving metrics (tandem_scheduler_metrics_json, parsed)."""
         import json
-        n = _size()
+        h = self.handle
         while True:
-            _check(_scheduler_metrics_json(self.handle, None, 0, ctypes.byref(n)))
-            buf = ctypes.create_string_buffer(n.value + 256)
-            status = _scheduler_metrics_json(self.handle, buf, len(buf), ctypes.byref(n))
-            if status != E_BUFFER_TOO_SMALL:
-                _check(status)
-                return json.loads(buf.value.decode("utf-8"))
+            try:
+                return json.loads(_c.read_text(lambda b, c, o: _c.scheduler_metrics_json(h, b, c, o)).decode())
+            except TandemError as e:  # the JSON grew between the size query and the copy
+                if e.status != E_BUFFER_TOO_SMALL:
+                    raise

@@ -1,7 +1,8 @@
-"""Tests of the ctypes module (examples/python/tandem) against the installed libtandem.
+"""Tests of the Python package (examples/python/tandem): the installed one after
+`pip install .`, else the sources with TANDEM_LIB or TANDEM_PREFIX naming the library.
 Run with pytest (python3 -m pytest examples/python/tests) or, with no packages at all,
-python3 -m unittest discover examples/python/tests. Needs TANDEM_LIB or TANDEM_PREFIX
-(see tandem/__init__.py) and the shared data (TANDEM_SHARED)."""
+python3 -m unittest discover examples/python/tests. Needs the shared data
+(TANDEM_SHARED)."""
 
 import gc
 import os
@@ -10,11 +11,15 @@ import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the tandem package
 sys.path.insert(0, HERE)  # golden.py
+try:  # the installed package (pip install .), else the sources next to this folder
+    import tandem  # noqa: E402
+except ImportError:
+    sys.path.insert(1, os.path.dirname(HERE))
+    import tandem  # noqa: E402
 
 import golden  # noqa: E402
-import tandem  # noqa: E402
+from tandem import _capi  # noqa: E402
 
 
 class TandemTestCase(unittest.TestCase):
@@ -40,11 +45,12 @@ class TestLibrary(TandemTestCase):
         import ctypes
         if ctypes.sizeof(ctypes.c_void_p) != 8:
             self.skipTest("sizes below are LP64")
-        sizes = {"_ModelParams": 16, "_ModelInfo": 64, "_SessionParams": 24, "_SessionInfo": 32,
-                 "_SamplingParams": 48, "_GenerateParams": 40, "_GenerateResult": 80, "_ExecutorParams": 32,
-                 "_SchedulerParams": 40, "_RequestParams": 72, "_RequestEvent": 48, "_RequestResult": 112}
+        sizes = {"ModelParams": 16, "ModelInfo": 64, "SessionParams": 40, "SessionInfo": 32,
+                 "SamplingParams": 48, "GenerateParams": 40, "GenerateResult": 80, "ExecutorParams": 56,
+                 "SchedulerParams": 56, "RequestParams": 80, "RequestEvent": 48, "RequestResult": 112,
+                 "DeviceInfo": 48}
         for name, size in sizes.items():
-            self.assertEqual(ctypes.sizeof(getattr(tandem, name)), size, name)
+            self.assertEqual(ctypes.sizeof(getattr(_capi, name)), size, name)
 
     def test_model_info(self):
         info = self.model.info
@@ -98,8 +104,8 @@ class TestLibrary(TandemTestCase):
         h = tandem.Model(golden.model_path())
         raw = h.handle
         h.close()
-        self.assertEqual(tandem._model_free(raw), tandem.E_INVALID_HANDLE)
-        self.assertEqual(tandem._model_free(None), tandem.OK)
+        self.assertEqual(_capi.model_free(raw), tandem.E_INVALID_HANDLE)
+        self.assertEqual(_capi.model_free(None), tandem.OK)
 
 
 class TestGenerate(TandemTestCase):
@@ -305,7 +311,7 @@ class TestScheduler(TandemTestCase):
             r1 = sched.submit(self.case["prompt_text"], max_tokens=64, temperature=0, ignore_eos=True,
                               sla="interactive")
             r2 = sched.submit(self.case["prompt_ids"], max_tokens=64, temperature=0, ignore_eos=True, sla="batch")
-            streamed = "".join(r1)  # polling
+            streamed = r1.text()  # the blocking wait for each event
             a, b = r1.wait(), r2.wait(timeout=60)
             self.assertEqual(a.finish_reason, "length")
             self.assertEqual(a.n_prompt, len(self.case["prompt_ids"]))

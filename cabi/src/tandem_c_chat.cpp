@@ -1,0 +1,163 @@
+// Chat templates and GGUF metadata of the C ABI (cabi/include/tandem.h).
+#include <fmt/format.h>
+
+#include <string>
+#include <vector>
+
+#include "capi_internal.hpp"
+#include "tandem/chat_template.hpp"
+#include "tandem/gguf.hpp"
+
+using namespace tandem;
+using namespace tandem::capi;
+
+namespace {
+
+void write_text(const std::string& text, char* buf, size_t capacity, size_t* out_len, const char* fn) {
+  *out_len = text.size();
+  if (check_capacity(buf, capacity, text.size() + 1, fn, "buf")) {
+    std::memcpy(buf, text.data(), text.size());
+    buf[text.size()] = '\0';
+  }
+}
+
+std::string_view value_type_name(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kUint8:
+      return "uint8";
+    case GgufValueType::kInt8:
+      return "int8";
+    case GgufValueType::kUint16:
+      return "uint16";
+    case GgufValueType::kInt16:
+      return "int16";
+    case GgufValueType::kUint32:
+      return "uint32";
+    case GgufValueType::kInt32:
+      return "int32";
+    case GgufValueType::kFloat32:
+      return "float32";
+    case GgufValueType::kBool:
+      return "bool";
+    case GgufValueType::kString:
+      return "string";
+    case GgufValueType::kArray:
+      return "array";
+    case GgufValueType::kUint64:
+      return "uint64";
+    case GgufValueType::kInt64:
+      return "int64";
+    case GgufValueType::kFloat64:
+      return "float64";
+  }
+  return "unknown";
+}
+
+std::string value_text(const GgufValue& v) {
+  if (const auto* u = std::get_if<uint64_t>(&v.value)) return std::to_string(*u);
+  if (const auto* i = std::get_if<int64_t>(&v.value)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v.value)) {
+    return v.type == GgufValueType::kFloat32 ? fmt::format("{}", float(*d)) : fmt::format("{}", *d);
+  }
+  if (const auto* b = std::get_if<bool>(&v.value)) return *b ? "true" : "false";
+  if (const auto* s = std::get_if<std::string>(&v.value)) return *s;
+  const auto& a = std::get<GgufArray>(v.value);
+  return fmt::format("[{} {}]", a.items.size(), value_type_name(a.elem_type));
+}
+
+std::vector<ChatMessage> read_messages(const char* const* roles, const char* const* contents, size_t n,
+                                       const char* fn) {
+  if (n > 0 && (roles == nullptr || contents == nullptr)) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: roles or contents is NULL but n_messages is {}", fn, n));
+  }
+  std::vector<ChatMessage> messages(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (roles[i] == nullptr || contents[i] == nullptr) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: roles[{}] or contents[{}] is NULL", fn, i, i));
+    }
+    messages[i].role = roles[i];
+    messages[i].content = contents[i];
+    for (const std::string* text : {&messages[i].role, &messages[i].content}) {
+      const size_t bad = utf8_invalid_at(*text);
+      if (bad != std::string::npos) {
+        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: message {} is not valid UTF-8 (byte {})", fn, i, bad));
+      }
+    }
+  }
+  return messages;
+}
+
+ChatTemplate pick_template(const Model& model, const char* name) {
+  return name == nullptr ? ChatTemplate::for_model(model) : ChatTemplate::by_name(name);
+}
+
+}  // namespace
+
+extern "C" {
+
+tandem_status tandem_model_meta_count(const tandem_model* model, size_t* out_n) {
+  static constexpr const char* fn = "tandem_model_meta_count";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_n, fn, "out_n");
+    *out_n = m->model->gguf().metadata().size();
+  });
+}
+
+tandem_status tandem_model_meta_key_by_index(const tandem_model* model, size_t index, char* buf, size_t capacity,
+                                             size_t* out_len) {
+  static constexpr const char* fn = "tandem_model_meta_key_by_index";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_len, fn, "out_len");
+    const auto& kv = m->model->gguf().metadata();
+    if (index >= kv.size()) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: index {} is out of range (the file has {} keys)", fn, index, kv.size()));
+    }
+    write_text(kv[index].key, buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_model_meta_value(const tandem_model* model, const char* key, char* buf, size_t capacity,
+                                      size_t* out_len) {
+  static constexpr const char* fn = "tandem_model_meta_value";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(key, fn, "key");
+    require(out_len, fn, "out_len");
+    const GgufValue* v = m->model->gguf().find(key);
+    if (v == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: the model has no metadata key \"{}\"", fn, key));
+    write_text(value_text(*v), buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_chat_render(const tandem_model* model, const char* template_name, const char* const* roles,
+                                 const char* const* contents, size_t n_messages, int32_t add_assistant, char* buf,
+                                 size_t capacity, size_t* out_len) {
+  static constexpr const char* fn = "tandem_chat_render";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_len, fn, "out_len");
+    const auto messages = read_messages(roles, contents, n_messages, fn);
+    const std::string text = pick_template(*m->model, template_name).render(messages, add_assistant != 0);
+    write_text(text, buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_chat_tokenize(const tandem_model* model, const char* template_name, const char* const* roles,
+                                   const char* const* contents, size_t n_messages, int32_t add_assistant,
+                                   int32_t* tokens, size_t capacity, size_t* out_n_tokens) {
+  static constexpr const char* fn = "tandem_chat_tokenize";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_n_tokens, fn, "out_n_tokens");
+    const auto messages = read_messages(roles, contents, n_messages, fn);
+    const auto ids =
+        pick_template(*m->model, template_name).tokenize(m->model->tokenizer(), messages, add_assistant != 0);
+    *out_n_tokens = ids.size();
+    if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,303 @@
+"""Tests of the package-level features: the OpenAI-shaped chat completion, asyncio
+requests, abort from another thread, KeyboardInterrupt, argument validation (nothing is
+silently truncated), devices, metadata, the log callback and scheduler sessions. Same
+running rules as test_tandem.py."""
+
+import _thread
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # golden.py
+try:  # the installed package (pip install .), else the sources next to this folder
+    import tandem  # noqa: E402
+except ImportError:
+    sys.path.insert(1, os.path.dirname(HERE))
+    import tandem  # noqa: E402
+
+import golden  # noqa: E402
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+class PackageTestCase(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.case = golden.load_case("once_upon")
+        cls.model = tandem.Model(golden.model_path(), n_threads=1)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.model.close()
+
+    def session(self, **kw):
+        kw.setdefault("n_threads", 1)
+        return tandem.Session(self.model, **kw)
+
+    def assertRefused(self, fn, *args, status=tandem.E_INVALID_ARG, needle=None, **kw):
+        with self.assertRaises(tandem.TandemError) as cm:
+            fn(*args, **kw)
+        self.assertEqual(cm.exception.status, status, cm.exception)
+        if needle is not None:
+            self.assertIn(needle, cm.exception.message)
+        return cm.exception
+
+
+class TestLibrary(PackageTestCase):
+    def test_version_number_and_devices(self):
+        major, minor, patch = (int(x) for x in tandem.version().split("."))
+        self.assertEqual(tandem.version_number(), major * 10000 + minor * 100 + patch)
+        devs = tandem.devices()
+        self.assertEqual(devs[0].kind, "cpu")
+        self.assertGreaterEqual(devs[0].n_cores, 1)
+        self.assertGreater(devs[0].memory_bytes, 0)
+        self.assertTrue(devs[0].isa)
+        if not any(d.kind == "cuda" for d in devs):
+            e = self.assertRefused(tandem.Scheduler, self.model, [tandem.Executor(device="cuda")],
+                                   status=tandem.E_UNSUPPORTED)
+            self.assertIn("CUDA", e.message)
+        self.assertRefused(tandem.Scheduler, self.model, [tandem.Executor(device="tpu")], needle="device")
+
+    def test_metadata(self):
+        self.assertEqual(self.model.meta("general.architecture"), "llama")
+        meta = self.model.metadata
+        self.assertEqual(meta["general.architecture"], "llama")
+        self.assertEqual(meta["tokenizer.ggml.tokens"], "[512 string]")
+        self.assertRefused(self.model.meta, "no.such.key", needle="no.such.key")
+
+    def test_import_without_the_library_names_the_variables(self):
+        env = dict(os.environ, TANDEM_LIB="/nonexistent/libtandem.so")
+        env.pop("TANDEM_PREFIX", None)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        out = subprocess.run([sys.executable, "-c", "import tandem"], env=env, capture_output=True, text=True)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("ImportError", out.stderr)
+        self.assertIn("TANDEM_LIB", out.stderr)
+        self.assertIn("TANDEM_PREFIX", out.stderr)
+
+
+class TestValidation(PackageTestCase):
+    """Python integers are unbounded; ctypes would silently keep their low 32 bits."""
+
+    def test_integers_are_never_truncated(self):
+        self.assertRefused(tandem.Session, self.model, n_ctx=2**32 + 64, needle="n_ctx")
+        self.assertRefused(tandem.Session, self.model, n_threads=True, needle="n_threads")
+        self.assertRefused(tandem.Session, self.model, n_batch=1.5, needle="n_batch")
+        with self.session(n_ctx=64) as s:
+            self.assertRefused(s.complete, "Once", max_tokens=2**32 + 3, needle="max_tokens")
+            self.assertRefused(s.complete, "Once", max_tokens=-1, needle="max_tokens")
+            self.assertRefused(s.complete, "Once", top_k=2**32 + 1, needle="top_k")
+            self.assertRefused(s.complete, "Once", seed=-1, needle="seed")
+            self.assertRefused(s.complete, "Once", seed=2**64, needle="seed")
+            self.assertRefused(s.complete, "Once", temperature="0", needle="temperature")
+            self.assertRefused(s.complete, [1, 2**32 + 5], needle="token id")
+            self.assertRefused(s.complete, 123, needle="prompt")
+            self.assertRefused(s.complete, "a\0b", needle="NUL")
+            # The session was never touched by the refused calls.
+            self.assertEqual(s.info.n_tokens, 0)
+        self.assertRefused(self.model.token_to_piece, 2**40, needle="token")
+        self.assertRefused(self.model.token_to_piece, -1, needle="token")
+        self.assertRefused(self.model.detokenize, [2**32 + 1])
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1)], max_context=64) as sched:
+            self.assertRefused(sched.submit, "Once", max_tokens=2**31, needle="max_tokens")
+            self.assertRefused(sched.submit, "Once", deadline_ms=2**40, needle="deadline_ms")
+        self.assertRefused(tandem.Scheduler, self.model, [tandem.Executor(max_running=2**32 + 1)],
+                           needle="max_running")
+
+    def test_tokenize_refuses_non_text(self):
+        self.assertRefused(self.model.tokenize, 123, needle="text")
+        self.assertRefused(self.model.tokenize, None, needle="text")
+        self.assertEqual(self.model.tokenize(b"Hello"), self.model.tokenize("Hello"))
+
+    def test_a_stop_string_is_one_string(self):
+        with self.session() as s:
+            full = s.complete(self.case["prompt_text"], max_tokens=64, **GREEDY).text
+        # A two-character stop whose characters each appear before the pair does: cut as
+        # two separate stops it would end the text earlier.
+        pair = next(full[i:i + 2] for i in range(5, len(full) - 2)
+                    if full[i:i + 2].strip() == full[i:i + 2] and full.find(full[i:i + 2]) == i
+                    and min(full.find(full[i]), full.find(full[i + 1])) < i)
+        with self.session() as s:
+            r = s.complete(self.case["prompt_text"], max_tokens=64, stop=pair, **GREEDY)
+        self.assertEqual(r.finish_reason, "stop_string")
+        self.assertEqual(r.text, full[: full.index(pair)])
+
+
+class TestChatCompletion(PackageTestCase):
+    messages = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "Once upon a time"}]
+
+    def test_openai_shape(self):
+        out = self.model.create_chat_completion(self.messages, max_tokens=16, temperature=0, seed=1)
+        self.assertEqual(out["object"], "chat.completion")
+        self.assertTrue(out["id"].startswith("chatcmpl-"))
+        self.assertIsInstance(out["created"], int)
+        self.assertEqual(out["model"], self.model.info.name)
+        self.assertEqual(len(out["choices"]), 1)
+        choice = out["choices"][0]
+        self.assertEqual(choice["index"], 0)
+        self.assertEqual(choice["message"]["role"], "assistant")
+        self.assertIsInstance(choice["message"]["content"], str)
+        self.assertIn(choice["finish_reason"], ("stop", "length"))
+        usage = out["usage"]
+        self.assertEqual(usage["prompt_tokens"], len(self.model.chat_tokenize(self.messages)))
+        self.assertLessEqual(usage["completion_tokens"], 16)
+        self.assertEqual(usage["total_tokens"], usage["prompt_tokens"] + usage["completion_tokens"])
+        if choice["finish_reason"] == "length":
+            self.assertEqual(usage["completion_tokens"], 16)
+
+        # Streaming: role first, content deltas, then the finish; same text (greedy).
+        chunks = list(self.model.create_chat_completion(self.messages, max_tokens=16, temperature=0, stream=True))
+        self.assertTrue(all(c["object"] == "chat.completion.chunk" for c in chunks))
+        self.assertEqual(len({c["id"] for c in chunks}), 1)
+        self.assertEqual(chunks[0]["choices"][0]["delta"], {"role": "assistant"})
+        self.assertIsNone(chunks[0]["choices"][0]["finish_reason"])
+        self.assertEqual(chunks[-1]["choices"][0]["delta"], {})
+        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], choice["finish_reason"])
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        self.assertEqual(text, choice["message"]["content"])
+
+    def test_render_and_bad_messages(self):
+        text = self.model.chat_render([{"role": "user", "content": "Hi"}])
+        self.assertEqual(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")  # ChatML fallback
+        self.assertRefused(self.model.chat_render, [{"role": "wizard", "content": "x"}])
+        self.assertRefused(self.model.chat_render, [{"role": "user"}], needle="messages[0]")
+        self.assertRefused(self.model.create_chat_completion, [{"role": "user", "content": 5}])
+
+
+class TestAbortAndInterrupt(PackageTestCase):
+    def test_abort_from_another_thread_ends_a_long_generation(self):
+        with self.session(n_ctx=1024) as s:
+            # lookahead 1: the worker runs at most a piece ahead of this loop.
+            gen = s.generate(self.case["prompt_text"], max_tokens=1000, lookahead=1, **GREEDY)
+            for i, _ in enumerate(gen):
+                if i == 4:
+                    t = threading.Thread(target=s.abort)
+                    t.start()
+                    t.join()
+            r = gen.result
+            self.assertEqual(r.finish_reason, "cancelled")
+            # Ended right after the abort: 5 pieces consumed, at most a few in flight.
+            self.assertLess(len(r.tokens), 16)
+            self.assertEqual(s.complete("", max_tokens=3, **GREEDY).finish_reason, "length")  # usable
+
+    def interrupt_after(self, n_pieces, consume):
+        """Run consume(on_piece); on_piece raises KeyboardInterrupt in this (main)
+        thread through _thread.interrupt_main() from a helper, after n_pieces."""
+        count = [0]
+
+        def on_piece(*_):
+            count[0] += 1
+            if count[0] == n_pieces:
+                threading.Thread(target=_thread.interrupt_main).start()
+            return False
+
+        with self.assertRaises(KeyboardInterrupt):
+            consume(on_piece)
+            for _ in range(100000):  # the interrupt is delivered at the next bytecode boundary
+                pass
+        return count[0]
+
+    def test_keyboard_interrupt_during_generate_leaves_the_session_usable(self):
+        if threading.current_thread() is not threading.main_thread():
+            self.skipTest("KeyboardInterrupt is delivered to the main thread")
+        with self.session(n_ctx=1024) as s:
+            gens = []
+
+            def consume(on_piece):
+                gen = s.generate(self.case["prompt_text"], max_tokens=1000, lookahead=1, **GREEDY)
+                gens.append(gen)
+                for piece in gen:
+                    on_piece(piece)
+
+            self.interrupt_after(3, consume)
+            # The next call works (the stream is stopped, never left BUSY) and a fresh
+            # conversation gives the golden text.
+            s.reset()
+            self.assertTrue(gens[0].finished)
+            self.assertLess(len(gens[0].result.tokens), 1000)
+            r = s.complete(self.case["prompt_text"], max_tokens=64, **GREEDY)
+            golden.check(self.case, r.tokens, r.text)
+
+    def test_keyboard_interrupt_during_complete_leaves_the_session_usable(self):
+        if threading.current_thread() is not threading.main_thread():
+            self.skipTest("KeyboardInterrupt is delivered to the main thread")
+        with self.session(n_ctx=1024) as s:
+            n = self.interrupt_after(
+                3, lambda on_piece: s.complete(self.case["prompt_text"], max_tokens=1000, on_piece=on_piece, **GREEDY))
+            self.assertLess(n, 1000)
+            self.assertEqual(s.complete("", max_tokens=2, **GREEDY).finish_reason, "length")
+
+
+class TestSchedulerAsync(PackageTestCase):
+    prompts = ["Once upon a time", "The little dog", "One day, a girl named Lily", "Tom had a red ball",
+               "The sun was", "A big bird", "There was a cat", "Sam and Sue", "In the park", "Mom said",
+               "The boy saw a", "Once there was a tree", "The fish", "Lily liked to", "It was a sunny day",
+               "The old man"]
+
+    def test_sixteen_async_requests_each_equal_their_solo_run(self):
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, max_running=16)], max_context=256) as sched:
+            solo = []
+            for p in self.prompts:
+                r = sched.submit(p, max_tokens=24, **GREEDY)
+                solo.append(r.wait())
+                r.close()
+
+            async def one(prompt):
+                req = sched.submit(prompt, max_tokens=24, **GREEDY)
+                texts, tokens, finish = [], [], None
+                async for event in req:
+                    texts.append(event.text)
+                    if event.kind == "token":
+                        tokens.append(event.token)
+                    else:
+                        finish = event.finish_reason
+                result = await req.wait_async()
+                req.close()
+                return "".join(texts), tokens, finish, result
+
+            async def main():
+                return await asyncio.gather(*(one(p) for p in self.prompts))
+
+            together = asyncio.run(main())
+            for s, (text, tokens, finish, result) in zip(solo, together):
+                self.assertEqual(finish, "length")
+                self.assertEqual(tokens, s.tokens)
+                self.assertEqual(result.tokens, s.tokens)
+                self.assertEqual(text, s.text)
+            self.assertEqual(len(solo[0].tokens), 24)
+
+    def test_scheduler_session_over_three_requests_equals_one_generation(self):
+        lines = []
+        tandem.set_log_callback(lambda level, message: lines.append((level, message)), "debug")
+        try:
+            with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, accelerator=True),
+                                               tandem.Executor(n_threads=1)], max_context=256) as sched:
+                tokens, text = [], ""
+                with sched.open_session() as conv:
+                    for prompt, n in ((self.case["prompt_text"], 20), ("", 20), ("", 24)):
+                        req = conv.submit(prompt, max_tokens=n, **GREEDY)
+                        text += req.text()
+                        r = req.wait()
+                        self.assertEqual(r.finish_reason, "length")
+                        tokens += r.tokens
+                print(golden.check(self.case, tokens, text))
+        finally:
+            tandem.set_log_callback(None)
+        self.assertTrue(any(level == "debug" and "route" in message for level, message in lines), lines[:5])
+        self.assertTrue(any(level == "info" for level, _ in lines))
+
+    def test_blocking_wait_returns_none_on_timeout_only_while_unfinished(self):
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1)], max_context=64) as sched:
+            r = sched.submit("Once", max_tokens=4, **GREEDY)
+            events = list(r)
+            self.assertEqual(events[-1].kind, "finish")
+            self.assertEqual(r.next_event(timeout=0).kind, "finish")  # repeated after the finish
+            self.assertRefused(r.next_event, timeout=-1)
+
+
+if __name__ == "__main__":
+    unittest.main()
