@@ -53,8 +53,8 @@ int main(int argc, char** argv) {
   app.add_option("-c,--ctx-size", eo.n_ctx,
                  "context per sequence in tokens (0 = the model's training context, capped at 4096)")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("-np,--parallel", eo.parallel, "sequences decoded at once per executor (slots)")
-      ->check(CLI::Range(1, 4096));
+  app.add_option("--parallel", eo.parallel, "sequences decoded at once per executor (slots)")
+      ->check(CLI::Range(1, 4096));  // -np is rewritten to --parallel
   app.add_option("-t,--threads", eo.threads, "CPU threads, all executors together (0 = physical cores)")
       ->check(CLI::Range(0, 512));
   app.add_option("--threads-http", so.threads_http, "HTTP worker threads (0 = slots + queue + 8)")
