@@ -9,9 +9,9 @@
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
 // SIGINT: stop accepting connections, let in-flight requests finish within
 // --shutdown-grace seconds, cancel the rest, exit 0.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <httplib.h>
+#include <CLI/CLI.hpp>
 
 #include <csignal>
 #include <cstring>
@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "server/http_routes.hpp"
-#include "server/serving_engine.hpp"
 #include "server/server_state.hpp"
+#include "server/serving_engine.hpp"
 #include "tandem/error.hpp"
 
 namespace {
@@ -135,14 +135,15 @@ int main(int argc, char** argv) {
   if (rc == 0) {
     int sig = 0;
     sigwait(&sigs, &sig);
-    st.log.write("info", "shutting down", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
-                                           {"in_flight", st.in_flight.load()},
-                                           {"grace_s", so.shutdown_grace_s}});
+    st.log.write("info", "shutting down",
+                 {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+                  {"in_flight", st.in_flight.load()},
+                  {"grace_s", so.shutdown_grace_s}});
     st.draining.store(true);
     svr.stop();  // closes the listening socket; workers finish the requests they hold
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(so.shutdown_grace_s));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(so.shutdown_grace_s));
     while (st.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

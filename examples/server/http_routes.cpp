@@ -15,8 +15,7 @@ namespace tandem::server {
 using nlohmann::json;
 
 void Log::write(std::string_view level, std::string_view msg, json fields) {
-  const double ts =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::string line;
   if (json_) {
     json j = {{"ts", ts}, {"level", level}, {"msg", msg}};
@@ -64,7 +63,9 @@ httplib::Server::Handler guarded(ServerState& st, std::string_view endpoint, F f
   };
 }
 
-bool public_path(const std::string& path) { return path == "/health" || path == "/metrics"; }
+bool public_path(const std::string& path) {
+  return path == "/health" || path == "/metrics";
+}
 
 std::string bearer_token(const httplib::Request& req) {
   const std::string auth = req.get_header_value("Authorization");
@@ -92,19 +93,19 @@ void register_routes(httplib::Server& svr, ServerState& st) {
     return httplib::Server::HandlerResponse::Unhandled;
   });
   // Statuses set by httplib itself (404 no route, 413 body too large, 400 bad request line).
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([&st](const httplib::Request& req,
-                                                                    httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (res.status == 413) {
-      send_error(res, ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
-                               "request_too_large"));
-    } else if (res.status == 404) {
-      send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found"));
-    } else {
-      send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
-    }
-    return httplib::Server::HandlerResponse::Handled;
-  }));
+  svr.set_error_handler(
+      httplib::Server::HandlerWithResponse([&st](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 413) {
+          send_error(res, ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
+                                   "request_too_large"));
+        } else if (res.status == 404) {
+          send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found"));
+        } else {
+          send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }));
   svr.set_exception_handler([&st](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try {

@@ -18,11 +18,16 @@ ApiError::ApiError(int status, std::string message, std::string param, std::stri
 
 std::string_view ApiError::type() const noexcept {
   switch (status_) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 429: return "rate_limit_error";
-    case 503: return "unavailable_error";
-    default: return status_ >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "unavailable_error";
+    default:
+      return status_ >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -39,12 +44,18 @@ namespace {
 
 const char* kind_of(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "a number";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
   }
 }
 
@@ -125,6 +136,7 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
     }
   }
   s.stream = boolean(body, "stream", false);
+  s.ignore_eos = boolean(body, "ignore_eos", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_type("stream_options", *so, "an object");
     if (!s.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -304,10 +316,14 @@ GenerationSpec parse_completion_request(const json& body, const ModelInfo& info,
 std::string_view finish_reason_name(RequestFinish f) noexcept {
   switch (f) {
     case RequestFinish::kStop:
-    case RequestFinish::kStopString: return "stop";
-    case RequestFinish::kLength: return "length";
-    case RequestFinish::kTimeout: return "timeout";
-    default: return "abort";
+    case RequestFinish::kStopString:
+      return "stop";
+    case RequestFinish::kLength:
+      return "length";
+    case RequestFinish::kTimeout:
+      return "timeout";
+    default:
+      return "abort";
   }
 }
 

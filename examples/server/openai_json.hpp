@@ -2,7 +2,7 @@
 // bodies (chat.completion, chat.completion.chunk, text_completion), and the error object.
 //
 // Shapes follow the OpenAI API reference field for field; extensions are named as
-// llama-server names them (top_k, min_p, repeat_penalty) plus Tandem's `sla` and
+// llama-server names them (top_k, min_p, repeat_penalty, ignore_eos) plus Tandem's `sla` and
 // `timeout`. Every bad field raises ApiError naming it in `param`.
 #pragma once
 
@@ -45,20 +45,21 @@ class ApiError : public std::runtime_error {
 struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
-  int32_t n_ctx = 0;                 ///< positions per sequence
-  std::vector<std::string> names;    ///< accepted `model` values (alias first)
+  int32_t n_ctx = 0;               ///< positions per sequence
+  std::vector<std::string> names;  ///< accepted `model` values (alias first)
 };
 
 /// One generation request after validation.
 struct GenerationSpec {
   bool chat = false;
   bool stream = false;
-  bool include_usage = false;        ///< stream_options.include_usage
-  std::string model;                 ///< the name answered back (the alias)
+  bool include_usage = false;  ///< stream_options.include_usage
+  std::string model;           ///< the name answered back (the alias)
   std::vector<int32_t> prompt_ids;
   SamplingParams sampling;
   int32_t max_tokens = 0;
   std::vector<std::string> stop;
+  bool ignore_eos = false;  ///< llama-server's extension: generate past end-of-generation
   SlaClass sla = SlaClass::kStandard;
   std::optional<double> timeout_s;
 };
@@ -71,8 +72,7 @@ void check_model(const nlohmann::json& body, const ModelInfo& info);
 /// POST /v1/chat/completions. `sla_header`: the x-tandem-sla header ("" = absent).
 GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
 /// POST /v1/completions: `prompt` a string, token ids, or a one-element list of either.
-GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info,
-                                        std::string_view sla_header);
+GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
 
 /// "stop" (end-of-generation or stop string), "length", "timeout", "abort".
 std::string_view finish_reason_name(RequestFinish f) noexcept;
@@ -83,11 +83,11 @@ nlohmann::json completion_body(const GenerationSpec& spec, const std::string& id
                                int32_t completion_tokens);
 /// One streaming chunk: `text` (delta content), `role_only` (the chat's opening chunk with
 /// the assistant role), `finish` (the last choice chunk; text may be empty).
-nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created,
-                            std::string_view text, bool role_only, std::optional<RequestFinish> finish);
+nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
+                            bool role_only, std::optional<RequestFinish> finish);
 /// The usage-only chunk sent last when stream_options.include_usage (choices empty).
-nlohmann::json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created,
-                           int32_t prompt_tokens, int32_t completion_tokens);
+nlohmann::json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t prompt_tokens,
+                           int32_t completion_tokens);
 
 /// POST /tokenize {"content", "add_special", "parse_special", "with_pieces"} -> {"tokens"}.
 nlohmann::json tokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer);

@@ -11,11 +11,11 @@ namespace {
 
 // vLLM's bucket bounds (vllm/engine/metrics.py), in seconds, so existing dashboards'
 // quantile queries read the same buckets.
-const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,  0.75,
+const std::vector<double> kTtftBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
                                          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const std::vector<double> kTpotBounds = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
-                                         0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
-const std::vector<double> kE2eBounds = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,    10.0,   15.0,  20.0,
+const std::vector<double> kTpotBounds = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                         0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kE2eBounds = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
                                         30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 std::string escape_label(std::string_view v) {
@@ -57,11 +57,21 @@ void PrometheusMetrics::observe(const RequestMetrics& m, RequestFinish finish) {
   std::string reason;
   switch (finish) {
     case RequestFinish::kStop:
-    case RequestFinish::kStopString: reason = "stop"; break;
-    case RequestFinish::kLength: reason = "length"; break;
-    case RequestFinish::kTimeout: reason = "timeout"; break;
-    case RequestFinish::kError: reason = "error"; break;
-    default: reason = "abort"; break;
+    case RequestFinish::kStopString:
+      reason = "stop";
+      break;
+    case RequestFinish::kLength:
+      reason = "length";
+      break;
+    case RequestFinish::kTimeout:
+      reason = "timeout";
+      break;
+    case RequestFinish::kError:
+      reason = "error";
+      break;
+    default:
+      reason = "abort";
+      break;
   }
   std::lock_guard<std::mutex> lk(mu_);
   finished_[reason] += 1;
@@ -110,8 +120,7 @@ std::string PrometheusMetrics::render(const SchedulerMetrics& s) const {
 
   std::lock_guard<std::mutex> lk(mu_);
   render_histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
-  render_histogram(out, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                   tpot_);
+  render_histogram(out, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", tpot_);
   render_histogram(out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
                    e2e_);
   render_histogram(out, "vllm:request_queue_time_seconds", "Histogram of time spent waiting in the queue.", queue_);
@@ -157,8 +166,8 @@ std::string PrometheusMetrics::render(const SchedulerMetrics& s) const {
     for (int t = 0; t < kKvTierCount; ++t) {
       const auto& u = e.kv[t];
       if (u.capacity == 0) continue;
-      const std::string lbl = fmt::format("{},executor=\"{}\",tier=\"{}\"", label_, escape_label(e.name),
-                                          kv_tier_name(KvTier(t)));
+      const std::string lbl =
+          fmt::format("{},executor=\"{}\",tier=\"{}\"", label_, escape_label(e.name), kv_tier_name(KvTier(t)));
       out += fmt::format("tandem:kv_pages{{{},state=\"used\"}} {}\n", lbl, u.used);
       out += fmt::format("tandem:kv_pages{{{},state=\"reserved\"}} {}\n", lbl, u.reserved);
       out += fmt::format("tandem:kv_pages{{{},state=\"free\"}} {}\n", lbl, u.free());

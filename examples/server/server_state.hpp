@@ -22,12 +22,12 @@ namespace tandem::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;        ///< "" = no authentication
-  std::string alias;          ///< the model id answered by /v1/models ("" = file stem)
-  bool log_json = false;      ///< --log-format json: one JSON object per line on stderr
-  bool verbose = false;       ///< also log the Scheduler's debug lines
+  std::string api_key;           ///< "" = no authentication
+  std::string alias;             ///< the model id answered by /v1/models ("" = file stem)
+  bool log_json = false;         ///< --log-format json: one JSON object per line on stderr
+  bool verbose = false;          ///< also log the Scheduler's debug lines
   size_t body_limit = 8u << 20;  ///< request bodies larger than this get 413
-  int threads_http = 0;       ///< HTTP worker threads (0 = enough for every slot and queue entry)
+  int threads_http = 0;          ///< HTTP worker threads (0 = enough for every slot and queue entry)
   double shutdown_grace_s = 30.0;
 };
 
@@ -51,8 +51,8 @@ struct ServerState {
   std::unique_ptr<ServingEngine> engine;
   ModelInfo info;
   std::unique_ptr<PrometheusMetrics> metrics;
-  int64_t created = 0;                ///< model load time (Unix seconds), for /v1/models
-  std::atomic<int> in_flight{0};      ///< generation requests submitted and not yet finished
+  int64_t created = 0;            ///< model load time (Unix seconds), for /v1/models
+  std::atomic<int> in_flight{0};  ///< generation requests submitted and not yet finished
   std::atomic<uint64_t> next_id{1};
 
   explicit ServerState(ServerOptions o) : options(std::move(o)), log(options.log_json) {}

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/error.hpp"
@@ -107,7 +108,9 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
   scheduler_ = std::make_unique<Scheduler>(std::move(so));
 }
 
-ServingEngine::~ServingEngine() { scheduler_->shutdown(); }
+ServingEngine::~ServingEngine() {
+  scheduler_->shutdown();
+}
 
 RequestHandle ServingEngine::submit(Request r, RouteInfo& route) {
   t_last_route = {};

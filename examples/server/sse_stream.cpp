@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
@@ -16,7 +17,9 @@ namespace {
 
 using nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 /// Events copied out of the Scheduler's callback for the HTTP worker.
 class EventChannel {
@@ -58,7 +61,9 @@ struct Job {
   std::atomic<bool> finished{false};
 };
 
-int32_t completion_tokens(const RequestResult& r) { return int32_t(r.tokens.size()); }
+int32_t completion_tokens(const RequestResult& r) {
+  return int32_t(r.tokens.size());
+}
 
 /// Once per submitted request: metrics, the request log line, the in-flight count.
 void finish_job(ServerState& st, Job& job, const RequestResult& r, int status, std::string_view note) {
@@ -140,7 +145,8 @@ bool stream_body(ServerState& st, Job& job, httplib::DataSink& sink) {
     if (answered(r.finish)) {
       write_event(sink, stream_chunk(spec, job.id, job.created, "", false, r.finish));
       if (spec.include_usage) {
-        write_event(sink, usage_chunk(spec, job.id, job.created, int32_t(spec.prompt_ids.size()), completion_tokens(r)));
+        write_event(sink,
+                    usage_chunk(spec, job.id, job.created, int32_t(spec.prompt_ids.size()), completion_tokens(r)));
       }
     } else {
       const ApiError e = error_of(r);
@@ -170,8 +176,11 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
   r.sampling = s.sampling;
   r.max_tokens = s.max_tokens;
   r.stop = s.stop;
+  r.ignore_eos = s.ignore_eos;
   r.sla = s.sla;
-  if (s.timeout_s) r.deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*s.timeout_s));
+  if (s.timeout_s)
+    r.deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*s.timeout_s));
   if (s.stream) {
     r.on_event = [ch = job->channel](const RequestEvent& e) {
       ch->push(e);

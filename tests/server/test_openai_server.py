@@ -310,8 +310,10 @@ def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
     def one(i):
         body = {"model": ALIAS, "prompt": f"{PROMPT} {i}", "max_tokens": 100, "temperature": 0,
                 "stream": i % 2 == 0}
+        got_headers = False
         try:
             with httpx.stream("POST", s.url + COMP, json=body, timeout=120.0) as r:
+                got_headers = True
                 started.release()
                 data = r.read().decode()
                 status = r.status_code
@@ -323,11 +325,12 @@ def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
             else:
                 ok = status == 503 and json.loads(data)["error"]["message"] != ""
             res = ("answered", status, ok)
-        except httpx.ConnectError:
-            started.release()
-            res = ("refused", None, True)  # after the listening socket closed: never accepted
-        except httpx.HTTPError as e:  # accepted, then the answer was cut: a lost response
-            res = ("lost", repr(e), False)
+        except httpx.HTTPError as e:
+            if not got_headers:
+                started.release()
+            # Refused, or reset in the accept backlog when the listening socket closed: never
+            # processed (the server-log count below proves it). A cut after the headers is a loss.
+            res = ("unanswered", repr(e), not got_headers)
         with lock:
             results.append(res)
 
@@ -342,7 +345,11 @@ def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
     assert rc == 0, s.log_path.read_text()
     assert len(results) == 48
     assert all(ok for _, _, ok in results), [r for r in results if not r[2]]
-    assert sum(1 for kind, status, _ in results if kind == "answered" and status == 200) >= 8
+    answered_200 = sum(1 for kind, status, _ in results if kind == "answered" and status == 200)
+    assert answered_200 >= 8
+    # Every request the server finished with 200 reached its client whole.
+    logged = [json.loads(l) for l in s.log_path.read_text().splitlines() if l.startswith("{")]
+    assert sum(1 for e in logged if e.get("msg") == "request" and e.get("status") == 200) == answered_200
 
 
 # --- a real chat model ---------------------------------------------------------------------
@@ -359,7 +366,8 @@ def test_smollm2_chat_template_and_eog(tmp_path):
     s = Server(tmp_path, model=path, alias="smollm2", extra=["-c", "512", "-np", "1"])
     try:
         if not s.wait_ready(timeout=120):
-            pytest.skip("tandem-server cannot load SmolLM2 yet: " + s.log_path.read_text()[-300:])
+            errors = [json.loads(l).get("error", "") for l in s.log_path.read_text().splitlines() if l.startswith("{")]
+            pytest.skip("tandem-server cannot load SmolLM2 yet: " + " ".join(e for e in errors if e))
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300.0)
         msgs = [{"role": "user", "content": "What is the capital of France?"}]
         r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=48, temperature=0)
