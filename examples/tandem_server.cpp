@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <ctime>
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));  // -np is rewritten to --parallel
   app.add_option("-t,--threads", eo.threads, "CPU threads, all executors together (0 = physical cores)")
       ->check(CLI::Range(0, 512));
-  app.add_option("--threads-http", so.threads_http, "HTTP worker threads (0 = slots + queue + 8)")
+  app.add_option("--threads-http", so.threads_http, "HTTP worker threads (0 = 2 x slots + queue + 8, at most 512)")
       ->check(CLI::Range(0, 4096));
   app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (not on /health, /metrics)");
   app.add_option("--kv-tier", kv_tier, "host: KV in RAM only; file: plus a memory-mapped File tier for swap-out")
@@ -96,7 +97,9 @@ int main(int argc, char** argv) {
 
   ServerState st(so);
   httplib::Server svr;
-  const int http_threads = so.threads_http > 0 ? so.threads_http : eo.parallel * 2 + eo.max_queued + 8;
+  // A streaming request holds its worker thread: enough for every slot and queue place
+  // (two executors at most), capped; connections beyond wait in httplib's accept queue.
+  const int http_threads = so.threads_http > 0 ? so.threads_http : std::min(eo.parallel * 2 + eo.max_queued + 8, 512);
   svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
   register_routes(svr, st);
   if (!svr.bind_to_port(so.host, so.port)) {

@@ -97,6 +97,9 @@ def test_chat_non_stream_and_stream(server):
                                                       extra_body={"sla": "interactive"})
     assert "prefill=" in raw.headers["x-tandem-route"]
     assert "sla interactive" in raw.headers["x-tandem-route-reason"]
+    raw = c.chat.completions.with_raw_response.create(model=ALIAS, messages=msgs, max_tokens=2,
+                                                      extra_headers={"x-tandem-sla": "batch"})
+    assert "sla batch" in raw.headers["x-tandem-route-reason"]
 
 
 def test_stop_string(server):
