@@ -1,0 +1,20 @@
+// tandem-server: the HTTP routes on cpp-httplib.
+//
+//   POST /v1/chat/completions, /v1/completions (also without /v1), GET /v1/models,
+//   POST /tokenize, /detokenize (llama-server's shapes), GET /health (503 while loading,
+//   and while shutting down), GET /metrics (Prometheus text).
+//
+// Every error is the OpenAI error object with its status: 400 bad input, 401 wrong or
+// missing API key (all routes but /health and /metrics), 404 unknown route or model, 413
+// body over --body-limit, 429 queue full (with Retry-After), 503 loading or draining.
+#pragma once
+
+#include <httplib.h>
+
+#include "server_state.hpp"
+
+namespace tandem::server {
+
+void register_routes(httplib::Server& server, ServerState& st);
+
+}  // namespace tandem::server

@@ -1,0 +1,427 @@
+// tandem-server: OpenAI JSON mapping (see openai_json.hpp).
+#include "openai_json.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "tandem/error.hpp"
+
+namespace tandem::server {
+
+using nlohmann::json;
+
+ApiError::ApiError(int status, std::string message, std::string param, std::string code)
+    : std::runtime_error(std::move(message)), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+
+std::string_view ApiError::type() const noexcept {
+  switch (status_) {
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "unavailable_error";
+    default:
+      return status_ >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+json ApiError::body() const {
+  json e;
+  e["message"] = what();
+  e["type"] = type();
+  e["param"] = param_.empty() ? json(nullptr) : json(param_);
+  e["code"] = code_.empty() ? json(nullptr) : json(code_);
+  return json{{"error", e}};
+}
+
+namespace {
+
+const char* kind_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
+  }
+}
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw ApiError(400, message, param, "invalid_value");
+}
+
+[[noreturn]] void bad_type(const std::string& param, const json& v, const char* want) {
+  throw ApiError(400, fmt::format("'{}' must be {}, got {}", param, want, kind_of(v)), param, "invalid_type");
+}
+
+/// The field when present and not null.
+const json* field(const json& body, const char* key) {
+  const auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number_in(const json& body, const char* key, double lo, double hi, double dflt) {
+  const json* v = field(body, key);
+  if (!v) return dflt;
+  if (!v->is_number()) bad_type(key, *v, "a number");
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi) bad(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, x));
+  return x;
+}
+
+std::optional<int64_t> integer(const json& body, const char* key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) bad_type(key, *v, "an integer");
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())) {
+    bad(key, fmt::format("'{}' is too large", key));
+  }
+  return v->get<int64_t>();
+}
+
+bool boolean(const json& body, const char* key, bool dflt) {
+  const json* v = field(body, key);
+  if (!v) return dflt;
+  if (!v->is_boolean()) bad_type(key, *v, "a boolean");
+  return v->get<bool>();
+}
+
+std::vector<int32_t> token_ids(const json& arr, const std::string& param, const Tokenizer& tok) {
+  std::vector<int32_t> ids;
+  ids.reserve(arr.size());
+  for (const auto& t : arr) {
+    if (!t.is_number_integer()) bad_type(param, t, "an array of integer token ids");
+    const int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= tok.n_vocab()) {
+      bad(param, fmt::format("token id {} is outside the vocabulary [0, {})", id, tok.n_vocab()));
+    }
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+// Fields shared by chat and completions: sampling, limits, stop, stream, SLA, timeout.
+void parse_common(const json& body, const ModelInfo& info, std::string_view sla_header, GenerationSpec& s) {
+  check_model(body, info);
+  s.model = info.names.front();
+  if (const auto n = integer(body, "n"); n && *n != 1) {
+    throw ApiError(400, "only n = 1 is supported", "n", "unsupported_value");
+  }
+  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty())) {
+    throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_parameter");
+  }
+  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
+    throw ApiError(400, "logprobs are not supported", "logprobs", "unsupported_parameter");
+  }
+  if (const json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
+    throw ApiError(400, "tools are not supported", "tools", "unsupported_parameter");
+  }
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || rf->value("type", "") != "text") {
+      throw ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format",
+                     "unsupported_parameter");
+    }
+  }
+  s.stream = boolean(body, "stream", false);
+  s.ignore_eos = boolean(body, "ignore_eos", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) bad_type("stream_options", *so, "an object");
+    if (!s.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    s.include_usage = boolean(*so, "include_usage", false);
+  }
+
+  SamplingParams& sp = s.sampling;  // llama-server's defaults for what the body leaves out
+  sp.temperature = float(number_in(body, "temperature", 0.0, 2.0, 0.8));
+  sp.top_p = float(number_in(body, "top_p", 0.0, 1.0, 0.95));
+  sp.min_p = float(number_in(body, "min_p", 0.0, 1.0, 0.05));
+  sp.presence_penalty = float(number_in(body, "presence_penalty", -2.0, 2.0, 0.0));
+  sp.frequency_penalty = float(number_in(body, "frequency_penalty", -2.0, 2.0, 0.0));
+  sp.repeat_penalty = float(number_in(body, "repeat_penalty", 0.0, 10.0, 1.0));
+  if (const auto k = integer(body, "top_k")) {
+    if (*k < 0 || *k > std::numeric_limits<int32_t>::max()) bad("top_k", "'top_k' must be >= 0");
+    sp.top_k = int32_t(*k);
+  }
+  if (const auto seed = integer(body, "seed")) {
+    sp.seed = uint64_t(*seed);
+  } else {
+    thread_local uint64_t state = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;  // PCG multiplier (Knuth MMIX)
+    sp.seed = state >> 1;
+  }
+  try {
+    sp.validate();
+  } catch (const Error& e) {
+    bad("", e.what());
+  }
+
+  if (const json* st = field(body, "stop")) {
+    if (st->is_string()) {
+      s.stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      for (const auto& x : *st) {
+        if (!x.is_string()) bad_type("stop", x, "a string or an array of strings");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad_type("stop", *st, "a string or an array of strings");
+    }
+    if (s.stop.size() > 16) bad("stop", "at most 16 stop strings");
+    for (const auto& x : s.stop) {
+      if (x.empty()) bad("stop", "a stop string is empty");
+    }
+  }
+
+  std::string sla_name;
+  if (const json* v = field(body, "sla")) {
+    if (!v->is_string()) bad_type("sla", *v, "a string");
+    sla_name = v->get<std::string>();
+  } else {
+    sla_name = std::string(sla_header);
+  }
+  if (!sla_name.empty()) {
+    const auto c = parse_sla_class(sla_name);
+    if (!c) bad("sla", fmt::format("'sla' must be interactive, standard or batch, got '{}'", sla_name));
+    s.sla = *c;
+  }
+  if (field(body, "timeout")) s.timeout_s = number_in(body, "timeout", 1e-3, 86400.0, 0.0);
+
+  // max_tokens after the prompt is known: the rest of the context when absent.
+  const int32_t n_prompt = int32_t(s.prompt_ids.size());
+  if (n_prompt == 0) bad(s.chat ? "messages" : "prompt", "the prompt has no tokens");
+  if (n_prompt >= info.n_ctx) {
+    throw ApiError(400,
+                   fmt::format("the prompt has {} tokens; this model's context is {} tokens", n_prompt, info.n_ctx),
+                   s.chat ? "messages" : "prompt", "context_length_exceeded");
+  }
+  std::optional<int64_t> mt = integer(body, "max_completion_tokens");
+  const char* mt_key = "max_completion_tokens";
+  if (!mt) {
+    mt = integer(body, "max_tokens");
+    mt_key = "max_tokens";
+  }
+  if (mt) {
+    if (*mt < 1) bad(mt_key, fmt::format("'{}' must be >= 1", mt_key));
+    if (*mt > int64_t(info.n_ctx - n_prompt)) {
+      throw ApiError(400,
+                     fmt::format("this model's context is {} tokens; the prompt has {} and {} were requested",
+                                 info.n_ctx, n_prompt, *mt),
+                     mt_key, "context_length_exceeded");
+    }
+    s.max_tokens = int32_t(*mt);
+  } else {
+    s.max_tokens = info.n_ctx - n_prompt;
+  }
+}
+
+std::string message_content(const json& m, size_t i) {
+  const std::string param = fmt::format("messages[{}].content", i);
+  const json* c = field(m, "content");
+  if (!c) bad(param, "a message needs 'content'");
+  if (c->is_string()) return c->get<std::string>();
+  if (!c->is_array()) bad_type(param, *c, "a string or an array of text parts");
+  std::string text;
+  for (const auto& part : *c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      throw ApiError(400, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported", param,
+                     "unsupported_value");
+    }
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+json parse_body(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
+  return j;
+}
+
+void check_model(const json& body, const ModelInfo& info) {
+  const json* m = field(body, "model");
+  if (!m) return;
+  if (!m->is_string()) bad_type("model", *m, "a string");
+  const auto name = m->get<std::string>();
+  for (const auto& n : info.names) {
+    if (n == name) return;
+  }
+  throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", name, info.names.front()),
+                 "model", "model_not_found");
+}
+
+GenerationSpec parse_chat_request(const json& body, const ModelInfo& info, std::string_view sla_header) {
+  GenerationSpec s;
+  s.chat = true;
+  const json* msgs = field(body, "messages");
+  if (!msgs) bad("messages", "'messages' is required");
+  if (!msgs->is_array()) bad_type("messages", *msgs, "an array");
+  if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  std::vector<ChatMessage> conv;
+  conv.reserve(msgs->size());
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    if (!m.is_object()) bad_type(fmt::format("messages[{}]", i), m, "an object");
+    const json* role = field(m, "role");
+    const std::string rp = fmt::format("messages[{}].role", i);
+    if (!role || !role->is_string()) bad(rp, "a message needs a string 'role'");
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+    if (r != "system" && r != "user" && r != "assistant") {
+      bad(rp, fmt::format("role '{}' is not supported (system, developer, user, assistant)", r));
+    }
+    conv.push_back({std::move(r), message_content(m, i)});
+  }
+  s.prompt_ids = info.chat_template->tokenize(*info.tokenizer, conv, /*add_assistant=*/true);
+  parse_common(body, info, sla_header, s);
+  return s;
+}
+
+GenerationSpec parse_completion_request(const json& body, const ModelInfo& info, std::string_view sla_header) {
+  GenerationSpec s;
+  const json* p = field(body, "prompt");
+  if (!p) bad("prompt", "'prompt' is required");
+  const json* one = p;
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    if (p->size() != 1) throw ApiError(400, "only one prompt per request is supported", "prompt", "unsupported_value");
+    one = &p->front();
+  }
+  if (one->is_string()) {
+    s.prompt_ids = info.tokenizer->tokenize(one->get<std::string>(), /*add_special=*/true, /*parse_special=*/false);
+  } else if (one->is_array()) {
+    s.prompt_ids = token_ids(*one, "prompt", *info.tokenizer);
+  } else {
+    bad_type("prompt", *one, "a string or an array of token ids");
+  }
+  if (field(body, "suffix")) throw ApiError(400, "suffix is not supported", "suffix", "unsupported_parameter");
+  if (boolean(body, "echo", false)) throw ApiError(400, "echo is not supported", "echo", "unsupported_parameter");
+  parse_common(body, info, sla_header, s);
+  return s;
+}
+
+std::string_view finish_reason_name(RequestFinish f) noexcept {
+  switch (f) {
+    case RequestFinish::kStop:
+    case RequestFinish::kStopString:
+      return "stop";
+    case RequestFinish::kLength:
+      return "length";
+    case RequestFinish::kTimeout:
+      return "timeout";
+    default:
+      return "abort";
+  }
+}
+
+namespace {
+
+json usage(int32_t prompt_tokens, int32_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+json envelope(const GenerationSpec& spec, const std::string& id, int64_t created, bool chunk) {
+  return {{"id", id},
+          {"object", spec.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+          {"created", created},
+          {"model", spec.model},
+          {"system_fingerprint", "tandem"}};
+}
+
+}  // namespace
+
+json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created, const std::string& text,
+                     RequestFinish finish, int32_t prompt_tokens, int32_t completion_tokens) {
+  json j = envelope(spec, id, created, false);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish)}};
+  if (spec.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  j["choices"] = json::array({choice});
+  j["usage"] = usage(prompt_tokens, completion_tokens);
+  return j;
+}
+
+json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
+                  bool role_only, std::optional<RequestFinish> finish) {
+  json j = envelope(spec, id, created, true);
+  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish ? json(finish_reason_name(*finish)) : json(nullptr);
+  if (spec.chat) {
+    json delta = json::object();
+    if (role_only) {
+      delta["role"] = "assistant";
+      delta["content"] = "";
+    } else if (!text.empty() || !finish) {
+      delta["content"] = text;
+    }
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  j["choices"] = json::array({choice});
+  if (spec.include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t prompt_tokens,
+                 int32_t completion_tokens) {
+  json j = envelope(spec, id, created, true);
+  j["choices"] = json::array();
+  j["usage"] = usage(prompt_tokens, completion_tokens);
+  return j;
+}
+
+json tokenize_response(const json& body, const Tokenizer& tok) {
+  const json* c = field(body, "content");
+  if (!c) bad("content", "'content' is required");
+  if (!c->is_string()) bad_type("content", *c, "a string");
+  const bool add_special = boolean(body, "add_special", false);
+  const bool parse_special = boolean(body, "parse_special", true);
+  const bool with_pieces = boolean(body, "with_pieces", false);
+  const auto ids = tok.tokenize(c->get<std::string>(), add_special, parse_special);
+  json tokens = json::array();
+  for (const int32_t id : ids) {
+    if (with_pieces) {
+      const std::string piece = tok.token_to_piece(id, true);
+      const std::string clean = utf8_sanitize(piece);
+      if (clean == piece) {
+        tokens.push_back({{"id", id}, {"piece", piece}});
+      } else {  // llama-server: a piece that is not valid UTF-8 is given as its bytes
+        json bytes = json::array();
+        for (const unsigned char b : piece) bytes.push_back(int(b));
+        tokens.push_back({{"id", id}, {"piece", bytes}});
+      }
+    } else {
+      tokens.push_back(id);
+    }
+  }
+  return {{"tokens", tokens}};
+}
+
+json detokenize_response(const json& body, const Tokenizer& tok) {
+  const json* t = field(body, "tokens");
+  if (!t) bad("tokens", "'tokens' is required");
+  if (!t->is_array()) bad_type("tokens", *t, "an array of integer token ids");
+  const auto ids = token_ids(*t, "tokens", tok);
+  return {{"content", utf8_sanitize(tok.detokenize_raw(ids, /*special=*/true))}};
+}
+
+}  // namespace tandem::server

@@ -1,0 +1,97 @@
+// tandem-server: OpenAI request bodies -> Scheduler requests, results -> OpenAI response
+// bodies (chat.completion, chat.completion.chunk, text_completion), and the error object.
+//
+// Shapes follow the OpenAI API reference field for field; extensions are named as
+// llama-server names them (top_k, min_p, repeat_penalty, ignore_eos) plus Tandem's `sla` and
+// `timeout`. Every bad field raises ApiError naming it in `param`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tandem/chat_template.hpp"
+#include "tandem/routing_policy.hpp"
+#include "tandem/sampler.hpp"
+#include "tandem/scheduler.hpp"
+#include "tandem/tokenizer.hpp"
+
+namespace tandem::server {
+
+/// An error answered with the OpenAI error object and an HTTP status.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string message, std::string param = {}, std::string code = {});
+  int status() const noexcept { return status_; }
+  const std::string& param() const noexcept { return param_; }
+  const std::string& code() const noexcept { return code_; }
+  /// The OpenAI error type for the status ("invalid_request_error", ...).
+  std::string_view type() const noexcept;
+  /// {"error": {"message", "type", "param", "code"}} (param/code null when empty).
+  nlohmann::json body() const;
+
+ private:
+  int status_;
+  std::string param_;
+  std::string code_;
+};
+
+/// What the server knows when it maps a request (read-only, shared by all handlers).
+struct ModelInfo {
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+  int32_t n_ctx = 0;               ///< positions per sequence
+  std::vector<std::string> names;  ///< accepted `model` values (alias first)
+};
+
+/// One generation request after validation.
+struct GenerationSpec {
+  bool chat = false;
+  bool stream = false;
+  bool include_usage = false;  ///< stream_options.include_usage
+  std::string model;           ///< the name answered back (the alias)
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  int32_t max_tokens = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;  ///< llama-server's extension: generate past end-of-generation
+  SlaClass sla = SlaClass::kStandard;
+  std::optional<double> timeout_s;
+};
+
+/// Parse a body as JSON (ApiError 400 for malformed JSON or a non-object).
+nlohmann::json parse_body(std::string_view body);
+/// Check `model` (absent is accepted, an unknown name -> ApiError 404).
+void check_model(const nlohmann::json& body, const ModelInfo& info);
+
+/// POST /v1/chat/completions. `sla_header`: the x-tandem-sla header ("" = absent).
+GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
+/// POST /v1/completions: `prompt` a string, token ids, or a one-element list of either.
+GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
+
+/// "stop" (end-of-generation or stop string), "length", "timeout", "abort".
+std::string_view finish_reason_name(RequestFinish f) noexcept;
+
+/// The non-streaming response (chat.completion or text_completion).
+nlohmann::json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created,
+                               const std::string& text, RequestFinish finish, int32_t prompt_tokens,
+                               int32_t completion_tokens);
+/// One streaming chunk: `text` (delta content), `role_only` (the chat's opening chunk with
+/// the assistant role), `finish` (the last choice chunk; text may be empty).
+nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
+                            bool role_only, std::optional<RequestFinish> finish);
+/// The usage-only chunk sent last when stream_options.include_usage (choices empty).
+nlohmann::json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t prompt_tokens,
+                           int32_t completion_tokens);
+
+/// POST /tokenize {"content", "add_special", "parse_special", "with_pieces"} -> {"tokens"}.
+nlohmann::json tokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer);
+/// POST /detokenize {"tokens"} -> {"content"}.
+nlohmann::json detokenize_response(const nlohmann::json& body, const Tokenizer& tokenizer);
+
+}  // namespace tandem::server

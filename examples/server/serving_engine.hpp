@@ -1,0 +1,75 @@
+// tandem-server: the model, its executors and KV stores, and the Scheduler over them.
+//
+// --executors cpu | cpu+cpu | gpu | cpu+gpu builds the executors as tandem-bench serve
+// does (cpu+cpu splits the threads into two pools, the first marked as the primary).
+// Each executor's store holds -np sequences of -c positions in its compute tier (plus
+// room for the prefix cache); --kv-tier file adds a File tier in --kv-dir that preempted
+// sequences swap to instead of being recomputed.
+//
+// The routing decision of each request is recorded by a RoutingPolicy wrapper around the
+// default policy: RoutingPolicy::route() is called once per request at submission
+// (routing_policy.hpp), so submit() returns the decision together with the handle.
+//
+// Thread-safety: submit(), cancel(), metrics() from any thread (the Scheduler's own rules).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tandem/chat_template.hpp"
+#include "tandem/model.hpp"
+#include "tandem/scheduler.hpp"
+
+namespace tandem::server {
+
+struct EngineOptions {
+  std::string model_path;
+  std::string executors = "cpu";  ///< cpu, cpu+cpu, gpu, cpu+gpu
+  int threads = 0;                ///< 0 = physical cores
+  int32_t n_ctx = 0;              ///< positions per sequence (0 = model's training context, <= 4096)
+  int32_t parallel = 4;           ///< decode slots per executor
+  int32_t max_queued = 64;
+  int32_t prefix_cache = 4;
+  bool kv_file_tier = false;
+  std::filesystem::path kv_dir = std::filesystem::temp_directory_path();
+};
+
+/// Where a request was routed: executor names and the policy's rule and reason.
+struct RouteInfo {
+  std::string prefill, decode, rule, reason;
+  bool known() const noexcept { return !rule.empty() || !reason.empty(); }
+};
+
+class ServingEngine {
+ public:
+  /// Loads the model and starts the Scheduler. Throws tandem::Error (bad file, bad flags).
+  /// `log` receives the Scheduler's debug lines (may be empty).
+  ServingEngine(const EngineOptions& o, std::function<void(std::string_view)> log);
+  ~ServingEngine();
+
+  RequestHandle submit(Request r, RouteInfo& route);
+  void cancel(const RequestHandle& h) noexcept { scheduler_->cancel(h); }
+  SchedulerMetrics metrics() const { return scheduler_->metrics(); }
+  /// Cancel everything outstanding and stop the step loops.
+  void shutdown() { scheduler_->shutdown(); }
+
+  const Model& model() const noexcept { return *model_; }
+  const ChatTemplate& chat_template() const noexcept { return template_; }
+  int32_t n_ctx() const noexcept { return n_ctx_; }
+  const std::vector<std::string>& executor_names() const noexcept { return names_; }
+
+ private:
+  std::shared_ptr<const Model> model_;
+  ChatTemplate template_;
+  int32_t n_ctx_ = 0;
+  std::vector<std::string> names_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+  std::vector<std::shared_ptr<KvStore>> stores_;
+  std::unique_ptr<Scheduler> scheduler_;
+};
+
+}  // namespace tandem::server

@@ -1,0 +1,25 @@
+// tandem-server: one generation request from submission to its last byte — the
+// non-streaming JSON answer, or Server-Sent Events (`data: {chunk}` lines, `data: [DONE]`).
+//
+// Streaming: the Scheduler's on_event callback copies each event into the job's channel
+// (a short lock, on the step-loop thread); the HTTP worker thread waits on the channel
+// and writes chunks. While nothing arrives it writes an SSE comment line every second, so
+// a client that went away is noticed even while its request waits in the queue. A write
+// that fails (the client disconnected) cancels the request and waits for its terminal
+// event, so every KV page it held is back in its store before the worker moves on.
+#pragma once
+
+#include <httplib.h>
+
+#include <memory>
+
+#include "openai_json.hpp"
+#include "server_state.hpp"
+
+namespace tandem::server {
+
+/// Submit `spec` and answer `res` (JSON, or an SSE stream). Throws ApiError when the
+/// request is refused (429 queue full, 503 draining, 400 rejected by the Scheduler).
+void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res, std::string_view endpoint);
+
+}  // namespace tandem::server

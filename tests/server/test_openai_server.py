@@ -1,0 +1,386 @@
+"""tandem-server through the official OpenAI Python client (and raw HTTP for bad input).
+
+Truth is independent of the server: tandem-cli's greedy output for the same prompt, the
+server's own solo runs for concurrent ones, hand-written expectations for shapes and
+statuses. No timing assertions: waits poll with a timeout.
+"""
+import concurrent.futures as cf
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import ALIAS, CLI_BIN, TINY, Server
+
+PROMPT = "Once upon a time"
+
+
+def client(server, key="none"):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120.0)
+
+
+def cli_greedy(prompt, n):
+    out = subprocess.run([CLI_BIN, "-m", str(TINY), "-p", prompt, "-n", str(n), "--temp", "0", "--json", "-t", "1"],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def greedy_completion(c, prompt, n, **kw):
+    return c.completions.create(model=ALIAS, prompt=prompt, max_tokens=n, temperature=0, **kw)
+
+
+# --- OpenAI shapes and answers -------------------------------------------------------------
+
+def test_models_and_health(server):
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [ALIAS]
+    assert models.data[0].object == "model"
+
+
+def test_completion_text_equals_tandem_cli(server):
+    ref = cli_greedy(PROMPT, 24)
+    r = greedy_completion(client(server), PROMPT, 24)
+    assert r.object == "text_completion"
+    assert r.choices[0].text == ref["text"]
+    assert r.choices[0].finish_reason == ref["finish_reason"]
+    assert r.usage.prompt_tokens == len(ref["prompt_ids"])
+    assert r.usage.completion_tokens == len(ref["ids"])
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completion_token_ids_equal_text(server):
+    ref = cli_greedy(PROMPT, 16)
+    c = client(server)
+    by_ids = greedy_completion(c, ref["prompt_ids"], 16)
+    assert by_ids.choices[0].text == ref["text"]
+    assert by_ids.usage.prompt_tokens == len(ref["prompt_ids"])
+
+
+def test_completion_stream_equals_non_stream(server):
+    c = client(server)
+    whole = greedy_completion(c, PROMPT, 20).choices[0].text
+    chunks = list(greedy_completion(c, PROMPT, 20, stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+
+
+def test_chat_non_stream_and_stream(server):
+    c = client(server)
+    msgs = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story, please."}]
+    r = c.chat.completions.create(model=ALIAS, messages=msgs, max_tokens=12, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    if r.choices[0].finish_reason == "length":
+        assert r.usage.completion_tokens == 12
+    stream = c.chat.completions.create(model=ALIAS, messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].object == "chat.completion.chunk"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == r.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    # The route reaches the client as a header.
+    raw = c.chat.completions.with_raw_response.create(model=ALIAS, messages=msgs, max_tokens=2,
+                                                      extra_body={"sla": "interactive"})
+    assert "prefill=" in raw.headers["x-tandem-route"]
+    assert "sla interactive" in raw.headers["x-tandem-route-reason"]
+    raw = c.chat.completions.with_raw_response.create(model=ALIAS, messages=msgs, max_tokens=2,
+                                                      extra_headers={"x-tandem-sla": "batch"})
+    assert "sla batch" in raw.headers["x-tandem-route-reason"]
+
+
+def test_stop_string(server):
+    c = client(server)
+    full = greedy_completion(c, PROMPT, 24).choices[0].text
+    stop = full[8:11]
+    assert len(stop) == 3
+    r = greedy_completion(c, PROMPT, 24, stop=[stop, "\u2603never"])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == full[: full.find(stop)]
+
+
+def test_seed_reproducible(server):
+    c = client(server)
+    run = lambda seed: c.completions.create(model=ALIAS, prompt=PROMPT, max_tokens=24, temperature=1.0,
+                                            top_p=1.0, seed=seed).choices[0].text
+    assert run(42) == run(42)
+    assert any(run(s) != run(42) for s in (43, 44, 45))
+
+
+def test_tokenize_detokenize(server):
+    ref = cli_greedy(PROMPT, 1)
+    t = httpx.post(server.url + "/tokenize", json={"content": PROMPT, "add_special": True}).json()
+    assert t["tokens"] == ref["prompt_ids"]
+    pieces = httpx.post(server.url + "/tokenize", json={"content": PROMPT, "with_pieces": True}).json()["tokens"]
+    assert "".join(p["piece"] for p in pieces).strip() == PROMPT
+    d = httpx.post(server.url + "/detokenize", json={"tokens": ref["ids"]}).json()
+    assert d["content"] == cli_greedy(PROMPT, 1)["text"]
+
+
+# --- concurrency ---------------------------------------------------------------------------
+
+def test_32_concurrent_streams_equal_solo_runs(server):
+    c = client(server)
+    prompts = [f"Story {i}: the {w} went" for i, w in enumerate(["cat", "dog", "king", "boat"] * 8)]
+    solo = [greedy_completion(c, p, 24).choices[0].text for p in prompts]
+
+    def streamed(p):
+        return "".join(ch.choices[0].text for ch in greedy_completion(c, p, 24, stream=True) if ch.choices)
+
+    with cf.ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(streamed, prompts))
+    assert got == solo
+
+
+def wait_idle(server, timeout=10.0):
+    """Poll until running, waiting and KV usage are all 0; returns the last readings."""
+    deadline = time.monotonic() + timeout
+    while True:
+        vals = (server.metric("vllm:num_requests_running"), server.metric("vllm:num_requests_waiting"),
+                server.metric("vllm:kv_cache_usage_perc"))
+        if vals == (0, 0, 0) or time.monotonic() > deadline:
+            return vals
+        time.sleep(0.05)
+
+
+def test_random_disconnects_free_everything(tmp_path):
+    s = Server(tmp_path, extra=["-np", "1", "--prefix-cache", "0"])
+    assert s.wait_ready()
+    try:
+        rng = random.Random(7)
+
+        def disconnect_after(k):
+            body = {"model": ALIAS, "messages": [{"role": "user", "content": f"tell me story {k}"}],
+                    "stream": True, "max_tokens": 64}
+            with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=60.0) as r:
+                assert r.status_code == 200
+                for i, _ in enumerate(r.iter_lines()):
+                    if i >= k:
+                        break  # leaving the block closes the connection mid-stream
+
+        with cf.ThreadPoolExecutor(16) as pool:
+            list(pool.map(disconnect_after, [rng.randrange(0, 6) for _ in range(16)]))
+        assert wait_idle(s, timeout=10.0) == (0, 0, 0)
+        assert s.metric("vllm:request_success_total", finished_reason="abort") >= 1
+        # Still serving.
+        assert greedy_completion(client(s), PROMPT, 4).choices[0].finish_reason == "length"
+    finally:
+        assert s.stop() == 0
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+MALFORMED = [
+    ("invalid json", CHAT, b"{not json", 400, None),
+    ("body is an array", CHAT, [1, 2], 400, None),
+    ("messages missing", CHAT, {"model": ALIAS}, 400, "messages"),
+    ("messages not an array", CHAT, {"messages": "hi"}, 400, "messages"),
+    ("messages empty", CHAT, {"messages": []}, 400, "messages"),
+    ("message not an object", CHAT, {"messages": ["hi"]}, 400, "messages[0]"),
+    ("unknown role", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+    ("content a number", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("image content part", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content"),
+    ("temperature a string", CHAT, {"messages": MSG, "temperature": "hot"}, 400, "temperature"),
+    ("temperature out of range", CHAT, {"messages": MSG, "temperature": 7}, 400, "temperature"),
+    ("top_p out of range", CHAT, {"messages": MSG, "top_p": 1.5}, 400, "top_p"),
+    ("top_k negative", CHAT, {"messages": MSG, "top_k": -1}, 400, "top_k"),
+    ("max_tokens zero", CHAT, {"messages": MSG, "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens a string", CHAT, {"messages": MSG, "max_tokens": "ten"}, 400, "max_tokens"),
+    ("max_tokens over the context", CHAT, {"messages": MSG, "max_tokens": 1000000}, 400, "max_tokens"),
+    ("n > 1", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("logit_bias", CHAT, {"messages": MSG, "logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ("logprobs", CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs"),
+    ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("stop a number", CHAT, {"messages": MSG, "stop": 3}, 400, "stop"),
+    ("stop empty string", CHAT, {"messages": MSG, "stop": [""]}, 400, "stop"),
+    ("stream not a boolean", CHAT, {"messages": MSG, "stream": "yes"}, 400, "stream"),
+    ("stream_options without stream", CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
+    ("unknown sla", CHAT, {"messages": MSG, "sla": "urgent"}, 400, "sla"),
+    ("negative timeout", CHAT, {"messages": MSG, "timeout": -1}, 400, "timeout"),
+    ("seed a float", CHAT, {"messages": MSG, "seed": 1.5}, 400, "seed"),
+    ("unknown model", CHAT, {"model": "gpt-4o", "messages": MSG}, 404, "model"),
+    ("prompt missing", COMP, {"max_tokens": 2}, 400, "prompt"),
+    ("prompt a number", COMP, {"prompt": 7}, 400, "prompt"),
+    ("token id outside the vocabulary", COMP, {"prompt": [1, 99999999]}, 400, "prompt"),
+    ("token id negative", COMP, {"prompt": [-3]}, 400, "prompt"),
+    ("two prompts", COMP, {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("prompt longer than the context", COMP, {"prompt": [1] * 5000}, 400, "prompt"),
+    ("tokenize without content", "/tokenize", {"text": "x"}, 400, "content"),
+    ("detokenize with strings", "/detokenize", {"tokens": ["a"]}, 400, "tokens"),
+    ("unknown route", "/v1/embeddings", {"input": "x"}, 404, None),
+]
+
+
+def post_raw(url, body, **kw):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(url, content=content, headers={"Content-Type": "application/json", **kw.pop("headers", {})},
+                      timeout=30.0, **kw)
+
+
+def assert_error_object(r, status):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+@pytest.mark.parametrize("name,path,body,status,param", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_request(server, name, path, body, status, param):
+    err = assert_error_object(post_raw(server.url + path, body), status)
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_malformed_matrix_leaves_server_serving(server):
+    assert len(MALFORMED) >= 20
+    for _, path, body, _, _ in MALFORMED:
+        post_raw(server.url + path, body)
+    assert greedy_completion(client(server), PROMPT, 4).choices[0].finish_reason == "length"
+    assert wait_idle(server)[:2] == (0, 0)
+
+
+def test_api_key_and_body_limit(strict_server):
+    url = strict_server.url + COMP
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    assert assert_error_object(post_raw(url, body), 401)["type"] == "authentication_error"
+    assert_error_object(post_raw(url, body, headers={"Authorization": "Bearer wrong"}), 401)
+    with pytest.raises(openai.AuthenticationError):
+        client(strict_server, key="wrong").completions.create(model=ALIAS, prompt=PROMPT, max_tokens=2)
+    assert client(strict_server, key="secret").completions.create(model=ALIAS, prompt=PROMPT, max_tokens=2)
+    big = {"prompt": "x" * 10000, "max_tokens": 2}
+    assert_error_object(post_raw(url, big, headers={"Authorization": "Bearer secret"}), 413)
+    # /health and /metrics stay open to probes and scrapers.
+    assert httpx.get(strict_server.url + "/health").status_code == 200
+    assert httpx.get(strict_server.url + "/metrics").status_code == 200
+
+
+def test_full_queue_is_429_with_retry_after(strict_server):
+    c = client(strict_server, key="secret")
+    statuses, retry_after = [], []
+    lock = threading.Lock()
+
+    def one(i):
+        try:
+            c.completions.create(model=ALIAS, prompt=f"{PROMPT} {i}", max_tokens=100)
+            code = 200
+        except openai.RateLimitError as e:
+            code = 429
+            assert e.body["type"] == "rate_limit_error" if "type" in e.body else True
+            with lock:
+                retry_after.append(e.response.headers.get("retry-after"))
+        with lock:
+            statuses.append(code)
+
+    for _ in range(5):  # bursts until the queue overflows (one slot, two queue places)
+        with cf.ThreadPoolExecutor(24) as pool:
+            list(pool.map(one, range(24)))
+        if 429 in statuses:
+            break
+    assert 429 in statuses and 200 in statuses
+    assert retry_after and all(v == "1" for v in retry_after)
+    assert wait_idle(strict_server) == (0, 0, 0)
+
+
+# --- shutdown ------------------------------------------------------------------------------
+
+def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
+    DONE = ("stop", "length")  # a complete answer: end-of-generation or max_tokens
+    s = Server(tmp_path, extra=["-np", "2", "--shutdown-grace", "60"])
+    assert s.wait_ready()
+    results = []
+    lock = threading.Lock()
+    started = threading.Semaphore(0)
+
+    def one(i):
+        body = {"model": ALIAS, "prompt": f"{PROMPT} {i}", "max_tokens": 100, "temperature": 0,
+                "stream": i % 2 == 0}
+        got_headers = False
+        try:
+            with httpx.stream("POST", s.url + COMP, json=body, timeout=120.0) as r:
+                got_headers = True
+                started.release()
+                data = r.read().decode()
+                status = r.status_code
+            if status == 200 and body["stream"]:
+                events = [l[6:] for l in data.splitlines() if l.startswith("data: ")]
+                ok = events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] in DONE
+            elif status == 200:
+                ok = json.loads(data)["choices"][0]["finish_reason"] in DONE
+            else:
+                ok = status == 503 and json.loads(data)["error"]["message"] != ""
+            res = ("answered", status, ok)
+        except httpx.HTTPError as e:
+            if not got_headers:
+                started.release()
+            # Refused, or reset in the accept backlog when the listening socket closed: never
+            # processed (the server-log count below proves it). A cut after the headers is a loss.
+            res = ("unanswered", repr(e), not got_headers)
+        with lock:
+            results.append(res)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(48)]
+    for t in threads:
+        t.start()
+    for _ in range(8):
+        started.acquire(timeout=60)
+    rc = s.stop(signal.SIGTERM)
+    for t in threads:
+        t.join(timeout=120)
+    assert rc == 0, s.log_path.read_text()
+    assert len(results) == 48
+    assert all(ok for _, _, ok in results), [r for r in results if not r[2]]
+    answered_200 = sum(1 for kind, status, _ in results if kind == "answered" and status == 200)
+    assert answered_200 >= 8
+    # Every request the server finished with 200 reached its client whole.
+    logged = [json.loads(l) for l in s.log_path.read_text().splitlines() if l.startswith("{")]
+    assert sum(1 for e in logged if e.get("msg") == "request" and e.get("status") == 200) == answered_200
+
+
+# --- a real chat model ---------------------------------------------------------------------
+
+def smollm2_path():
+    return Path(os.environ.get("TANDEM_SMOLLM2",
+                               str(Path.home() / ".cache/tandem/SmolLM2-135M-Instruct.Q4_1.gguf")))
+
+
+def test_smollm2_chat_template_and_eog(tmp_path):
+    path = smollm2_path()
+    if not path.exists():
+        pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+    s = Server(tmp_path, model=path, alias="smollm2", extra=["-c", "512", "-np", "1"])
+    try:
+        if not s.wait_ready(timeout=120):
+            errors = [json.loads(l).get("error", "") for l in s.log_path.read_text().splitlines() if l.startswith("{")]
+            pytest.skip("tandem-server cannot load SmolLM2 yet: " + " ".join(e for e in errors if e))
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300.0)
+        msgs = [{"role": "user", "content": "What is the capital of France?"}]
+        r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=48, temperature=0)
+        # The same conversation rendered by hand in ChatML, tokenized with its control tokens.
+        chatml = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        ids = httpx.post(s.url + "/tokenize", json={"content": chatml, "parse_special": True}).json()["tokens"]
+        assert r.usage.prompt_tokens == len(ids)
+        by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=48, temperature=0)
+        assert r.choices[0].message.content == by_ids.choices[0].text
+        assert r.choices[0].finish_reason == "stop"  # <|im_end|> ends the turn
+        assert "<|im_end|>" not in r.choices[0].message.content
+    finally:
+        s.stop()
