@@ -15,7 +15,9 @@ namespace {
 
 constexpr int kWarp = 32;
 
-unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
 
 // Block-wide reductions (blockDim.x a multiple of 32, at most 1024). `red` holds 32
 // values; every thread gets the result. Ends with a barrier, so `red` may be reused.
@@ -190,7 +192,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
     part[g * hd + d] = acc;
   }
   __syncthreads();
-  if (threadIdx.x < hd) {
+  if (static_cast<int32_t>(threadIdx.x) < hd) {
     float r = 0.0f;
     for (int32_t j = 0; j < G; ++j) r += part[j * hd + threadIdx.x];
     out[(t * n_head + h) * hd + threadIdx.x] = r;
@@ -246,8 +248,8 @@ int32_t attention_score_capacity(int device) {
   return static_cast<int32_t>(avail > 0 ? avail / 4 : 0);
 }
 
-void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale,
-               int32_t max_pos, int32_t score_capacity, cudaStream_t stream) {
+void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
+               int32_t score_capacity, cudaStream_t stream) {
   if (T <= 0) return;
   const int threads = attention_threads(kv.head_dim);
   const int32_t cap = max_pos < score_capacity ? max_pos : score_capacity;

@@ -1,7 +1,7 @@
 // GPU executor tests: kernel parity (field case B09, Q8_0 quantisation), CPU/GPU logits
 // agreement, greedy continuations, the Device KV tier and CPU <-> GPU migration.
-// Every test needs a CUDA device; without one (or in a build without CUDA) each test
-// warns "no CUDA device: skipping ..." and passes, so ctest stays green in CI.
+// Every test needs a CUDA device, real or emulated (cuemu); without one tandem-gpu-tests
+// reports them skipped (tests/gpu/gpu_test_main.cpp).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,79 +12,41 @@
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
+#include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/session.hpp"
 #include "test_support.hpp"
-#if TANDEM_HAVE_CUDA
-#include "tandem/gpu_q4_executor.hpp"
-#endif
 
 using namespace tandem;
 namespace k = tandem::kernels;
 
 namespace {
 
-bool gpu_present(const char* what) {
-#if TANDEM_HAVE_CUDA
-  if (GpuQ4Executor::device_count() > 0) return true;
-  WARN("no CUDA device: skipping " << what);
-#else
-  WARN("no CUDA device (built without CUDA): skipping " << what);
-#endif
-  return false;
-}
-
 [[maybe_unused]] std::shared_ptr<const Model> load(const std::string& name) {
   return Model::load(test::model_path(name));
 }
 
-[[maybe_unused]] double max_abs(std::span<const float> v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-// Largest |a - b| over rows, each compared within tol x max|logit| of its own CPU row.
+// Largest row_ratio over the rows of two [rows][n_vocab] logits arrays.
 [[maybe_unused]] double worst_ratio(std::span<const float> cpu, std::span<const float> gpu, int32_t n_vocab) {
   double worst = 0.0;
   for (size_t r = 0; r * size_t(n_vocab) < cpu.size(); ++r) {
-    const auto a = cpu.subspan(r * size_t(n_vocab), size_t(n_vocab));
-    const auto b = gpu.subspan(r * size_t(n_vocab), size_t(n_vocab));
-    const double ma = std::max(max_abs(a), 1e-30);
-    for (size_t i = 0; i < a.size(); ++i) {
-      const double d = std::fabs(double(a[i]) - double(b[i]));
-      worst = std::max(worst, std::isnan(d) ? 1e30 : d / ma);
-    }
+    worst = std::max(worst, test::row_ratio(cpu.subspan(r * size_t(n_vocab), size_t(n_vocab)),
+                                            gpu.subspan(r * size_t(n_vocab), size_t(n_vocab))));
   }
   return worst;
-}
-
-[[maybe_unused]] double top1_margin(std::span<const float> l) {
-  float a = -std::numeric_limits<float>::infinity(), b = a;
-  for (float v : l) {
-    if (v > a) {
-      b = a;
-      a = v;
-    } else if (v > b) {
-      b = v;
-    }
-  }
-  return double(a) - double(b);
 }
 
 constexpr double kLogitTol = 5e-3;  // x max|logit| (issue 4)
 
 const std::vector<std::string> kParityModels = {
-    "stories260K-q4_0",     "aidreams260K-q4_0",     "aidreams260K-f32",
-    "synth-llama-small-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-small-q4_0",
-    "synth-qwen3-hd64-small-q4_0"};
+    "stories260K-q4_0",       "aidreams260K-q4_0",      "aidreams260K-f32",           "synth-llama-small-q4_0",
+    "synth-qwen2-small-q4_0", "synth-qwen3-small-q4_0", "synth-qwen3-hd64-small-q4_0"};
 
 }  // namespace
 
 TEST_CASE("B09: Q4_0 gemm inner-dimension tails, CUDA vs CPU vs fp64", "[gpu][kernels][field-case]") {
-  if (!gpu_present("B09 CUDA gemm")) return;
 #if TANDEM_HAVE_CUDA
   constexpr int64_t kRows = 64;
   for (int64_t kd : {32, 64, 96, 320, 4128}) {
@@ -141,14 +103,13 @@ TEST_CASE("B09: Q4_0 gemm inner-dimension tails, CUDA vs CPU vs fp64", "[gpu][ke
 }
 
 TEST_CASE("GPU Q8_0 activation quantisation is bit-identical to the CPU's", "[gpu][kernels]") {
-  if (!gpu_present("Q8_0 quantisation parity")) return;
 #if TANDEM_HAVE_CUDA
   std::mt19937 g(17);
   const int64_t m = 7, kd = 4128;
   std::vector<float> x(size_t(m * kd));
   std::normal_distribution<float> nd(0.0f, 3.0f);
   for (auto& v : x) v = nd(g);
-  std::fill(x.begin(), x.begin() + 64, 0.0f);                       // zero blocks
+  std::fill(x.begin(), x.begin() + 64, 0.0f);                         // zero blocks
   for (int j = 64; j < 96; ++j) x[size_t(j)] = float(j - 64) + 0.5f;  // ties
   x[64] = 127.0f;
   std::vector<k::BlockQ8_0> cpu(size_t(m * kd / 32)), gpu(cpu.size());
@@ -163,7 +124,6 @@ TEST_CASE("GPU Q8_0 activation quantisation is bit-identical to the CPU's", "[gp
 }
 
 TEST_CASE("GPU logits agree with the CPU's: prefill, decode, mixed batches, both KV tiers", "[gpu][parity]") {
-  if (!gpu_present("CPU/GPU logits parity")) return;
 #if TANDEM_HAVE_CUDA
   const auto model_name = GENERATE(from_range(kParityModels));
   auto model = load(model_name);
@@ -215,7 +175,6 @@ TEST_CASE("GPU logits agree with the CPU's: prefill, decode, mixed batches, both
 }
 
 TEST_CASE("GPU greedy continuations agree with the CPU's by the margin rule", "[gpu][parity]") {
-  if (!gpu_present("greedy continuation parity")) return;
 #if TANDEM_HAVE_CUDA
   const auto model_name = GENERATE(from_range(kParityModels));
   auto model = load(model_name);
@@ -238,9 +197,9 @@ TEST_CASE("GPU greedy continuations agree with the CPU's by the margin rule", "[
   for (int step = 0; step < 32; ++step) {
     const auto lc = c.logits();
     const auto lg = g.logits();
-    const double tol = kLogitTol * max_abs(lc);
+    const double tol = kLogitTol * test::max_abs(lc);
     const int32_t next = test::argmax(lc);
-    if (top1_margin(lc) > tol) {
+    if (test::top1_margin(lc) > tol) {
       INFO(model_name << " step " << step);
       CHECK(test::argmax(lg) == next);
       ++checked;
@@ -253,7 +212,6 @@ TEST_CASE("GPU greedy continuations agree with the CPU's by the margin rule", "[
 }
 
 TEST_CASE("a session migrated CPU -> GPU -> CPU mid-generation continues the same way", "[gpu][migration][parity]") {
-  if (!gpu_present("CPU <-> GPU migration")) return;
 #if TANDEM_HAVE_CUDA
   const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0");
   auto model = load(model_name);
@@ -270,8 +228,8 @@ TEST_CASE("a session migrated CPU -> GPU -> CPU mid-generation continues the sam
   for (int i = 0; i < 24; ++i) {
     const auto l = base.logits();
     expect.push_back(test::argmax(l));
-    margin.push_back(top1_margin(l));
-    tol.push_back(kLogitTol * max_abs(l));
+    margin.push_back(test::top1_margin(l));
+    tol.push_back(kLogitTol * test::max_abs(l));
     base.eval(std::span<const int32_t>(&expect.back(), 1));
   }
   for (int cut : {0, 1, 16, 17}) {  // around the page boundary (21 + 11 = 32)
@@ -302,7 +260,6 @@ TEST_CASE("a session migrated CPU -> GPU -> CPU mid-generation continues the sam
 }
 
 TEST_CASE("GPU Device KV tier: copies round-trip and pages move between tiers bit-exactly", "[gpu][kv]") {
-  if (!gpu_present("Device KV tier")) return;
 #if TANDEM_HAVE_CUDA
   auto model = load("synth-qwen2-small-q4_0");
   const auto& hp = model->hparams();
@@ -350,7 +307,6 @@ TEST_CASE("GPU Device KV tier: copies round-trip and pages move between tiers bi
 }
 
 TEST_CASE("GPU KV pages hold the same values as the CPU's (same layout, f16)", "[gpu][kv][parity]") {
-  if (!gpu_present("KV page compatibility")) return;
 #if TANDEM_HAVE_CUDA
   auto model = load("synth-llama-small-q4_0");
   const auto& hp = model->hparams();
@@ -398,7 +354,6 @@ TEST_CASE("GPU KV pages hold the same values as the CPU's (same layout, f16)", "
 }
 
 TEST_CASE("GPU executor refuses a device that does not exist", "[gpu]") {
-  if (!gpu_present("device index check")) return;
 #if TANDEM_HAVE_CUDA
   auto model = load("aidreams260K-q4_0");
   try {
