@@ -29,8 +29,25 @@ inline int visible_gpus() {
 }
 #endif
 
-/// GPU-vs-CPU logits tolerance for Q4_0 models, x max|logit| of the CPU row (MEASURED below).
-inline constexpr double kLogitTolQ4 = 3e-2;
+// GPU-vs-CPU logits tolerances, as a fraction of max|logit| of the CPU's row.
+//
+// Q4_0 models: 4e-2. Measured under cuemu (tests/gpu/test_gpu_executor.cpp, prefill and 20
+// decode steps, Host and Device stores): worst 3.2e-2 (synth-qwen3-small prefill), 3.1e-2
+// (synth-qwen3-hd64 decode), 2.0e-2 llama-small, 1.9e-2 qwen2-small, 3.3e-3 aidreams260K,
+// 1.9e-7 stories260K. Cause: CPU and GPU add the blocks of a dot product in different
+// orders, so an activation now and then lands on the other side of a Q8_0 rounding step;
+// the flipped value enters the KV cache and every later row carries it. The CPU's own
+// AVX-512 and scalar paths differ by 2.1e-2 for the same reason (../shared/golden/README.md),
+// so no executor pair can be held to the old 5e-3. The margin over 3.2e-2 covers the
+// device's expf (2 ulp from the host's) and accumulation orders not seen here.
+inline constexpr double kLogitTolQ4 = 4e-2;
+// F32 models: 5e-4 (measured worst 1.9e-4, aidreams260K-f32 with an f16 KV cache): no
+// quantised activations, so no flips, only float summation order.
+inline constexpr double kLogitTolF32 = 5e-4;
+// The first kEarlyRows prefill rows, any model: 1e-3 (measured worst MEASURE): little
+// context has accumulated there for a flip to be carried.
+inline constexpr int kEarlyRows = 8;
+inline constexpr double kLogitTolEarly = 1e-3;
 
 inline double max_abs(std::span<const float> v) {
   double m = 0.0;
