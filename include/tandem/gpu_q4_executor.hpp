@@ -37,8 +37,10 @@
 //
 // Memory: per-step device buffers grow (doubling) to the largest batch seen and are then
 // reused, so a steady decode loop allocates nothing; outgrown buffers are freed only at
-// destruction, since cudaFree would synchronise every stream on the device. CUDA graphs
-// for the decode step are not used yet.
+// destruction, since cudaFree would synchronise every stream on the device.
+//
+// CUDA graphs: a step whose pages are all Device-tier is captured and replayed as one
+// graph (GpuExecutorOptions::cuda_graphs); the logits come back through a pinned buffer.
 //
 // Thread-safety: as every executor, one step at a time.
 #pragma once
@@ -54,6 +56,9 @@ namespace tandem {
 
 struct GpuExecutorOptions {
   int device = 0;  ///< CUDA device ordinal
+  /// Run each step whose KV pages are all in VRAM as a CUDA graph (captured, then updated
+  /// in place or re-instantiated when the batch's shape changes). Same results either way.
+  bool cuda_graphs = true;
 };
 
 class GpuQ4Executor final : public Executor {
@@ -80,6 +85,8 @@ class GpuQ4Executor final : public Executor {
   const void* weights_id() const noexcept;
   /// Bytes of VRAM held by per-step buffers (grow to the largest batch seen).
   uint64_t scratch_bytes() const noexcept;
+  /// How many times a step's CUDA graph was instantiated (not just updated) so far.
+  int64_t graph_instantiations() const noexcept;
   /// The compute stream (a cudaStream_t), for a scheduler that records events on it.
   void* stream() const noexcept;
 

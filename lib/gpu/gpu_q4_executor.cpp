@@ -393,7 +393,11 @@ struct GpuQ4Executor::Impl {
   DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
   std::vector<DevBuf> retired;
   // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index;
+  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits;
+  // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
+  bool use_graphs = true;
+  cudaGraphExec_t graph_exec = nullptr;
+  int64_t graph_instantiations = 0;
   struct StagedPage {
     std::byte* host;
     std::byte* dev;
@@ -401,8 +405,17 @@ struct GpuQ4Executor::Impl {
   std::vector<StagedPage> write_back;
 
   // The caller makes `dev` current (the stream is created on it).
-  Impl(const std::shared_ptr<const Model>& model, int dev)
-      : device(dev), weights(device_weights(model, dev)), score_capacity(attention_setup_once(dev)) {}
+  Impl(const std::shared_ptr<const Model>& model, int dev, bool graphs)
+      : device(dev),
+        weights(device_weights(model, dev)),
+        score_capacity(attention_setup_once(dev)),
+        use_graphs(graphs) {}
+  ~Impl() {
+    (void)cudaStreamSynchronize(stream.get());
+    if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   template <class T>
   T* scratch(DevBuf& b, size_t n) {
@@ -411,6 +424,54 @@ struct GpuQ4Executor::Impl {
 };
 
 namespace {
+
+// Stream capture of one step (inactive for a null stream). launch() ends the capture and
+// runs the graph through the executor's executable graph: updated in place when the
+// topology is unchanged, else instantiated anew. On an exception before launch() the
+// destructor ends the capture and drops the graph, so the stream is usable again.
+class StepCapture {
+ public:
+  explicit StepCapture(cudaStream_t s) : s_(s) {
+    if (s_) TANDEM_CUDA(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+  }
+  ~StepCapture() {
+    if (!s_) return;
+    cudaGraph_t g = nullptr;
+    (void)cudaStreamEndCapture(s_, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+  StepCapture(const StepCapture&) = delete;
+  StepCapture& operator=(const StepCapture&) = delete;
+
+  void launch(GpuQ4Executor::Impl& im) {
+    if (!s_) return;
+    cudaGraph_t g = nullptr;
+    const cudaStream_t s = s_;
+    s_ = nullptr;  // the capture is over, whatever happens next
+    TANDEM_CUDA(cudaStreamEndCapture(s, &g));
+    struct GraphOwner {
+      cudaGraph_t g;
+      ~GraphOwner() { (void)cudaGraphDestroy(g); }
+    } owner{g};
+    if (im.graph_exec) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(im.graph_exec, g, &info) != cudaSuccess) {
+        (void)cudaGetLastError();  // a changed topology: instantiate anew
+        (void)cudaGraphExecDestroy(im.graph_exec);
+        im.graph_exec = nullptr;
+      }
+    }
+    if (!im.graph_exec) {
+      TANDEM_CUDA(cudaGraphInstantiate(&im.graph_exec, g, 0));
+      ++im.graph_instantiations;
+    }
+    TANDEM_CUDA(cudaGraphLaunch(im.graph_exec, s));
+  }
+
+ private:
+  cudaStream_t s_;
+};
 
 template <class T>
 T* pinned(PinnedBuf& b, size_t n) {
@@ -442,11 +503,13 @@ GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecut
                             hp.n_rot));
   }
   const DeviceGuard guard(options.device);
-  impl_ = std::make_unique<Impl>(model_ptr(), options.device);
+  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options.cuda_graphs);
 }
 
-GpuQ4Executor::~GpuQ4Executor() {
-  if (impl_) (void)cudaStreamSynchronize(impl_->stream.get());
+GpuQ4Executor::~GpuQ4Executor() = default;
+
+int64_t GpuQ4Executor::graph_instantiations() const noexcept {
+  return impl_->graph_instantiations;
 }
 
 int GpuQ4Executor::device() const noexcept {
@@ -625,6 +688,14 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   float* rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
   float* d_logits = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
 
+  float* h_logits = pinned<float>(im.h_logits, size_t(n_out) * size_t(n_vocab));
+
+  // With every page in VRAM the step's work (uploads from pinned buffers, kernels, the
+  // logits download into a pinned buffer) is captured into a CUDA graph and replayed: one
+  // launch instead of hundreds. The executable graph is updated in place while the
+  // batch's shape stays the same and re-instantiated when it changes.
+  StepCapture capture(im.use_graphs && n_staged == 0 ? st : nullptr);
+
   TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
@@ -690,14 +761,16 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     ck::rms_norm(x, im.weights->output_norm, rows, n_out, n_embd, hp.rms_eps, d_out_index, st);
     prepared = nullptr;
     matmul(im.weights->output, rows, n_out, d_logits, false);
-    TANDEM_CUDA(cudaMemcpyAsync(logits.data(), d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
+    TANDEM_CUDA(cudaMemcpyAsync(h_logits, d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
   }
   for (const auto& w : im.write_back) {
     TANDEM_CUDA(cudaMemcpyAsync(w.host, w.dev, pb, cudaMemcpyDeviceToHost, st));
   }
   TANDEM_CUDA(cudaGetLastError());  // launch errors
+  capture.launch(im);
   TANDEM_CUDA(cudaStreamSynchronize(st));
+  std::memcpy(logits.data(), h_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float));
   for (const auto& s : batch) s.kv->set_n_tokens(s.pos0 + static_cast<int32_t>(s.tokens.size()));
 }
 

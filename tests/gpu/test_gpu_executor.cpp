@@ -394,3 +394,67 @@ TEST_CASE("GPU executor refuses a device that does not exist", "[gpu]") {
   }
 #endif
 }
+
+TEST_CASE("steps replayed as CUDA graphs give the logits of direct launches, bit for bit", "[gpu][graphs]") {
+#if TANDEM_HAVE_CUDA
+  auto model = load("synth-qwen2-small-q4_0");
+  const int32_t n_vocab = model->hparams().n_vocab;
+  GpuQ4Executor direct(model, GpuExecutorOptions{0, false});
+  GpuQ4Executor graphs(model, GpuExecutorOptions{0, true});
+  auto sd = direct.make_kv_store(16), sg = graphs.make_kv_store(16);
+  KvSequence da(*sd, 128, KvTier::kDevice), db(*sd, 128, KvTier::kDevice);
+  KvSequence ga(*sg, 128, KvTier::kDevice), gb(*sg, 128, KvTier::kDevice);
+  const auto ids = test::prompt_ids(30, n_vocab);
+  const std::span<const int32_t> ia(ids.data(), 30), ib(ids.data() + 3, 14);
+  SequenceStep dp[2] = {{&da, ia, 0, LogitsRows::kLast}, {&db, ib, 0, LogitsRows::kLast}};
+  SequenceStep gp[2] = {{&ga, ia, 0, LogitsRows::kLast}, {&gb, ib, 0, LogitsRows::kLast}};
+  std::vector<float> ld(2 * size_t(n_vocab)), lg(ld.size());
+  direct.step(dp, ld);
+  graphs.step(gp, lg);
+  CHECK(ld == lg);
+  CHECK(direct.graph_instantiations() == 0);
+  CHECK(graphs.graph_instantiations() == 1);
+  // Decode steps (crossing the page boundary at 32): the kernels are the prefill's with
+  // other launch parameters, so the executable graph is updated in place.
+  for (int step = 0; step < 6; ++step) {
+    INFO("decode step " << step);
+    const int32_t ta = ids[size_t(step)], tb = ids[size_t(20 - step)];
+    SequenceStep dd[2] = {{&da, std::span<const int32_t>(&ta, 1), da.n_tokens(), LogitsRows::kLast},
+                          {&db, std::span<const int32_t>(&tb, 1), db.n_tokens(), LogitsRows::kLast}};
+    SequenceStep gd[2] = {{&ga, std::span<const int32_t>(&ta, 1), ga.n_tokens(), LogitsRows::kLast},
+                          {&gb, std::span<const int32_t>(&tb, 1), gb.n_tokens(), LogitsRows::kLast}};
+    direct.step(dd, ld);
+    graphs.step(gd, lg);
+    CHECK(ld == lg);
+  }
+  CHECK(graphs.graph_instantiations() == 1);
+  // A prefill chunk without logits has fewer nodes: another topology, a new graph; the
+  // next step with logits needs one more, and its logits still match.
+  const std::span<const int32_t> chunk(ids.data() + 10, 5);
+  SequenceStep dc[1] = {{&da, chunk, da.n_tokens(), LogitsRows::kNone}};
+  SequenceStep gc[1] = {{&ga, chunk, ga.n_tokens(), LogitsRows::kNone}};
+  direct.step(dc, {});
+  graphs.step(gc, {});
+  CHECK(graphs.graph_instantiations() == 2);
+  const int32_t tc = 7;
+  SequenceStep d1[1] = {{&da, std::span<const int32_t>(&tc, 1), da.n_tokens(), LogitsRows::kLast}};
+  SequenceStep g1[1] = {{&ga, std::span<const int32_t>(&tc, 1), ga.n_tokens(), LogitsRows::kLast}};
+  direct.step(d1, std::span(ld).first(size_t(n_vocab)));
+  graphs.step(g1, std::span(lg).first(size_t(n_vocab)));
+  CHECK(ld == lg);
+  CHECK(graphs.graph_instantiations() == 3);
+  // A Host-tier sequence is staged and runs without a graph.
+  auto host = test::make_store(model->hparams(), 8);
+  KvSequence hs(*host, 64);
+  SequenceStep hp[1] = {{&hs, ib, 0, LogitsRows::kLast}};
+  std::vector<float> lh(static_cast<size_t>(n_vocab));
+  graphs.step(hp, lh);
+  CHECK(graphs.graph_instantiations() == 3);
+  // ... with the logits the direct executor gives for the same prompt.
+  KvSequence hd(*sd, 64, KvTier::kDevice);
+  SequenceStep hdp[1] = {{&hd, ib, 0, LogitsRows::kLast}};
+  std::vector<float> lhd(static_cast<size_t>(n_vocab));
+  direct.step(hdp, lhd);
+  CHECK(lh == lhd);
+#endif
+}
