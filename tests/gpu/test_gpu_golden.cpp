@@ -52,6 +52,8 @@ namespace {
     }
     CHECK(checked > 0);
   }
+#else
+  (void)dir;
 #endif
 }
 
