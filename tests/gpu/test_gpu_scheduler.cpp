@@ -135,7 +135,7 @@ struct GpuRig {
 }  // namespace
 #endif
 
-TEST_CASE("cpu+gpu: mixed requests give the solo CPU tokens; GPU prefills hand off to the CPU",
+TEST_CASE("cpu+gpu: mixed requests give the solo CPU tokens and GPU prefills hand off to the CPU",
           "[gpu][scheduler][parity]") {
 #if TANDEM_HAVE_CUDA
   GpuRig::Opt o;
