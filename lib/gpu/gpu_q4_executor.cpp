@@ -770,7 +770,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   TANDEM_CUDA(cudaGetLastError());  // launch errors
   capture.launch(im);
   TANDEM_CUDA(cudaStreamSynchronize(st));
-  std::memcpy(logits.data(), h_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float));
+  if (n_out > 0) std::memcpy(logits.data(), h_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float));
   for (const auto& s : batch) s.kv->set_n_tokens(s.pos0 + static_cast<int32_t>(s.tokens.size()));
 }
 
