@@ -1,8 +1,9 @@
 // tandem-gpu-bench: prompt processing (pp) and token generation (tg) speed of the GPU
 // executor, as llama-bench measures them: pp = one step of P prompt tokens from an empty
-// context; tg = N single-token steps from an empty context. KV pages in VRAM.
+// context; tg = N single-token steps after D tokens of context (llama-bench's -d: the D
+// tokens are prefilled, untimed, in steps of 512). KV pages in VRAM.
 //
-//   tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-r 3] [--device 0] [--json]
+//   tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-r 3] [--device 0] [--json]
 //
 // Prints the environment (device, driver, weights in VRAM) beside the figures.
 #include <cuda_runtime.h>
@@ -39,7 +40,7 @@ double now() {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-r 3] [--device 0] [--json]\n");
+  std::fprintf(stderr, "usage: tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-r 3] [--device 0] [--json]\n");
   return 2;
 }
 
@@ -47,21 +48,30 @@ int usage() {
 
 int main(int argc, char** argv) {
   std::string path;
-  int p = 512, n = 128, reps = 3, device = 0;
+  int p = 512, n = 128, depth = 0, reps = 3, device = 0;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "-m" && (v = next())) path = v;
-    else if (a == "-p" && (v = next())) p = std::atoi(v);
-    else if (a == "-n" && (v = next())) n = std::atoi(v);
-    else if (a == "-r" && (v = next())) reps = std::atoi(v);
-    else if (a == "--device" && (v = next())) device = std::atoi(v);
-    else if (a == "--json") json = true;
-    else return usage();
+    if (a == "-m" && (v = next()))
+      path = v;
+    else if (a == "-p" && (v = next()))
+      p = std::atoi(v);
+    else if (a == "-n" && (v = next()))
+      n = std::atoi(v);
+    else if (a == "-d" && (v = next()))
+      depth = std::atoi(v);
+    else if (a == "-r" && (v = next()))
+      reps = std::atoi(v);
+    else if (a == "--device" && (v = next()))
+      device = std::atoi(v);
+    else if (a == "--json")
+      json = true;
+    else
+      return usage();
   }
-  if (path.empty() || p < 0 || n < 0 || reps < 1) return usage();
+  if (path.empty() || p < 0 || n < 0 || depth < 0 || reps < 1) return usage();
   try {
     auto model = Model::load(path);
     const HParams& hp = model->hparams();
@@ -74,11 +84,11 @@ int main(int argc, char** argv) {
     cudaDriverGetVersion(&driver);
     cudaRuntimeGetVersion(&runtime);
 
-    const int32_t ctx = std::max(p, n) + 1;
+    const int32_t ctx = std::max(p, depth + n) + 1;
     const int32_t page_size = 16;
     auto store = gpu.make_kv_store((ctx + page_size - 1) / page_size + 1, 0, page_size);
     std::vector<float> logits(size_t(hp.n_vocab));
-    std::vector<int32_t> prompt(size_t(std::max(p, 1)));
+    std::vector<int32_t> prompt(size_t(std::max({p, depth, 1})));
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + (i * 131) % size_t(hp.n_vocab - 3));
 
     auto run_pp = [&]() {
@@ -90,10 +100,15 @@ int main(int argc, char** argv) {
     };
     auto run_tg = [&]() {
       KvSequence seq(*store, ctx, KvTier::kDevice);
+      for (int d0 = 0; d0 < depth; d0 += 512) {  // the context, untimed
+        const int dn = std::min(512, depth - d0);
+        SequenceStep s{&seq, std::span<const int32_t>(prompt.data() + d0, size_t(dn)), d0, LogitsRows::kLast};
+        gpu.step(std::span<const SequenceStep>(&s, 1), logits);
+      }
       const double t0 = now();
       for (int i = 0; i < n; ++i) {
         const int32_t tok = prompt[size_t(i) % prompt.size()];
-        SequenceStep s{&seq, std::span<const int32_t>(&tok, 1), i, LogitsRows::kLast};
+        SequenceStep s{&seq, std::span<const int32_t>(&tok, 1), depth + i, LogitsRows::kLast};
         gpu.step(std::span<const SequenceStep>(&s, 1), logits);
       }
       return now() - t0;
@@ -115,16 +130,18 @@ int main(int argc, char** argv) {
       fmt::print(
           "{{\"model\": \"{}\", \"device\": \"{}\", \"cc\": \"{}.{}\", \"driver\": {}, \"runtime\": {}, "
           "\"weights_vram_mib\": {:.1f}, \"scratch_vram_mib\": {:.1f}, \"upload_s\": {:.3f}, \"p\": {}, \"n\": {}, "
+          "\"depth\": {}, "
           "\"reps\": {}, \"pp_tps\": {:.2f}, \"pp_sd\": {:.2f}, \"tg_tps\": {:.2f}, \"tg_sd\": {:.2f}, "
           "\"commit\": \"{}\"}}\n",
           model->name(), prop.name, prop.major, prop.minor, driver, runtime, weights_mib, scratch_mib, upload_s, p, n,
-          reps, pp.mean, pp.sd, tg.mean, tg.sd, commit ? commit : "");
+          depth, reps, pp.mean, pp.sd, tg.mean, tg.sd, commit ? commit : "");
     } else {
-      fmt::print("model {} | device {} (sm_{}{}) | driver {} runtime {} | weights in VRAM {:.1f} MiB, scratch "
-                 "{:.1f} MiB, upload {:.2f} s\n",
-                 model->name(), prop.name, prop.major, prop.minor, driver, runtime, weights_mib, scratch_mib, upload_s);
+      fmt::print(
+          "model {} | device {} (sm_{}{}) | driver {} runtime {} | weights in VRAM {:.1f} MiB, scratch "
+          "{:.1f} MiB, upload {:.2f} s\n",
+          model->name(), prop.name, prop.major, prop.minor, driver, runtime, weights_mib, scratch_mib, upload_s);
       if (p > 0) fmt::print("pp{}: {:.2f} +- {:.2f} tokens/s\n", p, pp.mean, pp.sd);
-      if (n > 0) fmt::print("tg{}: {:.2f} +- {:.2f} tokens/s\n", n, tg.mean, tg.sd);
+      if (n > 0) fmt::print("tg{}@d{}: {:.2f} +- {:.2f} tokens/s\n", n, depth, tg.mean, tg.sd);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-gpu-bench: error: %s\n", e.what());

@@ -5,7 +5,8 @@
 // TANDEM_HAVE_CUDA=1 (public). The header compiles everywhere, but its functions are only
 // defined in CUDA builds: guard uses with `#if TANDEM_HAVE_CUDA`.
 //
-// Weights are uploaded once at construction. Q4_0 and Q8_0 matrices are repacked into
+// Weights are uploaded once per (Model, device): executors of one model on one device share
+// them (weights_id()). Q4_0 and Q8_0 matrices are repacked into
 // separate quant-byte and scale arrays (a pure rearrangement of the GGUF blocks,
 // kernels/cuda/block_math.cuh); F32/F16/BF16 matrices are copied as they are; norms and
 // biases as F32. The token-embedding table stays on the host (one row per token is
@@ -30,8 +31,16 @@
 // a scheduler thread moving pages overlaps with a step in progress. step() returns after
 // the logits are on the host (the compute stream is synchronised).
 //
-// Memory: per-step device buffers grow to the largest batch seen and are then reused, so
-// a steady decode loop allocates nothing. CUDA graphs for the decode step are not used yet.
+// Devices: every call makes the executor's device current and restores the caller's
+// current device before returning. The attention kernels' shared-memory attribute is set
+// once per device (at the first executor's construction) and checked.
+//
+// Memory: per-step device buffers grow (doubling) to the largest batch seen and are then
+// reused, so a steady decode loop allocates nothing; outgrown buffers are freed only at
+// destruction, since cudaFree would synchronise every stream on the device.
+//
+// CUDA graphs: a step whose pages are all Device-tier is captured and replayed as one
+// graph (GpuExecutorOptions::cuda_graphs); the logits come back through a pinned buffer.
 //
 // Thread-safety: as every executor, one step at a time.
 #pragma once
@@ -47,13 +56,16 @@ namespace tandem {
 
 struct GpuExecutorOptions {
   int device = 0;  ///< CUDA device ordinal
+  /// Run each step whose KV pages are all in VRAM as a CUDA graph (captured, then updated
+  /// in place or re-instantiated when the batch's shape changes). Same results either way.
+  bool cuda_graphs = true;
 };
 
 class GpuQ4Executor final : public Executor {
  public:
   /// Uploads the weights. Throws Error(kInvalidArgument) when there is no such CUDA device
-  /// or the model has a shape the kernels do not take (head_dim > 1024), kOutOfMemory when the weights do not fit, kInternal on
-  /// another CUDA error.
+  /// or the model has a shape the kernels do not take (head_dim > 1024), kOutOfMemory when the weights do not fit,
+  /// kInternal on another CUDA error.
   GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options = {});
   ~GpuQ4Executor() override;
 
@@ -68,8 +80,13 @@ class GpuQ4Executor final : public Executor {
   int device() const noexcept;
   /// Bytes of VRAM holding the model's weights.
   uint64_t weight_bytes() const noexcept;
+  /// Identity of the weights in VRAM: executors of one Model on one device share a single
+  /// upload (freed with the last of them) and return the same value.
+  const void* weights_id() const noexcept;
   /// Bytes of VRAM held by per-step buffers (grow to the largest batch seen).
   uint64_t scratch_bytes() const noexcept;
+  /// How many times a step's CUDA graph was instantiated (not just updated) so far.
+  int64_t graph_instantiations() const noexcept;
   /// The compute stream (a cudaStream_t), for a scheduler that records events on it.
   void* stream() const noexcept;
 
@@ -95,6 +112,9 @@ namespace gpu_testing {
 /// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
 /// Throws Error(kInvalidArgument) without a device.
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
+/// The calling thread's current CUDA device (cudaGetDevice), and setting it.
+int current_device();
+void set_current_device(int device);
 /// Q8_0 quantisation of x [m][k] on the device, returned as GGUF Q8_0 blocks (34 bytes each).
 void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device = 0);
 }  // namespace gpu_testing

@@ -34,13 +34,13 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* x
 /// Quantised weights read xq/xd (from quantize_q8_0 of X); float weights read x (rounded to
 /// f16 first for F16 weights, as the CPU does). Any m >= 1 and any n; k % 32 == 0 for
 /// quantised weights.
-void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
-          int64_t ldy, bool accumulate, cudaStream_t stream);
+void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
+          bool accumulate, cudaStream_t stream);
 
 /// y row i = RMSNorm(x row src_i) * w, src_i = rows ? rows[i] : i; n elements per row,
 /// x and y rows strided by n. Sum of squares in double. In place allowed (y == x, rows null).
-void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps,
-              const int32_t* rows, cudaStream_t stream);
+void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps, const int32_t* rows,
+              cudaStream_t stream);
 
 /// y[r][i] += b[i] for r < n_rows, i < n.
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t n, cudaStream_t stream);
@@ -72,15 +72,20 @@ struct KvArgs {
 /// position (f16 round-to-nearest-even, or f32).
 void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, cudaStream_t stream);
 
-/// Largest score count the attention kernel keeps in shared memory on this device.
-int32_t attention_score_capacity(int device);
+/// Once per device, before any attention launch on it (the current device must be
+/// `device`): raises the attention kernels' dynamic shared-memory limit to the device's
+/// opt-in maximum (cudaFuncSetAttribute is global per function and device) and returns in
+/// *score_capacity the largest score count attention() keeps in shared memory there.
+/// Returns the first CUDA error (nothing else is left pending).
+cudaError_t attention_setup(int device, int32_t* score_capacity);
 
 /// Causal GQA attention: out [T][n_head][head_dim] from q [T][n_head][head_dim] and the KV
 /// pages. One thread block per (token, head). As the CPU: with f16 KV, q and the
 /// probabilities are rounded to f16; softmax max-subtracted, sum in double.
-/// `max_pos` bounds pos[t] + 1 over the step (sizes the shared score buffer).
-void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale,
-               int32_t max_pos, int32_t score_capacity, cudaStream_t stream);
+/// `max_pos` bounds pos[t] + 1 over the step (sizes the shared score buffer);
+/// `score_capacity` is attention_setup()'s.
+void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
+               int32_t score_capacity, cudaStream_t stream);
 
 /// Fill n floats with quiet NaN (tests).
 void fill_nan(float* y, int64_t n, cudaStream_t stream);

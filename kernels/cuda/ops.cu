@@ -15,7 +15,9 @@ namespace {
 
 constexpr int kWarp = 32;
 
-unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
 
 // Block-wide reductions (blockDim.x a multiple of 32, at most 1024). `red` holds 32
 // values; every thread gets the result. Ends with a barrier, so `red` may be reused.
@@ -190,7 +192,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
     part[g * hd + d] = acc;
   }
   __syncthreads();
-  if (threadIdx.x < hd) {
+  if (static_cast<int32_t>(threadIdx.x) < hd) {
     float r = 0.0f;
     for (int32_t j = 0; j < G; ++j) r += part[j * hd + threadIdx.x];
     out[(t * n_head + h) * hd + threadIdx.x] = r;
@@ -238,16 +240,30 @@ void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, 
   kv_store_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(kv, k, v);
 }
 
-int32_t attention_score_capacity(int device) {
+cudaError_t attention_setup(int device, int32_t* score_capacity) {
   int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) optin = 48 * 1024;
-  // Room for q and the group partials (at most 1024 + 1024 floats) and the static reductions.
-  const int64_t avail = int64_t(optin) - int64_t(2048) * 4 - 512;
-  return static_cast<int32_t>(avail > 0 ? avail / 4 : 0);
+  if (const cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+      e != cudaSuccess) {
+    return e;
+  }
+  // Dynamic + static shared memory must fit the opt-in limit: 1 KiB is left for the
+  // kernel's static reductions (384 bytes).
+  const int dynamic_max = optin - 1024;
+  for (const void* k : {reinterpret_cast<const void*>(attention_kernel<true>),
+                        reinterpret_cast<const void*>(attention_kernel<false>)}) {
+    if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic_max);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  // Room for q and the group partials (at most 1024 + 1024 floats).
+  const int64_t avail = int64_t(dynamic_max) - int64_t(2048) * 4;
+  *score_capacity = static_cast<int32_t>(avail > 0 ? avail / 4 : 0);
+  return cudaSuccess;
 }
 
-void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale,
-               int32_t max_pos, int32_t score_capacity, cudaStream_t stream) {
+void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
+               int32_t score_capacity, cudaStream_t stream) {
   if (T <= 0) return;
   const int threads = attention_threads(kv.head_dim);
   const int32_t cap = max_pos < score_capacity ? max_pos : score_capacity;
@@ -256,10 +272,8 @@ void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t 
   const int32_t group = n_head / kv.n_head_kv;
   const unsigned grid = static_cast<unsigned>(T * n_head);
   if (kv.f16) {
-    cudaFuncSetAttribute(attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
     attention_kernel<true><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
   } else {
-    cudaFuncSetAttribute(attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shmem));
     attention_kernel<false><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
   }
 }

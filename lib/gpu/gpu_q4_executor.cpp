@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
@@ -28,7 +30,24 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 #define TANDEM_CUDA(expr) cuda_check((expr), #expr)
 
-void set_device(int device) { TANDEM_CUDA(cudaSetDevice(device)); }
+// Makes `device` current for its lifetime, then restores the caller's current device
+// (a library call never leaves the caller's thread on another device).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    TANDEM_CUDA(cudaGetDevice(&prev_));
+    if (prev_ != device_) TANDEM_CUDA(cudaSetDevice(device_));
+  }
+  ~DeviceGuard() {
+    if (prev_ != device_) (void)cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int prev_ = 0;
+};
 
 // Device memory, freed on destruction.
 class DevBuf {
@@ -55,9 +74,16 @@ class DevBuf {
     if (p_) cudaFree(p_);
     p_ = nullptr, bytes_ = 0;
   }
-  /// Grow (contents not kept) to at least `bytes`.
-  void* get(size_t bytes) {
-    if (bytes_ < bytes) alloc(bytes);
+  /// Grow (contents not kept) to at least `bytes`, doubling. The outgrown allocation is
+  /// moved to `retired` rather than freed: cudaFree synchronises the whole device (every
+  /// stream of every executor on it), so it waits for the owner's destruction; doubling
+  /// bounds what is kept to the final size.
+  void* grow(size_t bytes, std::vector<DevBuf>& retired) {
+    if (bytes_ < bytes) {
+      const size_t want = std::max(bytes, 2 * bytes_);
+      if (p_) retired.push_back(std::move(*this));
+      alloc(want);
+    }
     return p_;
   }
   template <class T>
@@ -112,13 +138,10 @@ class Stream {
 
 // ---- the Device tier --------------------------------------------------------------------
 
-class GpuKvBackend;
-
-
 class GpuKvBackend final : public KvDeviceBackend {
  public:
+  /// The caller makes `device` current (the stream member is created on it).
   GpuKvBackend(int device, size_t page_bytes, int32_t pages) : device_(device), page_bytes_(page_bytes), pages_(pages) {
-    set_device(device);
     if (pages < 0) throw Error(ErrorCode::kInvalidArgument, "GPU KV backend: negative page count");
     try {
       mem_.alloc(page_bytes * size_t(pages));
@@ -130,15 +153,13 @@ class GpuKvBackend final : public KvDeviceBackend {
     staging_bytes_ = std::min<size_t>(page_bytes, size_t(8) << 20);
     staging_.get(staging_bytes_);
   }
-  ~GpuKvBackend() override {
-    if (cudaSetDevice(device_) == cudaSuccess) cudaStreamSynchronize(stream_.get());
-  }
+  ~GpuKvBackend() override { (void)cudaStreamSynchronize(stream_.get()); }
 
   int32_t capacity_pages() const noexcept override { return pages_; }
 
   void copy_to_device(int32_t slot, const std::byte* src, size_t bytes) override {
     check(slot, bytes);
-    set_device(device_);
+    const DeviceGuard guard(device_);
     std::byte* dst = slot_ptr(slot);
     auto* stage = static_cast<std::byte*>(staging_.get(staging_bytes_));
     for (size_t off = 0; off < bytes; off += staging_bytes_) {
@@ -151,7 +172,7 @@ class GpuKvBackend final : public KvDeviceBackend {
 
   void copy_to_host(int32_t slot, std::byte* dst, size_t bytes) override {
     check(slot, bytes);
-    set_device(device_);
+    const DeviceGuard guard(device_);
     const std::byte* src = slot_ptr(slot);
     auto* stage = static_cast<std::byte*>(staging_.get(staging_bytes_));
     for (size_t off = 0; off < bytes; off += staging_bytes_) {
@@ -165,8 +186,9 @@ class GpuKvBackend final : public KvDeviceBackend {
   void copy_device_to_device(int32_t dst_slot, int32_t src_slot, size_t bytes) override {
     check(dst_slot, bytes);
     check(src_slot, bytes);
-    set_device(device_);
-    TANDEM_CUDA(cudaMemcpyAsync(slot_ptr(dst_slot), slot_ptr(src_slot), bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+    const DeviceGuard guard(device_);
+    TANDEM_CUDA(
+        cudaMemcpyAsync(slot_ptr(dst_slot), slot_ptr(src_slot), bytes, cudaMemcpyDeviceToDevice, stream_.get()));
     TANDEM_CUDA(cudaStreamSynchronize(stream_.get()));
   }
 
@@ -176,9 +198,8 @@ class GpuKvBackend final : public KvDeviceBackend {
  private:
   void check(int32_t slot, size_t bytes) const {
     if (slot < 0 || slot >= pages_ || bytes > page_bytes_) {
-      throw Error(ErrorCode::kInternal,
-                  fmt::format("GPU KV backend: slot {} / {} bytes outside {} pages of {} bytes", slot, bytes, pages_,
-                              page_bytes_));
+      throw Error(ErrorCode::kInternal, fmt::format("GPU KV backend: slot {} / {} bytes outside {} pages of {} bytes",
+                                                    slot, bytes, pages_, page_bytes_));
     }
   }
 
@@ -204,8 +225,12 @@ struct DevLayer {
 void embed_row(const TensorView& t, int32_t id, float* y) {
   const std::byte* row = t.data + size_t(id) * t.row_bytes;
   switch (t.type) {
-    case GgmlType::kF32: std::memcpy(y, row, size_t(t.k) * sizeof(float)); break;
-    case GgmlType::kF16: kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k); break;
+    case GgmlType::kF32:
+      std::memcpy(y, row, size_t(t.k) * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
+      break;
     case GgmlType::kBF16:
       for (int64_t i = 0; i < t.k; ++i) y[i] = kernels::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
       break;
@@ -220,37 +245,47 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
   }
 }
 
-}  // namespace
+// ---- weights, one upload per (model, device) ---------------------------------------------
 
-// ---- the executor -------------------------------------------------------------------------
-
-struct GpuQ4Executor::Impl {
+// A model's weights in one device's memory, shared by every executor of that model on that
+// device (device_weights()). Immutable after construction.
+struct DeviceWeights {
   int device = 0;
-  std::vector<DevBuf> weight_mem;
-  uint64_t weight_bytes = 0;
+  std::vector<DevBuf> mem;
+  uint64_t bytes = 0;
   std::vector<DevLayer> layers;
   const float* output_norm = nullptr;
   ck::DevWeight output;
-  int32_t score_capacity = 0;
-  Stream stream;
 
-  // Per-step device buffers (grow, never shrink).
-  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
-  // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index;
-  struct StagedPage {
-    std::byte* host;
-    std::byte* dev;
-  };
-  std::vector<StagedPage> write_back;
+  // The caller makes `device` current.
+  DeviceWeights(const Model& m, int dev) : device(dev) {
+    for (const LayerWeights& L : m.layers()) {
+      DevLayer d;
+      d.attn_norm = upload_f32(L.attn_norm, "attn_norm");
+      d.ffn_norm = upload_f32(L.ffn_norm, "ffn_norm");
+      d.bq = upload_f32(L.bq, "attn_q.bias");
+      d.bk = upload_f32(L.bk, "attn_k.bias");
+      d.bv = upload_f32(L.bv, "attn_v.bias");
+      d.q_norm = upload_f32(L.q_norm, "attn_q_norm");
+      d.k_norm = upload_f32(L.k_norm, "attn_k_norm");
+      d.wq = upload_matrix(L.wq);
+      d.wk = upload_matrix(L.wk);
+      d.wv = upload_matrix(L.wv);
+      d.wo = upload_matrix(L.wo);
+      d.gate = upload_matrix(L.ffn_gate);
+      d.up = upload_matrix(L.ffn_up);
+      d.down = upload_matrix(L.ffn_down);
+      layers.push_back(d);
+    }
+    output_norm = upload_f32(m.output_norm(), "output_norm");
+    output = upload_matrix(m.output());
+  }
 
-  explicit Impl(int dev) : device(dev) {}
-
-  const void* upload_bytes(const void* src, size_t bytes) {
-    weight_mem.emplace_back(bytes);
-    TANDEM_CUDA(cudaMemcpy(weight_mem.back().as<void>(), src, bytes, cudaMemcpyHostToDevice));
-    weight_bytes += bytes;
-    return weight_mem.back().as<void>();
+  const void* upload_bytes(const void* src, size_t n) {
+    mem.emplace_back(n);
+    TANDEM_CUDA(cudaMemcpy(mem.back().as<void>(), src, n, cudaMemcpyHostToDevice));
+    bytes += n;
+    return mem.back().as<void>();
   }
 
   const float* upload_f32(const TensorView& t, const char* what) {
@@ -290,9 +325,18 @@ struct GpuQ4Executor::Impl {
         w.d = static_cast<const uint16_t*>(upload_bytes(d.data(), d.size() * sizeof(uint16_t)));
         break;
       }
-      case GgmlType::kF32: w.type = ck::WType::kF32; w.q = upload_bytes(t.data, t.row_bytes * n); break;
-      case GgmlType::kF16: w.type = ck::WType::kF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
-      case GgmlType::kBF16: w.type = ck::WType::kBF16; w.q = upload_bytes(t.data, t.row_bytes * n); break;
+      case GgmlType::kF32:
+        w.type = ck::WType::kF32;
+        w.q = upload_bytes(t.data, t.row_bytes * n);
+        break;
+      case GgmlType::kF16:
+        w.type = ck::WType::kF16;
+        w.q = upload_bytes(t.data, t.row_bytes * n);
+        break;
+      case GgmlType::kBF16:
+        w.type = ck::WType::kBF16;
+        w.q = upload_bytes(t.data, t.row_bytes * n);
+        break;
       default:
         break;  // Model::load converts every other type (model.hpp)
     }
@@ -300,12 +344,139 @@ struct GpuQ4Executor::Impl {
   }
 };
 
+// Process-wide state per device, set up once under a mutex (executor construction only,
+// never on the per-token path): the attention kernels' shared-memory attribute (global per
+// function and device, so it is set once to the device's opt-in maximum and checked,
+// instead of before each launch where two executors would race), and the weights of each
+// model on it (weak: freed with the last executor using them).
+struct DeviceRegistry {
+  std::mutex mu;
+  std::map<int, int32_t> score_capacity;  // device -> attention score capacity
+  std::map<std::pair<const Model*, int>, std::weak_ptr<const DeviceWeights>> weights;
+};
+
+DeviceRegistry& registry() {
+  static DeviceRegistry r;
+  return r;
+}
+
+// The caller makes `device` current.
+int32_t attention_setup_once(int device) {
+  DeviceRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (auto it = r.score_capacity.find(device); it != r.score_capacity.end()) return it->second;
+  int32_t cap = 0;
+  TANDEM_CUDA(ck::attention_setup(device, &cap));
+  r.score_capacity[device] = cap;
+  return cap;
+}
+
+// The caller makes `device` current. Holding the model keeps the key's address valid.
+std::shared_ptr<const DeviceWeights> device_weights(const std::shared_ptr<const Model>& model, int device) {
+  DeviceRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  auto& slot = r.weights[{model.get(), device}];
+  if (auto w = slot.lock()) return w;
+  std::shared_ptr<const DeviceWeights> w(new DeviceWeights(*model, device),
+                                         [model](const DeviceWeights* p) { delete p; });
+  slot = w;
+  return w;
+}
+
+}  // namespace
+
+// ---- the executor -------------------------------------------------------------------------
+
+struct GpuQ4Executor::Impl {
+  int device = 0;
+  std::shared_ptr<const DeviceWeights> weights;
+  int32_t score_capacity = 0;
+  Stream stream;
+
+  // Per-step device buffers (grow by doubling, never shrink; outgrown ones in `retired`).
+  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
+  std::vector<DevBuf> retired;
+  // Per-step host buffers.
+  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits;
+  // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
+  bool use_graphs = true;
+  cudaGraphExec_t graph_exec = nullptr;
+  int64_t graph_instantiations = 0;
+  struct StagedPage {
+    std::byte* host;
+    std::byte* dev;
+  };
+  std::vector<StagedPage> write_back;
+
+  // The caller makes `dev` current (the stream is created on it).
+  Impl(const std::shared_ptr<const Model>& model, int dev, bool graphs)
+      : device(dev),
+        weights(device_weights(model, dev)),
+        score_capacity(attention_setup_once(dev)),
+        use_graphs(graphs) {}
+  ~Impl() {
+    (void)cudaStreamSynchronize(stream.get());
+    if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  template <class T>
+  T* scratch(DevBuf& b, size_t n) {
+    return static_cast<T*>(b.grow(std::max<size_t>(n, 1) * sizeof(T), retired));
+  }
+};
+
 namespace {
 
-template <class T>
-T* dev(DevBuf& b, size_t n) {
-  return static_cast<T*>(b.get(std::max<size_t>(n, 1) * sizeof(T)));
-}
+// Stream capture of one step (inactive for a null stream). launch() ends the capture and
+// runs the graph through the executor's executable graph: updated in place when the
+// topology is unchanged, else instantiated anew. On an exception before launch() the
+// destructor ends the capture and drops the graph, so the stream is usable again.
+class StepCapture {
+ public:
+  explicit StepCapture(cudaStream_t s) : s_(s) {
+    if (s_) TANDEM_CUDA(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+  }
+  ~StepCapture() {
+    if (!s_) return;
+    cudaGraph_t g = nullptr;
+    (void)cudaStreamEndCapture(s_, &g);
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+  }
+  StepCapture(const StepCapture&) = delete;
+  StepCapture& operator=(const StepCapture&) = delete;
+
+  void launch(GpuQ4Executor::Impl& im) {
+    if (!s_) return;
+    cudaGraph_t g = nullptr;
+    const cudaStream_t s = s_;
+    s_ = nullptr;  // the capture is over, whatever happens next
+    TANDEM_CUDA(cudaStreamEndCapture(s, &g));
+    struct GraphOwner {
+      cudaGraph_t g;
+      ~GraphOwner() { (void)cudaGraphDestroy(g); }
+    } owner{g};
+    if (im.graph_exec) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(im.graph_exec, g, &info) != cudaSuccess) {
+        (void)cudaGetLastError();  // a changed topology: instantiate anew
+        (void)cudaGraphExecDestroy(im.graph_exec);
+        im.graph_exec = nullptr;
+      }
+    }
+    if (!im.graph_exec) {
+      TANDEM_CUDA(cudaGraphInstantiate(&im.graph_exec, g, 0));
+      ++im.graph_instantiations;
+    }
+    TANDEM_CUDA(cudaGraphLaunch(im.graph_exec, s));
+  }
+
+ private:
+  cudaStream_t s_;
+};
+
 template <class T>
 T* pinned(PinnedBuf& b, size_t n) {
   return static_cast<T*>(b.get(std::max<size_t>(n, 1) * sizeof(T)));
@@ -335,40 +506,28 @@ GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecut
                 fmt::format("GPU executor: head_dim {} (n_rot {}) outside the kernels' range (1..1024)", hp.head_dim,
                             hp.n_rot));
   }
-  set_device(options.device);
-  impl_ = std::make_unique<Impl>(options.device);
-  Impl& im = *impl_;
-  const Model& m = this->model();
-  for (const LayerWeights& L : m.layers()) {
-    DevLayer d;
-    d.attn_norm = im.upload_f32(L.attn_norm, "attn_norm");
-    d.ffn_norm = im.upload_f32(L.ffn_norm, "ffn_norm");
-    d.bq = im.upload_f32(L.bq, "attn_q.bias");
-    d.bk = im.upload_f32(L.bk, "attn_k.bias");
-    d.bv = im.upload_f32(L.bv, "attn_v.bias");
-    d.q_norm = im.upload_f32(L.q_norm, "attn_q_norm");
-    d.k_norm = im.upload_f32(L.k_norm, "attn_k_norm");
-    d.wq = im.upload_matrix(L.wq);
-    d.wk = im.upload_matrix(L.wk);
-    d.wv = im.upload_matrix(L.wv);
-    d.wo = im.upload_matrix(L.wo);
-    d.gate = im.upload_matrix(L.ffn_gate);
-    d.up = im.upload_matrix(L.ffn_up);
-    d.down = im.upload_matrix(L.ffn_down);
-    im.layers.push_back(d);
-  }
-  im.output_norm = im.upload_f32(m.output_norm(), "output_norm");
-  im.output = im.upload_matrix(m.output());
-  im.score_capacity = ck::attention_score_capacity(options.device);
+  const DeviceGuard guard(options.device);
+  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options.cuda_graphs);
 }
 
-GpuQ4Executor::~GpuQ4Executor() {
-  if (impl_ && cudaSetDevice(impl_->device) == cudaSuccess) cudaStreamSynchronize(impl_->stream.get());
+GpuQ4Executor::~GpuQ4Executor() = default;
+
+int64_t GpuQ4Executor::graph_instantiations() const noexcept {
+  return impl_->graph_instantiations;
 }
 
-int GpuQ4Executor::device() const noexcept { return impl_->device; }
-uint64_t GpuQ4Executor::weight_bytes() const noexcept { return impl_->weight_bytes; }
-void* GpuQ4Executor::stream() const noexcept { return impl_->stream.get(); }
+int GpuQ4Executor::device() const noexcept {
+  return impl_->device;
+}
+uint64_t GpuQ4Executor::weight_bytes() const noexcept {
+  return impl_->weights->bytes;
+}
+const void* GpuQ4Executor::weights_id() const noexcept {
+  return impl_->weights.get();
+}
+void* GpuQ4Executor::stream() const noexcept {
+  return impl_->stream.get();
+}
 
 uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   const Impl& im = *impl_;
@@ -377,11 +536,12 @@ uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
                           &im.pages, &im.page_off, &im.pos, &im.out_index, &im.rows, &im.logits, &im.stage}) {
     b += d->bytes();
   }
+  for (const DevBuf& d : im.retired) b += d.bytes();
   return b;
 }
 
 std::unique_ptr<KvDeviceBackend> GpuQ4Executor::make_kv_device_backend(const KvLayout& layout, int32_t pages) const {
-  set_device(impl_->device);  // the backend's stream is created on the current device
+  const DeviceGuard guard(impl_->device);  // the backend's stream is created on the current device
   return std::make_unique<GpuKvBackend>(impl_->device, layout.page_bytes(), pages);
 }
 
@@ -418,7 +578,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   }
 
   Impl& im = *impl_;
-  set_device(im.device);
+  const DeviceGuard guard(im.device);
   cudaStream_t st = im.stream.get();
   // Whatever happens below, nothing of this step is in flight when step_impl returns (the
   // pinned buffers are rewritten by the next step). A no-op after the final sync.
@@ -461,7 +621,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       if (s.kv->store().tier_of(pid) != KvTier::kDevice) ++n_staged;
     }
   }
-  auto* stage = n_staged ? dev<std::byte>(im.stage, n_staged * pb) : nullptr;
+  auto* stage = n_staged ? im.scratch<std::byte>(im.stage, n_staged * pb) : nullptr;
   im.write_back.clear();
   {
     size_t pi = 0, si = 0;
@@ -514,23 +674,31 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   }
 
   // ---- device buffers and uploads ----------------------------------------------------
-  float* x = dev<float>(im.x, size_t(T * n_embd));
-  float* xn = dev<float>(im.xn, size_t(T * n_embd));
-  float* q = dev<float>(im.q, size_t(T * q_w));
-  float* kk = dev<float>(im.k, size_t(T * kv_w));
-  float* v = dev<float>(im.v, size_t(T * kv_w));
-  float* attn = dev<float>(im.attn, size_t(T * q_w));
-  float* gate = dev<float>(im.gate, size_t(T * n_ff));
-  float* up = dev<float>(im.up, size_t(T * n_ff));
-  auto* xq = dev<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
-  auto* xd = dev<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
-  float* rope = dev<float>(im.rope, size_t(T * hp.n_rot));
-  auto* d_pages = dev<void*>(im.pages, n_pages);
-  auto* d_page_off = dev<int32_t>(im.page_off, size_t(T));
-  auto* d_pos = dev<int32_t>(im.pos, size_t(T));
-  auto* d_out_index = dev<int32_t>(im.out_index, size_t(n_out));
-  float* rows = dev<float>(im.rows, size_t(n_out * n_embd));
-  float* d_logits = dev<float>(im.logits, size_t(n_out * n_vocab));
+  float* x = im.scratch<float>(im.x, size_t(T * n_embd));
+  float* xn = im.scratch<float>(im.xn, size_t(T * n_embd));
+  float* q = im.scratch<float>(im.q, size_t(T * q_w));
+  float* kk = im.scratch<float>(im.k, size_t(T * kv_w));
+  float* v = im.scratch<float>(im.v, size_t(T * kv_w));
+  float* attn = im.scratch<float>(im.attn, size_t(T * q_w));
+  float* gate = im.scratch<float>(im.gate, size_t(T * n_ff));
+  float* up = im.scratch<float>(im.up, size_t(T * n_ff));
+  auto* xq = im.scratch<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
+  auto* xd = im.scratch<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
+  float* rope = im.scratch<float>(im.rope, size_t(T * hp.n_rot));
+  auto* d_pages = im.scratch<void*>(im.pages, n_pages);
+  auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
+  auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
+  auto* d_out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));
+  float* rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
+  float* d_logits = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
+
+  float* h_logits = pinned<float>(im.h_logits, size_t(n_out) * size_t(n_vocab));
+
+  // With every page in VRAM the step's work (uploads from pinned buffers, kernels, the
+  // logits download into a pinned buffer) is captured into a CUDA graph and replayed: one
+  // launch instead of hundreds. The executable graph is updated in place while the
+  // batch's shape stays the same and re-instantiated when it changes.
+  StepCapture capture(im.use_graphs && n_staged == 0 ? st : nullptr);
 
   TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
@@ -564,7 +732,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const bool neox = hp.rope_type == RopeType::kNeox;
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
-    const DevLayer& L = im.layers[size_t(il)];
+    const DevLayer& L = im.weights->layers[size_t(il)];
     ck::rms_norm(x, L.attn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
     prepared = nullptr;
     matmul(L.wq, xn, T, q, false);
@@ -594,17 +762,19 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   }
 
   if (n_out > 0) {
-    ck::rms_norm(x, im.output_norm, rows, n_out, n_embd, hp.rms_eps, d_out_index, st);
+    ck::rms_norm(x, im.weights->output_norm, rows, n_out, n_embd, hp.rms_eps, d_out_index, st);
     prepared = nullptr;
-    matmul(im.output, rows, n_out, d_logits, false);
-    TANDEM_CUDA(cudaMemcpyAsync(logits.data(), d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
+    matmul(im.weights->output, rows, n_out, d_logits, false);
+    TANDEM_CUDA(cudaMemcpyAsync(h_logits, d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
   }
   for (const auto& w : im.write_back) {
     TANDEM_CUDA(cudaMemcpyAsync(w.host, w.dev, pb, cudaMemcpyDeviceToHost, st));
   }
   TANDEM_CUDA(cudaGetLastError());  // launch errors
+  capture.launch(im);
   TANDEM_CUDA(cudaStreamSynchronize(st));
+  if (n_out > 0) std::memcpy(logits.data(), h_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float));
   for (const auto& s : batch) s.kv->set_n_tokens(s.pos0 + static_cast<int32_t>(s.tokens.size()));
 }
 
@@ -612,11 +782,21 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
 namespace gpu_testing {
 
+int current_device() {
+  int d = 0;
+  TANDEM_CUDA(cudaGetDevice(&d));
+  return d;
+}
+
+void set_current_device(int device) {
+  TANDEM_CUDA(cudaSetDevice(device));
+}
+
 void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device) {
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
   }
-  set_device(device);
+  const DeviceGuard guard(device);
   const size_t nb = size_t(k) / kernels::kQK;
   DevBuf dx(size_t(m * k) * sizeof(float)), dq(size_t(m * k)), dd(size_t(m) * nb * sizeof(uint16_t));
   TANDEM_CUDA(cudaMemcpy(dx.as<void>(), x, dx.bytes(), cudaMemcpyHostToDevice));
@@ -637,7 +817,7 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
   }
-  set_device(device);
+  const DeviceGuard guard(device);
   const size_t nb = size_t(k) / kernels::kQK;
   const auto* blocks = static_cast<const kernels::BlockQ4_0*>(w_blocks);
   std::vector<uint8_t> qs(size_t(n) * nb * 16);
