@@ -36,21 +36,22 @@ constexpr double kServerStreamFraction = 0.78;
 
 }  // namespace
 
-// Tandem on the development VM (benchmarks/README.md, "Simulation: calibration"):
-// tandem-bench -m tinyllama-1.1b-synth.gguf -p 512 -n 64 -t 2 -r 3.
+// Tandem on the development VM (benchmarks/README.md, "Simulation: calibration"), taken
+// on 2026-12-01 with the machine loaded by other jobs (load average 15-18 on 2 cores), so
+// compute is measured per CPU-second (user + sys time of tandem-bench, minus a -p 1 run's
+// fixed cost), not per wall second: TinyLlama-1.1B shapes, two pp512 runs, 1.083 TFLOP
+// each, in 42.0 CPU-seconds. Re-take on a quiet machine.
 const CpuCalibration kVm2Calibration{
-    .stream_bw = 21.0e9,
+    .stream_bw = 4.79e9,
     .decode_bw_fraction = 0.94,
-    .pp_ops = 2.0 * 1.034e9 * 60.0,
+    .int8_ops_per_cycle = 2.0 * 1.08292e12 / 42.02 / 2.445e9,
     .clock_hz = 2.445e9,
     .cores = 2,
 };
 
 namespace {
 
-double cpu_compute_efficiency() {
-  return kVm2Calibration.pp_ops / (double(kVm2Calibration.cores) * kVm2Calibration.clock_hz * kCpuInt8OpsPerCycle);
-}
+double cpu_compute_efficiency() { return kVm2Calibration.int8_ops_per_cycle / kCpuInt8OpsPerCycle; }
 
 std::array<ProcessorProfile, 6> make_profiles() {
   std::array<ProcessorProfile, 6> p{};

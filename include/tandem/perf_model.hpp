@@ -41,15 +41,17 @@
 //     cores), RTX 4090, llama 8B Q4_0 pp512: 10,359 t/s (PR #7676) = 166 TOPS of 661 int8
 //     dense -> e_c = 0.25.
 //   * CPU fractions from Tandem's own measurements on its development VM (kVm2Calibration
-//     below; benchmarks/README.md): decode reads weights at ~94% of the measured stream
-//     bandwidth; the Q4_0 GEMM's achieved int8 rate over the VM's peak gives e_c. The EPYC
-//     profiles reuse these fractions (same kernels) over their datasheet peaks, with the
-//     STREAM-to-peak ratio of a DDR5 server (~0.78) folded into e_b. Both are assumptions
-//     until measured on such a server.
+//     below): decode reads weights at ~94% of the measured stream bandwidth (quiet
+//     machine, benchmarks/README.md); prefill achieves kVm2Calibration.int8_ops_per_cycle
+//     per core (AVX2 kernels), e_c = that / 128 (peak: 64 int8 multiply-adds per cycle).
+//     The EPYC profiles reuse these fractions over their datasheet peaks, with the
+//     STREAM-to-peak ratio of a DDR server (~0.78) folded into e_b. Genoa would run the
+//     AVX-512 VNNI kernels, which do more per cycle than AVX2: the CPU's compute is
+//     underestimated there, so what the simulation credits the CPU with is a lower bound.
 //   * Per-step overhead: GPU 1 ms (kernel launches of a 64-layer model with CUDA graphs
 //     plus the engine's host-side step, the order vLLM reports for its scheduler step);
-//     CPU 0.2 ms (thread-pool wake-ups, measured on the VM as the step time of a
-//     1-token decode of a 260K-parameter model).
+//     CPU 0.2 ms (assumed: thread-pool wake-ups and the host-side step; a whole 1-token
+//     decode step of the 260K-parameter aidreams260K takes 0.07-0.27 ms on the loaded VM).
 //
 // Thread-safety: all functions are pure; profiles are immutable constants.
 #pragma once
@@ -162,12 +164,12 @@ const ProcessorProfile& processor_profile(std::string_view name);
 const ModelShape& model_shape(std::string_view name);
 
 /// The measurements the CPU fractions come from (this project's 2-core development VM,
-/// AMD EPYC, AVX2, tandem-bench on a TinyLlama-1.1B-shaped Q4_0 file; benchmarks/README.md
-/// "Simulation: calibration").
+/// AMD EPYC, AVX2 kernels; tandem-bench on a TinyLlama-1.1B-shaped Q4_0 file;
+/// docs/simulation.md "Calibration").
 struct CpuCalibration {
-  double stream_bw = 0;           ///< bytes/s, 2 threads summing a 1 GiB buffer
-  double decode_bw_fraction = 0;  ///< decode weight bytes/s over stream_bw
-  double pp_ops = 0;              ///< achieved int8 ops/s in pp512 (2 * params * tokens/s)
+  double stream_bw = 0;           ///< bytes/s, tandem-bench's read-bandwidth figure (2 threads)
+  double decode_bw_fraction = 0;  ///< decode weight bytes/s over stream_bw (quiet machine)
+  double int8_ops_per_cycle = 0;  ///< achieved per core in pp512 (2 * params * tokens / CPU-seconds / clock)
   double clock_hz = 0;            ///< reported core clock
   int32_t cores = 0;
 };
