@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tandem/cpu_q4_executor.hpp"
+#include "tandem/paced_executor.hpp"
+#include "tandem/perf_model.hpp"
 #include "tandem/scheduler.hpp"
 #if TANDEM_HAVE_CUDA
 #include "tandem/gpu_q4_executor.hpp"
@@ -52,11 +54,33 @@ struct Slo {
 // Per-class SLOs (defaults; --slo-scale multiplies them).
 Slo slo_of(SlaClass c, double scale) {
   switch (c) {
-    case SlaClass::kInteractive: return {0.5 * scale, 0.05 * scale};
-    case SlaClass::kStandard: return {2.0 * scale, 0.10 * scale};
-    case SlaClass::kBatch: return {30.0 * scale, 1.0 * scale};
+    case SlaClass::kInteractive:
+      return {0.5 * scale, 0.05 * scale};
+    case SlaClass::kStandard:
+      return {2.0 * scale, 0.10 * scale};
+    case SlaClass::kBatch:
+      return {30.0 * scale, 1.0 * scale};
   }
   return {1, 1};
+}
+
+// SLOs of a simulated node serving a 27B-class model (docs/simulation.md): interactive
+// close to one GPU stream's unloaded speed (the article: 40 tok/s), standard what the
+// article's CPU sessions get (~2 tok/s each), batch only bounded.
+Slo sim_slo_of(SlaClass c, double scale) {
+  switch (c) {
+    case SlaClass::kInteractive:
+      return {1.0 * scale, 0.05 * scale};
+    case SlaClass::kStandard:
+      return {5.0 * scale, 0.5 * scale};
+    case SlaClass::kBatch:
+      return {60.0 * scale, 1.0 * scale};
+  }
+  return {1, 1};
+}
+
+Slo slo_for(const ServeOptions& o, SlaClass c) {
+  return o.simulate.empty() ? slo_of(c, o.slo_scale) : sim_slo_of(c, o.slo_scale);
 }
 
 /// Quantile function through (0.5, p50), (0.95, p95), (0.99, p99), log-linear pieces.
@@ -177,10 +201,116 @@ struct RunResult {
   std::string first_error;  // the first failed request's message
 };
 
+// ---- --simulate: a node of paced executors (docs/simulation.md) ----
+
+/// A parsed --simulate NODE: its processors (accelerators first), the modelled model.
+struct SimNode {
+  std::string name;
+  std::vector<const ProcessorProfile*> processors;
+  ModelProfile big;
+  double time_scale = 1.0;
+  bool has_host() const {
+    return std::any_of(processors.begin(), processors.end(), [](const auto* p) { return !p->accelerator; });
+  }
+};
+
+SimNode parse_sim_node(const ServeOptions& o) {
+  SimNode n;
+  n.name = o.simulate;
+  size_t b = 0;
+  while (b <= o.simulate.size()) {
+    const size_t e = std::min(o.simulate.find('+', b), o.simulate.size());
+    n.processors.push_back(&processor_profile(std::string_view(o.simulate).substr(b, e - b)));
+    b = e + 1;
+  }
+  std::stable_sort(n.processors.begin(), n.processors.end(),
+                   [](const auto* x, const auto* y) { return x->accelerator && !y->accelerator; });
+  n.big = ModelProfile::from_shape(model_shape(o.sim_model));
+  if (!(o.time_scale > 0.0)) throw std::runtime_error("--time-scale must be > 0");
+  n.time_scale = o.time_scale;
+  return n;
+}
+
+/// KV pages a simulated executor gets: the node's budget in pages of the big model's KV,
+/// capped at what its decode slots (plus the prefix cache) can hold at this context.
+int32_t sim_kv_pages(const PerfModel& pm, int32_t page_size, int32_t n_ctx, int32_t max_running, int32_t prefix_cache) {
+  const int64_t per_seq = (n_ctx + page_size - 1) / page_size + 1;
+  const int64_t cap = per_seq * (int64_t{max_running} + prefix_cache + 1);
+  return int32_t(std::min(pm.kv_budget_pages(page_size), cap));
+}
+
+/// Executors of a simulated node: one paced CpuQ4Executor (1 thread) per processor, in the
+/// node's order; only the accelerators when `with_host` is false (the GPU-only baseline).
+void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool with_host,
+                             const std::shared_ptr<const Model>& model, int32_t page_size,
+                             std::vector<std::unique_ptr<Executor>>& inner,
+                             std::vector<std::unique_ptr<PacedExecutor>>& paced,
+                             std::vector<std::shared_ptr<KvStore>>& stores, SchedulerOptions& so) {
+  for (const ProcessorProfile* p : node.processors) {
+    if (!p->accelerator && !with_host) continue;
+    inner.push_back(std::make_unique<CpuQ4Executor>(model, CpuExecutorOptions{1}));
+    paced.push_back(std::make_unique<PacedExecutor>(*inner.back(), PerfModel(*p, node.big), node.time_scale));
+    const PerfModel& pm = paced.back()->perf_model();
+    const int32_t pages = sim_kv_pages(pm, page_size, o.n_ctx, p->max_running, o.prefix_cache);
+    if (pages < 1) {
+      throw std::runtime_error(fmt::format("{}: the {} weights ({:.1f} GB) leave no memory for KV", p->name,
+                                           node.big.name, double(node.big.weight_bytes_total) / 1e9));
+    }
+    KvStoreOptions ko;
+    ko.layout = KvLayout::for_model(model->hparams(), page_size);
+    ko.host_pages = pages;
+    ko.file_pages = pages;
+    ko.file_chunk_pages = 64;
+    stores.push_back(std::make_shared<KvStore>(std::move(ko)));
+    ExecutorConfig c;
+    c.executor = paced.back().get();
+    c.store = stores.back();
+    c.max_running = p->max_running;
+    c.step_token_budget = p->step_token_budget;
+    c.prefill_chunk = p->prefill_chunk;
+    c.accelerator = p->accelerator;
+    // The router's priors: the modelled speeds, in wall-clock units.
+    c.prior_prefill_tps = pm.prefill_tokens_per_s(p->prefill_chunk) * node.time_scale;
+    c.prior_decode_tps = pm.decode_tokens_per_s(1, 512) * node.time_scale;
+    c.name = std::string(p->name);
+    so.executors.push_back(c);
+  }
+}
+
+/// A simulated node's router knows the SLOs (in wall-clock seconds: simulated / time scale),
+/// so it sends work to the CPU only where the CPU would meet them.
+void set_slo_targets(const ServeOptions& o, const SimNode& node, DefaultRoutingOptions& ro) {
+  for (int c = 0; c < kSlaClassCount; ++c) {
+    const Slo s = slo_for(o, SlaClass(c));
+    ro.ttft_target_s[c] = s.ttft_s / node.time_scale;
+    ro.tpot_target_s[c] = s.tpot_s / node.time_scale;
+  }
+}
+
+/// Per-executor pacing figures and the routing rules used, for a simulated run.
+void add_simulation_report(nlohmann::json& j, const std::vector<RequestHandle>& hs,
+                           const std::vector<std::unique_ptr<PacedExecutor>>& paced, double ts) {
+  std::map<std::string, int> rules;
+  for (const auto& h : hs) {
+    const std::string& route = h.wait().route;
+    rules[route.substr(0, route.find(':'))] += 1;
+  }
+  j["routes"] = rules;
+  j["time_scale"] = ts;
+  for (const auto& p : paced) {
+    j["paced"].push_back({{"name", p->name()},
+                          {"steps", p->steps()},
+                          {"overruns", p->overruns()},
+                          {"modelled_s", p->modelled_seconds()},
+                          {"compute_wall_s", p->compute_seconds()}});
+  }
+}
+
 RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, const std::vector<Item>& items,
-                   double rate_label) {
+                   double rate_label, const SimNode* sim = nullptr, bool sim_with_host = true) {
   // Executors.
   std::vector<std::unique_ptr<Executor>> exs;
+  std::vector<std::unique_ptr<PacedExecutor>> paced;
   std::vector<std::shared_ptr<KvStore>> stores;
   SchedulerOptions so;
   so.max_queued = o.max_queued;
@@ -197,6 +327,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
   }
   DefaultRoutingOptions ro;
   if (o.long_prompt_tokens > 0) ro.long_prompt_tokens = o.long_prompt_tokens;
+  if (sim) set_slo_targets(o, *sim, ro);
   so.policy = std::make_shared<DefaultRoutingPolicy>(ro);
   const int32_t ps = 16;
   const int32_t pages = std::max<int32_t>(64, int32_t(int64_t(o.max_running) * ((o.n_ctx + ps - 1) / ps + 1)));
@@ -236,7 +367,9 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
 #endif
   };
   const int t = o.threads > 0 ? o.threads : physical_core_count();
-  if (o.executors == "cpu") {
+  if (sim) {
+    add_simulated_executors(o, *sim, sim_with_host, model, ps, exs, paced, stores, so);
+  } else if (o.executors == "cpu") {
     add_cpu(t, false, "cpu");
   } else if (o.executors == "cpu+cpu") {
     add_cpu(std::max(1, t - t / 2), true, "cpuA");
@@ -250,12 +383,15 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     throw std::runtime_error("--executors must be cpu, gpu, cpu+gpu or cpu+cpu");
   }
 
+  // A simulation runs time_scale times faster than simulated time: arrivals are
+  // compressed here and every measured time is multiplied back (ts) below.
+  const double ts = sim ? sim->time_scale : 1.0;
   Scheduler sched(std::move(so));
   std::vector<RequestHandle> hs(items.size());
   const auto t0 = Clock::now();
   auto last_progress = t0;
   for (size_t i = 0; i < items.size(); ++i) {
-    const auto at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(items[i].t));
+    const auto at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(items[i].t / ts));
     std::this_thread::sleep_until(at);
     Request r;
     r.prompt_ids = ids_for(items[i], *model, o.seed * 1000003 + i);
@@ -283,7 +419,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count() * ts;
   if (o.progress) fmt::print(stderr, "\r{:80}\r", "");
   const auto m = sched.metrics();
 
@@ -305,12 +441,12 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
       if (r.finish != RequestFinish::kLength && r.finish != RequestFinish::kStop) continue;
       ++a.ok;
       a.tokens += r.tokens.size();
-      a.ttft.push_back(r.metrics.ttft_s);
-      if (r.metrics.generated_tokens > 1) a.tpot.push_back(r.metrics.tpot_s);
-      a.e2e.push_back(r.metrics.e2e_s);
-      a.queue.push_back(r.metrics.queue_s);
-      const Slo s = slo_of(items[i].sla, o.slo_scale);
-      if (r.metrics.ttft_s <= s.ttft_s && r.metrics.tpot_s <= s.tpot_s) ++a.met;
+      a.ttft.push_back(r.metrics.ttft_s * ts);
+      if (r.metrics.generated_tokens > 1) a.tpot.push_back(r.metrics.tpot_s * ts);
+      a.e2e.push_back(r.metrics.e2e_s * ts);
+      a.queue.push_back(r.metrics.queue_s * ts);
+      const Slo s = slo_for(o, items[i].sla);
+      if (r.metrics.ttft_s * ts <= s.ttft_s && r.metrics.tpot_s * ts <= s.tpot_s) ++a.met;
     }
   }
   RunResult rr;
@@ -338,27 +474,44 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     auto trio = [&](const std::vector<double>& v) {
       return nlohmann::json{{"p50", pct(v, 50)}, {"p95", pct(v, 95)}, {"p99", pct(v, 99)}};
     };
-    j["classes"][name] = {{"requests", a.n},      {"completed", a.ok},     {"ttft_s", trio(a.ttft)},
-                          {"tpot_s", trio(a.tpot)}, {"e2e_s", trio(a.e2e)}, {"queue_s", trio(a.queue)},
+    j["classes"][name] = {{"requests", a.n},
+                          {"completed", a.ok},
+                          {"ttft_s", trio(a.ttft)},
+                          {"tpot_s", trio(a.tpot)},
+                          {"e2e_s", trio(a.e2e)},
+                          {"queue_s", trio(a.queue)},
                           {"attainment", double(a.met) / double(a.n)}};
     if (k < kSlaClassCount) {
-      const Slo s = slo_of(SlaClass(k), o.slo_scale);
+      const Slo s = slo_for(o, SlaClass(k));
       j["classes"][name]["slo"] = {{"ttft_s", s.ttft_s}, {"tpot_s", s.tpot_s}};
     }
   }
   j["scheduler"] = nlohmann::json::parse(m.to_json());
+  if (sim) add_simulation_report(j, hs, paced, ts);
+  // Every page back: finished requests, prefix caches and parked sessions release theirs.
+  sched.clear_prefix_cache();
+  sched.shutdown();
+  int64_t kv_left = 0;
+  for (const auto& st : stores) {
+    for (KvTier tier : {KvTier::kDevice, KvTier::kHost, KvTier::kFile}) {
+      if (st->has_tier(tier)) kv_left += st->usage(tier).used + st->usage(tier).reserved;
+    }
+  }
+  j["kv_pages_left"] = kv_left;
+  if (kv_left != 0) throw std::runtime_error(fmt::format("{} KV pages still held after the run", kv_left));
   rr.json = j;
   return rr;
 }
 
 void print_table(const nlohmann::json& j) {
-  fmt::print("\nexecutors {} | rate {:.2f} req/s | {} requests in {:.2f} s | {:.1f} tok/s | {:.2f} req/s | "
-             "attainment {:.1f}% | goodput {:.2f} req/s | KV moves {} ({} bytes) | prefix hit {:.1f}%\n",
-             j["executors"].get<std::string>(), j["rate"].get<double>(), j["requests"].get<size_t>(),
-             j["wall_s"].get<double>(), j["throughput_tokens_per_s"].get<double>(),
-             j["throughput_requests_per_s"].get<double>(), 100 * j["sla_attainment"].get<double>(),
-             j["goodput_requests_per_s"].get<double>(), j["kv_moves"]["count"].get<uint64_t>(),
-             j["kv_moves"]["bytes"].get<uint64_t>(), 100 * j["prefix_hit_rate"].get<double>());
+  fmt::print(
+      "\nexecutors {} | rate {:.2f} req/s | {} requests in {:.2f} s | {:.1f} tok/s | {:.2f} req/s | "
+      "attainment {:.1f}% | goodput {:.2f} req/s | KV moves {} ({} bytes) | prefix hit {:.1f}%\n",
+      j["executors"].get<std::string>(), j["rate"].get<double>(), j["requests"].get<size_t>(),
+      j["wall_s"].get<double>(), j["throughput_tokens_per_s"].get<double>(),
+      j["throughput_requests_per_s"].get<double>(), 100 * j["sla_attainment"].get<double>(),
+      j["goodput_requests_per_s"].get<double>(), j["kv_moves"]["count"].get<uint64_t>(),
+      j["kv_moves"]["bytes"].get<uint64_t>(), 100 * j["prefix_hit_rate"].get<double>());
   fmt::print("| class | n | TTFT p50/p95/p99 ms | TPOT p50/p95/p99 ms | e2e p50/p95/p99 ms | attainment |\n");
   fmt::print("|---|---:|---:|---:|---:|---:|\n");
   for (const char* c : {"interactive", "standard", "batch", "all"}) {
@@ -376,6 +529,141 @@ void print_table(const nlohmann::json& j) {
                e["name"].get<std::string>(), e["tokens_per_s"].get<double>(), 100 * e["utilisation"].get<double>(),
                100 * e["batch_occupancy"].get<double>(), e["steps"].get<uint64_t>());
   }
+}
+
+/// One load level of a simulation: the trace with arrivals `load` times as dense.
+std::vector<Item> at_load(const std::vector<Item>& items, double load) {
+  std::vector<Item> v = items;
+  for (auto& it : v) it.t /= load;
+  return v;
+}
+
+double executor_utilisation(const nlohmann::json& run, std::string_view name) {
+  for (const auto& e : run["scheduler"]["executors"]) {
+    if (e["name"].get<std::string>() == name) return e["utilisation"].get<double>();
+  }
+  return 0.0;
+}
+
+/// "attainment% / goodput (i I% s S% b B%)": overall and per SLA class.
+std::string attainment_cell(const RunResult& r) {
+  std::string per;
+  for (const char* c : {"interactive", "standard", "batch"}) {
+    if (!r.json["classes"].contains(c)) continue;
+    per += fmt::format("{}{} {:.0f}%", per.empty() ? "" : " ", c[0],
+                       100 * r.json["classes"][c]["attainment"].get<double>());
+  }
+  return fmt::format("{:.1f}% / {:.2f} ({})", 100 * r.attainment, r.goodput, per);
+}
+
+/// Requests whose prefill or decode ran on a host (non-accelerator) processor, by rule.
+int host_requests(const nlohmann::json& run) {
+  int n = 0;
+  if (!run.contains("routes")) return 0;
+  for (const char* rule : {"R5", "R7"}) n += run["routes"].value(rule, 0);
+  return n;
+}
+
+/// tandem-bench serve --simulate NODE: the trace at each load level, GPU-only and CPU+GPU.
+int run_simulation(const ServeOptions& o, const std::shared_ptr<const Model>& model) {
+  const SimNode node = parse_sim_node(o);
+  const std::vector<Item> base = o.trace.empty() ? generate(o, o.rate) : load_trace(o.trace);
+  if (base.empty()) throw std::runtime_error("the workload has no requests");
+  const double span = base.back().t > 0 ? base.back().t : 1.0;
+  const double base_rate = double(base.size()) / span;
+  const bool compare = node.has_host() && node.processors.front()->accelerator;
+  const ProcessorProfile* host = nullptr;
+  for (const auto* p : node.processors) {
+    if (!p->accelerator) host = p;
+  }
+  nlohmann::json out;
+  out["node"] = node.name;
+  out["model"] = node.big.name;
+  out["time_scale"] = node.time_scale;
+  out["workload"] = o.trace.empty() ? std::string("generated") : o.trace;
+  const int32_t ps = 16;
+  for (const auto* p : node.processors) {
+    const PerfModel pm(*p, node.big);
+    out["processors"].push_back({{"name", p->name},
+                                 {"description", p->description},
+                                 {"decode_tps_batch1_ctx512", pm.decode_tokens_per_s(1, 512)},
+                                 {"decode_tps_per_seq_full_batch_ctx512", pm.decode_tokens_per_s(p->max_running, 512)},
+                                 {"max_running", p->max_running},
+                                 {"prefill_tps_chunk", pm.prefill_tokens_per_s(p->prefill_chunk)},
+                                 {"kv_budget_tokens", pm.kv_budget_pages(ps) * ps},
+                                 {"kv_pages", sim_kv_pages(pm, ps, o.n_ctx, p->max_running, o.prefix_cache)}});
+  }
+  if (!o.json) {
+    fmt::print("simulated node {} serving {} ({:.1f}B parameters, {:.1f} GB Q4_0, {} KB KV/token); time scale {}x\n",
+               node.name, node.big.name, double(node.big.total_params) / 1e9, double(node.big.weight_bytes_total) / 1e9,
+               node.big.kv_bytes_per_token / 1024, node.time_scale);
+    for (const auto& p : out["processors"]) {
+      fmt::print(
+          "  {}: decode {:.1f} tok/s (1 seq), {:.1f} tok/s/seq x {} seqs; prefill {:.0f} tok/s; KV budget {} tokens, "
+          "{} pages allocated\n    ({})\n",
+          p["name"].get<std::string>(), p["decode_tps_batch1_ctx512"].get<double>(),
+          p["decode_tps_per_seq_full_batch_ctx512"].get<double>(), p["max_running"].get<int>(),
+          p["prefill_tps_chunk"].get<double>(), p["kv_budget_tokens"].get<int64_t>(), p["kv_pages"].get<int>(),
+          p["description"].get<std::string>());
+    }
+    fmt::print(
+        "\n| load | offered req/s | {} | {} | goodput ratio | host requests (R5 hand-off / R7 whole) | host util | "
+        "overruns |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        compare ? "GPU-only attainment / goodput" : "attainment / goodput",
+        compare ? "CPU+GPU attainment / goodput" : "-");
+  }
+  double cap_gpu = 0, cap_both = 0;
+  for (double load : o.loads) {
+    if (!(load > 0)) throw std::runtime_error("--loads must be > 0");
+    const auto items = at_load(base, load);
+    const double rate = base_rate * load;
+    nlohmann::json row{{"load", load}, {"offered_rate", rate}};
+    const RunResult g = run_once(o, model, items, rate, &node, !compare);
+    row["gpu"] = g.json;
+    if (g.attainment >= o.target) cap_gpu = std::max(cap_gpu, rate);
+    uint64_t overruns = 0;
+    for (const auto& p : g.json["paced"]) overruns += p["overruns"].get<uint64_t>();
+    std::string both_cell = "-", ratio_cell = "-", host_cell = "-", util_cell = "-";
+    if (compare) {
+      const RunResult b = run_once(o, model, items, rate, &node, true);
+      row["cpu_gpu"] = b.json;
+      row["goodput_ratio"] = g.goodput > 0 ? b.goodput / g.goodput : 0.0;
+      if (b.attainment >= o.target) cap_both = std::max(cap_both, rate);
+      for (const auto& p : b.json["paced"]) overruns += p["overruns"].get<uint64_t>();
+      const auto& r = b.json["routes"];
+      both_cell = attainment_cell(b);
+      ratio_cell = g.goodput > 0 ? fmt::format("{:.2f}x", b.goodput / g.goodput) : "-";
+      host_cell = fmt::format("{} ({} / {})", host_requests(b.json), r.value("R5", 0), r.value("R7", 0));
+      util_cell = fmt::format("{:.0f}%", 100 * executor_utilisation(b.json, host->name));
+    }
+    row["overruns"] = overruns;
+    out["loads"].push_back(row);
+    if (!o.json) {
+      fmt::print("| {:.2f} | {:.2f} | {} | {} | {} | {} | {} | {} |\n", load, rate, attainment_cell(g), both_cell,
+                 ratio_cell, host_cell, util_cell, overruns);
+      std::fflush(stdout);
+    }
+  }
+  out["target"] = o.target;
+  out["capacity_gpu_only"] = cap_gpu;
+  if (compare) {
+    out["capacity_cpu_gpu"] = cap_both;
+    out["capacity_ratio"] = cap_gpu > 0 ? cap_both / cap_gpu : 0.0;
+  }
+  if (o.json) {
+    std::cout << out.dump(2) << "\n";
+  } else {
+    fmt::print("\ncapacity at {:.0f}% attainment (highest offered rate that met it): {} {:.2f} req/s", 100 * o.target,
+               compare ? "GPU-only" : node.name, cap_gpu);
+    if (compare) {
+      fmt::print(", CPU+GPU {:.2f} req/s ({})", cap_both,
+                 cap_gpu > 0 ? fmt::format("{:.2f}x", cap_both / cap_gpu) : std::string("GPU-only met it at no load"));
+    }
+    fmt::print(
+        "\n(times in simulated seconds; overruns = steps the host computed slower than the model: > 0 means "
+        "the run is slower than the simulated node)\n");
+  }
+  return 0;
 }
 
 }  // namespace
@@ -439,6 +727,12 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--log", o.log_path, "write the scheduler's routing log here");
   c->add_flag("--json", o.json, "print JSON");
   c->add_flag("!--no-progress", o.progress, "no progress line on stderr");
+  c->add_option("--simulate", o.simulate,
+                "simulate a node with paced executors: l40s+epyc32, h200+epyc32, h200, l40s, ... (docs/simulation.md)");
+  c->add_option("--sim-model", o.sim_model,
+                "simulate: the modelled model (qwen-27b-class, qwen2.5-7b, llama3-70b, ...)");
+  c->add_option("--time-scale", o.time_scale, "simulate: simulated seconds per wall second");
+  c->add_option("--loads", o.loads, "simulate: load levels, multiples of the workload's arrival rate");
   c->callback([&o] { check_serve_options(o); });
 }
 
@@ -452,6 +746,7 @@ bool all_failed(const RunResult& r) {
 int run_serve(const ServeOptions& o) {
   try {
     auto model = Model::load(o.model);
+    if (!o.simulate.empty()) return run_simulation(o, model);
     if (!o.trace.empty()) {
       const auto items = load_trace(o.trace);
       const double span = items.empty() ? 0.0 : items.back().t;

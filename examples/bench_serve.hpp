@@ -36,6 +36,11 @@ struct ServeOptions {
   std::string log_path;
   bool json = false;
   bool progress = true;
+  // --simulate NODE (docs/simulation.md): paced executors stand for the node's processors.
+  std::string simulate;                          ///< "l40s+epyc32", "h200+epyc32", "h200", "l40s", ...
+  std::string sim_model = "qwen-27b-class";      ///< the modelled (big) model's shape
+  double time_scale = 1.0;                       ///< simulated seconds per wall second
+  std::vector<double> loads{0.5, 1, 1.5, 2, 3};  ///< sweep: multiples of the trace's arrival rate
 };
 
 void add_serve_options(CLI::App& app, ServeOptions& o);

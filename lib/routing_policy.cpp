@@ -9,9 +9,12 @@ namespace tandem {
 
 std::string_view sla_class_name(SlaClass c) noexcept {
   switch (c) {
-    case SlaClass::kInteractive: return "interactive";
-    case SlaClass::kStandard: return "standard";
-    case SlaClass::kBatch: return "batch";
+    case SlaClass::kInteractive:
+      return "interactive";
+    case SlaClass::kStandard:
+      return "standard";
+    case SlaClass::kBatch:
+      return "batch";
   }
   return "?";
 }
@@ -39,11 +42,11 @@ double DefaultRoutingPolicy::est_decode_s(const ExecutorView& e, int32_t n) noex
 namespace {
 
 std::string view_numbers(const ExecutorView& e, int32_t prompt, int32_t out) {
-  return fmt::format("{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
-                     "est prefill {:.3f}s decode {:.3f}s]",
-                     e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running,
-                     e.kv_free_pages, e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt),
-                     DefaultRoutingPolicy::est_decode_s(e, out));
+  return fmt::format(
+      "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
+      "est prefill {:.3f}s decode {:.3f}s]",
+      e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.kv_free_pages,
+      e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt), DefaultRoutingPolicy::est_decode_s(e, out));
 }
 
 template <class Pred, class Key>
@@ -84,7 +87,8 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
   auto whole = [&](int idx, const char* rule, std::string why) {
     d.prefill = d.decode = idx;
     d.rule = rule;
-    d.reason = fmt::format("{}: {} (sla {}, prompt {}, out {}) ->{}", rule, why, sla_class_name(in.sla), p, n, numbers());
+    d.reason =
+        fmt::format("{}: {} (sla {}, prompt {}, out {}) ->{}", rule, why, sla_class_name(in.sla), p, n, numbers());
     return d;
   };
   const bool any_accel = std::any_of(ex.begin(), ex.end(), [](const ExecutorView& e) { return e.accelerator; });
@@ -102,7 +106,8 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     const ExecutorView& s = at(in.session_executor);
     if (in.sla == SlaClass::kInteractive && !s.accelerator && any_accel) {
       const int a = best_of(ex, is_accel, total);
-      return whole(a, "R2", fmt::format("SLA upgrade: session on {} (not an accelerator) migrates to {}", s.name, at(a).name));
+      return whole(a, "R2",
+                   fmt::format("SLA upgrade: session on {} (not an accelerator) migrates to {}", s.name, at(a).name));
     }
     return whole(s.index, "R2", fmt::format("session affinity: its KV is on {}", s.name));
   }
@@ -130,14 +135,34 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     return whole(b, "R8", fmt::format("homogeneous executors: least estimated completion on {}", at(b).name));
   }
 
+  // SLO guard for a non-accelerator: true when its estimates meet the class's targets
+  // (or no target is set); `why` gets the numbers when they do not.
+  const int cls = int(in.sla);
+  auto host_meets_slo = [&](const ExecutorView& h, bool prefill_there, std::string& why) {
+    const double ttft_t = o_.ttft_target_s[cls], tpot_t = o_.tpot_target_s[cls];
+    const double ttft = prefill_there ? est_prefill_s(h, p) : 0.0, tpot = est_decode_s(h, 1);
+    if ((ttft_t > 0 && ttft > ttft_t) || (tpot_t > 0 && tpot > tpot_t)) {
+      why = fmt::format("host {} would miss the {} SLO (est TTFT {:.3f}s vs {:.3f}s, TPOT {:.3f}s vs {:.3f}s)", h.name,
+                        sla_class_name(in.sla), ttft, ttft_t, tpot, tpot_t);
+      return false;
+    }
+    return true;
+  };
   const int a = best_of(ex, is_accel, [&](const ExecutorView& e) { return est_prefill_s(e, p); });
   const ExecutorView& av = at(a);
   const int32_t fresh = std::max(0, p - av.prefix_tokens);
   // R4/R5: long prompt -> prefill on the accelerator.
   if (fresh >= o_.long_prompt_tokens) {
     const bool scarce = double(av.running + av.queued) >= o_.decode_scarce_fraction * double(av.max_running);
+    const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
+    std::string miss;
+    if (in.sla != SlaClass::kInteractive && scarce && !host_meets_slo(at(h), false, miss)) {
+      return whole(a, "R4",
+                   fmt::format("long prompt ({} >= {}) prefills and decodes on {}: its decode slots are scarce "
+                               "but {}",
+                               fresh, o_.long_prompt_tokens, av.name, miss));
+    }
     if (in.sla != SlaClass::kInteractive && scarce) {
-      const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
       d.prefill = a;
       d.decode = h;
       d.rule = "R5";
@@ -148,9 +173,10 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
           sla_class_name(in.sla), at(h).name, sla_class_name(in.sla), p, n, numbers());
       return d;
     }
-    return whole(a, "R4",
-                 fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens,
-                             av.name, in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free"));
+    return whole(
+        a, "R4",
+        fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens, av.name,
+                    in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free"));
   }
   // R6: short interactive -> whole on the accelerator.
   if (in.sla == SlaClass::kInteractive) {
@@ -162,13 +188,18 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     const int h = best_of(ex, is_host, total);
     const int b = best_of(ex, is_accel, total);
     const double th = total(at(h)), tb = total(at(b));
-    if (th > o_.overload_factor * tb) {
-      return whole(b, "R7",
-                   fmt::format("short standard: host {} overloaded (est {:.3f}s > {:.1f} x {:.3f}s on {}), overflow to {}",
-                               at(h).name, th, o_.overload_factor, tb, at(b).name, at(b).name));
+    if (std::string miss; !host_meets_slo(at(h), true, miss)) {
+      return whole(b, "R7", fmt::format("short standard: {}, runs on {}", miss, at(b).name));
     }
-    return whole(h, "R7", fmt::format("short standard runs whole on host {} (est {:.3f}s; accelerator {:.3f}s)",
-                                      at(h).name, th, tb));
+    if (th > o_.overload_factor * tb) {
+      return whole(
+          b, "R7",
+          fmt::format("short standard: host {} overloaded (est {:.3f}s > {:.1f} x {:.3f}s on {}), overflow to {}",
+                      at(h).name, th, o_.overload_factor, tb, at(b).name, at(b).name));
+    }
+    return whole(
+        h, "R7",
+        fmt::format("short standard runs whole on host {} (est {:.3f}s; accelerator {:.3f}s)", at(h).name, th, tb));
   }
   // R8: batch -> least estimated completion time anywhere.
   const int b = best_of(ex, all, total);

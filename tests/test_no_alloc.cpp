@@ -9,6 +9,7 @@
 #include <new>
 
 #include "tandem/cpu_q4_executor.hpp"
+#include "tandem/paced_executor.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -77,4 +78,29 @@ TEST_CASE("decode steps do no heap allocation after warm-up", "[executor][alloc]
   const long before = g_allocations.load();
   for (int i = 0; i < 40; ++i) step();
   CHECK(g_allocations.load() - before == 0);
+}
+
+TEST_CASE("paced decode steps do no heap allocation after warm-up", "[executor][alloc][paced]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor inner(model, CpuExecutorOptions{1});
+  // 27B-class on an H200, time compressed 1000x: ~10 us of sleep per step.
+  PacedExecutor exec(
+      inner, PerfModel(processor_profile("h200"), ModelProfile::from_shape(model_shape("qwen-27b-class"))), 1000.0);
+  KvStoreOptions so;
+  so.layout = KvLayout::for_model(model->hparams());
+  so.host_pages = 8;
+  KvStore store(std::move(so));
+  KvSequence kv(store, 128);
+  std::vector<float> logits(static_cast<size_t>(model->hparams().n_vocab));
+  int32_t id = 1;
+  auto step = [&] {
+    SequenceStep st{&kv, std::span<const int32_t>(&id, 1), kv.n_tokens(), LogitsRows::kLast};
+    exec.step(std::span<const SequenceStep>(&st, 1), logits);
+    id = 3 + kv.n_tokens() % 100;
+  };
+  for (int i = 0; i < 40; ++i) step();
+  const long before = g_allocations.load();
+  for (int i = 0; i < 40; ++i) step();
+  CHECK(g_allocations.load() - before == 0);
+  CHECK(exec.steps() == 80);
 }

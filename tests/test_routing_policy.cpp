@@ -79,7 +79,7 @@ TEST_CASE("routing policy table", "[routing]") {
   SECTION("R3: the prefix holder wins when not much slower") {
     ex[1].prefill_tps = 4000;
     CHECK(pol.route(input(SlaClass::kStandard, 600, 2), ex).rule == "R4");  // without the prefix: the GPU
-    ex[1].prefix_tokens = 512;  // CPU holds 512 of 600 tokens
+    ex[1].prefix_tokens = 512;                                              // CPU holds 512 of 600 tokens
     const auto d = pol.route(input(SlaClass::kStandard, 600, 2), ex);
     CHECK(d.rule == "R3");
     CHECK(d.prefill == 1);
@@ -165,6 +165,49 @@ TEST_CASE("routing policy table", "[routing]") {
     const auto d = pol.route(input(SlaClass::kInteractive, 3000, 50), ex);
     CHECK(d.rule == "R8");
     CHECK(d.prefill == 1);
+  }
+  SECTION("R7 with SLO targets: the CPU takes a short standard request only when its estimates meet them") {
+    DefaultRoutingOptions o;
+    o.ttft_target_s[int(SlaClass::kStandard)] = 0.5;
+    o.tpot_target_s[int(SlaClass::kStandard)] = 0.05;
+    DefaultRoutingPolicy slo(o);
+    ex[0].running = 8;  // a busy GPU, so the overload rule alone keeps the request on the CPU
+    // Idle CPU: TTFT 30 / 400 = 0.075 s, TPOT 1 / 40 = 0.025 s: both met.
+    CHECK(slo.route(input(SlaClass::kStandard, 30, 50), ex).prefill == 1);
+    // 2 of 4 slots busy: TPOT 0.025 x (1 + 2 / 4) = 0.0375 s, still met.
+    ex[1].running = 2;
+    CHECK(slo.route(input(SlaClass::kStandard, 30, 50), ex).prefill == 1);
+    // 4 of 4 busy and 1 queued: TPOT 0.025 x (1 + 5 / 4) = 0.056 s > 0.05 s: the GPU.
+    ex[1].running = 4;
+    ex[1].queued = 1;
+    const auto d = slo.route(input(SlaClass::kStandard, 30, 50), ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("would miss the standard SLO"));
+    // The same state without targets stays on the CPU: est 2.89 s <= 3 x the GPU's 1.25 s.
+    CHECK(pol.route(input(SlaClass::kStandard, 30, 50), ex).prefill == 1);
+  }
+  SECTION("R7 with SLO targets: a prompt the CPU cannot prefill within the TTFT target stays on the GPU") {
+    DefaultRoutingOptions o;
+    o.ttft_target_s[int(SlaClass::kStandard)] = 0.5;
+    DefaultRoutingPolicy slo(o);
+    ex[0].running = 8;                                                       // as above
+    CHECK(slo.route(input(SlaClass::kStandard, 200, 10), ex).prefill == 1);  // 200 / 400 = 0.5 s: met
+    ex[1].queued_tokens = 1;                                                 // 201 / 400 > 0.5 s
+    CHECK(slo.route(input(SlaClass::kStandard, 200, 10), ex).prefill == 0);
+    CHECK(pol.route(input(SlaClass::kStandard, 200, 10), ex).prefill == 1);  // without the target
+  }
+  SECTION("R5 with SLO targets: no hand-off to a CPU that would miss the TPOT target") {
+    DefaultRoutingOptions o;
+    o.tpot_target_s[int(SlaClass::kBatch)] = 0.03;
+    DefaultRoutingPolicy slo(o);
+    ex[0].running = 6;                                                      // scarce
+    CHECK(slo.route(input(SlaClass::kBatch, 2000, 100), ex).rule == "R5");  // CPU TPOT 0.025 s
+    ex[1].running = 2;                                                      // 0.0375 s > 0.03 s
+    const auto d = slo.route(input(SlaClass::kBatch, 2000, 100), ex);
+    CHECK(d.rule == "R4");
+    CHECK(d.decode == 0);
+    CHECK_THAT(d.reason, Catch::Contains("would miss the batch SLO"));
   }
   SECTION("every decision explains itself with the numbers used") {
     const auto d = pol.route(input(SlaClass::kStandard, 30, 50), ex);

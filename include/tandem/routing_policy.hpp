@@ -36,23 +36,23 @@ struct ExecutorView {
   /// An accelerator (GPU-like: big batches, fast prefill). Default: kv_tier() == Device;
   /// configurable per executor (cpu+cpu runs mark one CPU pool as the primary).
   bool accelerator = false;
-  double prefill_tps = 0.0;       ///< measured prompt tokens/s (EWMA over steps)
-  double decode_tps = 0.0;        ///< measured decode tokens/s per sequence (EWMA)
-  int32_t queued = 0;             ///< requests waiting for admission
-  int64_t queued_tokens = 0;      ///< prompt tokens of requests waiting for admission
-  int32_t running = 0;            ///< admitted sequences
-  int32_t max_running = 1;        ///< decode slots
-  int32_t kv_free_pages = 0;      ///< free pages in its compute tier
+  double prefill_tps = 0.0;   ///< measured prompt tokens/s (EWMA over steps)
+  double decode_tps = 0.0;    ///< measured decode tokens/s per sequence (EWMA)
+  int32_t queued = 0;         ///< requests waiting for admission
+  int64_t queued_tokens = 0;  ///< prompt tokens of requests waiting for admission
+  int32_t running = 0;        ///< admitted sequences
+  int32_t max_running = 1;    ///< decode slots
+  int32_t kv_free_pages = 0;  ///< free pages in its compute tier
   int32_t page_size = 16;
-  int32_t prefix_tokens = 0;      ///< tokens of this request's prompt whose KV it already holds
+  int32_t prefix_tokens = 0;  ///< tokens of this request's prompt whose KV it already holds
 };
 
 struct RouteInput {
   SlaClass sla = SlaClass::kStandard;
   int32_t prompt_tokens = 0;
-  int32_t max_tokens = 0;              ///< expected output length
-  double deadline_s = 0.0;             ///< seconds from now; 0 = none
-  int session_executor = -1;           ///< where the continued session's KV lives (-1 = none)
+  int32_t max_tokens = 0;     ///< expected output length
+  double deadline_s = 0.0;    ///< seconds from now; 0 = none
+  int session_executor = -1;  ///< where the continued session's KV lives (-1 = none)
 };
 
 struct RouteDecision {
@@ -70,11 +70,17 @@ class RoutingPolicy {
 };
 
 struct DefaultRoutingOptions {
-  int32_t long_prompt_tokens = 256;   ///< a prompt this long (after prefix reuse) is "long"
+  int32_t long_prompt_tokens = 256;      ///< a prompt this long (after prefix reuse) is "long"
   double decode_scarce_fraction = 0.75;  ///< decode slots are scarce when running >= this * max_running
-  double prefix_fraction = 0.5;       ///< a holder of >= this fraction of the prompt is preferred ...
-  double prefix_slack = 1.5;          ///< ... unless its estimated time exceeds the best by this factor
-  double overload_factor = 3.0;       ///< a preferred executor is skipped when its estimate exceeds the best's by this
+  double prefix_fraction = 0.5;          ///< a holder of >= this fraction of the prompt is preferred ...
+  double prefix_slack = 1.5;             ///< ... unless its estimated time exceeds the best by this factor
+  double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this
+  /// Per-class SLO targets in seconds, indexed by SlaClass (0 = no target). With a target
+  /// set, a request goes to a non-accelerator (R5's decode hand-off, R7) only when that
+  /// executor's estimated TTFT (est_prefill_s) and TPOT (est_decode_s of one token) meet
+  /// it; otherwise it stays on the accelerator (the host would only turn it into a miss).
+  double ttft_target_s[kSlaClassCount] = {0.0, 0.0, 0.0};
+  double tpot_target_s[kSlaClassCount] = {0.0, 0.0, 0.0};
 };
 
 /// The brief's policy; see docs/routing-policy.md for the table.
