@@ -112,8 +112,7 @@ void BM_GemmQ4_0(benchmark::State& state, std::string isa) {
     benchmark::ClobberMemory();
   }
   state.counters["FLOP/s"] = benchmark::Counter(
-      2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate);
+      2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   tk::cpu_force_scalar(false);
 }
 
@@ -150,13 +149,22 @@ BENCHMARK_CAPTURE(BM_GemvQ4_0, avx512, std::string("avx512"))->Apply(gemv_shapes
 BENCHMARK_CAPTURE(BM_GemvQ4_0, avx2, std::string("avx2"))->Apply(gemv_shapes);
 BENCHMARK_CAPTURE(BM_GemvQ4_0, scalar, std::string("scalar"))->Args({2048, 2048, 1})->ArgNames({"k", "n", "cold"});
 BENCHMARK_CAPTURE(BM_GemmQ4_0, avx512vnni, std::string("avx512vnni"))
-    ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond);
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0, avx512, std::string("avx512"))
-    ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond);
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0, avx2, std::string("avx2"))
-    ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond);
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0, scalar, std::string("scalar"))
-    ->Args({2048, 2048, 512})->ArgNames({"k", "n", "m"})->Unit(benchmark::kMillisecond)->Iterations(1);
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx512, std::string("avx512"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx2, std::string("avx2"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, scalar, std::string("scalar"))->Arg(2048);

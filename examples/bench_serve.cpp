@@ -701,7 +701,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)");
   c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them; 0 = physical cores)")
       ->check(CLI::Range(0, 512));
-  c->add_option("--trace", o.trace, "JSONL trace (t, prompt_tokens|prompt, output_tokens, sla, prefix_id, prefix_tokens)");
+  c->add_option("--trace", o.trace,
+                "JSONL trace (t, prompt_tokens|prompt, output_tokens, sla, prefix_id, prefix_tokens)");
   c->add_option("--rate", o.rate, "generated: Poisson arrivals per second");
   c->add_option("-n,--requests", o.n_requests, "generated: number of requests")->check(CLI::Range(1, 1 << 24));
   c->add_option("--prompt-p", o.prompt_p, "generated: prompt length P50 P95 P99")->expected(3);

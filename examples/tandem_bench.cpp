@@ -14,9 +14,9 @@
 // machine's read bandwidth (t threads summing a 1 GiB buffer) and reports decode speed
 // as a fraction of the bandwidth limit: bytes of weights read per token x tokens/s /
 // bandwidth.
-#include "bench_serve.hpp"
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include "bench_serve.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -37,8 +37,8 @@
 
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/kv_store.hpp"
-#include "tandem/session.hpp"
 #include "tandem/model.hpp"
+#include "tandem/session.hpp"
 #include "tandem/thread_pool.hpp"
 
 namespace {
@@ -325,12 +325,15 @@ int main(int argc, char** argv) {
     } else {
       fmt::print("| model | size | threads | test | tokens/s |\n|---|---:|---:|---|---:|\n");
       const std::string size = fmt::format("{:.2f} MiB", double(model->weight_bytes()) / (1 << 20));
-      if (!pp.empty()) fmt::print("| {} | {} | {} | pp{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_prompt, pp_med);
-      if (!tg.empty()) fmt::print("| {} | {} | {} | tg{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_gen, tg_med);
+      if (!pp.empty())
+        fmt::print("| {} | {} | {} | pp{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_prompt, pp_med);
+      if (!tg.empty())
+        fmt::print("| {} | {} | {} | tg{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_gen, tg_med);
       if (bw > 0) {
-        fmt::print("\nread bandwidth {:.2f} GB/s ({} threads); decode reads {:.2f} MB/token -> limit {:.2f} tokens/s; "
-                   "tg reaches {:.0f}% of it\n",
-                   bw / 1e9, exec.n_threads(), bytes_per_token / 1e6, bw / bytes_per_token, 100.0 * bw_fraction);
+        fmt::print(
+            "\nread bandwidth {:.2f} GB/s ({} threads); decode reads {:.2f} MB/token -> limit {:.2f} tokens/s; "
+            "tg reaches {:.0f}% of it\n",
+            bw / 1e9, exec.n_threads(), bytes_per_token / 1e6, bw / bytes_per_token, 100.0 * bw_fraction);
       }
     }
     return finish_stdout(0);

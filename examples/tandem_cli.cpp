@@ -12,8 +12,8 @@
 // status 1; bad flags (usage): exit status 2; the first SIGINT/SIGTERM/SIGHUP stops at the
 // next token, saves --session and exits 128 + the signal (130 for Ctrl-C), a second one
 // exits at once (examples/cli_signals.hpp). A write error on stdout is an error.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,11 +32,11 @@
 #include <string>
 #include <vector>
 
-#include "tandem/chat_session.hpp"
-#include "tandem/chat_template.hpp"
 #include "cli_session_lock.hpp"
 #include "cli_signals.hpp"
 #include "tandem/atomic_file.hpp"
+#include "tandem/chat_session.hpp"
+#include "tandem/chat_template.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/gguf.hpp"
 #include "tandem/model.hpp"
@@ -228,8 +228,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-tier", kv_tier, "where KV pages live: host (RAM) or file (memory-mapped file)")
       ->check(CLI::IsMember({"host", "file"}));
   app.add_option("--kv-dir", kv_dir, "directory of the file tier (default: the temp directory)");
-  app.add_option("--migrate-after", migrate_after,
-                 "hand the session to a second CPU executor after N generated tokens")
+  app.add_option("--migrate-after", migrate_after, "hand the session to a second CPU executor after N generated tokens")
       ->check(CLI::Range(0, INT32_MAX));
 
   auto* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
@@ -346,8 +345,8 @@ int main(int argc, char** argv) {
     }
 
     const bool fresh = session.tokens().empty();
-    std::vector<int32_t> ids = prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false)
-                                                  : parse_ids(prompt_ids);
+    std::vector<int32_t> ids =
+        prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false) : parse_ids(prompt_ids);
     if (ids.empty() && fresh) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
     if (!fresh && !ids.empty() && prompt_ids.empty()) {
       const auto again = model->tokenizer().tokenize(prompt, true, false);
@@ -396,8 +395,8 @@ int main(int argc, char** argv) {
         r = session.generate(rest, first);
         if (r.finish == tandem::FinishReason::kLength && static_cast<int>(r.tokens.size()) == migrate_after) {
           const auto m = session.migrate(*second);
-          std::fprintf(stderr, "\ntandem-cli: migrated after %d tokens: %d pages, %llu bytes, %.0f us\n",
-                       migrate_after, m.pages, static_cast<unsigned long long>(m.bytes), m.seconds * 1e6);
+          std::fprintf(stderr, "\ntandem-cli: migrated after %d tokens: %d pages, %llu bytes, %.0f us\n", migrate_after,
+                       m.pages, static_cast<unsigned long long>(m.bytes), m.seconds * 1e6);
           go.max_tokens = n_predict - migrate_after;
           auto after = session.generate(std::span<const int32_t>(), go);
           r.tokens.insert(r.tokens.end(), after.tokens.begin(), after.tokens.end());
@@ -428,8 +427,11 @@ int main(int argc, char** argv) {
       j["ids"] = r.tokens;
       j["text"] = r.text;
       j["finish_reason"] = std::string(tandem::finish_reason_name(r.finish));
-      j["timings"] = {{"load_s", load_s}, {"prompt_s", r.prompt_seconds}, {"prompt_tokens_per_s", pp_tps},
-                      {"generate_s", r.generate_seconds}, {"generate_tokens_per_s", tg_tps},
+      j["timings"] = {{"load_s", load_s},
+                      {"prompt_s", r.prompt_seconds},
+                      {"prompt_tokens_per_s", pp_tps},
+                      {"generate_s", r.generate_seconds},
+                      {"generate_tokens_per_s", tg_tps},
                       {"threads", exec.n_threads()}};
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {

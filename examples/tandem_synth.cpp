@@ -10,8 +10,8 @@
 // vocabulary is a SentencePiece-style one of the preset's size: <unk> <s> </s>, the 256
 // byte tokens <0x00>..<0xFF>, then synthetic pieces. The text such a model writes is
 // noise; its speed is that of the real shapes.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cerrno>
 #include <cmath>

@@ -26,13 +26,13 @@ namespace tandem::kernels {
 inline constexpr int kQK = 32;  ///< elements per Q4_0 / Q8_0 block
 
 struct BlockQ4_0 {
-  uint16_t d;        ///< IEEE fp16 bits of the scale
+  uint16_t d;  ///< IEEE fp16 bits of the scale
   uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
 
 struct BlockQ8_0 {
-  uint16_t d;        ///< IEEE fp16 bits of the scale
+  uint16_t d;  ///< IEEE fp16 bits of the scale
   int8_t qs[kQK];
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 block must be 34 bytes");

@@ -108,8 +108,12 @@ void embed_row(const TensorView& t, int32_t id, float* y) {
     case GgmlType::kBF16:
       for (int64_t i = 0; i < t.k; ++i) y[i] = k::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
       break;
-    case GgmlType::kQ4_0: k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k); break;
-    case GgmlType::kQ8_0: k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k); break;
+    case GgmlType::kQ4_0:
+      k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k);
+      break;
+    case GgmlType::kQ8_0:
+      k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k);
+      break;
     default:
       break;  // Model::load converts every other type (model.hpp)
   }

@@ -2,10 +2,10 @@
 
 #include <fmt/format.h>
 
-#include "tandem/atomic_file.hpp"
 #include <cerrno>
 #include <cstring>
 #include <variant>
+#include "tandem/atomic_file.hpp"
 
 namespace tandem {
 
@@ -25,7 +25,9 @@ void put_str(std::vector<std::byte>& out, const std::string& s) {
   out.insert(out.end(), p, p + s.size());
 }
 
-uint64_t align_up(uint64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }
+uint64_t align_up(uint64_t x) {
+  return (x + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 }  // namespace
 
@@ -145,7 +147,8 @@ void GgufWriter::add_tensor(const std::string& name, std::vector<int64_t> ne, Gg
     throw Error(ErrorCode::kInvalidArgument, fmt::format("GGUF writer: tensor '{}' needs 1..4 dims", name));
   }
   for (const auto& t : tensors_) {
-    if (t.name == name) throw Error(ErrorCode::kInvalidArgument, fmt::format("GGUF writer: tensor '{}' added twice", name));
+    if (t.name == name)
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("GGUF writer: tensor '{}' added twice", name));
   }
   const int64_t be = ggml_block_elements(type);
   if (ne[0] % be != 0) {

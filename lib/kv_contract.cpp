@@ -14,11 +14,16 @@ namespace tandem {
 
 std::string_view kv_lease_state_name(KvLeaseState s) noexcept {
   switch (s) {
-    case KvLeaseState::kPending: return "pending";
-    case KvLeaseState::kReading: return "reading";
-    case KvLeaseState::kConfirmed: return "confirmed";
-    case KvLeaseState::kFailed: return "failed";
-    case KvLeaseState::kExpired: return "expired";
+    case KvLeaseState::kPending:
+      return "pending";
+    case KvLeaseState::kReading:
+      return "reading";
+    case KvLeaseState::kConfirmed:
+      return "confirmed";
+    case KvLeaseState::kFailed:
+      return "failed";
+    case KvLeaseState::kExpired:
+      return "expired";
   }
   return "?";
 }
@@ -84,9 +89,13 @@ void KvLease::fail(const std::string& why) {
 
 namespace {
 
-uint64_t checksum(const std::byte* p, uint64_t n) { return XXH3_64bits(p, size_t(n)); }
+uint64_t checksum(const std::byte* p, uint64_t n) {
+  return XXH3_64bits(p, size_t(n));
+}
 
-[[noreturn]] void mismatch(const std::string& what) { throw Error(ErrorCode::kKvMismatch, "KV contract: " + what); }
+[[noreturn]] void mismatch(const std::string& what) {
+  throw Error(ErrorCode::kKvMismatch, "KV contract: " + what);
+}
 
 }  // namespace
 
@@ -158,8 +167,8 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
     mismatch(fmt::format("contract version {} (this build speaks {})", d.contract_version, kKvContractVersion));
   }
   if (d.model_identity != model.identity_hash()) {
-    mismatch(fmt::format("model identity {:016x} differs from the receiver's {:016x} (other weights)",
-                         d.model_identity, model.identity_hash()));
+    mismatch(fmt::format("model identity {:016x} differs from the receiver's {:016x} (other weights)", d.model_identity,
+                         model.identity_hash()));
   }
   if (d.tokenizer_identity != model.tokenizer().identity_hash()) {
     mismatch(fmt::format("tokenizer identity {:016x} differs from the receiver's {:016x}", d.tokenizer_identity,
@@ -169,8 +178,8 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
     mismatch(fmt::format("attention layout {} layers x {} KV heads x {} dims, receiver {} x {} x {}", d.n_layer,
                          d.n_head_kv, d.head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
   }
-  if (d.rope_type != hp.rope_type || d.rope_freq_base != hp.rope_freq_base ||
-      d.rope_freq_scale != hp.rope_freq_scale || d.n_rot != hp.n_rot) {
+  if (d.rope_type != hp.rope_type || d.rope_freq_base != hp.rope_freq_base || d.rope_freq_scale != hp.rope_freq_scale ||
+      d.n_rot != hp.n_rot) {
     mismatch(fmt::format("RoPE (type {}, base {}, scale {}, dims {}) differs from the receiver's ({}, {}, {}, {})",
                          int(d.rope_type), d.rope_freq_base, d.rope_freq_scale, d.n_rot, int(hp.rope_type),
                          hp.rope_freq_base, hp.rope_freq_scale, hp.n_rot));
@@ -220,18 +229,19 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
     }
     next_layer = d->layer_end;
   }
-  if (next_layer != first.n_layer) mismatch(fmt::format("layer ranges end at {} of {} layers", next_layer, first.n_layer));
+  if (next_layer != first.n_layer)
+    mismatch(fmt::format("layer ranges end at {} of {} layers", next_layer, first.n_layer));
 
   const KvLayout& dl = dst.layout();
   if (dl.layer_begin != 0 || dl.n_layer != first.n_layer || dl.n_head_kv != first.n_head_kv ||
       dl.head_dim != first.head_dim) {
-    mismatch(fmt::format("the receiving store holds {} layers from {} x {} KV heads x {} dims, the hand-off {} x {} x {}",
-                         dl.n_layer, dl.layer_begin, dl.n_head_kv, dl.head_dim, first.n_layer, first.n_head_kv,
-                         first.head_dim));
+    mismatch(fmt::format(
+        "the receiving store holds {} layers from {} x {} KV heads x {} dims, the hand-off {} x {} x {}", dl.n_layer,
+        dl.layer_begin, dl.n_head_kv, dl.head_dim, first.n_layer, first.n_head_kv, first.head_dim));
   }
   if (first.token_end > max_tokens) {
-    throw Error(ErrorCode::kKvTokenRange,
-                fmt::format("KV import: {} positions do not fit the receiver's context of {}", first.token_end, max_tokens));
+    throw Error(ErrorCode::kKvTokenRange, fmt::format("KV import: {} positions do not fit the receiver's context of {}",
+                                                      first.token_end, max_tokens));
   }
   // Checksums first: nothing is allocated for a damaged hand-off.
   for (size_t pi = 0; pi < parts.size(); ++pi) {
@@ -239,8 +249,8 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
     for (int32_t i = 0; i < d.n_pages(); ++i) {
       const std::byte* b = payload(pi, i);
       if (checksum(b, d.page_payload_bytes()) != d.page_checksums[size_t(i)]) {
-        throw Error(ErrorCode::kKvChecksum,
-                    fmt::format("KV import: page {} (layers [{}, {})) fails its checksum", i, d.layer_begin, d.layer_end));
+        throw Error(ErrorCode::kKvChecksum, fmt::format("KV import: page {} (layers [{}, {})) fails its checksum", i,
+                                                        d.layer_begin, d.layer_end));
       }
     }
   }
@@ -319,9 +329,8 @@ std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Mo
       kv_check_invariants(h.descriptor, model);
       descs.push_back(&h.descriptor);
     }
-    if (!expected_tokens.empty() &&
-        !std::equal(expected_tokens.begin(), expected_tokens.end(), parts[0].descriptor.tokens.begin(),
-                    parts[0].descriptor.tokens.end())) {
+    if (!expected_tokens.empty() && !std::equal(expected_tokens.begin(), expected_tokens.end(),
+                                                parts[0].descriptor.tokens.begin(), parts[0].descriptor.tokens.end())) {
       throw Error(ErrorCode::kKvTokenRange, "KV import: the hand-off's token ids differ from the expected ones");
     }
     // Payloads straight from the sender's pages (held by the leases); Device pages are

@@ -18,14 +18,19 @@ namespace tandem {
 
 std::string_view kv_tier_name(KvTier t) noexcept {
   switch (t) {
-    case KvTier::kDevice: return "device";
-    case KvTier::kHost: return "host";
-    case KvTier::kFile: return "file";
+    case KvTier::kDevice:
+      return "device";
+    case KvTier::kHost:
+      return "host";
+    case KvTier::kFile:
+      return "file";
   }
   return "?";
 }
 
-std::string_view kv_dtype_name(KvDtype d) noexcept { return d == KvDtype::kF16 ? "f16" : "f32"; }
+std::string_view kv_dtype_name(KvDtype d) noexcept {
+  return d == KvDtype::kF16 ? "f16" : "f32";
+}
 
 KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype) {
   KvLayout l;
@@ -89,7 +94,7 @@ struct KvStore::Tier {
                        static_cast<off_t>(c * chunk_bytes));
       if (p == MAP_FAILED) {
         throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot map chunk {} of '{}': {}", c, path.string(),
-                                                 std::strerror(errno)));
+                                                std::strerror(errno)));
       }
       chunks[c] = static_cast<std::byte*>(p);
     }
@@ -109,7 +114,8 @@ KvStore::KvStore(KvStoreOptions options) : layout_(options.layout) {
   if (l.n_layer <= 0 || l.n_head_kv <= 0 || l.head_dim <= 0 || l.page_size <= 0 || l.layer_begin < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("KV store: layout needs positive n_layer ({}), n_head_kv ({}), head_dim ({}), "
-                            "page_size ({})", l.n_layer, l.n_head_kv, l.head_dim, l.page_size));
+                            "page_size ({})",
+                            l.n_layer, l.n_head_kv, l.head_dim, l.page_size));
   }
   if (options.host_pages < 0 || options.file_pages < 0 || options.file_chunk_pages <= 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -159,9 +165,13 @@ int32_t KvStore::used_pages() const {
   return n;
 }
 
-bool KvStore::has_tier(KvTier tier) const noexcept { return tiers_[int(tier)]->capacity > 0; }
+bool KvStore::has_tier(KvTier tier) const noexcept {
+  return tiers_[int(tier)]->capacity > 0;
+}
 
-std::filesystem::path KvStore::file_path() const { return tiers_[int(KvTier::kFile)]->path; }
+std::filesystem::path KvStore::file_path() const {
+  return tiers_[int(KvTier::kFile)]->path;
+}
 
 size_t KvStore::sequence_count() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -218,7 +228,9 @@ int32_t KvStore::refcount(PageId page) const {
   return entries_[size_t(page)].refs;
 }
 
-KvTier KvStore::tier_of(PageId page) const { return entries_[size_t(page)].tier.load(std::memory_order_acquire); }
+KvTier KvStore::tier_of(PageId page) const {
+  return entries_[size_t(page)].tier.load(std::memory_order_acquire);
+}
 
 std::byte* KvStore::page_data(PageId page) const noexcept {
   return entries_[size_t(page)].data.load(std::memory_order_acquire);
@@ -229,7 +241,9 @@ int32_t KvStore::device_slot(PageId page) const noexcept {
   return e.tier.load(std::memory_order_acquire) == KvTier::kDevice ? e.slot.load(std::memory_order_acquire) : -1;
 }
 
-KvDeviceBackend* KvStore::device_backend() const noexcept { return tiers_[int(KvTier::kDevice)]->device.get(); }
+KvDeviceBackend* KvStore::device_backend() const noexcept {
+  return tiers_[int(KvTier::kDevice)]->device.get();
+}
 
 void KvStore::read_page(PageId page, std::byte* dst) const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -317,9 +331,8 @@ void KvStore::reserve(KvTier tier, int32_t n_pages) {
   std::lock_guard<std::mutex> lock(mutex_);
   Tier& t = *tiers_[int(tier)];
   if (n_pages < 0 || t.capacity - t.used - t.reserved < n_pages) {
-    throw Error(ErrorCode::kOutOfMemory,
-                fmt::format("KV store: cannot reserve {} pages of the {} tier ({} free)", n_pages,
-                            kv_tier_name(tier), t.capacity - t.used - t.reserved));
+    throw Error(ErrorCode::kOutOfMemory, fmt::format("KV store: cannot reserve {} pages of the {} tier ({} free)",
+                                                     n_pages, kv_tier_name(tier), t.capacity - t.used - t.reserved));
   }
   t.reserved += n_pages;
 }
@@ -340,7 +353,9 @@ void KvStore::unregister_sequence(KvSequence* s) {
   sequences_.erase(std::remove(sequences_.begin(), sequences_.end(), s), sequences_.end());
 }
 
-uint64_t KvStore::next_use() { return use_clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
+uint64_t KvStore::next_use() {
+  return use_clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 int32_t KvStore::evict_lru(KvTier from, KvTier to, int32_t pages_needed, const KvSequence* keep) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -377,8 +392,7 @@ KvSequence::KvSequence(KvStore& store, int32_t max_tokens, KvTier tier)
     throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: max_tokens {} must be positive", max_tokens));
   }
   if (!store.has_tier(tier)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
   }
   const int32_t ps = store.layout().page_size;
   block_table_.reserve(size_t((max_tokens + ps - 1) / ps));
@@ -392,7 +406,9 @@ KvSequence::~KvSequence() {
   if (reserved_ > 0) store_->unreserve(tier_, reserved_);
 }
 
-void KvSequence::touch() noexcept { last_use_.store(store_->next_use(), std::memory_order_relaxed); }
+void KvSequence::touch() noexcept {
+  last_use_.store(store_->next_use(), std::memory_order_relaxed);
+}
 
 int32_t KvSequence::pages_outside(KvTier tier) const noexcept {
   int32_t n = 0;
@@ -419,8 +435,9 @@ void KvSequence::reserve(int32_t n) {
       const bool res = reserved_ > 0;
       const PageId fresh = store_->allocate_locked(tier_, res);
       if (fresh < 0) {
-        throw Error(ErrorCode::kOutOfMemory,
-                    fmt::format("KV store: no free {} page to copy shared page {} before writing", kv_tier_name(tier_), old));
+        throw Error(
+            ErrorCode::kOutOfMemory,
+            fmt::format("KV store: no free {} page to copy shared page {} before writing", kv_tier_name(tier_), old));
       }
       if (res) --reserved_;
       KvStore::Entry& f = store_->entries_[size_t(fresh)];

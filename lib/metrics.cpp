@@ -43,8 +43,8 @@ std::string SchedulerMetrics::to_text() const {
         e.queued);
     for (int t = 0; t < kKvTierCount; ++t) {
       if (e.kv[t].capacity == 0) continue;
-      o += fmt::format("    kv {}: used {} reserved {} of {} pages ({} bytes)\n", kv_tier_name(KvTier(t)),
-                       e.kv[t].used, e.kv[t].reserved, e.kv[t].capacity, e.kv[t].used_bytes);
+      o += fmt::format("    kv {}: used {} reserved {} of {} pages ({} bytes)\n", kv_tier_name(KvTier(t)), e.kv[t].used,
+                       e.kv[t].reserved, e.kv[t].capacity, e.kv[t].used_bytes);
     }
   }
   return o;
@@ -67,9 +67,9 @@ std::string SchedulerMetrics::to_json() const {
         "{}{{\"name\":\"{}\",\"accelerator\":{},\"steps\":{},\"prefill_tokens\":{},\"decode_tokens\":{},"
         "\"busy_s\":{:.6f},\"utilisation\":{:.6f},\"tokens_per_s\":{:.3f},\"prefill_tps\":{:.3f},"
         "\"decode_tps\":{:.3f},\"batch_occupancy\":{:.6f},\"running\":{},\"queued\":{},\"max_running\":{},\"kv\":{{",
-        k ? "," : "", json_escape(e.name), e.accelerator ? "true" : "false", e.steps, e.prefill_tokens,
-        e.decode_tokens, e.busy_s, e.utilisation, e.tokens_per_s, e.prefill_tps, e.decode_tps, e.batch_occupancy,
-        e.running, e.queued, e.max_running);
+        k ? "," : "", json_escape(e.name), e.accelerator ? "true" : "false", e.steps, e.prefill_tokens, e.decode_tokens,
+        e.busy_s, e.utilisation, e.tokens_per_s, e.prefill_tps, e.decode_tps, e.batch_occupancy, e.running, e.queued,
+        e.max_running);
     for (int t = 0; t < kKvTierCount; ++t) {
       o += fmt::format("{}\"{}\":{{\"capacity\":{},\"used\":{},\"reserved\":{},\"used_bytes\":{}}}", t ? "," : "",
                        kv_tier_name(KvTier(t)), e.kv[t].capacity, e.kv[t].used, e.kv[t].reserved, e.kv[t].used_bytes);

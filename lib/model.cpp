@@ -20,9 +20,12 @@ namespace tandem {
 
 std::string_view arch_name(Arch a) noexcept {
   switch (a) {
-    case Arch::kLlama: return "llama";
-    case Arch::kQwen2: return "qwen2";
-    case Arch::kQwen3: return "qwen3";
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kQwen2:
+      return "qwen2";
+    case Arch::kQwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -65,14 +68,13 @@ class TensorBinder {
     const GgufTensorInfo* t = f_.find_tensor(name);
     if (!t) {
       if (required) {
-        throw Error(ErrorCode::kModelMissingTensor,
-                    fmt::format("model: required tensor '{}' is missing", name));
+        throw Error(ErrorCode::kModelMissingTensor, fmt::format("model: required tensor '{}' is missing", name));
       }
       return {};
     }
     const int64_t rows = t->n_rows();
-    const bool shape_ok = n == 0 ? (t->ne.size() == 1 && t->ne[0] == k)
-                                 : (t->ne.size() == 2 && t->ne[0] == k && t->ne[1] == n);
+    const bool shape_ok =
+        n == 0 ? (t->ne.size() == 1 && t->ne[0] == k) : (t->ne.size() == 2 && t->ne[0] == k && t->ne[1] == n);
     if (!shape_ok) {
       std::string found;
       for (size_t i = 0; i < t->ne.size(); ++i) found += (i ? ", " : "") + std::to_string(t->ne[i]);
@@ -82,8 +84,8 @@ class TensorBinder {
     }
     if (n == 0 && t->type != GgmlType::kF32) {
       throw Error(ErrorCode::kModelBadTensorShape,
-                  fmt::format("model: tensor '{}' must be F32 (a norm or bias vector), found {}",
-                              name, ggml_type_name(t->type)));
+                  fmt::format("model: tensor '{}' must be F32 (a norm or bias vector), found {}", name,
+                              ggml_type_name(t->type)));
     }
     TensorView v;
     v.info = t;
@@ -101,16 +103,14 @@ class TensorBinder {
 
 }  // namespace
 
-std::shared_ptr<const Model> Model::load(const std::filesystem::path& path,
-                                         const ModelOptions& options) {
+std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelOptions& options) {
   std::shared_ptr<Model> m(new Model());
   m->gguf_ = GgufFile::open(path, options.gguf);
   const GgufFile& f = *m->gguf_;
 
   const auto arch = f.get_string("general.architecture");
   if (!arch) {
-    throw Error(ErrorCode::kModelUnsupportedArch,
-                "model: key 'general.architecture' is missing");
+    throw Error(ErrorCode::kModelUnsupportedArch, "model: key 'general.architecture' is missing");
   }
   HParams& hp = m->hp_;
   if (*arch == "llama") {
@@ -140,8 +140,7 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path,
   hp.head_dim = optional_i32(f, a + "attention.key_length", hp.n_embd / hp.n_head, 1);
   hp.head_dim_v = optional_i32(f, a + "attention.value_length", hp.head_dim, 1);
   if (hp.head_dim_v != hp.head_dim) {
-    bad_hparams(fmt::format("attention.value_length {} != key_length {} is not supported",
-                            hp.head_dim_v, hp.head_dim));
+    bad_hparams(fmt::format("attention.value_length {} != key_length {} is not supported", hp.head_dim_v, hp.head_dim));
   }
   if (hp.head_dim % 2 != 0) bad_hparams(fmt::format("head_dim {} must be even", hp.head_dim));
   hp.n_rot = optional_i32(f, a + "rope.dimension_count", hp.head_dim, 2);
@@ -149,8 +148,7 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path,
     bad_hparams(fmt::format("rope.dimension_count {} must be even and <= head_dim {}", hp.n_rot, hp.head_dim));
   }
   if (hp.n_head % hp.n_head_kv != 0) {
-    bad_hparams(fmt::format("attention.head_count {} is not a multiple of head_count_kv {}",
-                            hp.n_head, hp.n_head_kv));
+    bad_hparams(fmt::format("attention.head_count {} is not a multiple of head_count_kv {}", hp.n_head, hp.n_head_kv));
   }
   hp.rms_eps = optional_positive_f32(f, a + "attention.layer_norm_rms_epsilon", 1e-5f);
   hp.rope_freq_base = optional_positive_f32(f, a + "rope.freq_base", 10000.0f);
@@ -280,9 +278,18 @@ uint64_t Model::identity_hash() const {
     XXH3_state_t* st = XXH3_createState();
     XXH3_64bits_reset(st);
     const HParams& h = hp_;
-    const int32_t ints[] = {static_cast<int32_t>(h.arch), h.n_vocab, h.n_embd, h.n_layer,
-                            h.n_head, h.n_head_kv, h.head_dim, h.head_dim_v, h.n_ff, h.n_rot,
-                            static_cast<int32_t>(h.rope_type), h.tied_output ? 1 : 0};
+    const int32_t ints[] = {static_cast<int32_t>(h.arch),
+                            h.n_vocab,
+                            h.n_embd,
+                            h.n_layer,
+                            h.n_head,
+                            h.n_head_kv,
+                            h.head_dim,
+                            h.head_dim_v,
+                            h.n_ff,
+                            h.n_rot,
+                            static_cast<int32_t>(h.rope_type),
+                            h.tied_output ? 1 : 0};
     const float floats[] = {h.rms_eps, h.rope_freq_base, h.rope_freq_scale};
     XXH3_64bits_update(st, ints, sizeof(ints));
     XXH3_64bits_update(st, floats, sizeof(floats));

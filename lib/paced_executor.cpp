@@ -29,8 +29,6 @@ void PacedExecutor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const auto deadline =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(modelled / time_scale_));
   inner_.step(batch, logits);
-  // The wrapped step() unpins its batch on return; keep it pinned until ours returns.
-  for (const auto& s : batch) s.kv->set_pinned(true);
   const auto t1 = Clock::now();
   steps_.fetch_add(1, std::memory_order_relaxed);
   modelled_ns_.fetch_add(uint64_t(modelled * 1e9), std::memory_order_relaxed);

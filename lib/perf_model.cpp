@@ -51,7 +51,9 @@ const CpuCalibration kVm2Calibration{
 
 namespace {
 
-double cpu_compute_efficiency() { return kVm2Calibration.int8_ops_per_cycle / kCpuInt8OpsPerCycle; }
+double cpu_compute_efficiency() {
+  return kVm2Calibration.int8_ops_per_cycle / kCpuInt8OpsPerCycle;
+}
 
 std::array<ProcessorProfile, 6> make_profiles() {
   std::array<ProcessorProfile, 6> p{};

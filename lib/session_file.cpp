@@ -167,14 +167,15 @@ void Session::restore(const std::filesystem::path& path) {
   if (!f) throw Error(ErrorCode::kIo, fmt::format("session file: cannot read '{}'", path.string()));
 
   if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
-    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad magic (not a Tandem session)", path.string()));
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': bad magic (not a Tandem session)", path.string()));
   }
   uint32_t version = 0;
   std::memcpy(&version, data.data() + 8, 4);
   if (version > kVersion) {
     throw Error(ErrorCode::kSessionVersion,
-                fmt::format("session file '{}': format version {} is newer than this build's {}", path.string(), version,
-                            kVersion));
+                fmt::format("session file '{}': format version {} is newer than this build's {}", path.string(),
+                            version, kVersion));
   }
   if (version == 0) {
     throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': format version 0", path.string()));
@@ -189,7 +190,8 @@ void Session::restore(const std::filesystem::path& path) {
   uint64_t stored = 0;
   std::memcpy(&stored, data.data() + size - 8, 8);
   if (stored != XXH3_64bits(data.data(), size_t(size - 8))) {
-    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': checksum mismatch (damaged)", path.string()));
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': checksum mismatch (damaged)", path.string()));
   }
 
   Reader r(data.data() + kHeaderBytes, size_t(body));
@@ -234,13 +236,13 @@ void Session::restore(const std::filesystem::path& path) {
   }
   const int32_t pending = r.get<int32_t>("pending token");
   if (pending < -1 || pending >= model_->hparams().n_vocab) {
-    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': pending token {} is invalid", path.string(), pending));
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': pending token {} is invalid", path.string(), pending));
   }
   const auto n_logits = r.get<uint32_t>("logits count");
   if (n_logits != 0 && n_logits != uint32_t(model_->hparams().n_vocab)) {
-    throw Error(ErrorCode::kSessionCorrupt,
-                fmt::format("session file '{}': {} logits for a vocabulary of {}", path.string(), n_logits,
-                            model_->hparams().n_vocab));
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} logits for a vocabulary of {}",
+                                                        path.string(), n_logits, model_->hparams().n_vocab));
   }
   const std::byte* logits = r.take(uint64_t(n_logits) * sizeof(float), "logits");
   const uint64_t rng_len = r.count(1, "random state byte");

@@ -34,9 +34,8 @@ int physical_core_count() noexcept {
 ThreadPool::ThreadPool(int n_threads, std::function<void()> thread_init)
     : n_threads_(n_threads > 0 ? n_threads : physical_core_count()), thread_init_(std::move(thread_init)) {
   if (n_threads_ > kMaxThreads) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "thread pool: " + std::to_string(n_threads_) + " threads requested, at most " +
-                    std::to_string(kMaxThreads));
+    throw Error(ErrorCode::kInvalidArgument, "thread pool: " + std::to_string(n_threads_) +
+                                                 " threads requested, at most " + std::to_string(kMaxThreads));
   }
   try {
     workers_.reserve(static_cast<size_t>(n_threads_ - 1));
@@ -60,7 +59,9 @@ void ThreadPool::stop_workers() noexcept {
   workers_.clear();
 }
 
-ThreadPool::~ThreadPool() { stop_workers(); }
+ThreadPool::~ThreadPool() {
+  stop_workers();
+}
 
 void ThreadPool::work(int t) {
   const Task& task = *task_;

@@ -21,10 +21,12 @@ struct ExecutorFactory {
 
 inline std::vector<ExecutorFactory> executor_factories() {
   std::vector<ExecutorFactory> f = {
-      {"cpu-2threads", [](std::shared_ptr<const Model> m) {
+      {"cpu-2threads",
+       [](std::shared_ptr<const Model> m) {
          return std::make_unique<CpuQ4Executor>(std::move(m), CpuExecutorOptions{2});
        }},
-      {"cpu-1thread", [](std::shared_ptr<const Model> m) {
+      {"cpu-1thread",
+       [](std::shared_ptr<const Model> m) {
          return std::make_unique<CpuQ4Executor>(std::move(m), CpuExecutorOptions{1});
        }},
   };

@@ -87,7 +87,9 @@ double ref_w(const BlockQ4_0& b, int j) {
   const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
   return static_cast<double>(fp16_to_fp32(b.d)) * (q - 8);
 }
-double ref_x(const BlockQ8_0& b, int j) { return static_cast<double>(fp16_to_fp32(b.d)) * b.qs[j]; }
+double ref_x(const BlockQ8_0& b, int j) {
+  return static_cast<double>(fp16_to_fp32(b.d)) * b.qs[j];
+}
 
 template <class TW>
 double ref_wv(const TW& b, int j) {
@@ -125,7 +127,9 @@ TEST_CASE("cpu kernels: dispatch names an ISA", "[kernels]") {
 }
 
 #if defined(TANDEM_TEST_X86)
-__attribute__((target("f16c"))) static float hw_h2f(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) static float hw_h2f(uint16_t h) {
+  return _cvtsh_ss(h);
+}
 __attribute__((target("f16c"))) static uint16_t hw_f2h(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, 0));
 }
@@ -155,10 +159,10 @@ TEST_CASE("fp16: all 65536 patterns round-trip and match F16C", "[kernels]") {
   CHECK(fp32_to_fp16(65520.f) == 0x7C00);
   CHECK(fp32_to_fp16(-1e9f) == 0xFC00);
   CHECK(fp32_to_fp16(std::ldexp(1.f, -24)) == 0x0001);
-  CHECK(fp32_to_fp16(std::ldexp(1.f, -25)) == 0x0000);            // tie -> even (0)
-  CHECK(fp32_to_fp16(std::ldexp(3.f, -25)) == 0x0002);            // 1.5 ulp -> 2
-  CHECK(fp32_to_fp16(1.f + std::ldexp(1.f, -11)) == 0x3C00);      // tie -> even
-  CHECK(fp32_to_fp16(1.f + std::ldexp(3.f, -11)) == 0x3C02);      // tie -> even (up)
+  CHECK(fp32_to_fp16(std::ldexp(1.f, -25)) == 0x0000);        // tie -> even (0)
+  CHECK(fp32_to_fp16(std::ldexp(3.f, -25)) == 0x0002);        // 1.5 ulp -> 2
+  CHECK(fp32_to_fp16(1.f + std::ldexp(1.f, -11)) == 0x3C00);  // tie -> even
+  CHECK(fp32_to_fp16(1.f + std::ldexp(3.f, -11)) == 0x3C02);  // tie -> even (up)
   CHECK(fp16_to_fp32(0x0001) == std::ldexp(1.f, -24));
   CHECK(bf16_to_fp32(0x3F80) == 1.0f);
   CHECK(bf16_to_fp32(0xC040) == -3.0f);
@@ -382,8 +386,8 @@ TEST_CASE("gemm kernels vs fp64 reference, tails, row-range split", "[kernels]")
       }
       for (int64_t i = 0; i < m * k; ++i) xh[i] = fp32_to_fp16(xf[i]);
       const int64_t nb = k / 32;
-      std::vector<double> r4(m * n), a4(m * n), r8(m * n), a8(m * n), rf(m * n), af(m * n),
-          rh(m * n), ah(m * n), rb(m * n), ab(m * n);
+      std::vector<double> r4(m * n), a4(m * n), r8(m * n), a8(m * n), rf(m * n), af(m * n), rh(m * n), ah(m * n),
+          rb(m * n), ab(m * n);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t r = 0; r < n; ++r) {
           std::tie(r4[i * n + r], a4[i * n + r]) = ref_dot_q(&w4[r * nb], &xq[i * nb], k);
@@ -572,10 +576,14 @@ TEST_CASE("gemm is batch-invariant: each column equals its own GEMV bit for bit"
           }
         }
       };
-      check("q4_0", [&](int64_t c, int64_t mm, float* y) { gemm_q4_0_q8_0(w4.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
-      check("q8_0", [&](int64_t c, int64_t mm, float* y) { gemm_q8_0_q8_0(w8.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
-      check("f32", [&](int64_t c, int64_t mm, float* y) { gemm_f32_f32(wf.data(), xf.data() + c * k, y, k, mm, n, 0, n); });
-      check("f16", [&](int64_t c, int64_t mm, float* y) { gemm_f16_f16(wh.data(), xh.data() + c * k, y, k, mm, n, 0, n); });
+      check("q4_0",
+            [&](int64_t c, int64_t mm, float* y) { gemm_q4_0_q8_0(w4.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
+      check("q8_0",
+            [&](int64_t c, int64_t mm, float* y) { gemm_q8_0_q8_0(w8.data(), xq.data() + c * nb, y, k, mm, n, 0, n); });
+      check("f32",
+            [&](int64_t c, int64_t mm, float* y) { gemm_f32_f32(wf.data(), xf.data() + c * k, y, k, mm, n, 0, n); });
+      check("f16",
+            [&](int64_t c, int64_t mm, float* y) { gemm_f16_f16(wh.data(), xh.data() + c * k, y, k, mm, n, 0, n); });
     }
   }
 }

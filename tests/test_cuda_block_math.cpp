@@ -20,16 +20,20 @@ namespace kc = tandem::kernels::cuda;
 namespace {
 
 int32_t pack4(int8_t a, int8_t b, int8_t c, int8_t d) {
-  const uint32_t u = uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 |
-                     uint32_t(uint8_t(d)) << 24;
+  const uint32_t u =
+      uint32_t(uint8_t(a)) | uint32_t(uint8_t(b)) << 8 | uint32_t(uint8_t(c)) << 16 | uint32_t(uint8_t(d)) << 24;
   int32_t s;
   std::memcpy(&s, &u, 4);
   return s;
 }
 
 // The words a kernel loads from the repacked layout (16 quant bytes / 32 int8, little-endian).
-void q4_words(const k::BlockQ4_0& b, uint32_t w[4]) { std::memcpy(w, b.qs, 16); }
-void q8_words(const k::BlockQ8_0& b, int32_t w[8]) { std::memcpy(w, b.qs, 32); }
+void q4_words(const k::BlockQ4_0& b, uint32_t w[4]) {
+  std::memcpy(w, b.qs, 16);
+}
+void q8_words(const k::BlockQ8_0& b, int32_t w[8]) {
+  std::memcpy(w, b.qs, 32);
+}
 
 k::BlockQ4_0 random_q4(std::mt19937& rng) {
   k::BlockQ4_0 b{};

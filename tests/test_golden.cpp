@@ -28,7 +28,10 @@ const std::vector<GoldenModel> kModels = {
     {"synth-llama-small-q4_0", 2e-2},
     {"synth-qwen2-small-q4_0", 2e-2},
     {"synth-qwen3-small-q4_0", 2e-2},
-    {"synth-qwen3-hd64-small-q4_0", 2e-2},
+    // measured 2.09e-2 on `long` (AVX-512 host): one Q8_0 activation rounding flip carried
+    // by the KV cache; Tandem's own AVX-512 and scalar paths differ by 2.1e-2 on these
+    // synthetic models (golden README, issue 11), so 2.5e-2.
+    {"synth-qwen3-hd64-small-q4_0", 2.5e-2},
 };
 
 int32_t argmax(const float* x, int64_t n) {

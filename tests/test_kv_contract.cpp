@@ -141,7 +141,8 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
   const int32_t src_used = src->used_pages();
 
   auto refused = [&](KvHandoff h, const Model& m, ErrorCode want, const std::string& text) {
-    const auto [code, msg] = error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), m, *dst, KvTier::kHost, 128); });
+    const auto [code, msg] =
+        error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), m, *dst, KvTier::kHost, 128); });
     INFO(msg);
     CHECK(code == want);
     CHECK(msg.find(text) != std::string::npos);
@@ -178,9 +179,8 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
     auto h = handoff();
     auto expected = s.tokens();
     expected[17] ^= 1;
-    const auto [code, msg] = error_of([&] {
-      kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 128, expected);
-    });
+    const auto [code, msg] =
+        error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 128, expected); });
     CHECK(code == ErrorCode::kKvTokenRange);
     CHECK(h.lease->state() == KvLeaseState::kFailed);
   }
@@ -195,14 +195,16 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
   }
   SECTION("context of the receiver too small") {
     auto h = handoff();
-    const auto [code, msg] = error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 32); });
+    const auto [code, msg] =
+        error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 32); });
     CHECK(code == ErrorCode::kKvTokenRange);
     CHECK(dst->used_pages() == 0);
   }
   SECTION("receiver store without room") {
     auto tiny = make_store(hp, 2);
     auto h = handoff();
-    const auto [code, msg] = error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *tiny, KvTier::kHost, 128); });
+    const auto [code, msg] =
+        error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *tiny, KvTier::kHost, 128); });
     CHECK(code == ErrorCode::kOutOfMemory);
     CHECK(tiny->used_pages() == 0);
     CHECK(h.lease->state() == KvLeaseState::kFailed);
@@ -228,8 +230,9 @@ TEST_CASE("leases: the sender keeps pages until confirmed or expired", "[kv][con
   std::this_thread::sleep_for(std::chrono::milliseconds(80));
   CHECK(h.lease->state() == KvLeaseState::kExpired);  // reported to the sender
   CHECK(src->used_pages() == 0);                      // and released
-  const auto [code, msg] = error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 64); });
-  CHECK(code == ErrorCode::kKvLeaseExpired);          // reported to the receiver
+  const auto [code, msg] =
+      error_of([&] { kv_import(std::span<const KvHandoff>(&h, 1), *model, *dst, KvTier::kHost, 64); });
+  CHECK(code == ErrorCode::kKvLeaseExpired);  // reported to the receiver
   CHECK(dst->used_pages() == 0);
   // A second import of a confirmed hand-off is refused (no reading released pages).
   KvSequence again(*src, 64);

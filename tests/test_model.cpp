@@ -16,8 +16,8 @@ namespace {
 struct TinySpec {
   std::string arch = "llama";
   int n_embd = 64, n_head = 2, n_head_kv = 1, n_ff = 96, n_vocab = 8;
-  std::string skip_tensor;        // leave this tensor out
-  std::string bad_shape_tensor;   // give this tensor one extra row
+  std::string skip_tensor;       // leave this tensor out
+  std::string bad_shape_tensor;  // give this tensor one extra row
   bool tied = false;
   std::function<void(GgufWriter&)> extra_kv;
 };
@@ -198,7 +198,8 @@ TEST_CASE("Inf or NaN in a float tensor is refused at load, naming tensor and el
                        Case{GgmlType::kF16, 0x7C00u, "f16-inf"}, Case{GgmlType::kBF16, 0x7FC0u, "bf16-nan"}}) {
     GgufWriter w;
     w.add_string("general.architecture", "llama");
-    w.add_tensor("good", {8}, GgmlType::kF32, [](std::span<std::byte> d) { std::fill(d.begin(), d.end(), std::byte{0}); });
+    w.add_tensor("good", {8}, GgmlType::kF32,
+                 [](std::span<std::byte> d) { std::fill(d.begin(), d.end(), std::byte{0}); });
     w.add_tensor("bad", {32}, c.type, [c](std::span<std::byte> d) {
       std::fill(d.begin(), d.end(), std::byte{0});
       const size_t elem = c.type == GgmlType::kF32 ? 4 : 2;

@@ -5,8 +5,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
@@ -103,7 +103,8 @@ TEST_CASE("B20: damaged, truncated, future and foreign session files are refused
     unchanged();
   };
 
-  refused(std::vector<char>(bytes.begin(), bytes.begin() + std::ptrdiff_t(bytes.size() / 2)), ErrorCode::kSessionCorrupt, "half");
+  refused(std::vector<char>(bytes.begin(), bytes.begin() + std::ptrdiff_t(bytes.size() / 2)),
+          ErrorCode::kSessionCorrupt, "half");
   refused(std::vector<char>(bytes.begin(), bytes.begin() + 8), ErrorCode::kSessionCorrupt, "eight");
   refused({}, ErrorCode::kSessionCorrupt, "empty");
   auto magic = bytes;

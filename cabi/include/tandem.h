@@ -79,23 +79,22 @@
 #define TANDEM_VERSION_PATCH 0
 #define TANDEM_VERSION_STRING "0.1.0"
 /* (major * 10000 + minor * 100 + patch), for #if comparisons. */
-#define TANDEM_VERSION_NUMBER \
-  (TANDEM_VERSION_MAJOR * 10000 + TANDEM_VERSION_MINOR * 100 + TANDEM_VERSION_PATCH)
+#define TANDEM_VERSION_NUMBER (TANDEM_VERSION_MAJOR * 10000 + TANDEM_VERSION_MINOR * 100 + TANDEM_VERSION_PATCH)
 /* The shared library's soname is libtandem.so.<TANDEM_ABI_VERSION>. */
 #define TANDEM_ABI_VERSION 0
 
 #if defined(_WIN32)
-#  if defined(TANDEM_BUILDING_LIBRARY)
-#    define TANDEM_API __declspec(dllexport)
-#  elif defined(TANDEM_SHARED_LIBRARY)
-#    define TANDEM_API __declspec(dllimport)
-#  else
-#    define TANDEM_API
-#  endif
-#elif defined(__GNUC__) || defined(__clang__)
-#  define TANDEM_API __attribute__((visibility("default")))
+#if defined(TANDEM_BUILDING_LIBRARY)
+#define TANDEM_API __declspec(dllexport)
+#elif defined(TANDEM_SHARED_LIBRARY)
+#define TANDEM_API __declspec(dllimport)
 #else
-#  define TANDEM_API
+#define TANDEM_API
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define TANDEM_API __attribute__((visibility("default")))
+#else
+#define TANDEM_API
 #endif
 
 #ifdef __cplusplus
@@ -202,17 +201,17 @@ TANDEM_API tandem_status tandem_model_free(tandem_model* model);
 
 typedef struct tandem_model_info {
   size_t struct_size;
-  const char* arch;     /* "llama", "qwen2" or "qwen3"; static storage */
-  const char* name;     /* general.name, or the file name without extension; owned by the
-                           model, valid until tandem_model_free of this handle */
-  int32_t n_vocab;      /* vocabulary size */
-  int32_t n_ctx_train;  /* context length the model was trained with */
+  const char* arch;    /* "llama", "qwen2" or "qwen3"; static storage */
+  const char* name;    /* general.name, or the file name without extension; owned by the
+                          model, valid until tandem_model_free of this handle */
+  int32_t n_vocab;     /* vocabulary size */
+  int32_t n_ctx_train; /* context length the model was trained with */
   int32_t n_embd;
   int32_t n_layer;
   int32_t n_head;
   int32_t n_head_kv;
-  int32_t token_bos;    /* -1 if none */
-  int32_t token_eos;    /* -1 if none */
+  int32_t token_bos;     /* -1 if none */
+  int32_t token_eos;     /* -1 if none */
   uint64_t weight_bytes; /* bytes of all tensor data */
 } tandem_model_info;
 
@@ -240,9 +239,8 @@ TANDEM_API tandem_status tandem_model_identity_hash(const tandem_model* model, u
  * capacity >= n. tokens NULL with capacity 0 is a size query (TANDEM_OK).
  * Errors: TANDEM_E_INVALID_ARG (NULL model/out_n_tokens, invalid UTF-8, tokens NULL with
  * capacity > 0), TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
-TANDEM_API tandem_status tandem_tokenize(const tandem_model* model, const char* text, size_t text_len,
-                                         uint32_t flags, int32_t* tokens, size_t capacity,
-                                         size_t* out_n_tokens);
+TANDEM_API tandem_status tandem_tokenize(const tandem_model* model, const char* text, size_t text_len, uint32_t flags,
+                                         int32_t* tokens, size_t capacity, size_t* out_n_tokens);
 
 #define TANDEM_DETOKENIZE_REMOVE_SPECIAL 1u  /* drop a leading BOS / trailing EOS the vocabulary adds */
 #define TANDEM_DETOKENIZE_UNPARSE_SPECIAL 2u /* write control tokens as their text */
@@ -253,15 +251,14 @@ TANDEM_API tandem_status tandem_tokenize(const tandem_model* model, const char* 
  * buf NULL with capacity 0 is a size query. tokens may be NULL only when n_tokens is 0.
  * Errors: TANDEM_E_INVALID_ARG (NULL arguments, an id outside [0, n_vocab), unknown flag
  * bits), TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
-TANDEM_API tandem_status tandem_detokenize(const tandem_model* model, const int32_t* tokens,
-                                           size_t n_tokens, uint32_t flags, char* buf,
-                                           size_t capacity, size_t* out_len);
+TANDEM_API tandem_status tandem_detokenize(const tandem_model* model, const int32_t* tokens, size_t n_tokens,
+                                           uint32_t flags, char* buf, size_t capacity, size_t* out_len);
 
 /* Raw bytes of one token (llama_token_to_piece): control tokens give "" unless flags has
  * TANDEM_DETOKENIZE_UNPARSE_SPECIAL. Buffer rules and errors as tandem_detokenize.
  * Thread-safe. */
-TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_t token, uint32_t flags,
-                                               char* buf, size_t capacity, size_t* out_len);
+TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_t token, uint32_t flags, char* buf,
+                                               size_t capacity, size_t* out_len);
 
 /* ---- session ------------------------------------------------------------------------ */
 
@@ -276,9 +273,9 @@ typedef struct tandem_session_params {
   int32_t page_size; /* KV page size in tokens, >= 1; default 16 */
   int32_t n_threads; /* CPU threads of the session's executor, 0..512; 0 = physical cores */
   /* ---- later fields (a struct_size without them is still accepted) ---- */
-  int32_t kv_tier;   /* TANDEM_KV_HOST (default) or TANDEM_KV_FILE (pages in a memory-mapped
-                        file in kv_dir, removed when the session is freed) */
-  int32_t kv_dtype;  /* a tandem_kv_dtype; default TANDEM_KV_F16 */
+  int32_t kv_tier;    /* TANDEM_KV_HOST (default) or TANDEM_KV_FILE (pages in a memory-mapped
+                         file in kv_dir, removed when the session is freed) */
+  int32_t kv_dtype;   /* a tandem_kv_dtype; default TANDEM_KV_F16 */
   const char* kv_dir; /* directory of the File tier (NULL = the system temporary directory) */
 } tandem_session_params;
 
@@ -303,8 +300,8 @@ TANDEM_API tandem_status tandem_session_free(tandem_session* session);
 
 typedef struct tandem_session_info {
   size_t struct_size;
-  int32_t n_ctx;     /* context positions */
-  int32_t n_tokens;  /* tokens whose KV is in the cache */
+  int32_t n_ctx;    /* context positions */
+  int32_t n_tokens; /* tokens whose KV is in the cache */
   int32_t n_batch;
   int32_t page_size;
   int32_t n_threads;  /* threads of the session's executor (resolved, >= 1) */
@@ -336,8 +333,8 @@ TANDEM_API tandem_status tandem_session_get_logits(const tandem_session* session
                                                    size_t* out_n);
 
 /* Copy the ids whose KV is in the cache, in order. Size query as for tokenize. */
-TANDEM_API tandem_status tandem_session_get_tokens(const tandem_session* session, int32_t* tokens,
-                                                   size_t capacity, size_t* out_n);
+TANDEM_API tandem_status tandem_session_get_tokens(const tandem_session* session, int32_t* tokens, size_t capacity,
+                                                   size_t* out_n);
 
 /* Save the conversation (tokens, the pending sampled token, the last logits, the random
  * engine's state and the KV cache) to `path` atomically: a temporary file beside it is
@@ -406,17 +403,17 @@ enum tandem_finish_reason {
  * NULL/0); the rest are outputs. */
 typedef struct tandem_generate_result {
   size_t struct_size;
-  int32_t* tokens;   /* in: buffer for the generated ids, or NULL */
-  size_t tokens_cap; /* in: its capacity in ids */
-  char* text;        /* in: buffer for the generated text, or NULL */
-  size_t text_cap;   /* in: its capacity in bytes (NUL included) */
-  size_t n_tokens;   /* out: ids generated (min(n_tokens, tokens_cap) of them written) */
-  size_t text_len;   /* out: full text length in bytes; the buffer gets as much as fits,
-                        cut at a UTF-8 character boundary, NUL-terminated */
-  int32_t finish_reason;    /* out: a tandem_finish_reason */
-  int32_t n_prompt;         /* out: tokens evaluated for the prompt (pending token included) */
-  double prompt_seconds;    /* out: wall time of the prompt evaluation */
-  double generate_seconds;  /* out: wall time from the first sampled token to the end */
+  int32_t* tokens;         /* in: buffer for the generated ids, or NULL */
+  size_t tokens_cap;       /* in: its capacity in ids */
+  char* text;              /* in: buffer for the generated text, or NULL */
+  size_t text_cap;         /* in: its capacity in bytes (NUL included) */
+  size_t n_tokens;         /* out: ids generated (min(n_tokens, tokens_cap) of them written) */
+  size_t text_len;         /* out: full text length in bytes; the buffer gets as much as fits,
+                              cut at a UTF-8 character boundary, NUL-terminated */
+  int32_t finish_reason;   /* out: a tandem_finish_reason */
+  int32_t n_prompt;        /* out: tokens evaluated for the prompt (pending token included) */
+  double prompt_seconds;   /* out: wall time of the prompt evaluation */
+  double generate_seconds; /* out: wall time from the first sampled token to the end */
 } tandem_generate_result;
 
 TANDEM_API tandem_status tandem_generate_result_init(tandem_generate_result* result, size_t struct_size);
@@ -444,26 +441,21 @@ typedef int (*tandem_token_callback)(const char* piece, size_t len, int32_t toke
  * generated tokens are part of the conversation (the last one is evaluated when it
  * continues). */
 TANDEM_API tandem_status tandem_session_generate(tandem_session* session, const char* prompt_utf8,
-                                                 const tandem_generate_params* params,
-                                                 tandem_token_callback callback, void* user_data,
-                                                 tandem_generate_result* result);
+                                                 const tandem_generate_params* params, tandem_token_callback callback,
+                                                 void* user_data, tandem_generate_result* result);
 
 /* As tandem_session_generate with the prompt given as token ids (nothing added to them).
  * prompt may be NULL when n_prompt is 0 (continue). An id outside the vocabulary:
  * TANDEM_E_INVALID_ARG, nothing evaluated. */
-TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session, const int32_t* prompt,
-                                                        size_t n_prompt, const tandem_generate_params* params,
+TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session, const int32_t* prompt, size_t n_prompt,
+                                                        const tandem_generate_params* params,
                                                         tandem_token_callback callback, void* user_data,
                                                         tandem_generate_result* result);
 
 /* ---- scheduler ---------------------------------------------------------------------- */
 
 /* Service classes (routing and admission order: interactive, standard, batch). */
-enum tandem_sla_class {
-  TANDEM_SLA_INTERACTIVE = 0,
-  TANDEM_SLA_STANDARD = 1,
-  TANDEM_SLA_BATCH = 2
-};
+enum tandem_sla_class { TANDEM_SLA_INTERACTIVE = 0, TANDEM_SLA_STANDARD = 1, TANDEM_SLA_BATCH = 2 };
 
 /* One CPU executor (a CpuQ4Executor with its own thread pool and its own KV store). */
 typedef struct tandem_executor_params {
@@ -478,22 +470,20 @@ typedef struct tandem_executor_params {
                                 accelerator), 0 = not, 1 = treat as the accelerator (for
                                 "cpu+cpu": mark one pool as the primary). Default -1 */
   /* ---- later fields (a struct_size without them is still accepted) ---- */
-  int32_t device_kind;       /* a tandem_device_kind: TANDEM_DEVICE_CPU (default) or
-                                TANDEM_DEVICE_CUDA (TANDEM_E_UNSUPPORTED in a library built
-                                without CUDA) */
-  int32_t device_id;         /* CUDA device ordinal (tandem_device_get_info's device_id);
-                                0 for the CPU. Default 0 */
-  int32_t kv_dtype;          /* a tandem_kv_dtype of the executor's KV store; default
-                                TANDEM_KV_F16 */
-  int32_t kv_file_pages;     /* pages of a File tier below the compute tier (Host for a CPU,
-                                Device for a GPU executor): sequences preempted when the
-                                compute tier is full are swapped there instead of being
-                                recomputed. >= 0; 0 = no File tier (default) */
-  const char* kv_dir;        /* directory of the File tier's page file (NUL-terminated; NULL =
-                                the system temporary directory). Copied at creation */
+  int32_t device_kind;   /* a tandem_device_kind: TANDEM_DEVICE_CPU (default) or
+                            TANDEM_DEVICE_CUDA (TANDEM_E_UNSUPPORTED in a library built
+                            without CUDA) */
+  int32_t device_id;     /* CUDA device ordinal (tandem_device_get_info's device_id);
+                            0 for the CPU. Default 0 */
+  int32_t kv_dtype;      /* a tandem_kv_dtype of the executor's KV store; default
+                            TANDEM_KV_F16 */
+  int32_t kv_file_pages; /* pages of a File tier below the compute tier (Host for a CPU,
+                            Device for a GPU executor): sequences preempted when the
+                            compute tier is full are swapped there instead of being
+                            recomputed. >= 0; 0 = no File tier (default) */
+  const char* kv_dir;    /* directory of the File tier's page file (NUL-terminated; NULL =
+                            the system temporary directory). Copied at creation */
 } tandem_executor_params;
-
-
 
 TANDEM_API tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t struct_size);
 
@@ -519,10 +509,10 @@ typedef struct tandem_scheduler_params {
    * at a time: a handle in use by another live scheduler gives TANDEM_E_BUSY. The
    * scheduler keeps the executors alive; freeing a handle does not stop it. */
   tandem_executor* const* executor_handles;
-  int32_t log_routing;          /* nonzero: every routing decision, preemption and hand-off
-                                   goes to the log callback (tandem_log_set) at
-                                   TANDEM_LOG_DEBUG with its reason. Default 1 */
-  int32_t reserved;             /* must be 0 */
+  int32_t log_routing; /* nonzero: every routing decision, preemption and hand-off
+                          goes to the log callback (tandem_log_set) at
+                          TANDEM_LOG_DEBUG with its reason. Default 1 */
+  int32_t reserved;    /* must be 0 */
 } tandem_scheduler_params;
 
 TANDEM_API tandem_status tandem_scheduler_params_init(tandem_scheduler_params* params, size_t struct_size);
@@ -546,24 +536,24 @@ TANDEM_API tandem_status tandem_scheduler_free(tandem_scheduler* scheduler);
 
 typedef struct tandem_request_params {
   size_t struct_size;
-  const char* prompt;            /* NUL-terminated UTF-8 prompt (BOS added when the vocabulary
-                                    asks for it); used when prompt_tokens is NULL */
-  const int32_t* prompt_tokens;  /* or the prompt as ids (nothing added), n_prompt_tokens >= 1 */
+  const char* prompt;           /* NUL-terminated UTF-8 prompt (BOS added when the vocabulary
+                                   asks for it); used when prompt_tokens is NULL */
+  const int32_t* prompt_tokens; /* or the prompt as ids (nothing added), n_prompt_tokens >= 1 */
   size_t n_prompt_tokens;
   const tandem_sampling_params* sampling; /* NULL = tandem_sampling_params_init defaults */
-  const char* const* stop;       /* n_stop NUL-terminated, non-empty UTF-8 stop strings */
+  const char* const* stop;                /* n_stop NUL-terminated, non-empty UTF-8 stop strings */
   size_t n_stop;
-  int32_t max_tokens;            /* >= 1; default 128 */
-  uint32_t flags;                /* TANDEM_GENERATE_* bits; default 0 */
-  int32_t sla;                   /* a tandem_sla_class; default TANDEM_SLA_STANDARD */
-  int32_t deadline_ms;           /* > 0: the request ends with TANDEM_FINISH_TIMEOUT this many
-                                    milliseconds after submission; 0 = none (default) */
+  int32_t max_tokens;  /* >= 1; default 128 */
+  uint32_t flags;      /* TANDEM_GENERATE_* bits; default 0 */
+  int32_t sla;         /* a tandem_sla_class; default TANDEM_SLA_STANDARD */
+  int32_t deadline_ms; /* > 0: the request ends with TANDEM_FINISH_TIMEOUT this many
+                          milliseconds after submission; 0 = none (default) */
   /* ---- later fields (a struct_size without them is still accepted) ---- */
-  uint64_t session;              /* 0 (default), or a scheduler session
-                                    (tandem_scheduler_session_open): the request continues
-                                    that conversation, its prompt appended to the session's
-                                    tokens and KV (one request per session at a time; a
-                                    second one finishes with TANDEM_FINISH_ERROR) */
+  uint64_t session; /* 0 (default), or a scheduler session
+                       (tandem_scheduler_session_open): the request continues
+                       that conversation, its prompt appended to the session's
+                       tokens and KV (one request per session at a time; a
+                       second one finishes with TANDEM_FINISH_ERROR) */
 } tandem_request_params;
 
 TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size);
@@ -594,8 +584,8 @@ TANDEM_API tandem_status tandem_scheduler_shutdown(tandem_scheduler* scheduler);
  * KV usage per tier; see include/tandem/metrics.hpp). Buffer rules as tandem_detokenize
  * (size query, TANDEM_E_BUFFER_TOO_SMALL, NUL-terminated). The size can change between
  * two calls: retry on TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
-TANDEM_API tandem_status tandem_scheduler_metrics_json(const tandem_scheduler* scheduler, char* buf,
-                                                       size_t capacity, size_t* out_len);
+TANDEM_API tandem_status tandem_scheduler_metrics_json(const tandem_scheduler* scheduler, char* buf, size_t capacity,
+                                                       size_t* out_len);
 
 /* Events of tandem_request_poll. */
 enum tandem_event_kind {
@@ -644,24 +634,24 @@ TANDEM_API tandem_status tandem_request_cancel(tandem_request* request);
  * character boundary, NUL-terminated); n_tokens and text_len give the full sizes. */
 typedef struct tandem_request_result {
   size_t struct_size;
-  int32_t* tokens;        /* in: buffer for the generated ids, or NULL */
-  size_t tokens_cap;      /* in: its capacity in ids */
-  char* text;             /* in: buffer for the generated text, or NULL */
-  size_t text_cap;        /* in: its capacity in bytes (NUL included) */
-  size_t n_tokens;        /* out: ids generated */
-  size_t text_len;        /* out: text length in bytes (stop strings cut off) */
-  uint64_t id;            /* out: the scheduler's request id (1, 2, ...) */
-  int32_t finished;       /* out: nonzero when the request has finished; when 0 the outputs
-                             below are not final and the buffers are not written */
-  int32_t finish_reason;  /* out: a tandem_finish_reason (-1 before the finish) */
-  int32_t status;         /* out: for TANDEM_FINISH_ERROR the error (a TANDEM_E_* code),
-                             else TANDEM_OK */
-  int32_t n_prompt;       /* out: prompt tokens */
-  const char* message;    /* out: why it ended with an error or overloaded ("" otherwise);
-                             owned by the request, valid until tandem_request_free */
-  double queue_seconds;   /* out: submission -> admission */
-  double ttft_seconds;    /* out: submission -> first generated token (0: none) */
-  double e2e_seconds;     /* out: submission -> finish */
+  int32_t* tokens;       /* in: buffer for the generated ids, or NULL */
+  size_t tokens_cap;     /* in: its capacity in ids */
+  char* text;            /* in: buffer for the generated text, or NULL */
+  size_t text_cap;       /* in: its capacity in bytes (NUL included) */
+  size_t n_tokens;       /* out: ids generated */
+  size_t text_len;       /* out: text length in bytes (stop strings cut off) */
+  uint64_t id;           /* out: the scheduler's request id (1, 2, ...) */
+  int32_t finished;      /* out: nonzero when the request has finished; when 0 the outputs
+                            below are not final and the buffers are not written */
+  int32_t finish_reason; /* out: a tandem_finish_reason (-1 before the finish) */
+  int32_t status;        /* out: for TANDEM_FINISH_ERROR the error (a TANDEM_E_* code),
+                            else TANDEM_OK */
+  int32_t n_prompt;      /* out: prompt tokens */
+  const char* message;   /* out: why it ended with an error or overloaded ("" otherwise);
+                            owned by the request, valid until tandem_request_free */
+  double queue_seconds;  /* out: submission -> admission */
+  double ttft_seconds;   /* out: submission -> first generated token (0: none) */
+  double e2e_seconds;    /* out: submission -> finish */
 } tandem_request_result;
 
 TANDEM_API tandem_status tandem_request_result_init(tandem_request_result* result, size_t struct_size);
@@ -715,13 +705,13 @@ enum tandem_device_kind { TANDEM_DEVICE_CPU = 0, TANDEM_DEVICE_CUDA = 1 };
 
 typedef struct tandem_device_info {
   size_t struct_size;
-  const char* name;        /* out: "cpu", or the CUDA device name; static storage */
-  const char* isa;         /* out: CPU: the kernels' instruction set ("avx512-vnni", "avx2",
-                              "scalar", ...); CUDA: "sm_<major><minor>"; static storage */
-  uint64_t memory_bytes;   /* out: CPU: physical memory; CUDA: total device memory */
-  int32_t kind;            /* out: a tandem_device_kind */
-  int32_t device_id;       /* out: CUDA device ordinal; 0 for the CPU */
-  int32_t n_cores;         /* out: CPU: hardware threads online; CUDA: multiprocessors */
+  const char* name;           /* out: "cpu", or the CUDA device name; static storage */
+  const char* isa;            /* out: CPU: the kernels' instruction set ("avx512-vnni", "avx2",
+                                 "scalar", ...); CUDA: "sm_<major><minor>"; static storage */
+  uint64_t memory_bytes;      /* out: CPU: physical memory; CUDA: total device memory */
+  int32_t kind;               /* out: a tandem_device_kind */
+  int32_t device_id;          /* out: CUDA device ordinal; 0 for the CPU */
+  int32_t n_cores;            /* out: CPU: hardware threads online; CUDA: multiprocessors */
   int32_t compute_capability; /* out: CUDA: major * 10 + minor; CPU: 0 */
 } tandem_device_info;
 
@@ -771,8 +761,8 @@ TANDEM_API tandem_status tandem_model_meta_key_by_index(const tandem_model* mode
  * arrays are never copied out. Buffer rules as tandem_detokenize. Errors:
  * TANDEM_E_INVALID_ARG (NULL key or out_len; a key the file does not have: the message
  * names it). Thread-safe. */
-TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, const char* key, char* buf,
-                                                 size_t capacity, size_t* out_len);
+TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, const char* key, char* buf, size_t capacity,
+                                                 size_t* out_len);
 
 /* ---- chat templates ------------------------------------------------------------------- */
 
@@ -787,9 +777,8 @@ TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, cons
  * TANDEM_E_INVALID_ARG (NULL arguments with n_messages > 0, an unknown role or template
  * name, invalid UTF-8). Thread-safe. */
 TANDEM_API tandem_status tandem_chat_render(const tandem_model* model, const char* template_name,
-                                            const char* const* roles, const char* const* contents,
-                                            size_t n_messages, int32_t add_assistant, char* buf, size_t capacity,
-                                            size_t* out_len);
+                                            const char* const* roles, const char* const* contents, size_t n_messages,
+                                            int32_t add_assistant, char* buf, size_t capacity, size_t* out_len);
 
 /* Token ids of the rendered conversation: the template's markers become their control
  * tokens, message contents are tokenized with special-token parsing OFF (a user typing
@@ -797,9 +786,9 @@ TANDEM_API tandem_status tandem_chat_render(const tandem_model* model, const cha
  * tandem_session_generate_tokens or tandem_request_params.prompt_tokens. Buffer rules and
  * errors as tandem_tokenize and tandem_chat_render. Thread-safe. */
 TANDEM_API tandem_status tandem_chat_tokenize(const tandem_model* model, const char* template_name,
-                                              const char* const* roles, const char* const* contents,
-                                              size_t n_messages, int32_t add_assistant, int32_t* tokens,
-                                              size_t capacity, size_t* out_n_tokens);
+                                              const char* const* roles, const char* const* contents, size_t n_messages,
+                                              int32_t add_assistant, int32_t* tokens, size_t capacity,
+                                              size_t* out_n_tokens);
 
 /* ---- stopping a generation from another thread ---------------------------------------- */
 

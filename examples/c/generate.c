@@ -88,8 +88,10 @@ int main(int argc, char** argv) {
     st = tandem_session_generate(session, argv[2], &gp, on_piece, NULL, &result);
     printf("\n");
   }
-  if (st != TANDEM_OK) rc = fail("tandem_session_generate", st);
-  else fprintf(stderr, "[%zu tokens, finish reason %d]\n", result.n_tokens, (int)result.finish_reason);
+  if (st != TANDEM_OK)
+    rc = fail("tandem_session_generate", st);
+  else
+    fprintf(stderr, "[%zu tokens, finish reason %d]\n", result.n_tokens, (int)result.finish_reason);
   tandem_session_free(session);
   return rc;
 }

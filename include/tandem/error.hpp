@@ -17,19 +17,19 @@ namespace tandem {
 /// exposes them as TANDEM_E_* with the same numbers.
 enum class ErrorCode : int32_t {
   kOk = 0,
-  kInvalidArgument = 1,    ///< a caller-supplied argument is out of range or null
-  kIo = 2,                 ///< open/read/mmap/write failed (errno text in the message)
-  kOutOfMemory = 3,        ///< an allocation or a capacity limit was exceeded
-  kGgufBadMagic = 10,      ///< file does not start with "GGUF"
-  kGgufBadVersion = 11,    ///< version other than 2 or 3
-  kGgufTruncated = 12,     ///< a field or tensor runs past the end of the file
-  kGgufBadLength = 13,     ///< a string/array length or count cannot fit in the file
-  kGgufBadAlignment = 14,  ///< general.alignment invalid, or a tensor offset misaligned
-  kGgufDuplicateKey = 15,  ///< the same metadata key appears twice
-  kGgufDuplicateTensor = 16,  ///< the same tensor name appears twice
-  kGgufBadType = 17,       ///< unknown value/tensor type, or a key holds the wrong type
-  kGgufBadTensor = 18,     ///< bad dims (zero, too many, overflow, row not a block multiple)
-  kTensorNonFinite = 19,   ///< a quantisation block scale is Inf or NaN
+  kInvalidArgument = 1,        ///< a caller-supplied argument is out of range or null
+  kIo = 2,                     ///< open/read/mmap/write failed (errno text in the message)
+  kOutOfMemory = 3,            ///< an allocation or a capacity limit was exceeded
+  kGgufBadMagic = 10,          ///< file does not start with "GGUF"
+  kGgufBadVersion = 11,        ///< version other than 2 or 3
+  kGgufTruncated = 12,         ///< a field or tensor runs past the end of the file
+  kGgufBadLength = 13,         ///< a string/array length or count cannot fit in the file
+  kGgufBadAlignment = 14,      ///< general.alignment invalid, or a tensor offset misaligned
+  kGgufDuplicateKey = 15,      ///< the same metadata key appears twice
+  kGgufDuplicateTensor = 16,   ///< the same tensor name appears twice
+  kGgufBadType = 17,           ///< unknown value/tensor type, or a key holds the wrong type
+  kGgufBadTensor = 18,         ///< bad dims (zero, too many, overflow, row not a block multiple)
+  kTensorNonFinite = 19,       ///< a quantisation block scale is Inf or NaN
   kModelUnsupportedArch = 30,  ///< general.architecture is not llama/qwen2/qwen3
   kModelMissingTensor = 31,    ///< a required tensor is absent
   kModelBadHparams = 32,       ///< a hyper-parameter is missing or inconsistent
@@ -55,8 +55,7 @@ std::string_view error_code_name(ErrorCode code) noexcept;
 /// The exception type thrown by all Tandem library code.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:

@@ -45,20 +45,20 @@ struct KvDescriptor {
   int32_t n_layer = 0;              ///< layers of the model
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
-  uint64_t row_bytes = 0;           ///< bytes of one K (or V) row of one token in one layer
+  uint64_t row_bytes = 0;  ///< bytes of one K (or V) row of one token in one layer
   RopeType rope_type = RopeType::kNormal;
   float rope_freq_base = 0.0f;
   float rope_freq_scale = 0.0f;
   int32_t n_rot = 0;
-  int32_t n_ctx = 0;                ///< the sender's context size
+  int32_t n_ctx = 0;  ///< the sender's context size
   KvDtype dtype = KvDtype::kF16;
-  int32_t page_size = 0;            ///< tokens per page
-  int32_t layer_begin = 0;          ///< layers [layer_begin, layer_end) are in this hand-off
+  int32_t page_size = 0;    ///< tokens per page
+  int32_t layer_begin = 0;  ///< layers [layer_begin, layer_end) are in this hand-off
   int32_t layer_end = 0;
-  int32_t token_begin = 0;          ///< positions [token_begin, token_end)
+  int32_t token_begin = 0;  ///< positions [token_begin, token_end)
   int32_t token_end = 0;
-  std::vector<int32_t> tokens;      ///< the ids at those positions
-  uint64_t sequence_id = 0;         ///< the sender's KvSequence::id()
+  std::vector<int32_t> tokens;           ///< the ids at those positions
+  uint64_t sequence_id = 0;              ///< the sender's KvSequence::id()
   std::vector<uint64_t> page_checksums;  ///< xxHash3-64 of each page's payload, in order
 
   int32_t n_pages() const noexcept { return static_cast<int32_t>(page_checksums.size()); }
@@ -87,8 +87,8 @@ class KvLease {
   /// Pending -> reading. Throws Error(kKvLeaseExpired) when expired, kInvalidArgument when
   /// already read, confirmed or failed.
   void begin_read();
-  void confirm();                          ///< reading -> confirmed; releases the pages
-  void fail(const std::string& why);       ///< reading -> failed; releases the pages
+  void confirm();                     ///< reading -> confirmed; releases the pages
+  void fail(const std::string& why);  ///< reading -> failed; releases the pages
   KvStore& store() const noexcept { return *store_; }
   const std::vector<PageId>& pages() const noexcept { return pages_; }
 
@@ -123,9 +123,8 @@ KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const i
 /// any error every lease is failed, nothing is left allocated in `dst`, and the error is
 /// thrown (kKvMismatch, kKvTokenRange, kKvChecksum with the page index,
 /// kKvLeaseExpired, kOutOfMemory).
-std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Model& model, KvStore& dst,
-                                      KvTier tier, int32_t max_tokens,
-                                      std::span<const int32_t> expected_tokens = {});
+std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Model& model, KvStore& dst, KvTier tier,
+                                      int32_t max_tokens, std::span<const int32_t> expected_tokens = {});
 
 /// The invariant checks of kv_import on a descriptor alone (used by session restore).
 void kv_check_invariants(const KvDescriptor& d, const Model& model);
@@ -133,8 +132,9 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model);
 /// Copy pages described by `d` from `page_payload(i)` (payload bytes of page i, already
 /// checksum-verified by the caller or not: this verifies them) into a new sequence of
 /// `dst`. The building block of kv_import and session restore.
-std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* const> parts,
-                                               const std::function<const std::byte*(size_t part, int32_t page)>& payload,
-                                               KvStore& dst, KvTier tier, int32_t max_tokens);
+std::unique_ptr<KvSequence> kv_import_payloads(
+    std::span<const KvDescriptor* const> parts,
+    const std::function<const std::byte*(size_t part, int32_t page)>& payload, KvStore& dst, KvTier tier,
+    int32_t max_tokens);
 
 }  // namespace tandem

@@ -46,7 +46,7 @@ enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0 };
 enum class KvTier : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
 inline constexpr int kKvTierCount = 3;
 
-std::string_view kv_tier_name(KvTier t) noexcept;  ///< "device", "host", "file"
+std::string_view kv_tier_name(KvTier t) noexcept;    ///< "device", "host", "file"
 std::string_view kv_dtype_name(KvDtype d) noexcept;  ///< "f16", "f32"
 
 struct KvLayout {
@@ -54,7 +54,7 @@ struct KvLayout {
   int32_t layer_begin = 0;  ///< first model layer held
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
-  int32_t page_size = 16;   ///< tokens per page
+  int32_t page_size = 16;  ///< tokens per page
   KvDtype dtype = KvDtype::kF16;
 
   static KvLayout for_model(const HParams& hp, int32_t page_size = 16, KvDtype dtype = KvDtype::kF16);
@@ -254,9 +254,12 @@ class KvSequence {
   void adopt_reservation(int32_t n_pages) noexcept { reserved_ += n_pages; }
   int32_t reservation() const noexcept { return reserved_; }
   uint64_t last_use() const noexcept { return last_use_; }
-  /// A pinned sequence is never evicted (an executor step in progress).
-  void set_pinned(bool pinned) noexcept { pinned_ = pinned; }
-  bool pinned() const noexcept { return pinned_; }
+  /// A pinned sequence is never evicted (admitted by a scheduler, or an executor step in
+  /// progress). Pins are counted: each holder pins once and unpins once (KvPin does both),
+  /// so one layer's unpin never clears another's pin.
+  void pin() noexcept { pins_.fetch_add(1, std::memory_order_acq_rel); }
+  void unpin() noexcept { pins_.fetch_sub(1, std::memory_order_acq_rel); }
+  bool pinned() const noexcept { return pins_.load(std::memory_order_acquire) > 0; }
 
  private:
   friend class KvStore;
@@ -267,11 +270,23 @@ class KvSequence {
   std::atomic<KvTier> tier_;
   std::vector<PageId> block_table_;
   std::atomic<uint64_t> last_use_{0};
-  std::atomic<bool> pinned_{false};
+  std::atomic<int32_t> pins_{0};
   int32_t reserved_ = 0;
   /// Set once pages of this sequence may be shared (share_prefix either way): only then
   /// does reserve() look for a copy-on-write under the store's lock.
   mutable std::atomic<bool> shares_pages_{false};
+};
+
+/// Holds one pin on a sequence for its lifetime (RAII).
+class KvPin {
+ public:
+  explicit KvPin(KvSequence& seq) noexcept : seq_(&seq) { seq_->pin(); }
+  ~KvPin() { seq_->unpin(); }
+  KvPin(const KvPin&) = delete;
+  KvPin& operator=(const KvPin&) = delete;
+
+ private:
+  KvSequence* seq_;
 };
 
 }  // namespace tandem

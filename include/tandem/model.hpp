@@ -45,15 +45,15 @@ std::string_view arch_name(Arch a) noexcept;
 struct HParams {
   Arch arch = Arch::kLlama;
   int32_t n_vocab = 0;
-  int32_t n_ctx_train = 0;   ///< tokens the model was trained with (<arch>.context_length)
+  int32_t n_ctx_train = 0;  ///< tokens the model was trained with (<arch>.context_length)
   int32_t n_embd = 0;
   int32_t n_layer = 0;
   int32_t n_head = 0;
   int32_t n_head_kv = 0;
-  int32_t head_dim = 0;      ///< per-head width of q and k (attention.key_length)
-  int32_t head_dim_v = 0;    ///< per-head width of v (attention.value_length)
+  int32_t head_dim = 0;    ///< per-head width of q and k (attention.key_length)
+  int32_t head_dim_v = 0;  ///< per-head width of v (attention.value_length)
   int32_t n_ff = 0;
-  int32_t n_rot = 0;         ///< rotated dims per head (rope.dimension_count)
+  int32_t n_rot = 0;  ///< rotated dims per head (rope.dimension_count)
   float rms_eps = 1e-5f;
   float rope_freq_base = 10000.0f;
   float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling
@@ -65,8 +65,8 @@ struct HParams {
 struct TensorView {
   const GgufTensorInfo* info = nullptr;
   GgmlType type = GgmlType::kF32;
-  int64_t k = 0;   ///< row length (ne[0])
-  int64_t n = 0;   ///< number of rows
+  int64_t k = 0;  ///< row length (ne[0])
+  int64_t n = 0;  ///< number of rows
   const std::byte* data = nullptr;
   size_t row_bytes = 0;
   explicit operator bool() const noexcept { return data != nullptr; }
@@ -74,8 +74,8 @@ struct TensorView {
 
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
-  TensorView bq, bk, bv;          ///< qwen2 only
-  TensorView q_norm, k_norm;      ///< qwen3 only, [head_dim]
+  TensorView bq, bk, bv;      ///< qwen2 only
+  TensorView q_norm, k_norm;  ///< qwen3 only, [head_dim]
   TensorView ffn_norm, ffn_gate, ffn_up, ffn_down;
 };
 
@@ -90,8 +90,7 @@ class Model {
   /// Load and validate. Throws Error: kIo / GGUF codes for the file,
   /// kModelUnsupportedArch, kModelMissingTensor (naming the tensor), kModelBadHparams,
   /// kModelBadTensorShape (naming the tensor, expected vs found), kTokenizer.
-  static std::shared_ptr<const Model> load(const std::filesystem::path& path,
-                                           const ModelOptions& options = {});
+  static std::shared_ptr<const Model> load(const std::filesystem::path& path, const ModelOptions& options = {});
 
   const HParams& hparams() const noexcept { return hp_; }
   const Tokenizer& tokenizer() const noexcept { return *tokenizer_; }

@@ -32,8 +32,8 @@ struct SamplingParams {
   int32_t top_k = 40;
   float top_p = 0.95f;
   float min_p = 0.05f;
-  float repeat_penalty = 1.0f;    ///< 1 = off
-  int32_t repeat_last_n = 64;     ///< tokens of history the penalties look at
+  float repeat_penalty = 1.0f;  ///< 1 = off
+  int32_t repeat_last_n = 64;   ///< tokens of history the penalties look at
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   /// Same seed + same logits -> same tokens. kSessionSeed: a Session continues its own

@@ -28,8 +28,8 @@
 namespace tandem {
 
 struct SessionOptions {
-  int32_t n_ctx = 0;        ///< positions; 0 = the model's n_ctx_train, capped at 4096
-  int32_t n_batch = 512;    ///< prompt tokens per executor step (chunked prefill)
+  int32_t n_ctx = 0;      ///< positions; 0 = default_context_size(); at most kMaxContextSize
+  int32_t n_batch = 512;  ///< prompt tokens per executor step (chunked prefill)
   /// Where the KV pages live. Null: the session makes its own store sized for n_ctx,
   /// with pages of `page_size` tokens and `kv_dtype` in `kv_tier` (Host or File).
   std::shared_ptr<KvStore> kv_store;
@@ -51,8 +51,8 @@ std::string_view finish_reason_name(FinishReason r) noexcept;  ///< "stop", "len
 struct GenerateOptions {
   int32_t max_tokens = 128;
   SamplingParams sampling;
-  std::vector<std::string> stop;   ///< stop strings
-  bool ignore_eos = false;         ///< keep going past end-of-generation tokens
+  std::vector<std::string> stop;  ///< stop strings
+  bool ignore_eos = false;        ///< keep going past end-of-generation tokens
   /// At the end, write an incomplete UTF-8 sequence out as U+FFFD (one per byte). When
   /// false and generation stopped at max_tokens, the bytes stay held in the session and
   /// complete with the next generate() (a conversation continued in several calls).
@@ -64,17 +64,18 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;   ///< generated ids (an EOS that stopped it is not included)
-  std::string text;              ///< their text, cut at a stop string
+  std::vector<int32_t> tokens;  ///< generated ids (an EOS that stopped it is not included)
+  std::string text;             ///< their text, cut at a stop string
   FinishReason finish = FinishReason::kLength;
-  int32_t n_prompt = 0;          ///< tokens evaluated for the prompt
-  double prompt_seconds = 0.0;   ///< wall time of the prompt evaluation
-  double generate_seconds = 0.0; ///< wall time from the first sampled token to the end
+  int32_t n_prompt = 0;           ///< tokens evaluated for the prompt
+  double prompt_seconds = 0.0;    ///< wall time of the prompt evaluation
+  double generate_seconds = 0.0;  ///< wall time from the first sampled token to the end
 };
 
 class Session {
  public:
-  /// Throws Error(kInvalidArgument) for n_ctx < 0, n_batch < 1 or page_size < 1.
+  /// Throws Error(kInvalidArgument) for n_ctx outside [0, kMaxContextSize], n_batch < 1 or
+  /// page_size < 1 (before anything is allocated).
   Session(std::shared_ptr<const Model> model, Executor& executor, const SessionOptions& options = {});
 
   const Model& model() const noexcept { return *model_; }
@@ -130,6 +131,8 @@ class Session {
   Executor& executor() const noexcept { return *executor_; }
 
  private:
+  void place_kv(int32_t end);
+
   std::shared_ptr<const Model> model_;
   Executor* executor_;
   SessionOptions options_;

@@ -19,8 +19,7 @@ bool cpu_has(std::string_view isa) noexcept {
   if (isa == "scalar") return true;
 #if defined(TANDEM_CPU_X86)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (isa == "avx2") return avx2;
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
@@ -67,7 +66,9 @@ inline const KernelTable& K() noexcept {
 
 }  // namespace
 
-std::string_view cpu_isa_name() noexcept { return K().name; }
+std::string_view cpu_isa_name() noexcept {
+  return K().name;
+}
 
 void cpu_force_scalar(bool on) noexcept {
   g_active.store(on ? &detail::table_scalar() : best_table(), std::memory_order_release);
@@ -80,17 +81,35 @@ bool cpu_set_isa(std::string_view isa) noexcept {
   return true;
 }
 
-bool cpu_isa_supported(std::string_view isa) noexcept { return table_for(isa) != nullptr; }
+bool cpu_isa_supported(std::string_view isa) noexcept {
+  return table_for(isa) != nullptr;
+}
 
-float fp16_to_fp32(uint16_t h) noexcept { return fp16_bits_to_fp32(h); }
-uint16_t fp32_to_fp16(float f) noexcept { return fp32_to_fp16_bits(f); }
-float bf16_to_fp32(uint16_t h) noexcept { return bf16_bits_to_fp32(h); }
+float fp16_to_fp32(uint16_t h) noexcept {
+  return fp16_bits_to_fp32(h);
+}
+uint16_t fp32_to_fp16(float f) noexcept {
+  return fp32_to_fp16_bits(f);
+}
+float bf16_to_fp32(uint16_t h) noexcept {
+  return bf16_bits_to_fp32(h);
+}
 
-void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept { K().fp16_to_fp32_row(x, y, n); }
-void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) noexcept { K().fp32_to_fp16_row(x, y, n); }
-void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept { K().quantize_row_q8_0(x, y, k); }
-void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t k) noexcept { K().dequantize_row_q4_0(x, y, k); }
-void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept { K().dequantize_row_q8_0(x, y, k); }
+void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept {
+  K().fp16_to_fp32_row(x, y, n);
+}
+void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) noexcept {
+  K().fp32_to_fp16_row(x, y, n);
+}
+void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept {
+  K().quantize_row_q8_0(x, y, k);
+}
+void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t k) noexcept {
+  K().dequantize_row_q4_0(x, y, k);
+}
+void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
+  K().dequantize_row_q8_0(x, y, k);
+}
 
 float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return K().vec_dot_q4_0_q8_0(w, x, k);
@@ -98,35 +117,43 @@ float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexc
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return K().vec_dot_q8_0_q8_0(w, x, k);
 }
-float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept { return K().vec_dot_f32(a, b, n); }
-float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept { return K().vec_dot_f16(a, b, n); }
+float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept {
+  return K().vec_dot_f32(a, b, n);
+}
+float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept {
+  return K().vec_dot_f16(a, b, n);
+}
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept {
   return K().vec_dot_bf16_f32(a, b, n);
 }
 
-void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   K().gemm_q4_0_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   K().gemm_q8_0_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy,
-                  int64_t r0, int64_t r1) noexcept {
+void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept {
   K().gemm_f32_f32(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m,
-                  int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept {
   K().gemm_f16_f16(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m,
-                   int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                   int64_t r1) noexcept {
   K().gemm_bf16_f32(w, x, y, k, m, ldy, r0, r1);
 }
 
-void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept { K().axpy_f16(a, x, y, n); }
-bool cpu_thread_prepare() noexcept { return K().thread_prepare(); }
+void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
+  K().axpy_f16(a, x, y, n);
+}
+bool cpu_thread_prepare() noexcept {
+  return K().thread_prepare();
+}
 void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
                       float* out) noexcept {
   K().vec_dot_f16_rows(k, stride, n_rows, q, n, out);

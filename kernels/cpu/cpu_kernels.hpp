@@ -65,19 +65,19 @@ float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
 /// Y[i, r] for i < m, r0 <= r < r1. W: n x k Q4_0 (k/32 blocks per row, row-major).
 /// X: m x k, already quantised to Q8_0. Tiled over rows and columns so each weight block
 /// is loaded once per column tile (the prefill path); m == 1 is the decode GEMV.
-void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept;
-void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept;
+void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
 /// F32 weights x F32 activations.
-void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m,
-                  int64_t ldy, int64_t r0, int64_t r1) noexcept;
+void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept;
 /// F16 weights x activations already rounded to F16 (as ggml does), f32 accumulate.
-void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m,
-                  int64_t ldy, int64_t r0, int64_t r1) noexcept;
+void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept;
 /// BF16 weights x F32 activations.
-void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m,
-                   int64_t ldy, int64_t r0, int64_t r1) noexcept;
+void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                   int64_t r1) noexcept;
 
 /// y += a * x over n elements, x in fp16 (attention's V accumulation).
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept;

@@ -5,5 +5,7 @@
 #include "kernels_simd.hpp"
 
 namespace tandem::kernels::detail {
-const KernelTable& table_avx2() noexcept { return avx2::table(); }
+const KernelTable& table_avx2() noexcept {
+  return avx2::table();
+}
 }  // namespace tandem::kernels::detail

@@ -5,5 +5,7 @@
 #include "kernels_simd.hpp"
 
 namespace tandem::kernels::detail {
-const KernelTable& table_avx512() noexcept { return avx512::table(); }
+const KernelTable& table_avx512() noexcept {
+  return avx512::table();
+}
 }  // namespace tandem::kernels::detail

@@ -7,5 +7,7 @@
 #include "kernels_simd.hpp"
 
 namespace tandem::kernels::detail {
-const KernelTable& table_avx512vnni() noexcept { return avx512vnni::table(); }
+const KernelTable& table_avx512vnni() noexcept {
+  return avx512vnni::table();
+}
 }  // namespace tandem::kernels::detail

@@ -86,30 +86,30 @@ float s_vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept 
 }
 
 template <class TW, class TX, float (*Dot)(const TW*, const TX*, int64_t) noexcept>
-void s_gemm(const TW* w, const TX* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
-            int64_t r1, int64_t w_row, int64_t x_row) noexcept {
+void s_gemm(const TW* w, const TX* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0, int64_t r1,
+            int64_t w_row, int64_t x_row) noexcept {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t r = r0; r < r1; ++r) y[i * ldy + r] = Dot(w + r * w_row, x + i * x_row, k);
 }
 
-void s_gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                      int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void s_gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
   s_gemm<BlockQ4_0, BlockQ8_0, s_vec_dot_q4_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
 }
-void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                      int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
   s_gemm<BlockQ8_0, BlockQ8_0, s_vec_dot_q8_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
 }
-void s_gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy,
-                    int64_t r0, int64_t r1) noexcept {
+void s_gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   s_gemm<float, float, s_vec_dot_f32>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
-void s_gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void s_gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   s_gemm<uint16_t, uint16_t, s_vec_dot_f16>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
-void s_gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m,
-                     int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void s_gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                     int64_t r1) noexcept {
   s_gemm<uint16_t, float, s_vec_dot_bf16_f32>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
 
@@ -125,17 +125,33 @@ void s_axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t 
   for (int64_t r = 0; r < n_rows; ++r) s_axpy_f16(a[r], x + r * stride, y, n);
 }
 
-bool s_thread_prepare() noexcept { return true; }  // the scalar kernels use no scratch
+bool s_thread_prepare() noexcept {
+  return true;
+}  // the scalar kernels use no scratch
 
 }  // namespace
 
 const KernelTable& table_scalar() noexcept {
-  static constexpr KernelTable t{
-      "scalar",           s_fp16_to_fp32_row,  s_fp32_to_fp16_row,  s_quantize_row_q8_0,
-      s_dequantize_row_q4_0, s_dequantize_row_q8_0, s_vec_dot_q4_0_q8_0, s_vec_dot_q8_0_q8_0,
-      s_vec_dot_f32,      s_vec_dot_f16,       s_vec_dot_bf16_f32,  s_gemm_q4_0_q8_0,
-      s_gemm_q8_0_q8_0,   s_gemm_f32_f32,      s_gemm_f16_f16,      s_gemm_bf16_f32,
-      s_axpy_f16,         s_vec_dot_f16_rows,  s_axpy_f16_rows,     s_thread_prepare};
+  static constexpr KernelTable t{"scalar",
+                                 s_fp16_to_fp32_row,
+                                 s_fp32_to_fp16_row,
+                                 s_quantize_row_q8_0,
+                                 s_dequantize_row_q4_0,
+                                 s_dequantize_row_q8_0,
+                                 s_vec_dot_q4_0_q8_0,
+                                 s_vec_dot_q8_0_q8_0,
+                                 s_vec_dot_f32,
+                                 s_vec_dot_f16,
+                                 s_vec_dot_bf16_f32,
+                                 s_gemm_q4_0_q8_0,
+                                 s_gemm_q8_0_q8_0,
+                                 s_gemm_f32_f32,
+                                 s_gemm_f16_f16,
+                                 s_gemm_bf16_f32,
+                                 s_axpy_f16,
+                                 s_vec_dot_f16_rows,
+                                 s_axpy_f16_rows,
+                                 s_thread_prepare};
   return t;
 }
 

@@ -43,7 +43,9 @@ constexpr int kGemvRows = 4;  // rows per GEMV step (independent streams/accumul
 
 // ---------------------------------------------------------------- small helpers ---------
 
-inline float h2f(uint16_t h) noexcept { return _cvtsh_ss(h); }
+inline float h2f(uint16_t h) noexcept {
+  return _cvtsh_ss(h);
+}
 
 inline VF load_f16(const uint16_t* p) noexcept {
 #if TANDEM_ISA_AVX512
@@ -137,8 +139,10 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept {
 #if TANDEM_ISA_AVX512
     const __m512 mul = _mm512_set1_ps(id);
     // cvtps_epi32 rounds with MXCSR (nearest even by default), same as round_ps(NEAREST).
-    const __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m512i i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512i i0 =
+        _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m512i i1 =
+        _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs), _mm512_cvtsepi32_epi8(i0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16), _mm512_cvtsepi32_epi8(i1));
 #else
@@ -189,8 +193,7 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
   for (int64_t b = 0; b < nb; ++b) {
     const float d = h2f(x[b].d);
     store_i8x16_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs)), d, y + b * kQK);
-    store_i8x16_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs + 16)), d,
-                       y + b * kQK + 16);
+    store_i8x16_scaled(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].qs + 16)), d, y + b * kQK + 16);
   }
 }
 
@@ -217,8 +220,7 @@ inline __m256i unpack_q4(const uint8_t* qs) noexcept {
 // contiguous); walked linearly at the pace this tile consumes its own R rows so the
 // decode GEMV keeps DRAM busy while it computes.
 template <class TW, int R, int C>
-void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
-            const char* pf) noexcept {
+void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -238,8 +240,7 @@ void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy,
       const BlockQ8_0& xb = x[c * nb + b];
       xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       dx[c] = _mm256_set1_ps(h2f(xb.d));
-      if constexpr (kQ4)
-        xs[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq[c]), ones16);
+      if constexpr (kQ4) xs[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq[c]), ones16);
     }
     for (int r = 0; r < R; ++r) {
       const TW& wb = w[r * nb + b];
@@ -297,7 +298,9 @@ struct alignas(64) XGroup {  // one column's kG blocks
 };
 static_assert(sizeof(XGroup) == 640);
 
-constexpr int blk_of_lane(int l) { return 4 * (l % 4) + l / 4; }
+constexpr int blk_of_lane(int l) {
+  return 4 * (l % 4) + l / 4;
+}
 
 /// Packs blocks x[0, nv) (nv <= kG) into g; blocks nv.. are zero (contribute +0).
 inline void pack_x_group(const BlockQ8_0* x, int nv, XGroup& g) noexcept {
@@ -323,8 +326,7 @@ inline void pack_x(const BlockQ8_0* x, int64_t nb, int64_t ncol, XGroup* out) no
   const int64_t ng = (nb + kG - 1) / kG;
   for (int64_t c = 0; c < ncol; ++c)
     for (int64_t g = 0; g < ng; ++g)
-      pack_x_group(x + c * nb + g * kG, static_cast<int>(std::min<int64_t>(kG, nb - g * kG)),
-                   out[c * ng + g]);
+      pack_x_group(x + c * nb + g * kG, static_cast<int>(std::min<int64_t>(kG, nb - g * kG)), out[c * ng + g]);
 }
 /// The calling thread's packed-activation buffer. thread_prepare() sizes it once for every
 /// shape up to kPreparedGroups (1 MiB: a GEMM column chunk is ~512 KiB; a GEMV needs k/512
@@ -390,11 +392,11 @@ inline void load_w_group(const TW* wb, int nv, WGroup<TW>& o) noexcept {
       o.neg[4 + j] = _mm512_movepi8_mask(hi);
     }
   }
-  const __m512i idx = _mm512_setr_epi32(
-      kSz * blk_of_lane(0), kSz * blk_of_lane(1), kSz * blk_of_lane(2), kSz * blk_of_lane(3),
-      kSz * blk_of_lane(4), kSz * blk_of_lane(5), kSz * blk_of_lane(6), kSz * blk_of_lane(7),
-      kSz * blk_of_lane(8), kSz * blk_of_lane(9), kSz * blk_of_lane(10), kSz * blk_of_lane(11),
-      kSz * blk_of_lane(12), kSz * blk_of_lane(13), kSz * blk_of_lane(14), kSz * blk_of_lane(15));
+  const __m512i idx =
+      _mm512_setr_epi32(kSz * blk_of_lane(0), kSz * blk_of_lane(1), kSz * blk_of_lane(2), kSz * blk_of_lane(3),
+                        kSz * blk_of_lane(4), kSz * blk_of_lane(5), kSz * blk_of_lane(6), kSz * blk_of_lane(7),
+                        kSz * blk_of_lane(8), kSz * blk_of_lane(9), kSz * blk_of_lane(10), kSz * blk_of_lane(11),
+                        kSz * blk_of_lane(12), kSz * blk_of_lane(13), kSz * blk_of_lane(14), kSz * blk_of_lane(15));
   __m512i d32;
   if constexpr (kFull) {
     d32 = _mm512_i32gather_epi32(idx, base, 1);
@@ -415,8 +417,7 @@ inline __m512i chunk_dot(__m512i ulo, __m512i slo, __m512i uhi, __m512i shi) noe
 #else
   const __m512i ones = _mm512_set1_epi16(1);
   if constexpr (kQ4) {  // i16 pair sums <= 2 * 15 * 128, two of them still fit
-    return _mm512_madd_epi16(
-        _mm512_add_epi16(_mm512_maddubs_epi16(ulo, slo), _mm512_maddubs_epi16(uhi, shi)), ones);
+    return _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(ulo, slo), _mm512_maddubs_epi16(uhi, shi)), ones);
   } else {
     return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(ulo, slo), ones),
                             _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, shi), ones));
@@ -434,8 +435,7 @@ inline float hsum512(__m512 v) noexcept {
 }
 
 template <class TW, int R, int C, bool kFull>
-inline void group_step(const TW* w, int64_t nb, int nv, const XGroup* xg, int64_t ng,
-                       __m512 (&acc)[R][C]) noexcept {
+inline void group_step(const TW* w, int64_t nb, int nv, const XGroup* xg, int64_t ng, __m512 (&acc)[R][C]) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
   for (int r = 0; r < R; ++r) {
     WGroup<TW> wg;
@@ -465,8 +465,7 @@ using TileGFn = void (*)(const void*, int64_t, const XGroup*, int64_t, float*, i
 // y[c*ldy + r] = dot(W row r, X column c): w the R rows (stride nb blocks), xp the C packed
 // columns (stride ng groups). pf: as in tile_q (decode prefetch of the next rows).
 template <class TW, int R, int C>
-void tile_qg(const void* wv, int64_t nb, const XGroup* xp, int64_t ng, float* y, int64_t ldy,
-             const char* pf) noexcept {
+void tile_qg(const void* wv, int64_t nb, const XGroup* xp, int64_t ng, float* y, int64_t ldy, const char* pf) noexcept {
   const TW* w = static_cast<const TW*>(wv);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -481,8 +480,7 @@ void tile_qg(const void* wv, int64_t nb, const XGroup* xp, int64_t ng, float* y,
     group_step<TW, R, C, true>(w + g * kG, nb, kG, xp + g, ng, acc);
   }
   if (nfull * kG < nb)
-    group_step<TW, R, C, false>(w + nfull * kG, nb, static_cast<int>(nb - nfull * kG),
-                                xp + nfull, ng, acc);
+    group_step<TW, R, C, false>(w + nfull * kG, nb, static_cast<int>(nb - nfull * kG), xp + nfull, ng, acc);
   for (int c = 0; c < C; ++c)
     for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum512(acc[r][c]);
 }
@@ -493,8 +491,8 @@ constexpr std::array<TileGFn, RB * CB> make_qg_tiles(std::index_sequence<I...>) 
 }
 
 template <class TW>
-void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
-            int64_t r0, int64_t r1) noexcept {
+void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+            int64_t r1) noexcept {
   const int64_t nb = k / kQK;
   if (m <= 0 || r1 <= r0) return;
   const int64_t ng = (nb + kG - 1) / kG;
@@ -510,8 +508,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
     }
     return;
   }
-  static constexpr auto tiles =
-      make_qg_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
+  static constexpr auto tiles = make_qg_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
   // Column chunk: keep the chunk's packed activations (~512 KiB) in L2 while all row tiles pass.
   const int64_t col_bytes = ng * static_cast<int64_t>(sizeof(XGroup));
   const int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
@@ -523,8 +520,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
       const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
       for (int64_t c = c0; c < c1; c += kQCols) {
         const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, xp + (c - c0) * ng, ng,
-                                            y + c * ldy + r, ldy, nullptr);
+        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, xp + (c - c0) * ng, ng, y + c * ldy + r, ldy, nullptr);
       }
     }
   }
@@ -548,8 +544,8 @@ constexpr std::array<TileFn<TW>, RB * CB> make_q_tiles(std::index_sequence<I...>
 }
 
 template <class TW>
-void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
-            int64_t r0, int64_t r1) noexcept {
+void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+            int64_t r1) noexcept {
   const int64_t nb = k / kQK;
   if (m <= 0 || r1 <= r0) return;
   if (m == 1) {  // decode GEMV: stream each weight row once, kGemvRows rows in flight
@@ -562,8 +558,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
     }
     return;
   }
-  static constexpr auto tiles =
-      make_q_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
+  static constexpr auto tiles = make_q_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
   // Column chunk: keep the chunk's activations (~512 KiB) in L2 while all row tiles pass.
   const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
   int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
@@ -573,8 +568,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
       const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
       for (int64_t c = c0; c < c1; c += kQCols) {
         const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, x + c * nb, y + c * ldy + r, ldy,
-                                            nullptr);
+        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, x + c * nb, y + c * ldy + r, ldy, nullptr);
       }
     }
   }
@@ -591,12 +585,12 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
   return out;
 }
 #endif
-void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   gemm_q<BlockQ4_0>(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m,
-                    int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
   gemm_q<BlockQ8_0>(w, x, y, k, m, ldy, r0, r1);
 }
 
@@ -622,8 +616,7 @@ template <class LW, class LX>
 using FTileFn = void (*)(const typename LW::T*, const typename LX::T*, float*, int64_t, int64_t) noexcept;
 
 template <class LW, class LX, int R, int C>
-void tile_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t k,
-            int64_t ldy) noexcept {
+void tile_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t k, int64_t ldy) noexcept {
   VF acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = VF(0.0f);
@@ -650,8 +643,8 @@ constexpr std::array<FTileFn<LW, LX>, RB * CB> make_f_tiles(std::index_sequence<
 }
 
 template <class LW, class LX>
-void gemm_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t k, int64_t m,
-            int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+            int64_t r1) noexcept {
   if (m <= 0 || r1 <= r0) return;
   if (m == 1) {
     static constexpr auto gemv = make_f_tiles<LW, LX, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
@@ -661,11 +654,9 @@ void gemm_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t 
     }
     return;
   }
-  static constexpr auto tiles =
-      make_f_tiles<LW, LX, kFRows, kFCols>(std::make_index_sequence<kFRows * kFCols>{});
+  static constexpr auto tiles = make_f_tiles<LW, LX, kFRows, kFCols>(std::make_index_sequence<kFRows * kFCols>{});
   const int64_t col_bytes = k * static_cast<int64_t>(sizeof(typename LX::T));
-  const int64_t nc =
-      std::max<int64_t>(kFCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kFCols * kFCols);
+  const int64_t nc = std::max<int64_t>(kFCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kFCols * kFCols);
   for (int64_t c0 = 0; c0 < m; c0 += nc) {
     const int64_t c1 = std::min(m, c0 + nc);
     for (int64_t r = r0; r < r1; r += kFRows) {
@@ -687,24 +678,23 @@ float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept {
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept {
   return vec_dot_f<LdBF16, LdF32>(a, b, n);
 }
-void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy,
-                  int64_t r0, int64_t r1) noexcept {
+void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept {
   gemm_f<LdF32, LdF32>(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m,
-                  int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                  int64_t r1) noexcept {
   gemm_f<LdF16, LdF16>(w, x, y, k, m, ldy, r0, r1);
 }
-void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m,
-                   int64_t ldy, int64_t r0, int64_t r1) noexcept {
+void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                   int64_t r1) noexcept {
   gemm_f<LdBF16, LdF32>(w, x, y, k, m, ldy, r0, r1);
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   const VF va(a);
   int64_t i = 0;
-  for (; i + kW <= n; i += kW)
-    xsimd::fma(va, load_f16(x + i), VF::load_unaligned(y + i)).store_unaligned(y + i);
+  for (; i + kW <= n; i += kW) xsimd::fma(va, load_f16(x + i), VF::load_unaligned(y + i)).store_unaligned(y + i);
   for (; i < n; ++i) y[i] += a * h2f(x[i]);
 }
 
@@ -730,11 +720,10 @@ void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_
 
 inline const KernelTable& table() noexcept {
   static constexpr KernelTable t{
-      TANDEM_ISA_NAME,     fp16_to_fp32_row,  fp32_to_fp16_row,  quantize_row_q8_0,
-      dequantize_row_q4_0, dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0,
-      vec_dot_f32,         vec_dot_f16,       vec_dot_bf16_f32,  gemm_q4_0_q8_0,
-      gemm_q8_0_q8_0,      gemm_f32_f32,      gemm_f16_f16,      gemm_bf16_f32,
-      axpy_f16,            vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare};
+      TANDEM_ISA_NAME,     fp16_to_fp32_row,  fp32_to_fp16_row,  quantize_row_q8_0, dequantize_row_q4_0,
+      dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
+      vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
+      gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare};
   return t;
 }
 

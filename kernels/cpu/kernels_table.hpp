@@ -21,16 +21,13 @@ struct KernelTable {
   float (*vec_dot_f32)(const float*, const float*, int64_t) noexcept;
   float (*vec_dot_f16)(const uint16_t*, const uint16_t*, int64_t) noexcept;
   float (*vec_dot_bf16_f32)(const uint16_t*, const float*, int64_t) noexcept;
-  void (*gemm_q4_0_q8_0)(const BlockQ4_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t,
-                         int64_t, int64_t) noexcept;
-  void (*gemm_q8_0_q8_0)(const BlockQ8_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t,
-                         int64_t, int64_t) noexcept;
-  void (*gemm_f32_f32)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
-                       int64_t) noexcept;
-  void (*gemm_f16_f16)(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t,
-                       int64_t, int64_t) noexcept;
-  void (*gemm_bf16_f32)(const uint16_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
-                        int64_t) noexcept;
+  void (*gemm_q4_0_q8_0)(const BlockQ4_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  void (*gemm_q8_0_q8_0)(const BlockQ8_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  void (*gemm_f32_f32)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) noexcept;
+  void (*gemm_f16_f16)(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) noexcept;
+  void (*gemm_bf16_f32)(const uint16_t*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) noexcept;
   void (*axpy_f16)(float, const uint16_t*, float*, int64_t) noexcept;
   void (*vec_dot_f16_rows)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*) noexcept;
   void (*axpy_f16_rows)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t) noexcept;
@@ -39,8 +36,8 @@ struct KernelTable {
 
 const KernelTable& table_scalar() noexcept;
 #if defined(TANDEM_CPU_X86)
-const KernelTable& table_avx2() noexcept;    ///< AVX2 + FMA + F16C
-const KernelTable& table_avx512() noexcept;  ///< AVX-512 F/BW/DQ/CD/VL + FMA + F16C
+const KernelTable& table_avx2() noexcept;        ///< AVX2 + FMA + F16C
+const KernelTable& table_avx512() noexcept;      ///< AVX-512 F/BW/DQ/CD/VL + FMA + F16C
 const KernelTable& table_avx512vnni() noexcept;  ///< the same + AVX512-VNNI integer dots
 #endif
 

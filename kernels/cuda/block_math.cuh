@@ -47,7 +47,9 @@ TANDEM_HD_INLINE float h2f(uint16_t h) {
 }
 
 /// Round a float to fp16 and back (the value an f16 KV cache or f16 activation holds).
-TANDEM_HD_INLINE float round_f16(float x) { return h2f(fp32_to_fp16_bits(x)); }
+TANDEM_HD_INLINE float round_f16(float x) {
+  return h2f(fp32_to_fp16_bits(x));
+}
 
 /// Bytes of four consecutive Q4_0 weight nibbles, minus 8, as four signed bytes.
 /// `word` holds packed bytes 4i..4i+3 of a block; `high` selects the high nibbles

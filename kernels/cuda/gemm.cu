@@ -67,9 +67,9 @@ struct WeightWords<WType::kQ8_0> {
 
 // grid: (ceil(n / kRowsPerBlock), ceil(m / MT)); block: kRowsPerBlock warps.
 template <WType W, int MT>
-__global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n,
-                                  int64_t nb, const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd,
-                                  int64_t m, float* __restrict__ y, int64_t ldy, bool accumulate) {
+__global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
+                                  const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, int64_t m,
+                                  float* __restrict__ y, int64_t ldy, bool accumulate) {
   const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int64_t c0 = int64_t(blockIdx.y) * MT;
@@ -179,8 +179,8 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* x
   quantize_q8_0_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, n_blocks, xq, xd);
 }
 
-void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
-          int64_t ldy, bool accumulate, cudaStream_t stream) {
+void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
+          bool accumulate, cudaStream_t stream) {
   if (m <= 0 || w.n <= 0) return;
   if (m == 1) {
     launch_gemm<1>(w, x, xq, xd, m, y, ldy, accumulate, stream);

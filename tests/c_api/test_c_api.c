@@ -35,38 +35,37 @@
 static int g_checks = 0;
 static int g_failures = 0;
 
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    ++g_checks;                                                                  \
-    if (!(cond)) {                                                               \
-      ++g_failures;                                                              \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-    }                                                                            \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    ++g_checks;                                                                \
+    if (!(cond)) {                                                             \
+      ++g_failures;                                                            \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                          \
   } while (0)
 
-#define CHECK_STATUS(expr, want)                                                              \
-  do {                                                                                        \
-    tandem_status st_ = (expr);                                                               \
-    ++g_checks;                                                                               \
-    if (st_ != (want)) {                                                                      \
-      ++g_failures;                                                                           \
-      fprintf(stderr, "%s:%d: %s\n  returned %s (%d), expected %s; last error: %s\n", __FILE__, \
-              __LINE__, #expr, tandem_status_name(st_), (int)st_, tandem_status_name(want),   \
-              tandem_last_error());                                                           \
-    }                                                                                         \
+#define CHECK_STATUS(expr, want)                                                                                 \
+  do {                                                                                                           \
+    tandem_status st_ = (expr);                                                                                  \
+    ++g_checks;                                                                                                  \
+    if (st_ != (want)) {                                                                                         \
+      ++g_failures;                                                                                              \
+      fprintf(stderr, "%s:%d: %s\n  returned %s (%d), expected %s; last error: %s\n", __FILE__, __LINE__, #expr, \
+              tandem_status_name(st_), (int)st_, tandem_status_name(want), tandem_last_error());                 \
+    }                                                                                                            \
   } while (0)
 
 #define CHECK_OK(expr) CHECK_STATUS(expr, TANDEM_OK)
 
 /* Stop the program: a precondition of the remaining checks failed. */
-#define REQUIRE_OK(expr)                                                                  \
-  do {                                                                                    \
-    tandem_status st_ = (expr);                                                           \
-    if (st_ != TANDEM_OK) {                                                               \
-      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr,           \
-              tandem_status_name(st_), tandem_last_error());                              \
-      exit(2);                                                                            \
-    }                                                                                     \
+#define REQUIRE_OK(expr)                                                                                 \
+  do {                                                                                                   \
+    tandem_status st_ = (expr);                                                                          \
+    if (st_ != TANDEM_OK) {                                                                              \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr, tandem_status_name(st_), \
+              tandem_last_error());                                                                      \
+      exit(2);                                                                                           \
+    }                                                                                                    \
   } while (0)
 
 #define CHECK_MSG_CONTAINS(needle) CHECK(strstr(tandem_last_error(), (needle)) != NULL)
@@ -155,14 +154,24 @@ static size_t parse_number_array(const char* p, double* out, size_t cap) {
 static void put_utf8(char** w, const char* end, unsigned long cp) {
   char tmp[4];
   int n, i;
-  if (cp < 0x80) { tmp[0] = (char)cp; n = 1; }
-  else if (cp < 0x800) { tmp[0] = (char)(0xC0 | (cp >> 6)); tmp[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }
-  else if (cp < 0x10000) {
-    tmp[0] = (char)(0xE0 | (cp >> 12)); tmp[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    tmp[2] = (char)(0x80 | (cp & 0x3F)); n = 3;
+  if (cp < 0x80) {
+    tmp[0] = (char)cp;
+    n = 1;
+  } else if (cp < 0x800) {
+    tmp[0] = (char)(0xC0 | (cp >> 6));
+    tmp[1] = (char)(0x80 | (cp & 0x3F));
+    n = 2;
+  } else if (cp < 0x10000) {
+    tmp[0] = (char)(0xE0 | (cp >> 12));
+    tmp[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    tmp[2] = (char)(0x80 | (cp & 0x3F));
+    n = 3;
   } else {
-    tmp[0] = (char)(0xF0 | (cp >> 18)); tmp[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    tmp[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); tmp[3] = (char)(0x80 | (cp & 0x3F)); n = 4;
+    tmp[0] = (char)(0xF0 | (cp >> 18));
+    tmp[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    tmp[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    tmp[3] = (char)(0x80 | (cp & 0x3F));
+    n = 4;
   }
   for (i = 0; i < n && *w < end; ++i) *(*w)++ = tmp[i];
 }
@@ -177,11 +186,26 @@ static int parse_string(const char* p, char* out, size_t cap) {
     if (*p == '\\') {
       ++p;
       switch (*p) {
-        case 'n': if (w < end) *w++ = '\n'; ++p; break;
-        case 't': if (w < end) *w++ = '\t'; ++p; break;
-        case 'r': if (w < end) *w++ = '\r'; ++p; break;
-        case 'b': if (w < end) *w++ = '\b'; ++p; break;
-        case 'f': if (w < end) *w++ = '\f'; ++p; break;
+        case 'n':
+          if (w < end) *w++ = '\n';
+          ++p;
+          break;
+        case 't':
+          if (w < end) *w++ = '\t';
+          ++p;
+          break;
+        case 'r':
+          if (w < end) *w++ = '\r';
+          ++p;
+          break;
+        case 'b':
+          if (w < end) *w++ = '\b';
+          ++p;
+          break;
+        case 'f':
+          if (w < end) *w++ = '\f';
+          ++p;
+          break;
         case 'u': {
           unsigned long cp = strtoul((char[5]){p[1], p[2], p[3], p[4], 0}, NULL, 16);
           p += 5;
@@ -193,7 +217,10 @@ static int parse_string(const char* p, char* out, size_t cap) {
           put_utf8(&w, end, cp);
           break;
         }
-        default: if (w < end) *w++ = *p; ++p; break; /* \" \\ \/ */
+        default:
+          if (w < end) *w++ = *p;
+          ++p;
+          break; /* \" \\ \/ */
       }
     } else {
       if (w < end) *w++ = *p;
@@ -218,7 +245,10 @@ static int load_golden(const char* case_name, golden_case* g) {
   memset(g, 0, sizeof *g);
   snprintf(pattern, sizeof pattern, "\"name\": \"%s\"", case_name);
   c = strstr(json, pattern);
-  if (c == NULL) { free(json); return 0; }
+  if (c == NULL) {
+    free(json);
+    return 0;
+  }
   p = find_key(c, "prompt_text");
   if (p) parse_string(p, g->prompt_text, sizeof g->prompt_text);
   p = find_key(c, "prompt_ids");
@@ -253,7 +283,7 @@ typedef struct collector {
   char text[8192];
   size_t len;
   int calls;
-  int stop_after;          /* >0: return nonzero on this call */
+  int stop_after; /* >0: return nonzero on this call */
   int32_t last_token;
 } collector;
 
@@ -343,18 +373,18 @@ static void test_init_functions(void) {
   tandem_request_event re;
   tandem_request_result rr;
 
-#define CHECK_INIT_MIN(fn, type, min_size)                                                \
-  do {                                                                                    \
-    CHECK_STATUS(fn(NULL, sizeof(type)), TANDEM_E_INVALID_ARG);                           \
-    CHECK_STATUS(fn((type*)big, 0), TANDEM_E_INVALID_ARG);                                \
-    CHECK_STATUS(fn((type*)big, sizeof(size_t)), TANDEM_E_INVALID_ARG);                   \
-    CHECK_STATUS(fn((type*)big, (min_size) - 1), TANDEM_E_INVALID_ARG);                   \
-    CHECK_OK(fn((type*)big, (min_size)));                                                 \
-    memset(big, 0xAB, sizeof big);                                                        \
-    CHECK_OK(fn((type*)big, sizeof(type) + 64));                                          \
-    CHECK(((type*)big)->struct_size == sizeof(type) + 64);                                \
-    CHECK(big[sizeof(type) + 63] == 0); /* the tail the library does not know: zeroed */  \
-    CHECK(big[sizeof(type) + 64] == 0xAB); /* nothing past struct_size */                 \
+#define CHECK_INIT_MIN(fn, type, min_size)                                                  \
+  do {                                                                                      \
+    CHECK_STATUS(fn(NULL, sizeof(type)), TANDEM_E_INVALID_ARG);                             \
+    CHECK_STATUS(fn((type*)big, 0), TANDEM_E_INVALID_ARG);                                  \
+    CHECK_STATUS(fn((type*)big, sizeof(size_t)), TANDEM_E_INVALID_ARG);                     \
+    CHECK_STATUS(fn((type*)big, (min_size)-1), TANDEM_E_INVALID_ARG);                       \
+    CHECK_OK(fn((type*)big, (min_size)));                                                   \
+    memset(big, 0xAB, sizeof big);                                                          \
+    CHECK_OK(fn((type*)big, sizeof(type) + 64));                                            \
+    CHECK(((type*)big)->struct_size == sizeof(type) + 64);                                  \
+    CHECK(big[sizeof(type) + 63] == 0);    /* the tail the library does not know: zeroed */ \
+    CHECK(big[sizeof(type) + 64] == 0xAB); /* nothing past struct_size */                   \
   } while (0)
 #define CHECK_INIT(fn, type) CHECK_INIT_MIN(fn, type, sizeof(type))
   CHECK_INIT(tandem_model_params_init, tandem_model_params);
@@ -763,7 +793,7 @@ static void test_tokenizer(const golden_case* g) {
   char buf[256];
   const char* text = g->prompt_text;
   const size_t len = strlen(text);
-  static const char* bad_utf8[] = {"\xff", "ab\xc0\x80", "\xed\xa0\x80", "x\xe2\x82", "\xf4\x90\x80\x80",
+  static const char* bad_utf8[] = {"\xff", "ab\xc0\x80",          "\xed\xa0\x80", "x\xe2\x82", "\xf4\x90\x80\x80",
                                    "\x80", "\xf8\x88\x80\x80\x80"};
 
   /* Size query, then fill. */
@@ -777,8 +807,7 @@ static void test_tokenizer(const golden_case* g) {
   CHECK(n == g->n_prompt - 1 && ids[0] == g->prompt_ids[1]);
   /* Too small: needed size reported, nothing written. */
   ids[0] = -7;
-  CHECK_STATUS(tandem_tokenize(g_model, text, len, TANDEM_TOKENIZE_ADD_SPECIAL, ids, 3, &n),
-               TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_tokenize(g_model, text, len, TANDEM_TOKENIZE_ADD_SPECIAL, ids, 3, &n), TANDEM_E_BUFFER_TOO_SMALL);
   CHECK(n == g->n_prompt && ids[0] == -7);
   /* Empty text: NULL allowed with length 0. */
   CHECK_OK(tandem_tokenize(g_model, NULL, 0, TANDEM_TOKENIZE_ADD_SPECIAL, ids, 256, &n));
@@ -795,8 +824,7 @@ static void test_tokenizer(const golden_case* g) {
   CHECK(n >= 2);
   /* Invalid UTF-8 and unknown flags. */
   for (i = 0; i < sizeof bad_utf8 / sizeof bad_utf8[0]; ++i) {
-    CHECK_STATUS(tandem_tokenize(g_model, bad_utf8[i], strlen(bad_utf8[i]), 0, ids, 256, &n),
-                 TANDEM_E_INVALID_ARG);
+    CHECK_STATUS(tandem_tokenize(g_model, bad_utf8[i], strlen(bad_utf8[i]), 0, ids, 256, &n), TANDEM_E_INVALID_ARG);
     CHECK_MSG_CONTAINS("UTF-8");
   }
   CHECK_STATUS(tandem_tokenize(g_model, "a", 1, 0x80u, ids, 256, &n), TANDEM_E_INVALID_ARG);
@@ -814,8 +842,8 @@ static void test_tokenizer(const golden_case* g) {
                TANDEM_E_BUFFER_TOO_SMALL); /* no room for the NUL */
   CHECK(n == len && buf[0] == 'Z');
   /* With BOS and REMOVE_SPECIAL: BOS dropped, and (llama.cpp quirk) the space kept. */
-  CHECK_OK(tandem_detokenize(g_model, g->prompt_ids, g->n_prompt, TANDEM_DETOKENIZE_REMOVE_SPECIAL, buf,
-                             sizeof buf, &n));
+  CHECK_OK(
+      tandem_detokenize(g_model, g->prompt_ids, g->n_prompt, TANDEM_DETOKENIZE_REMOVE_SPECIAL, buf, sizeof buf, &n));
   CHECK(n == len + 1 && buf[0] == ' ' && strcmp(buf + 1, text) == 0);
   CHECK_OK(tandem_detokenize(g_model, NULL, 0, 0, buf, sizeof buf, &n));
   CHECK(n == 0 && buf[0] == '\0');
@@ -872,14 +900,16 @@ static void test_session_eval(const golden_case* g) {
   si.struct_size = sizeof si;
 
   /* Small logits buffer: refused, nothing evaluated. */
-  CHECK_STATUS(tandem_session_eval(s, g->prompt_ids, g->n_prompt, logits, (size_t)g_n_vocab), TANDEM_E_BUFFER_TOO_SMALL);
+  CHECK_STATUS(tandem_session_eval(s, g->prompt_ids, g->n_prompt, logits, (size_t)g_n_vocab),
+               TANDEM_E_BUFFER_TOO_SMALL);
   /* A bad id: refused, nothing evaluated. */
   memcpy(ids, g->prompt_ids, g->n_prompt * sizeof(int32_t));
   ids[2] = g_n_vocab;
   CHECK_STATUS(tandem_session_eval(s, ids, g->n_prompt, NULL, 0), TANDEM_E_INVALID_ARG);
   /* Too many tokens for n_ctx 32. */
   CHECK_STATUS(tandem_session_eval(s, ids, (size_t)INT32_MAX + 1, NULL, 0), TANDEM_E_INVALID_ARG); /* absurd count */
-  CHECK_STATUS(tandem_session_generate_tokens(s, ids, (size_t)INT32_MAX + 1, NULL, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_generate_tokens(s, ids, (size_t)INT32_MAX + 1, NULL, NULL, NULL, NULL),
+               TANDEM_E_INVALID_ARG);
   for (i = 0; i < 40; ++i) too_many[i] = 5;
   CHECK_STATUS(tandem_session_eval(s, too_many, 40, NULL, 0), TANDEM_E_CONTEXT_OVERFLOW);
   CHECK_MSG_CONTAINS("n_ctx");
@@ -929,8 +959,7 @@ static void check_against_golden(const golden_case* g, const int32_t* ids, size_
   CHECK(n == g->n_greedy);
   while (same < n && same < g->n_greedy && ids[same] == g->greedy_ids[same]) ++same;
   CHECK(same >= clear);
-  printf("  %s: %zu of %zu greedy ids equal the golden continuation (%zu required)\n", what, same, g->n_greedy,
-         clear);
+  printf("  %s: %zu of %zu greedy ids equal the golden continuation (%zu required)\n", what, same, g->n_greedy, clear);
   for (i = 0; i < clear && i < n; ++i) CHECK(ids[i] == g->greedy_ids[i]);
   if (same == g->n_greedy) CHECK(strcmp(text, g->greedy_text) == 0);
 }
@@ -1093,8 +1122,7 @@ static void test_generate_errors(const golden_case* g) {
   CHECK_OK(tandem_session_generate(s, "Hi", (tandem_generate_params*)big, NULL, NULL, NULL));
   CHECK_OK(tandem_session_reset(s));
   big[sizeof big - 3] = 1;
-  CHECK_STATUS(tandem_session_generate(s, "Hi", (tandem_generate_params*)big, NULL, NULL, NULL),
-               TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_session_generate(s, "Hi", (tandem_generate_params*)big, NULL, NULL, NULL), TANDEM_E_INVALID_ARG);
   CHECK_MSG_CONTAINS("does not know");
   /* Bad result struct. */
   CHECK_OK(tandem_generate_result_init(&r, sizeof r));
@@ -1107,8 +1135,9 @@ static void test_generate_errors(const golden_case* g) {
   r.text_cap = 4;
   CHECK_STATUS(tandem_session_generate(s, "Hi", &gp, NULL, NULL, &r), TANDEM_E_INVALID_ARG);
   /* A prompt longer than the context: refused, session unchanged. */
-  CHECK_STATUS(tandem_session_generate(s, "Once upon a time there was a little machine that hummed in a "
-                                          "garden full of colours and words",
+  CHECK_STATUS(tandem_session_generate(s,
+                                       "Once upon a time there was a little machine that hummed in a "
+                                       "garden full of colours and words",
                                        &gp, NULL, NULL, NULL),
                TANDEM_E_CONTEXT_OVERFLOW);
   CHECK_OK(tandem_session_get_tokens(s, NULL, 0, &n));
@@ -1208,8 +1237,8 @@ typedef struct reentry {
   tandem_session* self;
   tandem_session* other;
   int calls;
-  tandem_status generate_status, info_status, eval_status, reset_status, logits_status, tokens_status,
-      other_status, free_status;
+  tandem_status generate_status, info_status, eval_status, reset_status, logits_status, tokens_status, other_status,
+      free_status;
   int free_in_callback;
 } reentry;
 
@@ -1440,7 +1469,9 @@ static void sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-static void tmp_path(char* out, size_t cap, const char* name) { snprintf(out, cap, "%s/%s", g_tmpdir, name); }
+static void tmp_path(char* out, size_t cap, const char* name) {
+  snprintf(out, cap, "%s/%s", g_tmpdir, name);
+}
 
 static long file_size(const char* path) {
   FILE* f = fopen(path, "rb");
@@ -1954,12 +1985,12 @@ static void test_scheduler_errors(void) {
   CHECK_STATUS(tandem_scheduler_submit((tandem_scheduler*)&local, &rp, &r), TANDEM_E_INVALID_HANDLE);
   CHECK(r == NULL);
   /* submit: bad request params, each refused with INVALID_ARG and no request. */
-#define CHECK_SUBMIT_FAILS(what)                                                  \
-  do {                                                                            \
-    r = (tandem_request*)&local;                                                  \
-    CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r), TANDEM_E_INVALID_ARG);  \
-    CHECK(r == NULL);                                                             \
-    CHECK_MSG_CONTAINS(what);                                                     \
+#define CHECK_SUBMIT_FAILS(what)                                                 \
+  do {                                                                           \
+    r = (tandem_request*)&local;                                                 \
+    CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r), TANDEM_E_INVALID_ARG); \
+    CHECK(r == NULL);                                                            \
+    CHECK_MSG_CONTAINS(what);                                                    \
   } while (0)
   rp.struct_size = 8;
   CHECK_SUBMIT_FAILS("struct_size");
@@ -2355,7 +2386,7 @@ static void test_session_abort(const golden_case* g) {
   pthread_join(th, NULL);
   CHECK_OK(a.abort_status);
   CHECK(r.finish_reason == TANDEM_FINISH_CANCELLED);
-  CHECK(a.pieces == 5);            /* no piece after the abort */
+  CHECK(a.pieces == 5);                      /* no piece after the abort */
   CHECK(r.n_tokens >= 5 && r.n_tokens <= 8); /* a piece may span a few tokens */
   printf("  abort during decode: ended after %zu of 200 tokens\n", r.n_tokens);
   /* The session is usable: it continues, and after a reset it reproduces the golden text. */
@@ -2542,7 +2573,7 @@ static void test_scheduler_sessions_and_waits(const golden_case* g) {
   pthread_mutex_unlock(&sink.mu);
   CHECK_OK(tandem_scheduler_session_close(sched, session));
   CHECK_OK(tandem_scheduler_session_close(sched, session)); /* closed: no-op */
-  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));     /* on a closed session */
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));      /* on a closed session */
   CHECK(finish_of(r) == TANDEM_FINISH_ERROR);
   CHECK_OK(tandem_request_free(r));
   rp.session = 0;

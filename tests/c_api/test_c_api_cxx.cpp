@@ -44,7 +44,8 @@ int main() {
   gp.max_tokens = 8;
   gp.flags = TANDEM_GENERATE_IGNORE_EOS;
   int calls = 0;
-  const tandem_status st = tandem_session_generate(session, "Once upon a time", &gp, throwing_callback, &calls, nullptr);
+  const tandem_status st =
+      tandem_session_generate(session, "Once upon a time", &gp, throwing_callback, &calls, nullptr);
   check(st == TANDEM_E_INTERNAL, "a throwing callback gives TANDEM_E_INTERNAL");
   check(calls == 1, "the callback ran once");
   check(std::strstr(tandem_last_error(), "thrown by the embedder") != nullptr, "the exception's message");

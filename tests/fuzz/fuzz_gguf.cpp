@@ -24,8 +24,7 @@ void swallow(F&& f) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::shared_ptr<const tandem::GgufFile> file;
   try {
-    file = tandem::GgufFile::from_bytes(
-        std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), size));
+    file = tandem::GgufFile::from_bytes(std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), size));
   } catch (const tandem::Error&) {
     return 0;
   }
