@@ -13,7 +13,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 cat > "$tmp/trace.jsonl" <<'TRACE'
 {"t": 0.0, "sla": "standard", "prompt_tokens": 20, "output_tokens": 10000000}
-{"t": 0.0, "sla": "interactive", "prompt_tokens": 30, "output_tokens": 1e9}
+{"t": 0.0, "sla": "interactive", "prompt_tokens": 30, "output_tokens": 1000000000}
 {"t": 0.0, "sla": "batch", "prompt_tokens": 40, "output_tokens": 2147483647}
 TRACE
 (ulimit -v 3000000 && "$bench" serve -m "$model" --executors cpu+cpu -t 2 -c 256 --trace "$tmp/trace.jsonl" \
