@@ -84,13 +84,13 @@ class KvDeviceBackend {
 
 struct KvStoreOptions {
   KvLayout layout;
-  int32_t host_pages = 0;     ///< capacity of the Host tier, in pages
-  int32_t file_pages = 0;     ///< capacity of the File tier, in pages (0 = no File tier)
+  int32_t host_pages = 0;  ///< capacity of the Host tier, in pages
+  int32_t file_pages = 0;  ///< capacity of the File tier, in pages (0 = no File tier)
   /// Directory of the File tier ("" = $TMPDIR, else /tmp). The page file is unlinked as
   /// soon as it is created, so no exit path leaves it behind; stale page files of dead
   /// processes found there are removed (lib/kv_page_file.hpp).
   std::filesystem::path file_dir;
-  int32_t file_chunk_pages = 256;  ///< the file grows by this many pages at a time
+  int32_t file_chunk_pages = 256;           ///< the file grows by this many pages at a time
   std::unique_ptr<KvDeviceBackend> device;  ///< Device tier (null = none)
   /// Capacities given in bytes instead (rounded down to whole pages); 0 = use the page counts.
   static int32_t pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept;

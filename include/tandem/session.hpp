@@ -33,11 +33,11 @@ struct SessionOptions {
   /// Where the KV pages live. Null: the session makes its own store sized for n_ctx,
   /// with pages of `page_size` tokens and `kv_dtype` in `kv_tier` (Host or File).
   std::shared_ptr<KvStore> kv_store;
-  int32_t page_size = 16;   ///< KV page size in tokens (own store only)
+  int32_t page_size = 16;            ///< KV page size in tokens (own store only)
   KvDtype kv_dtype = KvDtype::kF16;  ///< (own store only)
   KvTier kv_tier = KvTier::kHost;    ///< tier new pages go to
   std::filesystem::path kv_dir;      ///< File tier directory of an own store ("" = $TMPDIR, else /tmp)
-  uint64_t seed = 0;        ///< initial state of the session's random engine
+  uint64_t seed = 0;                 ///< initial state of the session's random engine
 };
 
 enum class FinishReason {
