@@ -13,9 +13,9 @@
  *            boundary: the library turns each one into a status.
  * Messages.  After a call that failed, tandem_last_error() returns a message naming the
  *            argument, key, tensor or byte offset at fault. The message is per thread.
- * Handles.   tandem_model, tandem_session, tandem_scheduler, tandem_request, tandem_executor
- *            and tandem_pool are opaque handles. The library keeps a registry of live handles and checks every
- *            handle it is given: NULL gives
+ * Handles.   tandem_model, tandem_session, tandem_scheduler, tandem_request,
+ *            tandem_executor and tandem_pool are opaque handles. The library keeps a
+ *            registry of live handles and checks every handle it is given: NULL gives
  *            TANDEM_E_INVALID_ARG; a handle that was freed already, that was never
  *            returned by the library, or that names the wrong kind of object gives
  *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check (handle
@@ -169,7 +169,7 @@ typedef struct tandem_session tandem_session;     /* one conversation: tokens, K
 typedef struct tandem_scheduler tandem_scheduler; /* the multi-executor scheduler */
 typedef struct tandem_request tandem_request;     /* a request submitted to a scheduler */
 typedef struct tandem_executor tandem_executor;   /* a CPU or GPU executor (tandem_executor_create) */
-typedef struct tandem_pool tandem_pool;           /* a CPU thread pool shared by executors (tandem_pool_create) */
+typedef struct tandem_pool tandem_pool;           /* a shared CPU thread pool (tandem_pool_create) */
 
 /* ---- model -------------------------------------------------------------------------- */
 
@@ -291,12 +291,13 @@ typedef struct tandem_session_params {
  * kv_dtype TANDEM_KV_F16, kv_dir NULL, pool NULL. Thread-safe. */
 TANDEM_API tandem_status tandem_session_params_init(tandem_session_params* params, size_t struct_size);
 
-/* Create a session on `model` with its own CPU executor (CpuQ4Executor on the threads that
- * n_threads / pool select) and a KV cache of n_ctx positions, allocated now. params may
- * be NULL. On failure *out_session is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL
+/* Create a session on `model` with its own CPU executor (CpuQ4Executor on the threads
+ * that n_threads / pool select) and a KV cache of n_ctx positions, allocated now. params
+ * may be NULL. On failure *out_session is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL
  * model or out_session, a parameter out of range, n_ctx too large for a page count, both
- * pool and n_threads set), TANDEM_E_INVALID_HANDLE (also a freed pool), TANDEM_E_OUT_OF_MEMORY (the KV cache would not
- * fit in physical memory, or allocation failed). Thread-safe (the model may serve many sessions). */
+ * pool and n_threads set), TANDEM_E_INVALID_HANDLE (also a freed pool),
+ * TANDEM_E_OUT_OF_MEMORY (the KV cache would not fit in physical memory, or allocation
+ * failed). Thread-safe (the model may serve many sessions). */
 TANDEM_API tandem_status tandem_session_create(const tandem_model* model, const tandem_session_params* params,
                                                tandem_session** out_session);
 
@@ -465,7 +466,8 @@ TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session,
 /* Service classes (routing and admission order: interactive, standard, batch). */
 enum tandem_sla_class { TANDEM_SLA_INTERACTIVE = 0, TANDEM_SLA_STANDARD = 1, TANDEM_SLA_BATCH = 2 };
 
-/* One CPU executor (a CpuQ4Executor with its own thread pool and its own KV store). */
+/* One executor and its own KV store (CPU: a CpuQ4Executor on the thread pool n_threads /
+ * pool select; GPU: see device_kind). */
 typedef struct tandem_executor_params {
   size_t struct_size;
   int32_t n_threads;         /* CPU threads, 0..512. 0 (default) = the shared node pool (as
@@ -738,13 +740,14 @@ TANDEM_API tandem_status tandem_device_count(size_t* out_n);
  * struct_size, index out of range). Thread-safe. */
 TANDEM_API tandem_status tandem_device_get_info(size_t index, tandem_device_info* info);
 
-/* Create an executor on `model` from params' device_kind, device_id, n_threads and pool (the
- * slot and KV fields are used by a scheduler built on it): a CPU executor (on the node
- * pool, a pool of n_threads of its own, or the given pool) or, in a library built with CUDA, a GPU executor (the
- * weights are uploaded now). params may be NULL (a CPU executor). On failure *out_executor is set to NULL. Errors:
- * TANDEM_E_INVALID_ARG (NULL model or out_executor, bad params, no such CUDA device), TANDEM_E_UNSUPPORTED
- * (TANDEM_DEVICE_CUDA in a library built without CUDA), TANDEM_E_OUT_OF_MEMORY, TANDEM_E_INVALID_HANDLE. Thread-safe.
- */
+/* Create an executor on `model` from params' device_kind, device_id, n_threads and pool
+ * (the slot and KV fields are used by a scheduler built on it): a CPU executor (on the
+ * node pool, a pool of n_threads of its own, or the given pool) or, in a library built
+ * with CUDA, a GPU executor (the weights are uploaded now). params may be NULL (a CPU
+ * executor). On failure *out_executor is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL
+ * model or out_executor, bad params, a pool with n_threads or with a GPU, no such CUDA
+ * device), TANDEM_E_UNSUPPORTED (TANDEM_DEVICE_CUDA in a library built without CUDA),
+ * TANDEM_E_OUT_OF_MEMORY, TANDEM_E_INVALID_HANDLE (also a freed pool). Thread-safe. */
 TANDEM_API tandem_status tandem_executor_create(const tandem_model* model, const tandem_executor_params* params,
                                                 tandem_executor** out_executor);
 
