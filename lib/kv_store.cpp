@@ -526,6 +526,21 @@ KvMoveStats KvSequence::move_to(KvTier tier) {
   return s;
 }
 
+KvMoveStats KvSequence::move_exclusive_to(KvTier tier) {
+  if (!store_->has_tier(tier)) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
+  }
+  std::lock_guard<std::mutex> lock(store_->mutex_);
+  const KvMoveStats s = store_->move_pages_locked(block_table_, tier, true);
+  if (reserved_ > 0) {  // a reservation belongs to the tier the sequence lived in
+    KvStore::Tier& from = *store_->tiers_[int(tier_.load())];
+    from.reserved -= std::min(reserved_, from.reserved);
+    reserved_ = 0;
+  }
+  tier_ = tier;
+  return s;
+}
+
 KvMoveStats KvSequence::make_resident(KvTier tier) {
   touch();
   const int32_t outside = pages_outside(tier);

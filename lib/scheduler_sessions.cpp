@@ -73,4 +73,69 @@ void Scheduler::close_session(uint64_t id) {
   if (!s->busy) s->kv.reset();
 }
 
+namespace {
+
+std::shared_ptr<SessionRec> find_session(Scheduler::Impl& I, uint64_t id) {
+  std::lock_guard<std::mutex> lk(I.sessions_mu);
+  auto it = I.sessions.find(id);
+  if (it == I.sessions.end()) throw Error(ErrorCode::kInvalidArgument, fmt::format("no session {}", id));
+  return it->second;
+}
+
+}  // namespace
+
+Scheduler::SessionInfo Scheduler::session_info(uint64_t id) const {
+  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  SessionInfo info;
+  info.id = id;
+  info.busy = rec->busy;
+  info.n_tokens = static_cast<int32_t>(rec->tokens.size());
+  if (rec->kv && !rec->busy) {  // while busy the KV is (or is about to be) the request's
+    info.executor = rec->executor;
+    info.kv_tokens = rec->kv->n_tokens();
+    for (PageId p : rec->kv->block_table()) ++info.pages[int(rec->kv->store().tier_of(p))];
+  }
+  return info;
+}
+
+// The session's KV is parked (owned by its SessionRec, unpinned): no step reads its
+// exclusive pages, and a request that takes it does so under rec->mu, which is held here.
+bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
+  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  if (rec->busy) return false;
+  KvMoveStats st;
+  if (rec->kv) {
+    const auto& loop = *impl_->loops[size_t(rec->executor)];
+    if (!rec->kv->store().has_tier(KvTier::kFile)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
+    }
+    st = rec->kv->move_exclusive_to(KvTier::kFile);
+    impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
+  }
+  if (stats != nullptr) *stats = st;
+  return true;
+}
+
+bool Scheduler::unpark_session(uint64_t id, KvMoveStats* stats) {
+  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  if (rec->busy) return false;
+  KvMoveStats st;
+  if (rec->kv) {
+    const auto& loop = *impl_->loops[size_t(rec->executor)];
+    st = rec->kv->move_exclusive_to(loop.tier);
+    rec->kv->touch();
+    impl_->log(
+        fmt::format("session {} unparked to {}: {} pages, {:.4f}s", id, kv_tier_name(loop.tier), st.pages, st.seconds));
+  }
+  if (stats != nullptr) *stats = st;
+  return true;
+}
+
 }  // namespace tandem

@@ -177,6 +177,50 @@ TEST_CASE("Host -> File -> Host moves keep pages bit-identical and output unchan
   check_empty(*store);
 }
 
+TEST_CASE("move_exclusive_to moves only the pages a sequence holds alone", "[kv][parity]") {
+  auto model = aidreams();
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  auto store = make_store(model->hparams(), 8, 8);
+  const auto ids = test::prompt_ids(40, model->hparams().n_vocab);  // 3 pages
+  std::vector<float> logits(size_t(model->hparams().n_vocab));
+  {
+    KvSequence a(*store, 128);
+    SequenceStep st{&a, ids, 0, LogitsRows::kLast};
+    ex.step(std::span<const SequenceStep>(&st, 1), logits);
+    KvSequence b(*store, 128);
+    b.share_prefix(a, 32);  // a's first two pages
+    const KvMoveStats moved = a.move_exclusive_to(KvTier::kFile);
+    CHECK(moved.pages == 1);
+    CHECK(a.pages_outside(KvTier::kHost) == 1);
+    CHECK(store->usage(KvTier::kHost).used == 2);
+    CHECK(store->usage(KvTier::kFile).used == 1);
+    CHECK(b.pages_outside(KvTier::kHost) == 0);  // b's pages never moved
+    CHECK(a.move_exclusive_to(KvTier::kHost).pages == 1);
+    CHECK(a.pages_outside(KvTier::kHost) == 0);
+    CHECK(store->usage(KvTier::kFile).used == 0);
+    // Both continue as fresh runs of their tokens would (the round trip is bit-exact).
+    const std::vector<int32_t> a_next{11};
+    SequenceStep sa{&a, a_next, 40, LogitsRows::kLast};
+    ex.step(std::span<const SequenceStep>(&sa, 1), logits);
+    std::vector<int32_t> a_all = ids;
+    a_all.push_back(11);
+    CHECK(logits == reference_logits(ex, a_all));
+    const std::vector<int32_t> b_next{7};
+    SequenceStep sb{&b, b_next, 32, LogitsRows::kLast};
+    ex.step(std::span<const SequenceStep>(&sb, 1), logits);
+    std::vector<int32_t> b_all(ids.begin(), ids.begin() + 32);
+    b_all.push_back(7);
+    CHECK(logits == reference_logits(ex, b_all));
+    try {
+      a.move_exclusive_to(KvTier::kDevice);  // this store has no Device tier
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kInvalidArgument);
+    }
+  }
+  check_empty(*store);
+}
+
 TEST_CASE("a File-only session computes on the memory-mapped pages", "[kv][parity]") {
   auto model = aidreams();
   CpuQ4Executor ex(model, CpuExecutorOptions{2});

@@ -473,6 +473,60 @@ TEST_CASE("sessions continue, swap out when idle, and migrate on an SLA upgrade"
   rig.check_released();
 }
 
+TEST_CASE("an explicitly parked session continues bit-exact after its KV went to File and back",
+          "[scheduler][session]") {
+  Rig::Opt o;
+  o.file_pages = 64;
+  Rig rig(o);
+  const auto p1 = prompt_of(10, 4);
+  const std::vector<int32_t> p2{20, 21, 22, 23};
+  const std::vector<int32_t> p3{30, 31};
+  CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session ref(tiny(), ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.ignore_eos = true;
+  go.max_tokens = 8;
+  const auto e1 = ref.generate(std::span<const int32_t>(p1), go).tokens;
+  const auto e2 = ref.generate(std::span<const int32_t>(p2), go).tokens;
+  const auto e3 = ref.generate(std::span<const int32_t>(p3), go).tokens;
+
+  const uint64_t sid = rig.sched->open_session();
+  KvMoveStats st;
+  CHECK(rig.sched->park_session(sid, &st));  // no KV yet: nothing moves
+  CHECK(st.pages == 0);
+  const std::vector<int32_t>* prompts[3] = {&p1, &p2, &p3};
+  const std::vector<int32_t>* expect[3] = {&e1, &e2, &e3};
+  for (int i = 0; i < 3; ++i) {
+    Request r = greedy_request(*prompts[i], 8, SlaClass::kStandard);
+    r.session = sid;
+    const RequestResult res = rig.sched->submit(std::move(r)).wait();
+    CHECK(res.tokens == *expect[i]);
+    CHECK(res.metrics.migrations == 0);
+    const Scheduler::SessionInfo before = rig.sched->session_info(sid);
+    REQUIRE(before.executor >= 0);
+    CHECK(before.kv_tokens == before.n_tokens - 1);
+    const int32_t pages = before.pages[int(KvTier::kHost)];
+    CHECK(pages > 0);
+    CHECK(rig.sched->park_session(sid, &st));
+    CHECK(st.pages == pages);
+    const Scheduler::SessionInfo parked = rig.sched->session_info(sid);
+    CHECK(parked.pages[int(KvTier::kHost)] == 0);
+    CHECK(parked.pages[int(KvTier::kFile)] == pages);
+    if (i == 1) {
+      CHECK(rig.sched->unpark_session(sid, &st));
+      CHECK(st.pages == pages);
+      CHECK(rig.sched->session_info(sid).pages[int(KvTier::kHost)] == pages);
+    }
+  }
+  rig.sched->close_session(sid);
+  CHECK_THROWS_AS(rig.sched->park_session(sid), Error);
+  CHECK_THROWS_AS(rig.sched->session_info(sid), Error);
+  rig.check_released();
+}
+
 TEST_CASE("the pollable handle streams every piece; text matches; metrics render", "[scheduler][stream]") {
   Rig::Opt o;
   Rig rig(o);

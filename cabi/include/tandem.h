@@ -13,9 +13,9 @@
  *            boundary: the library turns each one into a status.
  * Messages.  After a call that failed, tandem_last_error() returns a message naming the
  *            argument, key, tensor or byte offset at fault. The message is per thread.
- * Handles.   tandem_model, tandem_session, tandem_scheduler and tandem_request are opaque
- *            handles. The library keeps a registry of live handles and checks every
- *            handle it is given: NULL gives
+ * Handles.   tandem_model, tandem_session, tandem_scheduler, tandem_request,
+ *            tandem_executor and tandem_pool are opaque handles. The library keeps a
+ *            registry of live handles and checks every handle it is given: NULL gives
  *            TANDEM_E_INVALID_ARG; a handle that was freed already, that was never
  *            returned by the library, or that names the wrong kind of object gives
  *            TANDEM_E_INVALID_HANDLE. Nothing is dereferenced before that check (handle
@@ -169,6 +169,7 @@ typedef struct tandem_session tandem_session;     /* one conversation: tokens, K
 typedef struct tandem_scheduler tandem_scheduler; /* the multi-executor scheduler */
 typedef struct tandem_request tandem_request;     /* a request submitted to a scheduler */
 typedef struct tandem_executor tandem_executor;   /* a CPU or GPU executor (tandem_executor_create) */
+typedef struct tandem_pool tandem_pool;           /* a shared CPU thread pool (tandem_pool_create) */
 
 /* ---- model -------------------------------------------------------------------------- */
 
@@ -271,24 +272,32 @@ typedef struct tandem_session_params {
   int32_t n_ctx;     /* context positions; 0 = the model's n_ctx_train capped at 4096 */
   int32_t n_batch;   /* prompt tokens per executor step (chunked prefill), >= 1; default 512 */
   int32_t page_size; /* KV page size in tokens, >= 1; default 16 */
-  int32_t n_threads; /* CPU threads of the session's executor, 0..512; 0 = physical cores */
+  int32_t n_threads; /* CPU threads of the session's executor, 0..512. 0 (default) = the
+                        process-wide node pool: one thread per physical core, shared by every
+                        session and executor created with n_threads 0 and no pool (their
+                        steps take turns on it, so together they never run more compute
+                        threads than cores). n > 0: a pool of n threads of its own */
   /* ---- later fields (a struct_size without them is still accepted) ---- */
   int32_t kv_tier;    /* TANDEM_KV_HOST (default) or TANDEM_KV_FILE (pages in a memory-mapped
                          file in kv_dir, removed when the session is freed) */
   int32_t kv_dtype;   /* a tandem_kv_dtype; default TANDEM_KV_F16 */
   const char* kv_dir; /* directory of the File tier (NULL = the system temporary directory) */
+  tandem_pool* pool;  /* NULL (default), or a pool from tandem_pool_create the session's
+                         executor computes on (shared with the other users of the pool; the
+                         session keeps it alive). With a pool, n_threads must be 0 */
 } tandem_session_params;
 
 /* Defaults: n_ctx 0, n_batch 512, page_size 16, n_threads 0, kv_tier TANDEM_KV_HOST,
- * kv_dtype TANDEM_KV_F16, kv_dir NULL. Thread-safe. */
+ * kv_dtype TANDEM_KV_F16, kv_dir NULL, pool NULL. Thread-safe. */
 TANDEM_API tandem_status tandem_session_params_init(tandem_session_params* params, size_t struct_size);
 
-/* Create a session on `model` with its own CPU executor (CpuQ4Executor, n_threads
- * threads) and a KV cache of n_ctx positions, allocated now. params may be NULL.
- * On failure *out_session is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL model or
- * out_session, a parameter out of range, n_ctx too large for a page count),
- * TANDEM_E_INVALID_HANDLE, TANDEM_E_OUT_OF_MEMORY (the KV cache would not fit in physical
- * memory, or allocation failed). Thread-safe (the model may serve many sessions). */
+/* Create a session on `model` with its own CPU executor (CpuQ4Executor on the threads
+ * that n_threads / pool select) and a KV cache of n_ctx positions, allocated now. params
+ * may be NULL. On failure *out_session is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL
+ * model or out_session, a parameter out of range, n_ctx too large for a page count, both
+ * pool and n_threads set), TANDEM_E_INVALID_HANDLE (also a freed pool),
+ * TANDEM_E_OUT_OF_MEMORY (the KV cache would not fit in physical memory, or allocation
+ * failed). Thread-safe (the model may serve many sessions). */
 TANDEM_API tandem_status tandem_session_create(const tandem_model* model, const tandem_session_params* params,
                                                tandem_session** out_session);
 
@@ -457,10 +466,12 @@ TANDEM_API tandem_status tandem_session_generate_tokens(tandem_session* session,
 /* Service classes (routing and admission order: interactive, standard, batch). */
 enum tandem_sla_class { TANDEM_SLA_INTERACTIVE = 0, TANDEM_SLA_STANDARD = 1, TANDEM_SLA_BATCH = 2 };
 
-/* One CPU executor (a CpuQ4Executor with its own thread pool and its own KV store). */
+/* One executor and its own KV store (CPU: a CpuQ4Executor on the thread pool n_threads /
+ * pool select; GPU: see device_kind). */
 typedef struct tandem_executor_params {
   size_t struct_size;
-  int32_t n_threads;         /* CPU threads, 0..512; 0 = physical cores. Default 0 */
+  int32_t n_threads;         /* CPU threads, 0..512. 0 (default) = the shared node pool (as
+                                tandem_session_params.n_threads); n > 0: a pool of its own */
   int32_t max_running;       /* decode slots (sequences admitted at once), >= 1; default 16 */
   int32_t step_token_budget; /* tokens per step (decodes + prefill chunks), >= 1; default 256 */
   int32_t prefill_chunk;     /* most prompt tokens of one sequence per step, >= 1; default 128 */
@@ -483,6 +494,9 @@ typedef struct tandem_executor_params {
                             recomputed. >= 0; 0 = no File tier (default) */
   const char* kv_dir;    /* directory of the File tier's page file (NUL-terminated; NULL =
                             the system temporary directory). Copied at creation */
+  tandem_pool* pool;     /* CPU executors: NULL (default) or a pool from tandem_pool_create
+                            to compute on, shared with its other users (kept alive by the
+                            executor); n_threads must then be 0. GPU executors: must be NULL */
 } tandem_executor_params;
 
 TANDEM_API tandem_status tandem_executor_params_init(tandem_executor_params* params, size_t struct_size);
@@ -726,13 +740,14 @@ TANDEM_API tandem_status tandem_device_count(size_t* out_n);
  * struct_size, index out of range). Thread-safe. */
 TANDEM_API tandem_status tandem_device_get_info(size_t index, tandem_device_info* info);
 
-/* Create an executor on `model` from params' device_kind, device_id and n_threads (the
- * slot and KV fields are used by a scheduler built on it): a CPU executor (its own thread
- * pool of n_threads) or, in a library built with CUDA, a GPU executor (the weights are
- * uploaded now). params may be NULL (a CPU executor). On failure *out_executor is set to
- * NULL. Errors: TANDEM_E_INVALID_ARG (NULL model or out_executor, bad params, no such CUDA
+/* Create an executor on `model` from params' device_kind, device_id, n_threads and pool
+ * (the slot and KV fields are used by a scheduler built on it): a CPU executor (on the
+ * node pool, a pool of n_threads of its own, or the given pool) or, in a library built
+ * with CUDA, a GPU executor (the weights are uploaded now). params may be NULL (a CPU
+ * executor). On failure *out_executor is set to NULL. Errors: TANDEM_E_INVALID_ARG (NULL
+ * model or out_executor, bad params, a pool with n_threads or with a GPU, no such CUDA
  * device), TANDEM_E_UNSUPPORTED (TANDEM_DEVICE_CUDA in a library built without CUDA),
- * TANDEM_E_OUT_OF_MEMORY, TANDEM_E_INVALID_HANDLE. Thread-safe. */
+ * TANDEM_E_OUT_OF_MEMORY, TANDEM_E_INVALID_HANDLE (also a freed pool). Thread-safe. */
 TANDEM_API tandem_status tandem_executor_create(const tandem_model* model, const tandem_executor_params* params,
                                                 tandem_executor** out_executor);
 
@@ -825,6 +840,73 @@ TANDEM_API tandem_status tandem_scheduler_session_close(tandem_scheduler* schedu
  * Thread-safe (waits of one request are serialised with its polls). */
 TANDEM_API tandem_status tandem_request_next_event(tandem_request* request, int32_t timeout_ms,
                                                    tandem_request_event* event);
+
+/* ---- shared CPU thread pools ------------------------------------------------------------- */
+
+/* A pool of CPU compute threads that several sessions and executors (and so several
+ * schedulers) compute on together: their steps take turns on the pool's threads (one
+ * step at a time per pool; a caller waiting its turn sleeps), so the process never runs
+ * more compute threads than the pool has, however many sessions it serves. Pass it in
+ * tandem_session_params.pool or tandem_executor_params.pool. (Without a pool, n_threads 0
+ * already shares the process-wide node pool of one thread per physical core; a pool of
+ * your own sets another budget, e.g. a few cores for one tenant.)
+ *
+ * Create a pool of n_threads threads (0 = one per physical core; 0..512), started now.
+ * On failure *out_pool is set to NULL. Errors: TANDEM_E_INVALID_ARG (out_pool NULL,
+ * n_threads out of range), TANDEM_E_OUT_OF_MEMORY (the threads cannot be started).
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_pool_create(int32_t n_threads, tandem_pool** out_pool);
+
+/* Release the handle. The threads stop when the last session or executor using the pool
+ * is freed too. NULL: no-op. Already freed: TANDEM_E_INVALID_HANDLE. Thread-safe. */
+TANDEM_API tandem_status tandem_pool_free(tandem_pool* pool);
+
+/* The pool's number of threads (the caller's thread counted: a step runs on the calling
+ * thread plus n - 1 workers). Errors: TANDEM_E_INVALID_ARG (NULL out_n). Thread-safe. */
+TANDEM_API tandem_status tandem_pool_get_threads(const tandem_pool* pool, int32_t* out_n);
+
+/* ---- parking scheduler sessions explicitly ------------------------------------------------ */
+
+typedef struct tandem_scheduler_session_info {
+  size_t struct_size;
+  int32_t n_tokens;     /* out: tokens of the conversation so far */
+  int32_t kv_tokens;    /* out: positions whose KV the session holds (0: none yet, or lost
+                           and recomputed by its next request) */
+  int32_t executor;     /* out: index of the executor whose KV store holds it; -1 = none */
+  int32_t busy;         /* out: nonzero while a request runs on it (the KV then belongs to
+                           the request: kv_tokens, executor and the pages read 0 / -1) */
+  int32_t pages_device; /* out: its KV pages in each tier of that executor's store */
+  int32_t pages_host;
+  int32_t pages_file;
+  int32_t reserved; /* out: 0 */
+} tandem_scheduler_session_info;
+
+TANDEM_API tandem_status tandem_scheduler_session_info_init(tandem_scheduler_session_info* info, size_t struct_size);
+
+/* Fill *info. Errors: TANDEM_E_INVALID_ARG (NULL arguments, bad struct_size, an unknown
+ * or closed session), TANDEM_E_INVALID_HANDLE. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_session_get_info(tandem_scheduler* scheduler, uint64_t session,
+                                                           tandem_scheduler_session_info* info);
+
+/* Park a session between requests: move its KV pages from its executor's compute tier
+ * (Host for a CPU executor, Device for a GPU one) to the File tier of that executor's KV
+ * store (tandem_executor_params.kv_file_pages > 0), so the compute tier is free for other
+ * requests. Nothing is recomputed: its next request (or tandem_scheduler_session_unpark,
+ * which brings the pages back ahead of it) copies the same bytes back, so the
+ * conversation continues exactly as if it had never moved. Pages the session shares with
+ * other sequences (a prompt prefix another request shares) stay where they are. A session
+ * without KV (nothing evaluated yet): nothing moves, TANDEM_OK.
+ * Errors: TANDEM_E_INVALID_ARG (NULL scheduler, an unknown or closed session, a KV store
+ * without a File tier), TANDEM_E_BUSY (a request is running on the session: nothing
+ * moved), TANDEM_E_OUT_OF_MEMORY (the File tier has too few free pages: nothing moved),
+ * TANDEM_E_IO, TANDEM_E_INVALID_HANDLE. Thread-safe (the step loops go on meanwhile). */
+TANDEM_API tandem_status tandem_scheduler_session_park(tandem_scheduler* scheduler, uint64_t session);
+
+/* Move a parked session's KV back to its executor's compute tier (a prefetch before its
+ * next request; the request would otherwise do it at admission). Errors as
+ * tandem_scheduler_session_park (TANDEM_E_OUT_OF_MEMORY: the compute tier is full);
+ * no File tier is needed. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_session_unpark(tandem_scheduler* scheduler, uint64_t session);
 
 #ifdef __cplusplus
 } /* extern "C" */

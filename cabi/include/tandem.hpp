@@ -110,6 +110,26 @@ class Model {
   Handle<tandem_model, tandem_model_free> h_;
 };
 
+/// A CPU thread pool shared by sessions and executors (tandem_pool_create): set
+/// tandem_session_params::pool / tandem_executor_params::pool to get().
+class Pool {
+ public:
+  explicit Pool(int32_t n_threads = 0) {
+    tandem_pool* h = nullptr;
+    check(tandem_pool_create(n_threads, &h));
+    h_ = Handle<tandem_pool, tandem_pool_free>(h);
+  }
+  tandem_pool* get() const noexcept { return h_.get(); }
+  int32_t n_threads() const {
+    int32_t n = 0;
+    check(tandem_pool_get_threads(h_.get(), &n));
+    return n;
+  }
+
+ private:
+  Handle<tandem_pool, tandem_pool_free> h_;
+};
+
 /// What Session::generate produced.
 struct GenerateResult {
   std::string text;
@@ -207,6 +227,14 @@ class Scheduler {
     return id;
   }
   void close_session(uint64_t id) { check(tandem_scheduler_session_close(h_.get(), id)); }
+  /// Move a session's KV to the File tier / back to the compute tier between requests.
+  void park_session(uint64_t id) { check(tandem_scheduler_session_park(h_.get(), id)); }
+  void unpark_session(uint64_t id) { check(tandem_scheduler_session_unpark(h_.get(), id)); }
+  tandem_scheduler_session_info session_info(uint64_t id) {
+    auto info = make_struct<tandem_scheduler_session_info, tandem_scheduler_session_info_init>();
+    check(tandem_scheduler_session_get_info(h_.get(), id, &info));
+    return info;
+  }
 
  private:
   Handle<tandem_scheduler, tandem_scheduler_free> h_;

@@ -45,6 +45,8 @@ const char* kind_name(Kind kind) noexcept {
       return "request";
     case Kind::kExecutor:
       return "executor";
+    case Kind::kPool:
+      return "pool";
   }
   return "unknown";
 }
@@ -110,6 +112,11 @@ std::shared_ptr<ExecutorObj> get_executor(const tandem_executor* h, const char* 
   require(h, fn, "executor");
   return std::static_pointer_cast<ExecutorObj>(
       Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kExecutor, fn));
+}
+
+std::shared_ptr<PoolObj> get_pool(const tandem_pool* h, const char* fn) {
+  require(h, fn, "pool");
+  return std::static_pointer_cast<PoolObj>(Registry::instance().get(reinterpret_cast<uintptr_t>(h), Kind::kPool, fn));
 }
 
 BusyGuard::BusyGuard(SessionObj& s, const char* fn) : s_(s) {

@@ -74,12 +74,17 @@ inline void require(const void* p, const char* fn, const char* what) {
 
 // ---- handles -------------------------------------------------------------------------
 
-enum class Kind : uintptr_t { kModel = 1, kSession = 2, kScheduler = 3, kRequest = 4, kExecutor = 5 };
+enum class Kind : uintptr_t { kModel = 1, kSession = 2, kScheduler = 3, kRequest = 4, kExecutor = 5, kPool = 6 };
 const char* kind_name(Kind kind) noexcept;
 
 struct ModelObj {
   std::shared_ptr<const tandem::Model> model;
   std::string name;  ///< backing store of tandem_model_info::name
+};
+
+/// A CPU thread pool made by tandem_pool_create; executors hold the ThreadPool itself.
+struct PoolObj {
+  std::shared_ptr<tandem::ThreadPool> pool;
 };
 
 struct SessionObj {
@@ -166,6 +171,7 @@ std::shared_ptr<SessionObj> get_session(const tandem_session* h, const char* fn)
 std::shared_ptr<SchedulerObj> get_scheduler(const tandem_scheduler* h, const char* fn);
 std::shared_ptr<RequestObj> get_request(const tandem_request* h, const char* fn);
 std::shared_ptr<ExecutorObj> get_executor(const tandem_executor* h, const char* fn);
+std::shared_ptr<PoolObj> get_pool(const tandem_pool* h, const char* fn);
 
 /// A new executor for `model` as params describe it (device kind and id, threads);
 /// TANDEM_E_UNSUPPORTED for a GPU in a build without CUDA. Logged at TANDEM_LOG_INFO.

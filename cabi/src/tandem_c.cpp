@@ -96,21 +96,23 @@ constexpr size_t kSchedulerParamsV01 = offsetof(tandem_scheduler_params, executo
 constexpr size_t kRequestParamsV01 = offsetof(tandem_request_params, session);
 constexpr size_t kRequestEventV01 = sizeof(tandem_request_event);
 constexpr size_t kRequestResultV01 = sizeof(tandem_request_result);
+constexpr size_t kSchedulerSessionInfoV01 = sizeof(tandem_scheduler_session_info);
 
 #define TANDEM_NO_TAIL_PADDING(T, last) \
   static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
 TANDEM_NO_TAIL_PADDING(tandem_model_params, max_alignment);
 TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
-TANDEM_NO_TAIL_PADDING(tandem_session_params, kv_dir);
+TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
 TANDEM_NO_TAIL_PADDING(tandem_generate_params, flags);
 TANDEM_NO_TAIL_PADDING(tandem_generate_result, generate_seconds);
-TANDEM_NO_TAIL_PADDING(tandem_executor_params, kv_dir);
+TANDEM_NO_TAIL_PADDING(tandem_executor_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_params, session);
 TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_result, e2e_seconds);
+TANDEM_NO_TAIL_PADDING(tandem_scheduler_session_info, reserved);
 #undef TANDEM_NO_TAIL_PADDING
 
 constexpr int32_t kMaxThreads = 512;
@@ -753,6 +755,14 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
       fail(TANDEM_E_INVALID_ARG,
            fmt::format("{}: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16)", fn, p.kv_dtype));
     }
+    std::shared_ptr<PoolObj> pool;
+    if (p.pool != nullptr) {
+      pool = get_pool(p.pool, fn);
+      if (p.n_threads != 0) {
+        fail(TANDEM_E_INVALID_ARG,
+             fmt::format("{}: n_threads {} with a pool: set one of them (the pool has its threads)", fn, p.n_threads));
+      }
+    }
     const HParams& hp = m->model->hparams();
     const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : std::min(hp.n_ctx_train, 4096);
     if (n_ctx > int64_t(std::numeric_limits<int32_t>::max()) - p.page_size) {
@@ -774,9 +784,13 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
     }
     auto s = std::make_shared<SessionObj>();
     s->model = m;
-    CpuExecutorOptions exec_options;
-    exec_options.n_threads = p.n_threads;
-    s->executor = std::make_unique<CpuQ4Executor>(m->model, exec_options);
+    if (pool) {
+      s->executor = std::make_unique<CpuQ4Executor>(m->model, pool->pool);
+    } else {
+      CpuExecutorOptions exec_options;
+      exec_options.n_threads = p.n_threads;
+      s->executor = std::make_unique<CpuQ4Executor>(m->model, exec_options);
+    }
     SessionOptions session_options;
     session_options.n_ctx = p.n_ctx;
     session_options.n_batch = p.n_batch;
@@ -1245,6 +1259,52 @@ tandem_status tandem_scheduler_session_open(tandem_scheduler* scheduler, uint64_
 tandem_status tandem_scheduler_session_close(tandem_scheduler* scheduler, uint64_t session) {
   static constexpr const char* fn = "tandem_scheduler_session_close";
   return guard([&] { get_scheduler(scheduler, fn)->scheduler->close_session(session); });
+}
+
+tandem_status tandem_scheduler_session_info_init(tandem_scheduler_session_info* info, size_t struct_size) {
+  return guard([&] {
+    init_struct(info, struct_size, kSchedulerSessionInfoV01, zeroed<tandem_scheduler_session_info>(),
+                "tandem_scheduler_session_info_init", "tandem_scheduler_session_info");
+  });
+}
+
+tandem_status tandem_scheduler_session_get_info(tandem_scheduler* scheduler, uint64_t session,
+                                                tandem_scheduler_session_info* info) {
+  static constexpr const char* fn = "tandem_scheduler_session_get_info";
+  return guard([&] {
+    auto sc = get_scheduler(scheduler, fn);
+    require(info, fn, "info");
+    const size_t n = out_struct_size(info, kSchedulerSessionInfoV01, fn, "tandem_scheduler_session_info");
+    const Scheduler::SessionInfo si = sc->scheduler->session_info(session);
+    tandem_scheduler_session_info out{};
+    out.n_tokens = si.n_tokens;
+    out.kv_tokens = si.kv_tokens;
+    out.executor = si.executor;
+    out.busy = si.busy ? 1 : 0;
+    out.pages_device = si.pages[int(KvTier::kDevice)];
+    out.pages_host = si.pages[int(KvTier::kHost)];
+    out.pages_file = si.pages[int(KvTier::kFile)];
+    write_struct(info, out, n);
+  });
+}
+
+tandem_status tandem_scheduler_session_park(tandem_scheduler* scheduler, uint64_t session) {
+  static constexpr const char* fn = "tandem_scheduler_session_park";
+  return guard([&] {
+    if (!get_scheduler(scheduler, fn)->scheduler->park_session(session)) {
+      fail(TANDEM_E_BUSY,
+           fmt::format("{}: a request is running on session {} (park it between requests)", fn, session));
+    }
+  });
+}
+
+tandem_status tandem_scheduler_session_unpark(tandem_scheduler* scheduler, uint64_t session) {
+  static constexpr const char* fn = "tandem_scheduler_session_unpark";
+  return guard([&] {
+    if (!get_scheduler(scheduler, fn)->scheduler->unpark_session(session)) {
+      fail(TANDEM_E_BUSY, fmt::format("{}: a request is running on session {}", fn, session));
+    }
+  });
 }
 
 tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler) {

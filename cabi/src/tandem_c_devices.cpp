@@ -104,6 +104,11 @@ void check_executor_params(const tandem_executor_params& e, size_t i, const char
     fail(TANDEM_E_INVALID_ARG,
          fmt::format("{}: executors[{}]: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16)", fn, i, e.kv_dtype));
   }
+  if (e.pool != nullptr && (e.n_threads != 0 || e.device_kind != TANDEM_DEVICE_CPU)) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: a pool is for CPU executors with n_threads 0 (got "
+                                           "n_threads {}, device_kind {})",
+                                           fn, i, e.n_threads, e.device_kind));
+  }
   if (e.kv_file_pages < 0) {
     fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: kv_file_pages {} must be >= 0", fn, i, e.kv_file_pages));
   }
@@ -128,9 +133,14 @@ std::shared_ptr<ExecutorObj> make_executor(const std::shared_ptr<ModelObj>& mode
                                            fn));
 #endif
   } else {
-    CpuExecutorOptions co;
-    co.n_threads = p.n_threads;
-    auto cpu = std::make_unique<CpuQ4Executor>(model->model, co);
+    std::unique_ptr<CpuQ4Executor> cpu;
+    if (p.pool != nullptr) {
+      cpu = std::make_unique<CpuQ4Executor>(model->model, get_pool(p.pool, fn)->pool);
+    } else {
+      CpuExecutorOptions co;
+      co.n_threads = p.n_threads;
+      cpu = std::make_unique<CpuQ4Executor>(model->model, co);
+    }
     log_line(TANDEM_LOG_INFO,
              fmt::format("executor: cpu, {} threads, {} kernels", cpu->n_threads(), kernels::cpu_isa_name()));
     obj->executor = std::move(cpu);
@@ -148,6 +158,40 @@ int32_t tandem_version_number(void) {
 
 tandem_status tandem_log_set(tandem_log_callback callback, void* user_data, int32_t min_level) {
   return set_log(callback, user_data, min_level);
+}
+
+tandem_status tandem_pool_create(int32_t n_threads, tandem_pool** out_pool) {
+  static constexpr const char* fn = "tandem_pool_create";
+  if (out_pool != nullptr) *out_pool = nullptr;
+  return guard([&] {
+    require(out_pool, fn, "out_pool");
+    if (n_threads < 0 || n_threads > kMaxThreads) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_threads {} must be in [0, {}]", fn, n_threads, kMaxThreads));
+    }
+    auto obj = std::make_shared<PoolObj>();
+    obj->pool = CpuQ4Executor::make_pool(n_threads);
+    log_line(TANDEM_LOG_INFO, fmt::format("pool: {} threads", obj->pool->size()));
+    *out_pool = reinterpret_cast<tandem_pool*>(Registry::instance().add(Kind::kPool, std::move(obj)));
+  });
+}
+
+tandem_status tandem_pool_free(tandem_pool* pool) {
+  return guard([&] {
+    if (pool == nullptr) return;
+    if (!Registry::instance().remove(reinterpret_cast<uintptr_t>(pool), Kind::kPool)) {
+      fail(TANDEM_E_INVALID_HANDLE, fmt::format("tandem_pool_free: pool handle {:#x} is not live (double free?)",
+                                                reinterpret_cast<uintptr_t>(pool)));
+    }
+  });
+}
+
+tandem_status tandem_pool_get_threads(const tandem_pool* pool, int32_t* out_n) {
+  static constexpr const char* fn = "tandem_pool_get_threads";
+  return guard([&] {
+    auto p = get_pool(pool, fn);
+    require(out_n, fn, "out_n");
+    *out_n = p->pool->size();
+  });
 }
 
 tandem_status tandem_device_info_init(tandem_device_info* info, size_t struct_size) {

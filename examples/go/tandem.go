@@ -219,9 +219,12 @@ func (m *Model) Detokenize(ids []int32, removeSpecial, unparseSpecial bool) ([]b
 // ---- session -------------------------------------------------------------------------
 
 // SessionParams configures a session; zero fields take the library defaults
-// (NCtx 0 = the model's, capped at 4096; NThreads 0 = physical cores).
+// (NCtx 0 = the model's, capped at 4096; NThreads 0 = the process-wide pool of one thread
+// per physical core, shared by every session and executor made with 0). Pool: compute on
+// this shared Pool instead (NThreads must be 0).
 type SessionParams struct {
 	NCtx, NBatch, PageSize, NThreads int
+	Pool                             *Pool
 }
 
 // Abort stops the generation running on s (called from another goroutine): it ends within
@@ -257,6 +260,10 @@ func NewSession(m *Model, p SessionParams) (*Session, error) {
 		cp.page_size = C.int32_t(p.PageSize)
 	}
 	cp.n_threads = C.int32_t(p.NThreads)
+	if p.Pool != nil {
+		cp.pool = p.Pool.raw
+	}
+	defer runtime.KeepAlive(p.Pool)
 	var raw *C.tandem_session
 	if err := call(func() C.tandem_status { return C.tandem_session_create(m.raw, &cp, &raw) }); err != nil {
 		return nil, err
@@ -398,11 +405,9 @@ func cAlloc[T any]() *T {
 	return (*T)(C.calloc(1, C.size_t(unsafe.Sizeof(zero))))
 }
 
-func (s *Session) generate(text *string, ids []int32, opts GenerateOptions, onPiece func(string, int32) bool) (GenerateResult, error) {
-	defer runtime.KeepAlive(s)
-	// Everything the library reads during the call lives in C memory (cgo pointer rules).
+// newSampling returns opts' sampling parameters in C memory (free with C.free).
+func newSampling(opts GenerateOptions) *C.tandem_sampling_params {
 	sampling := cAlloc[C.tandem_sampling_params]()
-	defer C.free(unsafe.Pointer(sampling))
 	C.tandem_sampling_params_init(sampling, C.size_t(unsafe.Sizeof(*sampling)))
 	if opts.Temperature != nil {
 		sampling.temperature = C.float(*opts.Temperature)
@@ -431,6 +436,31 @@ func (s *Session) generate(text *string, ids []int32, opts GenerateOptions, onPi
 	if opts.Seed != nil {
 		sampling.seed = C.uint64_t(*opts.Seed)
 	}
+	return sampling
+}
+
+// cStrings copies ss into a C array of C strings; free releases all of it.
+func cStrings(ss []string) (arr **C.char, free func()) {
+	if len(ss) == 0 {
+		return nil, func() {}
+	}
+	ptrs := (*[1 << 20]*C.char)(C.calloc(C.size_t(len(ss)), C.size_t(unsafe.Sizeof((*C.char)(nil)))))[:len(ss):len(ss)]
+	for i, st := range ss {
+		ptrs[i] = C.CString(st)
+	}
+	return &ptrs[0], func() {
+		for _, p := range ptrs {
+			C.free(unsafe.Pointer(p))
+		}
+		C.free(unsafe.Pointer(&ptrs[0]))
+	}
+}
+
+func (s *Session) generate(text *string, ids []int32, opts GenerateOptions, onPiece func(string, int32) bool) (GenerateResult, error) {
+	defer runtime.KeepAlive(s)
+	// Everything the library reads during the call lives in C memory (cgo pointer rules).
+	sampling := newSampling(opts)
+	defer C.free(unsafe.Pointer(sampling))
 	params := cAlloc[C.tandem_generate_params]()
 	defer C.free(unsafe.Pointer(params))
 	C.tandem_generate_params_init(params, C.size_t(unsafe.Sizeof(*params)))

@@ -239,6 +239,10 @@ class KvSequence {
   /// Move every page to `tier` (swap out / bring back). Throws Error(kOutOfMemory) when
   /// `tier` has no room even after nothing could be evicted; nothing moved then.
   KvMoveStats move_to(KvTier tier);
+  /// As move_to, but only the pages this sequence holds alone move (shared pages stay for
+  /// their other holders, as evict_lru does), so it is safe while other sequences that
+  /// share pages with it are being computed on. Its unused reservation is returned.
+  KvMoveStats move_exclusive_to(KvTier tier);
   /// Bring the sequence into `tier`, evicting LRU inactive sequences from it to File when
   /// it is full. Marks it used now.
   KvMoveStats make_resident(KvTier tier);

@@ -38,7 +38,7 @@
 // to the File tier when the store has one, else its KV is dropped and recomputed later
 // (its generated tokens are kept, so greedy output is unchanged).
 //
-// Thread-safety: submit(), cancel(), metrics(), open/close_session() may be called from
+// Thread-safety: submit(), cancel(), metrics(), the session calls may be called from
 // any number of threads. Executors must not be stepped by anyone else while the
 // Scheduler runs. The Executors and stores must outlive the Scheduler.
 #pragma once
@@ -200,6 +200,31 @@ class Scheduler {
   uint64_t open_session();
   /// Release the session's KV (a running request on it finishes first).
   void close_session(uint64_t session);
+
+  /// Where a session stands (session_info()).
+  struct SessionInfo {
+    uint64_t id = 0;
+    int executor = -1;                 ///< executor whose KV store holds its KV; -1 = none (busy: the
+                                       ///< request's; or lost: recomputed on next use)
+    int32_t n_tokens = 0;              ///< tokens of the conversation (the last may not be in the KV yet)
+    int32_t kv_tokens = 0;             ///< positions whose KV the session holds
+    int32_t pages[kKvTierCount] = {};  ///< its KV pages per tier (index: KvTier)
+    bool busy = false;                 ///< a request runs on it (its KV is the request's then)
+  };
+  /// Throws Error(kInvalidArgument) for an unknown or closed session. Thread-safe.
+  SessionInfo session_info(uint64_t session) const;
+  /// Park a session explicitly: move its KV pages from the executor's compute tier to the
+  /// File tier of the executor's store (ExecutorConfig::store with file pages), freeing
+  /// compute-tier pages until its next request, which brings them back (bit-exact copies:
+  /// nothing is recomputed). unpark_session() moves them back to the compute tier ahead of
+  /// the next request (a prefetch). Pages the session shares with other sequences (a
+  /// prefix another request shares) stay where they are. A session with no KV: nothing to
+  /// move. Returns false, moving nothing, while a request runs on the session. Throws
+  /// Error(kInvalidArgument) for an unknown or closed session or (park) a store without a
+  /// File tier, Error(kOutOfMemory) when the destination tier lacks free pages (nothing
+  /// moved then). `stats` (may be null) receives what the move cost. Thread-safe.
+  bool park_session(uint64_t session, KvMoveStats* stats = nullptr);
+  bool unpark_session(uint64_t session, KvMoveStats* stats = nullptr);
 
   /// Stop accepting (submit -> kOverloaded), wait until every request has finished.
   void drain();

@@ -17,6 +17,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -452,7 +453,8 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_model_info, n_vocab) == 24);
   CHECK(offsetof(tandem_model_info, token_eos) == 52);
   CHECK(offsetof(tandem_model_info, weight_bytes) == 56);
-  CHECK(sizeof(tandem_session_params) == 40);
+  CHECK(sizeof(tandem_session_params) == 48);
+  CHECK(offsetof(tandem_session_params, pool) == 40);
   CHECK(offsetof(tandem_session_params, n_threads) == 20);
   CHECK(offsetof(tandem_session_params, kv_tier) == 24);
   CHECK(offsetof(tandem_session_params, kv_dir) == 32);
@@ -474,7 +476,10 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_generate_result, finish_reason) == 56);
   CHECK(offsetof(tandem_generate_result, prompt_seconds) == 64);
   CHECK(offsetof(tandem_generate_result, generate_seconds) == 72);
-  CHECK(sizeof(tandem_executor_params) == 56);
+  CHECK(sizeof(tandem_executor_params) == 64);
+  CHECK(offsetof(tandem_executor_params, pool) == 56);
+  CHECK(sizeof(tandem_scheduler_session_info) == 40);
+  CHECK(offsetof(tandem_scheduler_session_info, pages_host) == 28);
   CHECK(offsetof(tandem_executor_params, n_threads) == 8);
   CHECK(offsetof(tandem_executor_params, accelerator) == 28);
   CHECK(offsetof(tandem_executor_params, device_kind) == 32);
@@ -2656,6 +2661,310 @@ static void test_scheduler_sessions_and_waits(const golden_case* g) {
   pthread_mutex_destroy(&sink.mu);
 }
 
+/* Explicit park / unpark of a scheduler session: its KV pages go to the File tier and come
+ * back bit-exact (nothing recomputed), so a conversation parked between its requests still
+ * continues into the golden continuation. */
+static void test_scheduler_session_park(const golden_case* g) {
+  tandem_executor_params ep;
+  tandem_scheduler_params scp;
+  tandem_scheduler* sched = NULL;
+  tandem_scheduler* no_file = NULL;
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, 20);
+  tandem_request* r = NULL;
+  tandem_request* blocker = NULL;
+  tandem_request_result res;
+  tandem_scheduler_session_info si;
+  uint64_t session = 0, other = 0;
+  int32_t ids[64];
+  char text[4096], part[2048];
+  size_t n_ids = 0, i;
+  int32_t finish = -1, pages = 0;
+  tandem_status st;
+  const int32_t steps[3] = {20, 20, 24};
+
+  REQUIRE_OK(tandem_executor_params_init(&ep, sizeof ep));
+  CHECK(ep.pool == NULL);
+  ep.n_threads = 1;
+  ep.max_running = 1;
+  ep.kv_file_pages = 64;
+  ep.kv_dir = g_tmpdir;
+  REQUIRE_OK(tandem_scheduler_params_init(&scp, sizeof scp));
+  scp.executors = &ep;
+  scp.n_executors = 1;
+  scp.max_context = 256;
+  scp.prefix_cache_entries = 0; /* the session's pages are its own */
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &sched));
+  CHECK_OK(tandem_scheduler_session_open(sched, &session));
+  REQUIRE_OK(tandem_scheduler_session_info_init(&si, sizeof si));
+  CHECK_OK(tandem_scheduler_session_get_info(sched, session, &si));
+  CHECK(si.n_tokens == 0 && si.kv_tokens == 0 && si.executor == -1 && si.busy == 0);
+  CHECK_OK(tandem_scheduler_session_park(sched, session)); /* no KV yet: nothing moves */
+  CHECK_OK(tandem_scheduler_session_unpark(sched, session));
+
+  rp.session = session;
+  text[0] = '\0';
+  for (i = 0; i < 3; ++i) {
+    rp.prompt = i == 0 ? g->prompt_text : "";
+    rp.max_tokens = steps[i];
+    REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+    CHECK(stream_blocking(r, part, sizeof part, &finish) == steps[i]);
+    CHECK(finish == TANDEM_FINISH_LENGTH);
+    CHECK_OK(tandem_request_result_init(&res, sizeof res));
+    res.tokens = ids + n_ids;
+    res.tokens_cap = 64 - n_ids;
+    CHECK_OK(tandem_request_wait(r, -1, &res));
+    CHECK(res.finished && res.n_tokens == (size_t)steps[i]);
+    n_ids += res.n_tokens;
+    strncat(text, part, sizeof text - strlen(text) - 1);
+    CHECK_OK(tandem_request_free(r));
+
+    /* Between requests the KV is parked in the compute (Host) tier. */
+    CHECK_OK(tandem_scheduler_session_get_info(sched, session, &si));
+    CHECK(si.busy == 0 && si.executor == 0);
+    CHECK(si.n_tokens == (int32_t)(g->n_prompt + n_ids));
+    CHECK(si.kv_tokens == si.n_tokens - 1); /* the last sampled token is not evaluated yet */
+    CHECK(si.pages_host >= (si.kv_tokens + 15) / 16 && si.pages_file == 0 && si.pages_device == 0);
+    pages = si.pages_host;
+    if (i == 2) break;
+    /* Park it: every page to the File tier. */
+    CHECK_OK(tandem_scheduler_session_park(sched, session));
+    CHECK_OK(tandem_scheduler_session_get_info(sched, session, &si));
+    CHECK(si.pages_host == 0 && si.pages_file == pages && si.kv_tokens == si.n_tokens - 1);
+    CHECK_OK(tandem_scheduler_session_park(sched, session)); /* already there: no-op */
+    if (i == 1) {
+      /* Unpark ahead of the next request (the other time the request brings it back). */
+      CHECK_OK(tandem_scheduler_session_unpark(sched, session));
+      CHECK_OK(tandem_scheduler_session_get_info(sched, session, &si));
+      CHECK(si.pages_host == pages && si.pages_file == 0);
+    }
+  }
+  check_against_golden(g, ids, n_ids, text, "scheduler session parked to the File tier between requests");
+
+  /* A session with a request on it cannot be parked: with one decode slot, a session
+   * request queued behind a long request waits (busy) at least until that one finishes. */
+  rp.session = 0;
+  rp.prompt = g->prompt_text;
+  rp.max_tokens = 240;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &blocker));
+  rp.session = session;
+  rp.prompt = "";
+  rp.max_tokens = 4;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+  st = tandem_scheduler_session_park(sched, session);
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_get_result(blocker, &res));
+  if (!res.finished) {
+    CHECK(st == TANDEM_E_BUSY);
+    CHECK_STATUS(tandem_scheduler_session_unpark(sched, session), TANDEM_E_BUSY);
+    CHECK_OK(tandem_scheduler_session_get_info(sched, session, &si));
+    CHECK(si.busy == 1 && si.executor == -1);
+  } else {
+    printf("  (the long request finished before the park: busy case not observed)\n");
+  }
+  CHECK(finish_of(r) == TANDEM_FINISH_LENGTH);
+  CHECK_OK(tandem_request_free(r));
+  CHECK_OK(tandem_request_free(blocker));
+
+  /* Errors. */
+  CHECK_STATUS(tandem_scheduler_session_park(NULL, session), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_unpark(NULL, session), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_park(sched, 999999), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_get_info(sched, session, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_get_info(NULL, session, &si), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_info_init(&si, 8), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_scheduler_session_close(sched, session));
+  CHECK_STATUS(tandem_scheduler_session_park(sched, session), TANDEM_E_INVALID_ARG); /* closed */
+  CHECK_STATUS(tandem_scheduler_session_get_info(sched, session, &si), TANDEM_E_INVALID_ARG);
+
+  /* A store without a File tier: park refuses, the session stays usable. */
+  ep.kv_file_pages = 0;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &no_file));
+  CHECK_OK(tandem_scheduler_session_open(no_file, &other));
+  rp.session = other;
+  rp.prompt = g->prompt_text;
+  REQUIRE_OK(tandem_scheduler_submit(no_file, &rp, &r));
+  CHECK(finish_of(r) == TANDEM_FINISH_LENGTH);
+  CHECK_OK(tandem_request_free(r));
+  CHECK_STATUS(tandem_scheduler_session_park(no_file, other), TANDEM_E_INVALID_ARG);
+  CHECK(strstr(tandem_last_error(), "File tier") != NULL);
+  CHECK_OK(tandem_scheduler_session_unpark(no_file, other)); /* already in the compute tier */
+  CHECK_OK(tandem_scheduler_free(no_file));
+  CHECK_STATUS(tandem_scheduler_session_park(no_file, other), TANDEM_E_INVALID_HANDLE);
+  CHECK_OK(tandem_scheduler_free(sched));
+}
+
+/* Threads of this process (entries of /proc/self/task); -1 when unreadable. */
+static int count_threads(void) {
+  DIR* d = opendir("/proc/self/task");
+  struct dirent* e;
+  int n = 0;
+  if (d == NULL) return -1;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+typedef struct pool_gen_ctx {
+  tandem_session* s;
+  const golden_case* g;
+  int32_t ids[64];
+  char text[4096];
+  size_t n;
+  tandem_status status;
+  int max_threads; /* most threads seen from the token callback */
+} pool_gen_ctx;
+
+static int pool_gen_cb(const char* piece, size_t len, int32_t token, void* user_data) {
+  pool_gen_ctx* c = (pool_gen_ctx*)user_data;
+  const int n = count_threads();
+  (void)piece;
+  (void)len;
+  (void)token;
+  if (n > c->max_threads) c->max_threads = n;
+  return 0;
+}
+
+static void* pool_gen_thread(void* arg) {
+  pool_gen_ctx* c = (pool_gen_ctx*)arg;
+  tandem_sampling_params smp;
+  tandem_generate_params gp;
+  tandem_generate_result gr;
+  tandem_sampling_params_init(&smp, sizeof smp);
+  smp.temperature = 0.0f;
+  tandem_generate_params_init(&gp, sizeof gp);
+  gp.sampling = &smp;
+  gp.max_tokens = 64;
+  gp.flags = TANDEM_GENERATE_IGNORE_EOS;
+  tandem_generate_result_init(&gr, sizeof gr);
+  gr.tokens = c->ids;
+  gr.tokens_cap = 64;
+  gr.text = c->text;
+  gr.text_cap = sizeof c->text;
+  c->status = tandem_session_generate(c->s, c->g->prompt_text, &gp, pool_gen_cb, c, &gr);
+  c->n = gr.n_tokens;
+  return NULL;
+}
+
+/* Several sessions (and executors, schedulers) on one pool run no more compute threads
+ * than the pool has: thread counts from /proc/self/task. */
+static void test_shared_pool(const golden_case* g) {
+  tandem_pool* pool = NULL;
+  tandem_session_params sp;
+  tandem_session* s[2] = {NULL, NULL};
+  tandem_session* extra = NULL;
+  tandem_session_info info;
+  tandem_executor_params ep;
+  tandem_executor* ex = NULL;
+  tandem_device_info dev;
+  tandem_scheduler_params scp;
+  tandem_executor_params eps[2];
+  tandem_scheduler* sched = NULL;
+  pool_gen_ctx ctx[2];
+  pthread_t th[2];
+  int32_t n = 0;
+  int t0, t1, t_def1, t_def2;
+  size_t i;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+  t0 = count_threads();
+  if (t0 < 0) {
+    printf("  /proc/self/task unreadable: thread counts skipped\n");
+  }
+  CHECK_STATUS(tandem_pool_create(2, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_pool_create(-1, &pool), TANDEM_E_INVALID_ARG);
+  CHECK(pool == NULL);
+  CHECK_STATUS(tandem_pool_create(513, &pool), TANDEM_E_INVALID_ARG);
+  REQUIRE_OK(tandem_pool_create(2, &pool));
+  CHECK_OK(tandem_pool_get_threads(pool, &n));
+  CHECK(n == 2);
+  CHECK_STATUS(tandem_pool_get_threads(pool, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_pool_get_threads(NULL, &n), TANDEM_E_INVALID_ARG);
+  t1 = count_threads();
+  if (t0 >= 0) CHECK(t1 == t0 + 1); /* the caller's thread is the pool's first */
+
+  /* Two sessions on the pool add no thread and generate the golden continuation at once. */
+  REQUIRE_OK(tandem_session_params_init(&sp, sizeof sp));
+  CHECK(sp.pool == NULL && sp.n_threads == 0);
+  sp.n_ctx = 256;
+  sp.pool = pool;
+  sp.n_threads = 2;
+  CHECK_STATUS(tandem_session_create(g_model, &sp, &extra), TANDEM_E_INVALID_ARG); /* pool and n_threads */
+  sp.n_threads = 0;
+  for (i = 0; i < 2; ++i) REQUIRE_OK(tandem_session_create(g_model, &sp, &s[i]));
+  if (t0 >= 0) CHECK(count_threads() == t1);
+  REQUIRE_OK(tandem_session_info_init(&info, sizeof info));
+  CHECK_OK(tandem_session_get_info(s[0], &info));
+  CHECK(info.n_threads == 2);
+  CHECK_OK(tandem_pool_free(pool)); /* the sessions keep it */
+  CHECK_STATUS(tandem_pool_free(pool), TANDEM_E_INVALID_HANDLE);
+  CHECK_STATUS(tandem_session_create(g_model, &sp, &extra), TANDEM_E_INVALID_HANDLE); /* freed pool */
+  CHECK(extra == NULL);
+  for (i = 0; i < 2; ++i) {
+    memset(&ctx[i], 0, sizeof ctx[i]);
+    ctx[i].s = s[i];
+    ctx[i].g = g;
+    pthread_create(&th[i], NULL, pool_gen_thread, &ctx[i]);
+  }
+  for (i = 0; i < 2; ++i) pthread_join(th[i], NULL);
+  for (i = 0; i < 2; ++i) {
+    CHECK_OK(ctx[i].status);
+    check_against_golden(g, ctx[i].ids, ctx[i].n, ctx[i].text, "session on a shared pool");
+    /* This thread, the pool's worker and the two generating threads: nothing more. */
+    if (t0 >= 0) CHECK(ctx[i].max_threads <= t1 + 2);
+  }
+  printf("  2 sessions on a pool of 2: %d threads before, at most %d while generating\n", t0,
+         ctx[0].max_threads > ctx[1].max_threads ? ctx[0].max_threads : ctx[1].max_threads);
+  for (i = 0; i < 2; ++i) CHECK_OK(tandem_session_free(s[i]));
+  if (t0 >= 0) CHECK(count_threads() == t0); /* the pool's worker ended with its last user */
+
+  /* Executors and a scheduler on one pool: only the step-loop threads are added. */
+  REQUIRE_OK(tandem_pool_create(2, &pool));
+  REQUIRE_OK(tandem_executor_params_init(&ep, sizeof ep));
+  ep.pool = pool;
+  ep.n_threads = 1;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &ex), TANDEM_E_INVALID_ARG);
+  ep.n_threads = 0;
+  ep.device_kind = TANDEM_DEVICE_CUDA;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &ex), TANDEM_E_INVALID_ARG);
+  ep.device_kind = TANDEM_DEVICE_CPU;
+  REQUIRE_OK(tandem_executor_create(g_model, &ep, &ex));
+  REQUIRE_OK(tandem_device_info_init(&dev, sizeof dev));
+  CHECK_OK(tandem_executor_get_device(ex, &dev));
+  CHECK(dev.n_cores == 2);
+  CHECK_OK(tandem_executor_free(ex));
+  for (i = 0; i < 2; ++i) {
+    REQUIRE_OK(tandem_executor_params_init(&eps[i], sizeof eps[i]));
+    eps[i].pool = pool;
+    eps[i].max_running = 2;
+  }
+  eps[0].accelerator = 1;
+  REQUIRE_OK(tandem_scheduler_params_init(&scp, sizeof scp));
+  scp.executors = eps;
+  scp.n_executors = 2;
+  scp.max_context = 256;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &sched));
+  if (t0 >= 0) CHECK(count_threads() == t0 + 1 + 2); /* the pool's worker and two step loops */
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK_OK(tandem_pool_free(pool));
+
+  /* Without a pool, n_threads 0 shares the node pool: a second session adds no thread. */
+  REQUIRE_OK(tandem_session_params_init(&sp, sizeof sp));
+  sp.n_ctx = 256;
+  REQUIRE_OK(tandem_session_create(g_model, &sp, &s[0]));
+  t_def1 = count_threads();
+  REQUIRE_OK(tandem_session_create(g_model, &sp, &s[1]));
+  t_def2 = count_threads();
+  if (t0 >= 0) {
+    CHECK(t_def2 == t_def1);
+    CHECK(t_def1 - t0 <= cores); /* one thread per physical core at most */
+  }
+  printf("  2 default sessions: %d threads (%d before, %ld cores online)\n", t_def2, t0, cores);
+  for (i = 0; i < 2; ++i) CHECK_OK(tandem_session_free(s[i]));
+}
+
 int main(int argc, char** argv) {
   golden_case g;
   (void)argc;
@@ -2699,6 +3008,8 @@ int main(int argc, char** argv) {
   test_metadata_and_chat();
   test_session_abort(&g);
   test_scheduler_sessions_and_waits(&g);
+  test_scheduler_session_park(&g);
+  test_shared_pool(&g);
   CHECK_OK(tandem_model_free(g_model));
   CHECK_STATUS(tandem_model_free(g_model), TANDEM_E_INVALID_HANDLE);
 

@@ -46,6 +46,7 @@ from ._capi import (E_BAD_POSITION, E_BUFFER_TOO_SMALL, E_BUSY, E_CONTEXT_OVERFL
 __all__ = [
     "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult", "Device",
     "devices", "set_log_callback", "version", "version_number", "library_path", "Scheduler", "SchedulerSession",
+    "SchedulerSessionInfo", "Pool",
     "Request", "RequestEvent", "RequestResult", "Executor", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY",
     "E_GGUF_BAD_MAGIC", "E_TOKENIZER", "E_CONTEXT_OVERFLOW", "E_BAD_POSITION", "E_KV_MISMATCH", "E_KV_CHECKSUM",
     "E_KV_LEASE_EXPIRED", "E_KV_TOKEN_RANGE", "E_SESSION_CORRUPT", "E_SESSION_MODEL_MISMATCH", "E_SESSION_VERSION",
@@ -548,6 +549,29 @@ class Generation:
         return self.result.text if self.result else "".join(self._pieces)
 
 
+class Pool(_Handle):
+    """A CPU thread pool that several Sessions and Executors (and so several Schedulers)
+    compute on together: their steps take turns on its threads, so the process never runs
+    more compute threads than the pool has (tandem_pool_create). Without a pool,
+    n_threads=0 already shares the process-wide pool of one thread per physical core; a
+    Pool of your own sets another budget. Closing it early is safe: its users keep it."""
+
+    _kind = "pool"
+    _free = _c.pool_free
+
+    def __init__(self, n_threads: int = 0):
+        """n_threads: 0 = one per physical core; at most 512."""
+        handle = _c.handle_t()
+        _c.check(_c.pool_create(_c.check_int("n_threads", n_threads, 0, 512), ctypes.byref(handle)))
+        self._h = handle.value
+
+    @property
+    def n_threads(self) -> int:
+        n = ctypes.c_int32()
+        _c.check(_c.pool_get_threads(self.handle, ctypes.byref(n)))
+        return n.value
+
+
 class Session(_Handle):
     """One conversation with its own CPU executor and KV cache. One call at a time (a
     concurrent call from another thread raises TandemError(E_BUSY)). A call made from
@@ -558,10 +582,13 @@ class Session(_Handle):
     _free = _c.session_free
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, page_size: int = 16, n_threads: int = 0,
-                 kv_tier: str = "host", kv_dtype: str = "f16", kv_dir: Optional[str] = None):
+                 kv_tier: str = "host", kv_dtype: str = "f16", kv_dir: Optional[str] = None,
+                 pool: Optional[Pool] = None):
         """n_ctx: positions (0 = the model's, capped at 4096); n_batch: prompt tokens per
-        step; n_threads: 0 = physical cores; kv_tier "host" or "file" (pages in a mapped
-        file in kv_dir); kv_dtype "f16" or "f32"."""
+        step; n_threads: 0 = the shared pool of one thread per physical core, n > 0 = a
+        pool of n threads of its own; pool: compute on this Pool instead (n_threads must
+        be 0); kv_tier "host" or "file" (pages in a mapped file in kv_dir); kv_dtype "f16"
+        or "f32"."""
         params = _c.init(_c.SessionParams, _c.session_params_init)
         params.n_ctx = _c.check_int("n_ctx", n_ctx, 0, _c.INT32_MAX)
         params.n_batch = _c.check_int("n_batch", n_batch, 1, _c.INT32_MAX)
@@ -575,6 +602,7 @@ class Session(_Handle):
         params.kv_tier, params.kv_dtype = tiers[kv_tier], _c.KV_DTYPES[kv_dtype]
         kv_dir_bytes = None if kv_dir is None else os.fsencode(kv_dir)
         params.kv_dir = kv_dir_bytes
+        params.pool = None if pool is None else pool.handle
         handle = _c.handle_t()
         _c.check(_c.session_create(model.handle, ctypes.byref(params), ctypes.byref(handle)))
         self._h = handle.value
@@ -710,7 +738,8 @@ class Executor:
     """One executor of a Scheduler (tandem_executor_params). device: "cpu", "cuda" or
     "cuda:N" (a GPU needs a library built with CUDA: TandemError(E_UNSUPPORTED)
     otherwise). kv_file_pages: a File tier of that many pages (in kv_dir) below the
-    compute tier, for swapping preempted sequences."""
+    compute tier, for swapping preempted sequences (and for SchedulerSession.park).
+    pool: a Pool this CPU executor computes on (n_threads must be 0)."""
     n_threads: int = 0
     max_running: int = 16
     step_token_budget: int = 256
@@ -721,6 +750,7 @@ class Executor:
     kv_dtype: str = "f16"
     kv_file_pages: int = 0
     kv_dir: Optional[str] = None
+    pool: Optional[Pool] = None
 
     def _fill(self, p: "_c.ExecutorParams", i: int) -> Optional[bytes]:
         _c.check(_c.executor_params_init(ctypes.byref(p), ctypes.sizeof(_c.ExecutorParams)))
@@ -742,6 +772,7 @@ class Executor:
         p.kv_dtype = _c.KV_DTYPES[self.kv_dtype]
         kv_dir = None if self.kv_dir is None else os.fsencode(self.kv_dir)
         p.kv_dir = kv_dir
+        p.pool = None if self.pool is None else self.pool.handle
         return kv_dir
 
 
@@ -904,6 +935,20 @@ class Request(_Handle):
         return self._fill(lambda r: _c.request_get_result(h, r))
 
 
+@dataclass
+class SchedulerSessionInfo:
+    """SchedulerSession.info: tokens of the conversation, positions whose KV it holds,
+    the executor holding it (-1: none), whether a request runs on it, and its KV pages
+    per tier."""
+    n_tokens: int
+    kv_tokens: int
+    executor: int
+    busy: bool
+    pages_device: int
+    pages_host: int
+    pages_file: int
+
+
 class SchedulerSession:
     """A conversation kept by the Scheduler between requests (its KV parked, moved down
     the tiers under memory pressure, or to another executor when a request's SLA routes
@@ -920,6 +965,27 @@ class SchedulerSession:
         if self._closed:
             raise TandemError(E_INVALID_HANDLE, "the scheduler session is closed")
         return self._scheduler.submit(prompt, session=self.id, **kw)
+
+    @property
+    def info(self) -> "SchedulerSessionInfo":
+        """Where the session's KV is (tandem_scheduler_session_get_info)."""
+        i = _c.init(_c.SchedulerSessionInfo, _c.scheduler_session_info_init)
+        _c.check(_c.scheduler_session_get_info(self._scheduler.handle, self.id, ctypes.byref(i)))
+        return SchedulerSessionInfo(i.n_tokens, i.kv_tokens, i.executor, bool(i.busy), i.pages_device,
+                                    i.pages_host, i.pages_file)
+
+    def park(self) -> None:
+        """Move the session's KV pages to the File tier of its executor (an Executor with
+        kv_file_pages) until its next request, which brings them back unchanged (nothing
+        is recomputed). Between requests only: TandemError(E_BUSY) while one runs;
+        E_INVALID_ARG when the executor has no File tier; E_OUT_OF_MEMORY when it is
+        full (nothing moved)."""
+        _c.check(_c.scheduler_session_park(self._scheduler.handle, self.id))
+
+    def unpark(self) -> None:
+        """Bring a parked session's KV back to the compute tier ahead of its next
+        request. Errors as park()."""
+        _c.check(_c.scheduler_session_unpark(self._scheduler.handle, self.id))
 
     def close(self) -> None:
         if not self._closed:

@@ -119,7 +119,7 @@ class ModelInfo(ctypes.Structure):
 class SessionParams(ctypes.Structure):
     _fields_ = [("struct_size", _size), ("n_ctx", ctypes.c_int32), ("n_batch", ctypes.c_int32),
                 ("page_size", ctypes.c_int32), ("n_threads", ctypes.c_int32), ("kv_tier", ctypes.c_int32),
-                ("kv_dtype", ctypes.c_int32), ("kv_dir", ctypes.c_char_p)]
+                ("kv_dtype", ctypes.c_int32), ("kv_dir", ctypes.c_char_p), ("pool", _handle)]
 
 
 class SessionInfo(ctypes.Structure):
@@ -153,7 +153,13 @@ class ExecutorParams(ctypes.Structure):
                 ("step_token_budget", ctypes.c_int32), ("prefill_chunk", ctypes.c_int32),
                 ("kv_pages", ctypes.c_int32), ("accelerator", ctypes.c_int32), ("device_kind", ctypes.c_int32),
                 ("device_id", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("kv_file_pages", ctypes.c_int32),
-                ("kv_dir", ctypes.c_char_p)]
+                ("kv_dir", ctypes.c_char_p), ("pool", _handle)]
+
+
+class SchedulerSessionInfo(ctypes.Structure):
+    _fields_ = [("struct_size", _size), ("n_tokens", ctypes.c_int32), ("kv_tokens", ctypes.c_int32),
+                ("executor", ctypes.c_int32), ("busy", ctypes.c_int32), ("pages_device", ctypes.c_int32),
+                ("pages_host", ctypes.c_int32), ("pages_file", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 class SchedulerParams(ctypes.Structure):
@@ -269,6 +275,14 @@ scheduler_metrics_json = _proto("tandem_scheduler_metrics_json", _status, _handl
                                 _ptr(_size))
 scheduler_session_open = _proto("tandem_scheduler_session_open", _status, _handle, _ptr(ctypes.c_uint64))
 scheduler_session_close = _proto("tandem_scheduler_session_close", _status, _handle, ctypes.c_uint64)
+scheduler_session_info_init = _proto("tandem_scheduler_session_info_init", _status, _ptr(SchedulerSessionInfo), _size)
+scheduler_session_get_info = _proto("tandem_scheduler_session_get_info", _status, _handle, ctypes.c_uint64,
+                                    _ptr(SchedulerSessionInfo))
+scheduler_session_park = _proto("tandem_scheduler_session_park", _status, _handle, ctypes.c_uint64)
+scheduler_session_unpark = _proto("tandem_scheduler_session_unpark", _status, _handle, ctypes.c_uint64)
+pool_create = _proto("tandem_pool_create", _status, ctypes.c_int32, _ptr(_handle))
+pool_free = _proto("tandem_pool_free", _status, _handle)
+pool_get_threads = _proto("tandem_pool_get_threads", _status, _handle, _ptr(ctypes.c_int32))
 request_poll = _proto("tandem_request_poll", _status, _handle, _ptr(RequestEvent))
 request_next_event = _proto("tandem_request_next_event", _status, _handle, ctypes.c_int32, _ptr(RequestEvent))
 request_cancel = _proto("tandem_request_cancel", _status, _handle)

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -289,6 +290,64 @@ class TestSchedulerAsync(PackageTestCase):
             tandem.set_log_callback(None)
         self.assertTrue(any(level == "debug" and "route" in message for level, message in lines), lines[:5])
         self.assertTrue(any(level == "info" for level, _ in lines))
+
+    def test_parked_scheduler_session_continues_into_the_golden_continuation(self):
+        with tempfile.TemporaryDirectory(prefix="tandem-park-") as kv_dir:
+            ex = tandem.Executor(n_threads=1, max_running=1, kv_file_pages=64, kv_dir=kv_dir)
+            with tandem.Scheduler(self.model, [ex], max_context=256, prefix_cache_entries=0) as sched:
+                tokens, text = [], ""
+                with sched.open_session() as conv:
+                    self.assertEqual(conv.info.executor, -1)
+                    for i, (prompt, n) in enumerate(((self.case["prompt_text"], 20), ("", 20), ("", 24))):
+                        req = conv.submit(prompt, max_tokens=n, **GREEDY)
+                        text += req.text()
+                        tokens += req.wait().tokens
+                        info = conv.info
+                        self.assertFalse(info.busy)
+                        self.assertEqual(info.kv_tokens, info.n_tokens - 1)
+                        self.assertEqual(info.pages_file, 0)
+                        pages = info.pages_host
+                        self.assertGreater(pages, 0)
+                        conv.park()  # every page to the File tier, bit-exact
+                        info = conv.info
+                        self.assertEqual((info.pages_host, info.pages_file), (0, pages))
+                        if i == 1:
+                            conv.unpark()
+                            self.assertEqual((conv.info.pages_host, conv.info.pages_file), (pages, 0))
+                print(golden.check(self.case, tokens, text))
+                with sched.open_session() as conv:  # park needs a File tier: only this one has it
+                    conv.submit("Once", max_tokens=2, **GREEDY).wait()
+                    conv.park()
+                    conv.close()
+                    self.assertRefused(conv.park)
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1)], max_context=64) as sched:
+            with sched.open_session() as conv:
+                conv.submit("Once", max_tokens=2, **GREEDY).wait()
+                with self.assertRaises(tandem.TandemError) as cm:
+                    conv.park()
+                self.assertEqual(cm.exception.name, "INVALID_ARG")
+                self.assertIn("File tier", cm.exception.message)
+
+    def test_sessions_on_one_pool_add_no_threads(self):
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        before = threads()
+        pool = tandem.Pool(2)
+        self.assertEqual(pool.n_threads, 2)
+        self.assertEqual(threads(), before + 1)  # the caller's thread is the pool's first
+        sessions = [tandem.Session(self.model, n_ctx=128, pool=pool) for _ in range(3)]
+        self.assertEqual(threads(), before + 1)
+        self.assertEqual(sessions[0].info.n_threads, 2)
+        pool.close()  # the sessions keep it
+        outs = [s.complete(self.case["prompt_text"], max_tokens=16, **GREEDY) for s in sessions]
+        self.assertEqual(len({tuple(o.tokens) for o in outs}), 1)
+        with self.session() as solo:  # a pool of its own
+            self.assertEqual(outs[0].tokens, solo.complete(self.case["prompt_text"], max_tokens=16, **GREEDY).tokens)
+        self.assertRefused(tandem.Session, self.model, n_threads=2, pool=tandem.Pool(1))
+        for s in sessions:
+            s.close()
+        self.assertEqual(threads(), before)
 
     def test_blocking_wait_returns_none_on_timeout_only_while_unfinished(self):
         with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1)], max_context=64) as sched:

@@ -45,10 +45,10 @@ class TestLibrary(TandemTestCase):
         import ctypes
         if ctypes.sizeof(ctypes.c_void_p) != 8:
             self.skipTest("sizes below are LP64")
-        sizes = {"ModelParams": 16, "ModelInfo": 64, "SessionParams": 40, "SessionInfo": 32,
-                 "SamplingParams": 48, "GenerateParams": 40, "GenerateResult": 80, "ExecutorParams": 56,
+        sizes = {"ModelParams": 16, "ModelInfo": 64, "SessionParams": 48, "SessionInfo": 32,
+                 "SamplingParams": 48, "GenerateParams": 40, "GenerateResult": 80, "ExecutorParams": 64,
                  "SchedulerParams": 56, "RequestParams": 80, "RequestEvent": 48, "RequestResult": 112,
-                 "DeviceInfo": 48}
+                 "DeviceInfo": 48, "SchedulerSessionInfo": 40}
         for name, size in sizes.items():
             self.assertEqual(ctypes.sizeof(getattr(_capi, name)), size, name)
 

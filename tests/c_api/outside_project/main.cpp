@@ -2,7 +2,8 @@
 // as examples/c/generate.c prints it with --ids (ids line, then the text) so that
 // scripts/test-ffi checks it against the golden continuation. It also checks that a
 // failure arrives as tandem::c::Error with the status, and that a scheduler session
-// continued over two requests gives the same text as the session.
+// continued over two requests, parked to the File tier between them and computing on a
+// shared tandem::c::Pool, gives the same text as the session.
 //
 // Usage: tandem-outside-cxx MODEL.gguf PROMPT N_TOKENS
 #include <cstdio>
@@ -41,8 +42,10 @@ int main(int argc, char** argv) {
     const tandem::c::GenerateResult r = session.generate(argv[2], gp);
 
     // The same continuation through a scheduler session, in two requests.
+    tandem::c::Pool pool(1);
     auto ep = tandem::c::make_struct<tandem_executor_params, tandem_executor_params_init>();
-    ep.n_threads = 1;
+    ep.pool = pool.get();
+    ep.kv_file_pages = 64;
     auto scp = tandem::c::make_struct<tandem_scheduler_params, tandem_scheduler_params_init>();
     scp.executors = &ep;
     scp.max_context = 256;
@@ -61,6 +64,11 @@ int main(int argc, char** argv) {
         const tandem_request_event ev = req.next_event(-1, piece);
         text += piece;
         if (ev.kind == TANDEM_EVENT_FINISH) break;
+      }
+      sched.park_session(conv);  // its KV to the File tier until the next request
+      if (sched.session_info(conv).pages_host != 0) {
+        std::fprintf(stderr, "a parked session still holds Host pages\n");
+        return 1;
       }
     }
     sched.close_session(conv);

@@ -16,7 +16,11 @@
 //! Thread-safety follows the C ABI: a [`Model`] is `Send + Sync` (immutable, shared by
 //! sessions and threads); a [`Session`] is `Send` and takes `&mut self` for every call
 //! that changes it, so safe Rust cannot use one session from two threads at once (the C
-//! library would refuse that with `TANDEM_E_BUSY`).
+//! library would refuse that with `TANDEM_E_BUSY`); an [`AbortHandle`] stops its running
+//! generation from another thread. A [`Scheduler`] and its [`Request`]s are `Send + Sync`:
+//! [`Request::events`] streams with a wait that blocks inside the library (no polling),
+//! and [`SchedulerSession`] continues a conversation over several requests, parkable to
+//! the File tier between them. Every handle is freed by `Drop`.
 
 pub mod sys;
 
@@ -26,7 +30,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::ptr;
 
 /// A failed call: the status code, its name and the library's message.
@@ -368,11 +372,22 @@ enum Prompt<'a> {
 
 impl Session {
     pub fn new(model: &Model, params: &SessionParams) -> Result<Session> {
+        Session::create(model, params, None)
+    }
+
+    /// A session whose executor computes on `pool`, shared with the pool's other users
+    /// (`params.n_threads` must be 0). The session keeps the pool's threads alive.
+    pub fn with_pool(model: &Model, params: &SessionParams, pool: &Pool) -> Result<Session> {
+        Session::create(model, params, Some(pool))
+    }
+
+    fn create(model: &Model, params: &SessionParams, pool: Option<&Pool>) -> Result<Session> {
         let mut p: sys::tandem_session_params = init(sys::tandem_session_params_init);
         p.n_ctx = params.n_ctx;
         p.n_batch = params.n_batch;
         p.page_size = params.page_size;
         p.n_threads = params.n_threads;
+        p.pool = pool.map_or(ptr::null_mut(), |p| p.raw);
         let mut raw = ptr::null_mut();
         check(unsafe { sys::tandem_session_create(model.raw, &p, &mut raw) })?;
         Ok(Session { raw, n_vocab: model.info()?.n_vocab as usize })
@@ -381,6 +396,11 @@ impl Session {
     /// The raw handle (owned by this Session).
     pub fn as_ptr(&self) -> *mut sys::tandem_session {
         self.raw
+    }
+
+    /// A handle that stops this session's running generation from another thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle { raw: self.raw }
     }
 
     pub fn info(&self) -> Result<SessionInfo> {
@@ -512,6 +532,57 @@ impl Drop for Session {
     }
 }
 
+/// Stops the generation running on a [`Session`] from any thread
+/// (`tandem_session_abort`): it ends within one prefill chunk or one token with
+/// [`FinishReason::Cancelled`]; with none running it does nothing. The library checks
+/// the handle, so using it after the session was dropped is a harmless
+/// `TANDEM_E_INVALID_HANDLE` error.
+#[derive(Debug, Clone, Copy)]
+pub struct AbortHandle {
+    raw: *mut sys::tandem_session,
+}
+
+// The C call is thread-safe and never dereferences the handle value (a registry key).
+unsafe impl Send for AbortHandle {}
+unsafe impl Sync for AbortHandle {}
+
+impl AbortHandle {
+    pub fn abort(&self) -> Result<()> {
+        check(unsafe { sys::tandem_session_abort(self.raw) })
+    }
+}
+
+/// A CPU thread pool shared by sessions and executors (`tandem_pool_create`): their
+/// steps take turns on its threads, so the process runs no more compute threads than it
+/// has. Its users keep it alive after it is dropped.
+pub struct Pool {
+    raw: *mut sys::tandem_pool,
+}
+
+unsafe impl Send for Pool {}
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    /// A pool of `n_threads` threads (0 = one per physical core).
+    pub fn new(n_threads: i32) -> Result<Pool> {
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::tandem_pool_create(n_threads, &mut raw) })?;
+        Ok(Pool { raw })
+    }
+
+    pub fn n_threads(&self) -> Result<i32> {
+        let mut n = 0;
+        check(unsafe { sys::tandem_pool_get_threads(self.raw, &mut n) })?;
+        Ok(n)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_pool_free(self.raw) };
+    }
+}
+
 // ---- scheduler --------------------------------------------------------------------------------
 
 /// Service class of a scheduled request.
@@ -530,12 +601,24 @@ pub struct ExecutorParams {
     pub kv_pages: i32,
     /// `None`: by kind (a CPU executor is not an accelerator).
     pub accelerator: Option<bool>,
+    /// Pages of a File tier below the compute tier (0 = none): preempted sequences swap
+    /// there, and [`SchedulerSession::park`] parks there.
+    pub kv_file_pages: i32,
+    /// Directory of the File tier (`None`: the system temporary directory).
+    pub kv_dir: Option<PathBuf>,
 }
 
 impl Default for ExecutorParams {
     fn default() -> Self {
         let e: sys::tandem_executor_params = init(sys::tandem_executor_params_init);
-        ExecutorParams { n_threads: e.n_threads, max_running: e.max_running, kv_pages: e.kv_pages, accelerator: None }
+        ExecutorParams {
+            n_threads: e.n_threads,
+            max_running: e.max_running,
+            kv_pages: e.kv_pages,
+            accelerator: None,
+            kv_file_pages: e.kv_file_pages,
+            kv_dir: None,
+        }
     }
 }
 
@@ -545,12 +628,19 @@ pub struct SchedulerParams {
     pub executors: Vec<ExecutorParams>,
     pub max_queued: i32,
     pub max_context: i32,
+    /// Finished prompts kept per executor for KV reuse (0 = off).
+    pub prefix_cache_entries: i32,
 }
 
 impl Default for SchedulerParams {
     fn default() -> Self {
         let p: sys::tandem_scheduler_params = init(sys::tandem_scheduler_params_init);
-        SchedulerParams { executors: vec![ExecutorParams::default()], max_queued: p.max_queued, max_context: p.max_context }
+        SchedulerParams {
+            executors: vec![ExecutorParams::default()],
+            max_queued: p.max_queued,
+            max_context: p.max_context,
+            prefix_cache_entries: p.prefix_cache_entries,
+        }
     }
 }
 
@@ -589,10 +679,16 @@ unsafe impl Sync for Request {}
 
 impl Scheduler {
     pub fn new(model: &Model, params: &SchedulerParams) -> Result<Scheduler> {
+        let dirs = params
+            .executors
+            .iter()
+            .map(|e| e.kv_dir.as_deref().map(path_cstring).transpose())
+            .collect::<Result<Vec<Option<CString>>>>()?;
         let execs: Vec<sys::tandem_executor_params> = params
             .executors
             .iter()
-            .map(|e| {
+            .zip(&dirs)
+            .map(|(e, dir)| {
                 let mut c: sys::tandem_executor_params = init(sys::tandem_executor_params_init);
                 c.n_threads = e.n_threads;
                 c.max_running = e.max_running;
@@ -601,6 +697,8 @@ impl Scheduler {
                     None => -1,
                     Some(b) => i32::from(b),
                 };
+                c.kv_file_pages = e.kv_file_pages;
+                c.kv_dir = dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
                 c
             })
             .collect();
@@ -609,6 +707,7 @@ impl Scheduler {
         p.n_executors = execs.len();
         p.max_queued = params.max_queued;
         p.max_context = params.max_context;
+        p.prefix_cache_entries = params.prefix_cache_entries;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::tandem_scheduler_create(model.as_ptr(), &p, &mut raw) })?;
         Ok(Scheduler { raw })
@@ -617,7 +716,15 @@ impl Scheduler {
     /// Submit a text prompt (sampling, stop strings and max_tokens from `opts`).
     pub fn submit(&self, prompt: &str, opts: &GenerateOptions, sla: Sla) -> Result<Request> {
         let c = CString::new(prompt).map_err(|_| invalid_arg("the prompt contains NUL"))?;
-        self.submit_raw(c.as_ptr(), &[], opts, sla)
+        self.submit_raw(c.as_ptr(), &[], opts, sla, 0)
+    }
+
+    /// Open a scheduler session: a conversation continued over several requests (its KV
+    /// stays with the scheduler between them). Closed when dropped.
+    pub fn open_session(&self) -> Result<SchedulerSession<'_>> {
+        let mut id = 0u64;
+        check(unsafe { sys::tandem_scheduler_session_open(self.raw, &mut id) })?;
+        Ok(SchedulerSession { scheduler: self, id })
     }
 
     /// Submit a prompt of token ids.
@@ -625,10 +732,17 @@ impl Scheduler {
         if prompt.is_empty() {
             return Err(invalid_arg("the prompt is empty"));
         }
-        self.submit_raw(ptr::null(), prompt, opts, sla)
+        self.submit_raw(ptr::null(), prompt, opts, sla, 0)
     }
 
-    fn submit_raw(&self, text: *const c_char, ids: &[i32], opts: &GenerateOptions, sla: Sla) -> Result<Request> {
+    fn submit_raw(
+        &self,
+        text: *const c_char,
+        ids: &[i32],
+        opts: &GenerateOptions,
+        sla: Sla,
+        session: u64,
+    ) -> Result<Request> {
         let sampling = sampling_of(opts);
         let (_stops, stop_ptrs) = stops_of(opts)?;
         let mut p: sys::tandem_request_params = init(sys::tandem_request_params_init);
@@ -648,6 +762,7 @@ impl Scheduler {
             Sla::Standard => sys::TANDEM_SLA_STANDARD,
             Sla::Batch => sys::TANDEM_SLA_BATCH,
         };
+        p.session = session;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::tandem_scheduler_submit(self.raw, &p, &mut raw) })?;
         Ok(Request { raw, max_tokens: opts.max_tokens.max(1) as usize })
@@ -694,12 +809,31 @@ pub enum Event {
 impl Request {
     /// The next event without blocking (`None`: nothing new yet).
     pub fn poll(&self) -> Result<Option<Event>> {
+        self.take_event(None)
+    }
+
+    /// The next event, blocking inside the library until there is one or `timeout_ms`
+    /// milliseconds have passed (< 0: no limit); `None` on a timeout. After the finish,
+    /// every call returns the finish again at once.
+    pub fn next_event(&self, timeout_ms: i32) -> Result<Option<Event>> {
+        self.take_event(Some(timeout_ms))
+    }
+
+    /// The request's events, each waited for without a limit, ending with its finish.
+    pub fn events(&self) -> Events<'_> {
+        Events { request: self, done: false }
+    }
+
+    fn take_event(&self, timeout_ms: Option<i32>) -> Result<Option<Event>> {
         let mut buf = vec![0u8; 256];
         loop {
             let mut ev: sys::tandem_request_event = init(sys::tandem_request_event_init);
             ev.text = buf.as_mut_ptr() as *mut c_char;
             ev.text_cap = buf.len();
-            let st = unsafe { sys::tandem_request_poll(self.raw, &mut ev) };
+            let st = match timeout_ms {
+                None => unsafe { sys::tandem_request_poll(self.raw, &mut ev) },
+                Some(t) => unsafe { sys::tandem_request_next_event(self.raw, t, &mut ev) },
+            };
             if st == sys::TANDEM_E_BUFFER_TOO_SMALL {
                 buf.resize(ev.text_len + 1, 0);
                 continue;
@@ -764,5 +898,93 @@ impl Request {
 impl Drop for Request {
     fn drop(&mut self) {
         unsafe { sys::tandem_request_free(self.raw) };
+    }
+}
+
+/// Iterator of [`Request::events`]: blocks for each event; the finish is the last item.
+pub struct Events<'a> {
+    request: &'a Request,
+    done: bool,
+}
+
+impl Iterator for Events<'_> {
+    type Item = Result<Event>;
+
+    fn next(&mut self) -> Option<Result<Event>> {
+        if self.done {
+            return None;
+        }
+        let ev = self.request.next_event(-1).transpose()?; // no limit: never None
+        self.done = !matches!(ev, Ok(Event::Token { .. }));
+        Some(ev)
+    }
+}
+
+/// Where a scheduler session's KV is ([`SchedulerSession::info`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerSessionInfo {
+    /// Tokens of the conversation so far.
+    pub n_tokens: i32,
+    /// Positions whose KV the session holds.
+    pub kv_tokens: i32,
+    /// The executor holding its KV (`None`: none, or a request runs on it).
+    pub executor: Option<usize>,
+    pub busy: bool,
+    pub pages_device: i32,
+    pub pages_host: i32,
+    pub pages_file: i32,
+}
+
+/// A conversation the [`Scheduler`] keeps between requests: each [`submit`] appends its
+/// prompt and continues where the previous request stopped (nothing recomputed). One
+/// request at a time. Closed (its KV released) when dropped.
+///
+/// [`submit`]: SchedulerSession::submit
+pub struct SchedulerSession<'a> {
+    scheduler: &'a Scheduler,
+    id: u64,
+}
+
+impl SchedulerSession<'_> {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Continue the conversation with `prompt` ("" continues it as it is).
+    pub fn submit(&self, prompt: &str, opts: &GenerateOptions, sla: Sla) -> Result<Request> {
+        let c = CString::new(prompt).map_err(|_| invalid_arg("the prompt contains NUL"))?;
+        self.scheduler.submit_raw(c.as_ptr(), &[], opts, sla, self.id)
+    }
+
+    pub fn info(&self) -> Result<SchedulerSessionInfo> {
+        let mut i: sys::tandem_scheduler_session_info = init(sys::tandem_scheduler_session_info_init);
+        check(unsafe { sys::tandem_scheduler_session_get_info(self.scheduler.raw, self.id, &mut i) })?;
+        Ok(SchedulerSessionInfo {
+            n_tokens: i.n_tokens,
+            kv_tokens: i.kv_tokens,
+            executor: usize::try_from(i.executor).ok(),
+            busy: i.busy != 0,
+            pages_device: i.pages_device,
+            pages_host: i.pages_host,
+            pages_file: i.pages_file,
+        })
+    }
+
+    /// Move the session's KV to its executor's File tier ([`ExecutorParams::kv_file_pages`])
+    /// until its next request, which brings it back unchanged. Between requests only
+    /// (`TANDEM_E_BUSY` while one runs).
+    pub fn park(&self) -> Result<()> {
+        check(unsafe { sys::tandem_scheduler_session_park(self.scheduler.raw, self.id) })
+    }
+
+    /// Bring a parked session's KV back to the compute tier ahead of its next request.
+    pub fn unpark(&self) -> Result<()> {
+        check(unsafe { sys::tandem_scheduler_session_unpark(self.scheduler.raw, self.id) })
+    }
+}
+
+impl Drop for SchedulerSession<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::tandem_scheduler_session_close(self.scheduler.raw, self.id) };
     }
 }

@@ -1,4 +1,4 @@
-//! Raw declarations of cabi/include/tandem.h (version 0.1), written by hand. Layouts must
+//! Raw declarations of cabi/include/tandem.h, written by hand. Layouts must
 //! match the C structs exactly (`#[repr(C)]`, same field order and types).
 #![allow(non_camel_case_types)]
 
@@ -62,6 +62,10 @@ pub struct tandem_scheduler {
 pub struct tandem_request {
     _opaque: [u8; 0],
 }
+#[repr(C)]
+pub struct tandem_pool {
+    _opaque: [u8; 0],
+}
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -89,13 +93,17 @@ pub struct tandem_model_info {
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct tandem_session_params {
     pub struct_size: usize,
     pub n_ctx: i32,
     pub n_batch: i32,
     pub page_size: i32,
     pub n_threads: i32,
+    pub kv_tier: i32,
+    pub kv_dtype: i32,
+    pub kv_dir: *const c_char,
+    pub pool: *mut tandem_pool,
 }
 
 #[repr(C)]
@@ -153,7 +161,7 @@ pub struct tandem_generate_result {
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct tandem_executor_params {
     pub struct_size: usize,
     pub n_threads: i32,
@@ -162,6 +170,12 @@ pub struct tandem_executor_params {
     pub prefill_chunk: i32,
     pub kv_pages: i32,
     pub accelerator: i32,
+    pub device_kind: i32,
+    pub device_id: i32,
+    pub kv_dtype: i32,
+    pub kv_file_pages: i32,
+    pub kv_dir: *const c_char,
+    pub pool: *mut tandem_pool,
 }
 
 #[repr(C)]
@@ -174,6 +188,9 @@ pub struct tandem_scheduler_params {
     pub max_context: i32,
     pub prefix_cache_entries: i32,
     pub page_size: i32,
+    pub executor_handles: *const *mut c_void,
+    pub log_routing: i32,
+    pub reserved: i32,
 }
 
 #[repr(C)]
@@ -190,6 +207,21 @@ pub struct tandem_request_params {
     pub flags: u32,
     pub sla: i32,
     pub deadline_ms: i32,
+    pub session: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct tandem_scheduler_session_info {
+    pub struct_size: usize,
+    pub n_tokens: i32,
+    pub kv_tokens: i32,
+    pub executor: i32,
+    pub busy: i32,
+    pub pages_device: i32,
+    pub pages_host: i32,
+    pub pages_file: i32,
+    pub reserved: i32,
 }
 
 #[repr(C)]
@@ -359,4 +391,27 @@ extern "C" {
     ) -> tandem_status;
     pub fn tandem_request_get_result(request: *const tandem_request, result: *mut tandem_request_result) -> tandem_status;
     pub fn tandem_request_free(request: *mut tandem_request) -> tandem_status;
+
+    pub fn tandem_session_abort(session: *mut tandem_session) -> tandem_status;
+    pub fn tandem_request_next_event(
+        request: *mut tandem_request,
+        timeout_ms: i32,
+        event: *mut tandem_request_event,
+    ) -> tandem_status;
+    pub fn tandem_scheduler_session_open(scheduler: *mut tandem_scheduler, out_session: *mut u64) -> tandem_status;
+    pub fn tandem_scheduler_session_close(scheduler: *mut tandem_scheduler, session: u64) -> tandem_status;
+    pub fn tandem_scheduler_session_info_init(
+        info: *mut tandem_scheduler_session_info,
+        struct_size: usize,
+    ) -> tandem_status;
+    pub fn tandem_scheduler_session_get_info(
+        scheduler: *mut tandem_scheduler,
+        session: u64,
+        info: *mut tandem_scheduler_session_info,
+    ) -> tandem_status;
+    pub fn tandem_scheduler_session_park(scheduler: *mut tandem_scheduler, session: u64) -> tandem_status;
+    pub fn tandem_scheduler_session_unpark(scheduler: *mut tandem_scheduler, session: u64) -> tandem_status;
+    pub fn tandem_pool_create(n_threads: i32, out_pool: *mut *mut tandem_pool) -> tandem_status;
+    pub fn tandem_pool_free(pool: *mut tandem_pool) -> tandem_status;
+    pub fn tandem_pool_get_threads(pool: *const tandem_pool, out_n: *mut i32) -> tandem_status;
 }

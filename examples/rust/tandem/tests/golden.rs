@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::{Arc, Condvar, Mutex};
 
-use tandem::{sys, Event, ExecutorParams, FinishReason, GenerateOptions, Model, Scheduler, SchedulerParams, Session, SessionParams, Sla};
+use tandem::{
+    sys, Event, ExecutorParams, FinishReason, GenerateOptions, Model, Pool, Request, Scheduler, SchedulerParams, Session,
+    SessionParams, Sla,
+};
 
 // ---- a minimal JSON reader (enough for cases.json) ------------------------------------
 
@@ -241,18 +244,19 @@ fn one_thread() -> SessionParams {
 
 #[test]
 fn struct_layouts_match_the_header() {
-    // tandem.h version 0.1 on LP64 (the C test checks the same numbers).
+    // tandem.h on LP64 (the C test checks the same numbers).
     use std::mem::size_of;
     assert_eq!(size_of::<sys::tandem_model_params>(), 16);
     assert_eq!(size_of::<sys::tandem_model_info>(), 64);
-    assert_eq!(size_of::<sys::tandem_session_params>(), 24);
+    assert_eq!(size_of::<sys::tandem_session_params>(), 48);
     assert_eq!(size_of::<sys::tandem_session_info>(), 32);
     assert_eq!(size_of::<sys::tandem_sampling_params>(), 48);
     assert_eq!(size_of::<sys::tandem_generate_params>(), 40);
     assert_eq!(size_of::<sys::tandem_generate_result>(), 80);
-    assert_eq!(size_of::<sys::tandem_executor_params>(), 32);
-    assert_eq!(size_of::<sys::tandem_scheduler_params>(), 40);
-    assert_eq!(size_of::<sys::tandem_request_params>(), 72);
+    assert_eq!(size_of::<sys::tandem_executor_params>(), 64);
+    assert_eq!(size_of::<sys::tandem_scheduler_params>(), 56);
+    assert_eq!(size_of::<sys::tandem_request_params>(), 80);
+    assert_eq!(size_of::<sys::tandem_scheduler_session_info>(), 40);
     assert_eq!(size_of::<sys::tandem_request_event>(), 48);
     assert_eq!(size_of::<sys::tandem_request_result>(), 112);
 }
@@ -509,4 +513,146 @@ fn scheduler_cpu_cpu_submit_and_wait_equal_golden() {
     assert!(sched.metrics_json().unwrap().contains("\"submitted\""));
     drop(sched); // the requests outlive it
     assert_eq!(b.wait().unwrap().tokens, ra.tokens);
+}
+
+/// Stream a request with the blocking wait; returns (ids, text, finish).
+fn stream(r: &Request) -> (Vec<i32>, String, FinishReason) {
+    let (mut ids, mut text, mut finish) = (Vec::new(), String::new(), None);
+    for ev in r.events() {
+        match ev.unwrap() {
+            Event::Token { token, text: t } => {
+                ids.push(token);
+                text.push_str(&t);
+            }
+            Event::Finish { reason, text: t } => {
+                text.push_str(&t);
+                finish = Some(reason);
+            }
+        }
+    }
+    (ids, text, finish.expect("the last event is the finish"))
+}
+
+#[test]
+fn scheduler_session_parked_between_requests_equals_one_generation() {
+    let case = golden_case("once_upon");
+    let model = Model::load(model_path()).unwrap();
+    let dir = std::env::temp_dir().join(format!("tandem-rust-park-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ex = ExecutorParams { n_threads: 1, max_running: 1, kv_file_pages: 64, kv_dir: Some(dir.clone()), ..Default::default() };
+    let params = SchedulerParams { executors: vec![ex], max_context: 256, prefix_cache_entries: 0, ..Default::default() };
+    let sched = Scheduler::new(&model, &params).unwrap();
+    {
+        let conv = sched.open_session().unwrap();
+        assert_eq!(conv.info().unwrap().executor, None);
+        let (mut ids, mut text) = (Vec::new(), String::new());
+        for (i, n) in [20, 20, 24].into_iter().enumerate() {
+            let prompt = if i == 0 { case.prompt_text.as_str() } else { "" };
+            let r = conv.submit(prompt, &greedy(n), Sla::Interactive).unwrap();
+            let (got, part, finish) = stream(&r);
+            assert_eq!((got.len(), finish), (n as usize, FinishReason::Length));
+            ids.extend(got);
+            text.push_str(&part);
+            let info = conv.info().unwrap();
+            assert_eq!(info.executor, Some(0));
+            assert_eq!(info.n_tokens as usize, case.prompt_ids.len() + ids.len());
+            assert_eq!(info.kv_tokens, info.n_tokens - 1);
+            assert!(info.pages_host > 0 && info.pages_file == 0 && !info.busy);
+            conv.park().unwrap(); // every page to the File tier
+            let parked = conv.info().unwrap();
+            assert_eq!((parked.pages_host, parked.pages_file), (0, info.pages_host));
+            if i == 1 {
+                conv.unpark().unwrap();
+                let back = conv.info().unwrap();
+                assert_eq!((back.pages_host, back.pages_file), (info.pages_host, 0));
+            }
+        }
+        check_golden(&case, &ids, &text);
+    } // dropped: closed
+    let r = sched.submit(&case.prompt_text, &greedy(4), Sla::Standard).unwrap();
+    assert_eq!(stream(&r).2, FinishReason::Length);
+    drop(sched);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cancel_wakes_a_thread_blocked_on_next_event() {
+    let case = golden_case("once_upon");
+    let model = Model::load(model_path()).unwrap();
+    let params = SchedulerParams {
+        executors: vec![ExecutorParams { n_threads: 1, ..Default::default() }],
+        max_context: 256,
+        ..Default::default()
+    };
+    let sched = Scheduler::new(&model, &params).unwrap();
+    let r = sched.submit(&case.prompt_text, &greedy(240), Sla::Standard).unwrap();
+    let finish = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| stream(&r).2);
+        r.cancel().unwrap();
+        waiter.join().unwrap()
+    });
+    assert!(matches!(finish, FinishReason::Cancelled | FinishReason::Length), "{finish:?}");
+    assert_eq!(r.wait().unwrap().finish_reason, finish);
+    // After the finish the finish again, at once, whatever the timeout.
+    assert!(matches!(r.next_event(1).unwrap(), Some(Event::Finish { .. })));
+}
+
+#[test]
+fn abort_from_another_thread_stops_a_generation() {
+    let case = golden_case("once_upon");
+    let model = Model::load(model_path()).unwrap();
+    let mut session = Session::new(&model, &SessionParams { n_ctx: 256, n_threads: 1, ..Default::default() }).unwrap();
+    let abort = session.abort_handle();
+    let stale = session.abort_handle();
+    let (to_aborter, aborter_rx) = std::sync::mpsc::channel::<()>();
+    let (to_gen, gen_rx) = std::sync::mpsc::channel::<()>();
+    let aborter = std::thread::spawn(move || {
+        aborter_rx.recv().unwrap();
+        abort.abort().unwrap();
+        to_gen.send(()).unwrap();
+    });
+    let mut pieces = 0;
+    // The first piece waits until the other thread has aborted: the generation is running
+    // then, and must end at the next token.
+    let r = session
+        .generate(&case.prompt_text, &greedy(200), |_, _| {
+            pieces += 1;
+            if pieces == 1 {
+                to_aborter.send(()).unwrap();
+                gen_rx.recv().unwrap();
+            }
+            false
+        })
+        .unwrap();
+    aborter.join().unwrap();
+    assert_eq!(r.finish_reason, FinishReason::Cancelled);
+    assert!(r.tokens.len() < 200, "{} tokens", r.tokens.len());
+    // The session stays usable and the abort does not outlive the call.
+    let r2 = session.generate("", &greedy(4), |_, _| false).unwrap();
+    assert_eq!((r2.tokens.len(), r2.finish_reason), (4, FinishReason::Length));
+    drop(session);
+    // The handle of a dropped session is refused by the library, never used.
+    assert_eq!(stale.abort().err().unwrap().status, sys::TANDEM_E_INVALID_HANDLE);
+}
+
+#[test]
+fn sessions_on_one_pool_generate_what_a_pool_of_their_own_does() {
+    let case = golden_case("once_upon");
+    let model = Model::load(model_path()).unwrap();
+    let pool = Pool::new(2).unwrap();
+    assert_eq!(pool.n_threads().unwrap(), 2);
+    let params = SessionParams { n_ctx: 256, n_threads: 0, ..Default::default() };
+    let bad = SessionParams { n_threads: 2, ..params.clone() };
+    assert_eq!(Session::with_pool(&model, &bad, &pool).err().unwrap().status, sys::TANDEM_E_INVALID_ARG);
+    let mut a = Session::with_pool(&model, &params, &pool).unwrap();
+    let mut b = Session::with_pool(&model, &params, &pool).unwrap();
+    drop(pool); // the sessions keep it
+    assert_eq!(a.info().unwrap().n_threads, 2);
+    let (ra, rb) = std::thread::scope(|scope| {
+        let ta = scope.spawn(|| a.generate(&case.prompt_text, &greedy(64), |_, _| false).unwrap());
+        let tb = scope.spawn(|| b.generate(&case.prompt_text, &greedy(64), |_, _| false).unwrap());
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    assert_eq!(ra.tokens, rb.tokens);
+    check_golden(&case, &ra.tokens, &ra.text);
 }
