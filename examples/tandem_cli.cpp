@@ -393,8 +393,8 @@ int main(int argc, char** argv) {
       const size_t reused = logits_out.empty() ? session.reuse_prefix(ids) : 0;
       if (reused == 0) session.reset();
       std::fprintf(stderr,
-                   "tandem-cli: prompt cache: reused %zu of %zu prompt tokens from %s (%zu saved tokens not "
-                   "matching the prompt dropped)%s\n",
+                   "tandem-cli: prompt cache: reused %zu of %zu prompt tokens from %s (%zu saved tokens after "
+                   "them dropped)%s\n",
                    reused, ids.size(), session_path.c_str(), saved - std::min(saved, reused),
                    logits_out.empty() ? "" : "; --logits-out evaluates the whole prompt");
       ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(reused));
