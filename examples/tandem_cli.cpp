@@ -10,8 +10,10 @@
 //
 // Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr and exit
 // status 1; bad flags (usage): exit status 2; the first SIGINT/SIGTERM/SIGHUP stops at the
-// next token, saves --session and exits 128 + the signal (130 for Ctrl-C), a second one
-// exits at once (examples/cli_signals.hpp). A write error on stdout is an error.
+// next token (in the prompt: after the current chunk of -b tokens), saves --session and
+// exits 128 + the signal (130 for Ctrl-C), a second one exits at once
+// (examples/cli_signals.hpp). A write error on stdout is an error. --session FILE with a
+// prompt is a prompt cache (the matching prefix is reused); without one it continues.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -30,6 +32,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_session_lock.hpp"
@@ -146,10 +149,11 @@ int finish_stdout(int rc) {
 }
 
 // Evaluates a long prompt in pieces of n_batch tokens with progress on stderr, stopping
-// early on an interrupt. Returns the seconds taken.
-double prefill_with_progress(tandem::Session& session, std::span<const int32_t> ids, int n_batch) {
+// early (at a chunk boundary) on an interrupt. Returns the tokens evaluated and the seconds taken.
+std::pair<size_t, double> prefill_with_progress(tandem::Session& session, std::span<const int32_t> ids, int n_batch) {
   const auto t0 = std::chrono::steady_clock::now();
-  for (size_t done = 0; done < ids.size() && !tandem::cli::interrupted();) {
+  size_t done = 0;
+  while (done < ids.size() && !tandem::cli::interrupted()) {
     const size_t n = std::min(ids.size() - done, size_t(n_batch));
     session.eval(ids.subspan(done, n));
     done += n;
@@ -157,7 +161,7 @@ double prefill_with_progress(tandem::Session& session, std::span<const int32_t> 
                  100.0 * double(done) / double(ids.size()));
   }
   std::fprintf(stderr, "\n");
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {done, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
 // llama-cli's multi-letter single-dash chat flags, which CLI11 cannot declare: -sys, -st.
@@ -288,10 +292,18 @@ int main(int argc, char** argv) {
     // One run at a time per session file: restore, generate and save under one lock.
     std::optional<tandem::cli::SessionFileLock> session_lock;
     if (!session_path.empty()) session_lock.emplace(session_path);
+    // With a saved session, -p/-f/--prompt-ids is the whole prompt and the file a prompt cache
+    // (llama.cpp's --prompt-cache): the saved tokens that match the prompt's start are reused,
+    // the rest of the file's conversation is dropped. Without a prompt the run continues the
+    // saved conversation. --chat always continues it.
+    const bool prompt_given = !prompt.empty() || !prompt_ids.empty();
+    const bool prompt_cache = prompt_given && !chat;
     if (session_lock && session_lock->has_saved_state()) {
       session.restore(session_path);
       std::fprintf(stderr, "tandem-cli: restored %zu tokens from %s\n", session.tokens().size(), session_path.c_str());
-      if (seed_given) {
+      if (prompt_cache) {
+        session.reseed(static_cast<uint64_t>(seed));  // as a fresh run: the seed applies
+      } else if (seed_given) {
         std::fprintf(stderr,
                      "tandem-cli: warning: --seed is ignored: the restored session continues its saved "
                      "random state\n");
@@ -309,6 +321,7 @@ int main(int argc, char** argv) {
     go.sampling = sp;
     go.stop = stops;
     go.ignore_eos = ignore_eos;
+    go.should_stop = [] { return tandem::cli::interrupted(); };  // between prompt chunks and tokens
     if (json_out) {
       go.on_text = [](std::string_view, int32_t) { return !tandem::cli::interrupted(); };
     } else {
@@ -321,12 +334,32 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tandem-cli: chat template %s%s\n", std::string(tmpl.name()).c_str(),
                    tmpl.matched() ? "" : " (fallback: no known template in the model)");
       auto turn = [&](const std::string& message) {
+        tandem::GenerateResult r;
+        bool answered = false;
         try {
-          chat_session.send(message, go);
+          r = chat_session.send(message, go);
+          answered = true;
         } catch (const tandem::Error& e) {
           if (e.code() != tandem::ErrorCode::kContextOverflow) throw;
-          std::fprintf(stderr, "tandem-cli: this turn does not fit the context (%s); the chat keeps its history\n",
+          std::fprintf(stderr,
+                       "tandem-cli: this message does not fit the context (%s); the chat keeps its history "
+                       "(/clear starts over, -c sets the context size)\n",
                        e.what());
+        }
+        if (const auto& shift = chat_session.last_shift()) {
+          std::fprintf(stderr,
+                       "\ntandem-cli: context shift: %s; kept %d tokens (the system prompt), evaluated %d again\n",
+                       shift->restored_history_dropped
+                           ? "the restored conversation did not leave room and was dropped"
+                           : fmt::format("dropped the {} oldest messages", shift->messages_dropped).c_str(),
+                       shift->tokens_kept, shift->tokens_evaluated);
+        }
+        if (answered && r.finish == tandem::FinishReason::kLength && int(r.tokens.size()) < n_predict &&
+            session.tokens().size() + 1 >= size_t(session.n_ctx())) {
+          std::fprintf(stderr,
+                       "\ntandem-cli: the reply filled the context of %d tokens; the next message drops the oldest "
+                       "messages (/clear starts over)\n",
+                       session.n_ctx());
         }
         std::fprintf(stdout, "\n");
         std::fflush(stdout);
@@ -334,9 +367,14 @@ int main(int argc, char** argv) {
       if (!prompt.empty()) turn(prompt);
       if (!single_turn) {
         std::string line;
-        std::fprintf(stderr, "tandem-cli: chat mode, one message per line, Ctrl-D to end\n> ");
+        std::fprintf(stderr, "tandem-cli: chat mode, one message per line, /clear to start over, Ctrl-D to end\n> ");
         while (!tandem::cli::interrupted() && std::getline(std::cin, line)) {
-          turn(line);
+          if (line == "/clear") {
+            chat_session.clear();
+            std::fprintf(stderr, "tandem-cli: conversation cleared\n");
+          } else {
+            turn(line);
+          }
           std::fprintf(stderr, "> ");
         }
       }
@@ -344,18 +382,22 @@ int main(int argc, char** argv) {
       return finish_stdout(tandem::cli::interrupt_exit_code());
     }
 
-    const bool fresh = session.tokens().empty();
+    const bool fresh = session.tokens().empty() || prompt_cache;
     std::vector<int32_t> ids =
         prompt_ids.empty() ? model->tokenizer().tokenize(prompt, fresh, false) : parse_ids(prompt_ids);
     if (ids.empty() && fresh) throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "the prompt has no tokens");
-    if (!fresh && !ids.empty() && prompt_ids.empty()) {
-      const auto again = model->tokenizer().tokenize(prompt, true, false);
-      if (again.size() <= session.tokens().size() && std::equal(again.begin(), again.end(), session.tokens().begin())) {
-        std::fprintf(stderr,
-                     "tandem-cli: warning: %s already starts with this prompt; -p is appended to the saved "
-                     "conversation (a session file continues, it is not a prompt cache)\n",
-                     session_path.c_str());
-      }
+    const std::vector<int32_t> full_prompt = ids;  // what --json reports and stdout shows
+    if (prompt_cache && !session.tokens().empty()) {
+      const size_t saved = session.tokens().size();
+      // --logits-out needs every prompt row: nothing is reused then.
+      const size_t reused = logits_out.empty() ? session.reuse_prefix(ids) : 0;
+      if (reused == 0) session.reset();
+      std::fprintf(stderr,
+                   "tandem-cli: prompt cache: reused %zu of %zu prompt tokens from %s (%zu saved tokens after "
+                   "them dropped)%s\n",
+                   reused, ids.size(), session_path.c_str(), saved - std::min(saved, reused),
+                   logits_out.empty() ? "" : "; --logits-out evaluates the whole prompt");
+      ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(reused));
     }
     if (session.tokens().size() + ids.size() > size_t(session.n_ctx())) {  // refuse before printing anything
       throw tandem::Error(tandem::ErrorCode::kContextOverflow,
@@ -375,14 +417,15 @@ int main(int argc, char** argv) {
       r.prompt_seconds = prompt_s;
     } else {
       if (!json_out) {
-        const std::string shown = model->tokenizer().detokenize(ids, true, false);
+        const std::string shown = model->tokenizer().detokenize(full_prompt, true, false);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
       }
       // A long prompt (over 4 batches) is evaluated first, with progress on stderr.
       std::span<const int32_t> rest(ids);
       double long_prompt_s = 0.0;
+      size_t long_prompt_done = 0;
       if (ids.size() > size_t(4) * size_t(n_batch)) {
-        long_prompt_s = prefill_with_progress(session, ids, n_batch);
+        std::tie(long_prompt_done, long_prompt_s) = prefill_with_progress(session, ids, n_batch);
         rest = {};
       }
       if (migrate_after >= 0 && migrate_after < n_predict && !tandem::cli::interrupted()) {
@@ -408,8 +451,9 @@ int main(int argc, char** argv) {
         r = session.generate(rest, go);
       }
       if (rest.empty()) {
-        r.n_prompt = static_cast<int32_t>(ids.size());
+        r.n_prompt = static_cast<int32_t>(long_prompt_done);
         r.prompt_seconds = long_prompt_s;
+        if (long_prompt_done < ids.size()) r.finish = tandem::FinishReason::kCancelled;
       }
     }
     if (r.finish == tandem::FinishReason::kLength && int(r.tokens.size()) < n_predict &&
@@ -423,7 +467,7 @@ int main(int argc, char** argv) {
     if (json_out) {
       nlohmann::json j;
       j["model"] = model->name();
-      j["prompt_ids"] = ids;
+      j["prompt_ids"] = full_prompt;
       j["ids"] = r.tokens;
       j["text"] = r.text;
       j["finish_reason"] = std::string(tandem::finish_reason_name(r.finish));
@@ -437,7 +481,12 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stdout, "\n");
     }
-    if (tandem::cli::interrupted()) std::fprintf(stderr, "tandem-cli: interrupted\n");
+    if (tandem::cli::interrupted()) {
+      std::fprintf(stderr, "tandem-cli: interrupted%s\n",
+                   r.n_prompt < static_cast<int32_t>(ids.size()) && r.tokens.empty()
+                       ? " during the prompt (the session keeps the part evaluated; the same -p resumes it)"
+                       : "");
+    }
     std::fprintf(stderr,
                  "\ntandem-cli: load %.1f ms | prompt %d tokens, %.1f tokens/s | generate %zu tokens, %.1f tokens/s "
                  "| %d threads | finish: %s\n",

@@ -87,9 +87,15 @@ std::span<const float> Session::logits() const noexcept {
 }
 
 void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
+  eval_until(ids, all_logits, nullptr);
+}
+
+size_t Session::eval_until(std::span<const int32_t> ids, std::span<float> all_logits,
+                           const std::function<bool()>* should_stop) {
   const int32_t n_vocab = model_->hparams().n_vocab;
   const size_t n_new = ids.size() + (pending_ ? 1 : 0);
-  if (n_new == 0) return;
+  if (n_new == 0) return 0;
+  const bool polled = should_stop != nullptr && *should_stop;
   const int64_t need = static_cast<int64_t>(tokens_.size() + n_new);
   if (need > n_ctx_) {
     throw Error(ErrorCode::kContextOverflow,
@@ -117,8 +123,10 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
   }
   const size_t chunk = size_t(options_.n_batch);
   for (size_t b = 0; b < ids.size(); b += chunk) {
+    if (polled && (*should_stop)()) return b;
     const size_t n = std::min(chunk, ids.size() - b);
-    const bool last = b + n == ids.size();
+    // A polled evaluation keeps the logits of every chunk: it may stop after any of them.
+    const bool last = b + n == ids.size() || polled;
     SequenceStep st{kv_.get(), ids.subspan(b, n), kv_->n_tokens(), LogitsRows::kNone};
     place_kv(st.pos0 + int32_t(n));
     std::span<float> out;
@@ -133,11 +141,12 @@ void Session::eval(std::span<const int32_t> ids, std::span<float> all_logits) {
     tokens_.insert(tokens_.end(), st.tokens.begin(), st.tokens.end());
     if (last) {
       if (!all_logits.empty()) {
-        std::copy_n(all_logits.begin() + std::ptrdiff_t((ids.size() - 1) * size_t(n_vocab)), n_vocab, logits_.begin());
+        std::copy_n(all_logits.begin() + std::ptrdiff_t((b + n - 1) * size_t(n_vocab)), n_vocab, logits_.begin());
       }
       have_logits_ = true;
     }
   }
+  return ids.size();
 }
 
 void Session::place_kv(int32_t end) {
@@ -173,14 +182,25 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   if (prompt.empty() && !pending_ && !have_logits_) {
     throw Error(ErrorCode::kInvalidArgument, "generate: empty prompt and nothing to continue from");
   }
-  r.n_prompt = static_cast<int32_t>(prompt.size()) + (pending_ ? 1 : 0);
-  eval(prompt);
+  const int32_t had_pending = pending_ ? 1 : 0;
+  const size_t n_evaluated = eval_until(prompt, {}, &options.should_stop);
+  r.n_prompt = static_cast<int32_t>(n_evaluated) + had_pending;
   r.prompt_seconds = seconds_since(t0);
+  if (n_evaluated < prompt.size()) {
+    r.finish = FinishReason::kCancelled;
+    rng_ = sampler.rng();
+    return r;
+  }
 
   const auto t1 = std::chrono::steady_clock::now();
   size_t emitted_upto = 0;  // bytes of r.text already passed on
   bool stop = false;
   for (int32_t i = 0; i < options.max_tokens && !stop; ++i) {
+    if (options.should_stop && options.should_stop()) {
+      r.finish = FinishReason::kCancelled;
+      stop = true;
+      break;
+    }
     const int32_t id = sampler.sample(logits_, tokens_);
     if (tok.is_eog(id) && !options.ignore_eos) {
       r.finish = FinishReason::kStop;
@@ -246,6 +266,27 @@ Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst
   model_ = dst.model_ptr();
   r.seconds = seconds_since(t0);
   return r;
+}
+
+void Session::truncate(size_t n) {
+  const size_t length = tokens_.size() + (pending_ ? 1 : 0);
+  if (n >= length) return;
+  pending_.reset();  // n <= tokens_.size() from here on
+  if (n < tokens_.size()) {
+    tokens_.resize(n);
+    kv_->truncate(static_cast<int32_t>(n));
+    have_logits_ = false;
+  }
+  detok_.finish();
+}
+
+size_t Session::reuse_prefix(std::span<const int32_t> prompt) {
+  const size_t limit = prompt.empty() ? 0 : prompt.size() - 1;
+  size_t n = 0;
+  while (n < limit && n < tokens_.size() && tokens_[n] == prompt[n]) ++n;
+  if (n == tokens_.size() && n < limit && pending_ && *pending_ == prompt[n]) ++n;
+  truncate(n);
+  return n;
 }
 
 void Session::reset() {

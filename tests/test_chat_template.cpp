@@ -206,3 +206,66 @@ TEST_CASE("chat session: each turn evaluates only its new tokens", "[chat]") {
   // the continuation closes the reply with the template's own end marker
   CHECK(contains(delta, model->tokenizer().eos()));
 }
+
+// Issue 15 item 8: chat on a small context drops the oldest exchanges (keeping the system
+// message) instead of refusing every turn after the first. Fails on main before this
+// change: the second turn here threw kContextOverflow.
+TEST_CASE("chat session: a small context drops the oldest exchanges, keeps the system message", "[chat][shift]") {
+  auto model = tandem::Model::load(tandem::test::model_path("aidreams260K-q4_0"));
+  tandem::CpuQ4Executor cpu(model, {.n_threads = 1});
+  tandem::Session session(model, cpu, {.n_ctx = 96});
+  const ChatTemplate t = ChatTemplate::by_name("llama2");
+  const auto& tok = model->tokenizer();
+  tandem::ChatSession chat(session, t, "Be kind.");
+  tandem::GenerateOptions go;
+  go.max_tokens = 24;
+  go.ignore_eos = true;  // every reply as long as allowed: the context fills quickly
+  go.sampling = tandem::SamplingParams::greedy();
+  const std::vector<ChatMessage> sys = {{"system", "Be kind."}};
+  const auto sys_ids = t.tokenize(tok, sys, false);
+  int shifts = 0;
+  for (int turn = 0; turn < 8; ++turn) {
+    const std::string msg = "Tell me a story number " + std::to_string(turn);
+    const auto r = chat.send(msg, go);
+    CHECK(session.tokens().size() <= size_t(session.n_ctx()));
+    CHECK(r.tokens.size() > 0);
+    REQUIRE(chat.messages().size() >= 3);
+    CHECK(chat.messages()[0].content == "Be kind.");
+    if (const auto& s = chat.last_shift()) {
+      ++shifts;
+      CHECK(s->messages_dropped >= 2);
+      CHECK(s->messages_dropped % 2 == 0);
+      CHECK_FALSE(s->restored_history_dropped);
+      // the system message's positions were reused, not evaluated again
+      CHECK(s->tokens_kept >= static_cast<int32_t>(sys_ids.size()) - 1);
+      // the cache now holds exactly the kept conversation as a fresh rendering gives it
+      const std::vector<ChatMessage> kept = {chat.messages().begin(), chat.messages().end() - 1};
+      const auto fresh = t.tokenize(tok, kept, true);
+      REQUIRE(session.tokens().size() >= fresh.size());
+      CHECK(std::equal(fresh.begin(), fresh.end(), session.tokens().begin()));
+    }
+  }
+  CHECK(shifts >= 2);
+
+  // A message that cannot fit even alone is refused; the history is unchanged.
+  const auto before = chat.messages();
+  const auto tokens_before = session.tokens();
+  std::string huge;
+  for (int i = 0; i < 60; ++i) huge += "story time ";
+  try {
+    chat.send(huge, go);
+    FAIL("no overflow");
+  } catch (const tandem::Error& e) {
+    CHECK(e.code() == tandem::ErrorCode::kContextOverflow);
+  }
+  CHECK(chat.messages().size() == before.size());
+  CHECK(session.tokens() == tokens_before);
+
+  // /clear: only the system message is left.
+  chat.clear();
+  CHECK(session.tokens().empty());
+  REQUIRE(chat.messages().size() == 1);
+  const auto r = chat.send("Once upon a time", go);
+  const std::vector<ChatMessage> first = {{"system", "Be kind."}, {"user", "Once upon a time"}};
+  CHECK(r.n_prompt == static_cast<int32_t>(t.tokenize(tok, first, true).size()));
+}

@@ -316,3 +316,107 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
   CHECK(got_a == solo_a);
   CHECK(got_b == solo_b);
 }
+
+// Issue 15 item 8 (prompt cache): truncate() returns exactly the pages past the cut, and a
+// session reusing a prefix generates what a fresh session given the whole prompt does.
+// Fails on main before this change: Session had no truncate() / reuse_prefix().
+TEST_CASE("truncate frees the pages past the cut; a reused prefix generates as a fresh prompt", "[session][cache]") {
+  const auto exec_name = GENERATE(from_range(test::executor_names()));
+  auto model = aidreams();
+  auto exec = test::make_executor(exec_name, model);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.max_tokens = 12;
+  go.ignore_eos = true;
+  SessionOptions so;
+  so.n_ctx = 256;
+  so.page_size = 16;
+  Session s(model, *exec, so);
+  const auto a = some_ids(40);
+  const auto first = s.generate(std::span<const int32_t>(a), go);
+  REQUIRE(first.tokens.size() == 12);
+  const auto& store = *s.kv_store();
+  CHECK(s.tokens().size() == 51);  // the 12th token waits, not evaluated
+  CHECK(store.used_pages() == 4);  // ceil(51 / 16)
+  s.truncate(60);                  // beyond the conversation: nothing changes
+  CHECK(s.tokens().size() == 51);
+  s.truncate(33);
+  CHECK(s.tokens().size() == 33);
+  CHECK(s.kv().n_tokens() == 33);
+  CHECK(store.used_pages() == 3);
+  CHECK(s.logits().empty());
+  s.truncate(32);
+  CHECK(store.used_pages() == 2);
+
+  // A prompt diverging from the conversation at position 20: 20 positions reused.
+  std::vector<int32_t> b(a.begin(), a.begin() + 20);
+  for (int i = 0; i < 15; ++i) b.push_back(300 + i);
+  CHECK(s.reuse_prefix(b) == 20);
+  CHECK(store.used_pages() == 2);
+  const auto reused = s.generate(std::span<const int32_t>(b).subspan(20), go);
+  Session fresh(model, *exec, so);
+  const auto want = fresh.generate(std::span<const int32_t>(b), go);
+  CHECK(reused.tokens == want.tokens);
+  CHECK(s.tokens() == fresh.tokens());
+  CHECK(store.used_pages() == fresh.kv_store()->used_pages());
+
+  // The whole prompt cached (and more): all but its last token are reused.
+  CHECK(s.reuse_prefix(b) == b.size() - 1);
+  const auto again = s.generate(std::span<const int32_t>(b).subspan(b.size() - 1), go);
+  CHECK(again.tokens == want.tokens);
+  // A prompt continuing the conversation, the waiting token included: all but its last reused.
+  std::vector<int32_t> cont = s.tokens();
+  cont.push_back(again.tokens.back());
+  cont.push_back(301);
+  CHECK(s.reuse_prefix(cont) == cont.size() - 1);
+  // Nothing in common: everything goes.
+  CHECK(s.reuse_prefix(std::vector<int32_t>{2, 5, 7}) == 0);
+  CHECK(s.tokens().empty());
+  CHECK(store.used_pages() == 0);
+}
+
+// Issue 15 item 3: should_stop is polled between prompt chunks, so an interrupt stops a
+// long prefill at the next chunk with the chunks done kept (and their logits). Fails on
+// main before this change: GenerateOptions had no should_stop.
+TEST_CASE("should_stop stops a prefill at a chunk boundary and keeps what was evaluated", "[session][cancel]") {
+  auto model = aidreams();
+  auto exec = test::make_executor(test::executor_names().front(), model);
+  SessionOptions so;
+  so.n_ctx = 128;
+  so.n_batch = 4;
+  Session s(model, *exec, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.max_tokens = 5;
+  int polls = 0;
+  go.should_stop = [&] { return ++polls > 3; };  // three chunks, then stop
+  const auto prompt = some_ids(30);
+  const auto r = s.generate(std::span<const int32_t>(prompt), go);
+  CHECK(r.finish == FinishReason::kCancelled);
+  CHECK(r.tokens.empty());
+  CHECK(r.n_prompt == 12);
+  CHECK(s.tokens() == std::vector<int32_t>(prompt.begin(), prompt.begin() + 12));
+  REQUIRE(s.logits().size() == size_t(model->hparams().n_vocab));
+  // The logits kept are those after token 12: as a session that evaluated 12 tokens.
+  Session twelve(model, *exec, so);
+  twelve.eval(std::span<const int32_t>(prompt).first(12));
+  CHECK(std::equal(s.logits().begin(), s.logits().end(), twelve.logits().begin()));
+  // Saved and restored, the rest of the prompt continues it like one run.
+  const auto path = test::scratch_dir("session-cancel") / "part.session";
+  s.save(path);
+  Session back(model, *exec, so);
+  back.restore(path);
+  go.should_stop = nullptr;
+  const auto rest = back.generate(std::span<const int32_t>(prompt).subspan(12), go);
+  Session once(model, *exec, so);
+  CHECK(rest.tokens == once.generate(std::span<const int32_t>(prompt), go).tokens);
+  // Polled between sampled tokens too.
+  polls = 0;
+  go.should_stop = [&] { return ++polls > 2; };
+  Session dec(model, *exec, so);
+  go.max_tokens = 50;
+  go.ignore_eos = true;
+  const auto d = dec.generate(std::span<const int32_t>(prompt).first(4), go);  // 1 chunk poll + 1 token
+  CHECK(d.finish == FinishReason::kCancelled);
+  CHECK(d.tokens.size() == 1);
+}

@@ -61,6 +61,12 @@ struct GenerateOptions {
   /// while it may still turn into a stop string or an incomplete UTF-8 sequence) and the
   /// id of the token that completed it. Return false to stop (FinishReason::kCancelled).
   std::function<bool(std::string_view text, int32_t token)> on_text;
+  /// Polled before each prompt chunk of n_batch tokens and before each sampled token
+  /// (cheap, non-blocking; e.g. an interrupt flag). True stops with FinishReason::
+  /// kCancelled: the conversation then holds every chunk evaluated so far, with the logits
+  /// after its last token (a prompt stopped part-way is in the KV up to a chunk boundary;
+  /// GenerateResult::n_prompt counts the tokens evaluated). Null: never polled.
+  std::function<bool()> should_stop;
 };
 
 struct GenerateResult {
@@ -100,6 +106,25 @@ class Session {
   /// Forget everything (KV pages returned).
   void reset();
 
+  /// Keep the first `n` tokens of the conversation (tokens() plus a token sampled but not
+  /// yet evaluated) and forget the rest: the KV pages past ceil(n / page_size) go back to
+  /// the store at once, text held back by the streaming detokenizer is dropped. n at or
+  /// beyond the conversation's length changes nothing. Cutting below the last evaluated
+  /// token leaves no logits: the next generate() then needs a non-empty prompt (as after
+  /// reset()). The random engine is not touched. No errors.
+  void truncate(size_t n);
+
+  /// Prompt cache (llama.cpp's --prompt-cache): keep the longest common prefix of the
+  /// conversation and `prompt`, but at most prompt.size() - 1 tokens so that the prompt's
+  /// last token is evaluated again and yields fresh logits; forget the rest (truncate()).
+  /// Returns the number of tokens kept: the caller evaluates prompt[kept, end). Generating
+  /// from there gives the same tokens as a fresh session given the whole prompt (the KV of
+  /// a position depends only on the tokens up to it). No errors.
+  size_t reuse_prefix(std::span<const int32_t> prompt);
+
+  /// Restart the session's random engine from `seed` (SessionOptions::seed semantics).
+  void reseed(uint64_t seed) { rng_.seed(seed); }
+
   /// Write tokens, the pending token, the last logits, the random engine's state, the KV
   /// descriptor and the KV pages to `path` atomically (AtomicFileWriter,
   /// include/tandem/atomic_file.hpp: symbolic links followed, a temporary file in the real
@@ -132,6 +157,10 @@ class Session {
 
  private:
   void place_kv(int32_t end);
+  /// eval() polling `should_stop` (may be null or empty) before each chunk; returns the
+  /// number of ids evaluated (ids.size() unless stopped).
+  size_t eval_until(std::span<const int32_t> ids, std::span<float> all_logits,
+                    const std::function<bool()>* should_stop);
 
   std::shared_ptr<const Model> model_;
   Executor* executor_;

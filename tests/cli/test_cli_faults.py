@@ -6,30 +6,20 @@ never exit 0), saves never damage the target, bad flags exit 2 with the flag nam
 Usage: test_cli_faults.py TANDEM_CLI SHARED_DIR   (TANDEM_SHARED, when set, wins)
 """
 import fcntl
+import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
+from faults_support import Checks, model_path
+
 cli = sys.argv[1]
-shared = os.environ.get("TANDEM_SHARED", sys.argv[2])
-model = os.path.join(shared, "models", "aidreams260K-q4_0.gguf")
-tmp = tempfile.mkdtemp(prefix="tandem-cli-faults-")
-failures = []
-passed = 0
-
-
-def check(name, ok, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAILED: {name} {detail}")
+model = model_path(sys.argv[2])
+check = Checks("tandem-cli-faults-")
+tmp = check.tmp
 
 
 def run(*args, stdin=None, stdout=subprocess.PIPE, env=None, preexec=None):
@@ -142,10 +132,118 @@ check("a bad TMPDIR does not matter without the File tier", p.returncode == 0, r
 p = run("-p", "Once", "-n", "4", "--kv-tier", "file", env=dict(os.environ, TMPDIR="/nonexistent/tandem"))
 check("a bad TMPDIR is named for the File tier", p.returncode == 1 and b"TMPDIR" in p.stderr, repr(p.stderr[-200:]))
 
+# --- --session FILE -p PROMPT is a prompt cache (llama.cpp's --prompt-cache) ---------------
+def generate(*args):
+    p = run(*args, "-n", "16", "--temp", "0", "--ignore-eos", "--json")
+    return p, (json.loads(p.stdout) if p.returncode == 0 else {"ids": None, "prompt_ids": []})
+
+
+def reused_of(stderr):
+    m = re.search(rb"prompt cache: reused (\d+) of (\d+) prompt tokens", stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+cache = os.path.join(tmp, "cache.session")
+story = "Once upon a time there was a little girl who"
+_, fresh = generate("-p", story)
+p, first = generate("-p", story, "--session", cache)
+check("prompt cache: first run as fresh", first["ids"] == fresh["ids"] and reused_of(p.stderr) is None,
+      repr(p.stderr[-300:]))
+check("prompt cache: saved prompt + output", restored(cache) == len(fresh["prompt_ids"]) + 16 - 1, restored(cache))
+p, again = generate("-p", story, "--session", cache)
+n_prompt = len(fresh["prompt_ids"])
+check("prompt cache: same prompt reuses all but its last token", reused_of(p.stderr) == (n_prompt - 1, n_prompt),
+      repr(p.stderr[-300:]))
+check("prompt cache: same prompt, same output as a fresh run", again["ids"] == fresh["ids"], f"{again['ids']}")
+check("prompt cache: the prompt is not appended again", restored(cache) == n_prompt + 16 - 1, restored(cache))
+other = "Once upon a time there was a big dog"
+_, fresh2 = generate("-p", other)
+want = common_prefix(fresh["prompt_ids"], fresh2["prompt_ids"])
+p, diverged = generate("-p", other, "--session", cache)
+check("prompt cache: a diverging prompt reuses the common prefix",
+      0 < want < len(fresh2["prompt_ids"]) and reused_of(p.stderr) == (want, len(fresh2["prompt_ids"])),
+      f"want {want}: {p.stderr[-300:]!r}")
+check("prompt cache: diverging prompt, same output as a fresh run", diverged["ids"] == fresh2["ids"],
+      f"{diverged['ids']} != {fresh2['ids']}")
+check("prompt cache: the file holds the new prompt and output", restored(cache) == len(fresh2["prompt_ids"]) + 15)
+# A prompt that extends the saved conversation reuses all of it.
+longer = other + " and the dog was happy"
+_, fresh3 = generate("-p", longer)
+p, extended = generate("-p", longer, "--session", cache)
+want = common_prefix(fresh2["prompt_ids"], fresh3["prompt_ids"])
+check("prompt cache: an extended prompt reuses the saved prefix", reused_of(p.stderr) == (want, len(fresh3["prompt_ids"]))
+      and extended["ids"] == fresh3["ids"], f"want {want}: {p.stderr[-300:]!r}")
+# Without -p the run continues the saved conversation.
+before_n = restored(cache)
+p = run("-n", "5", "--temp", "0", "--ignore-eos", "--session", cache)
+check("no -p continues the saved conversation", p.returncode == 0 and restored(cache) == before_n + 5,
+      f"{before_n} -> {restored(cache)} {p.stderr[-200:]!r}")
+# Damaged or foreign session files are refused, named, and left as they were.
+damaged = os.path.join(tmp, "damaged.session")
+data = bytearray(open(cache, "rb").read())
+data[len(data) // 2] ^= 0x40
+open(damaged, "wb").write(bytes(data))
+p = run("-p", story, "-n", "4", "--session", damaged)
+check("prompt cache: a damaged file is refused", p.returncode == 1 and b"checksum mismatch" in p.stderr
+      and open(damaged, "rb").read() == bytes(data), f"rc {p.returncode} {p.stderr[-300:]!r}")
+saved = open(cache, "rb").read()
+p = subprocess.run([cli, "-m", model_path(sys.argv[2], "stories260K-q4_0.gguf"), "-p", story, "-n", "4", "--session",
+                    cache], stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+check("prompt cache: another model's file is refused", p.returncode == 1 and b"saved with model" in p.stderr
+      and open(cache, "rb").read() == saved, f"rc {p.returncode} {p.stderr[-300:]!r}")
+
+# --- an interrupt during a long prompt stops at the next chunk; the session file loads -------
+sess = os.path.join(tmp, "prefill.session")
+long_prompt = os.path.join(tmp, "long.txt")  # about 3600 tokens: 225 chunks of -b 16
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: the progress lines on stderr fill it and block the prefill
+proc = subprocess.Popen([cli, "-m", model, "-f", long_prompt, "-n", "8", "-c", "4096", "-b", "16", "--temp", "0",
+                         "--session", sess], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=w)
+os.close(w)
+err = b""
+while b" tokens (" not in err:  # the first chunk is done; at most one pipe more can follow before we read on
+    err += os.read(r, 256)
+total = int(re.search(rb"prompt \d+ / (\d+) tokens", err).group(1))
+proc.send_signal(signal.SIGINT)
+while True:
+    chunk = os.read(r, 65536)
+    if not chunk:
+        break
+    err += chunk
+os.close(r)
+rc = proc.wait(timeout=120)
+check("SIGINT during the prompt exits 130", rc == 130, f"rc {rc} {err[-300:]!r}")
+check("SIGINT during the prompt says so", b"interrupted during the prompt" in err, repr(err[-300:]))
+n = restored(sess)
+check("SIGINT during the prompt saved whole chunks of it", 0 < n < total and n % 16 == 0, f"{n} of {total}")
+_, fresh_long = generate("-f", long_prompt, "-c", "4096")
+p, resumed = generate("-f", long_prompt, "-c", "4096", "--session", sess)
+check("the interrupted prompt's session loads and resumes", reused_of(p.stderr) == (n, total), repr(p.stderr[-300:]))
+check("the resumed prompt generates as a fresh run", resumed["ids"] == fresh_long["ids"], repr(resumed["ids"]))
+
+# --- chat on a small context: the oldest turns go, the system prompt stays, /clear ---------
+turns = b"Hello there\nTell me a story\nAnd another one\nOnce more please\n" + b"story " * 80 + b"\n/clear\nHi\n"
+p = subprocess.run([cli, "-m", model, "--chat", "-sys", "Be kind.", "-c", "128", "-n", "24", "--temp", "0",
+                    "--ignore-eos"], input=turns, capture_output=True, timeout=120)
+check("small-context chat: exit 0, no error", p.returncode == 0 and b"error" not in p.stderr,
+      f"rc {p.returncode} {p.stderr[-400:]!r}")
+shift = re.search(rb"context shift: dropped the (\d+) oldest messages; kept (\d+) tokens", p.stderr)
+check("small-context chat: context shift said", shift is not None and int(shift.group(2)) > 0, repr(p.stderr[-600:]))
+check("small-context chat: a message too long alone is refused, named",
+      b"this message does not fit the context" in p.stderr, repr(p.stderr[-600:]))
+check("small-context chat: /clear", b"conversation cleared" in p.stderr, repr(p.stderr[-300:]))
+
 # --- concurrent runs of one session file lose nothing --------------------------------------
 conc = os.path.join(tmp, "shared.session")
-args = ["-p", " x", "-n", "20", "--temp", "0", "--ignore-eos", "-c", "2048", "--session", conc]
-run(*args)
+args = ["-n", "20", "--temp", "0", "--ignore-eos", "-c", "2048", "--session", conc]  # no -p: each run continues
+run("-p", " x", *args)
 base = restored(conc)
 run(*args)
 delta = restored(conc) - base
@@ -201,6 +299,4 @@ os.close(w)
 check("SIGTERM in --chat exits 143", rc == 143, f"rc {rc}")
 check("SIGTERM in --chat saved the session", restored(chat_sess) > 5)
 
-shutil.rmtree(tmp)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+check.finish()

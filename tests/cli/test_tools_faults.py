@@ -6,26 +6,15 @@ and never replace a device with a regular file.
 Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR   (TANDEM_SHARED wins)
 """
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
+
+from faults_support import Checks, model_path
 
 bench, synth = sys.argv[1], sys.argv[2]
-shared = os.environ.get("TANDEM_SHARED", sys.argv[3])
-model = os.path.join(shared, "models", "aidreams260K-q4_0.gguf")
-tmp = tempfile.mkdtemp(prefix="tandem-tools-faults-")
-failures = []
-passed = 0
-
-
-def check(name, ok, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAILED: {name} {detail}")
+model = model_path(sys.argv[3])
+check = Checks("tandem-tools-faults-")
+tmp = check.tmp
 
 
 def run(*args, stdout=subprocess.PIPE):
@@ -100,6 +89,4 @@ p = run(synth, "--preset", "small-llama", "-o", os.path.join(tmp, "link.gguf"))
 check("synth -o through a symlink writes the target", p.returncode == 0 and os.path.islink(os.path.join(tmp, "link.gguf"))
       and os.path.getsize(os.path.join(tmp, "real.gguf")) > 0, repr(p.stderr[-200:]))
 
-shutil.rmtree(tmp)
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+check.finish()
