@@ -1,22 +1,18 @@
-// tandem-bench: prompt processing (pp) and token generation (tg) speed, like llama-bench.
+// tandem-bench: prompt processing (pp) and token generation (tg) speed, with llama-bench's
+// flags, test definitions and output records (bench_speed.hpp / bench_speed.cpp).
 //
-//   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-t 2] [-r 3] [--json]
+//   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 0] [-r 5] [-o md|json|jsonl]
 //   tandem-bench kv -m MODEL.gguf [-c 4096] [-t 2] [--kv-dir DIR] [--json]
+//   tandem-bench serve ...   (bench_serve.hpp)
 //
 // kv: KV tier moves. A session of c prompt tokens is moved Host -> File -> Host (GB/s),
 // beside a plain sequential write and read of a file of the same size in the same
 // directory; then time-to-resume from the File tier and from a saved session file
 // (bring back + one decode step) against recomputing the prefill.
-//
-// pp: one executor step over p random prompt tokens in an empty sequence (tokens/s).
-// tg: n single-token decode steps starting from an empty sequence (tokens/s).
-// Each figure is the median of r runs after one warm-up. The same run measures the
-// machine's read bandwidth (t threads summing a 1 GiB buffer) and reports decode speed
-// as a fraction of the bandwidth limit: bytes of weights read per token x tokens/s /
-// bandwidth.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include "bench_serve.hpp"
+#include "bench_speed.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -44,40 +40,6 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double measure_read_bandwidth(int n_threads) {
-  const size_t n = (size_t(1) << 30) / sizeof(uint64_t);
-  std::vector<uint64_t> buf(n, 1);
-  tandem::ThreadPool pool(n_threads);
-  std::vector<uint64_t> sums(size_t(pool.size()), 0);
-  std::vector<double> times;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = Clock::now();
-    pool.parallel_for(static_cast<int64_t>(n), 4096, [&](int64_t b, int64_t e, int t) {
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      int64_t i = b;
-      for (; i + 4 <= e; i += 4) {
-        s0 += buf[size_t(i)];
-        s1 += buf[size_t(i + 1)];
-        s2 += buf[size_t(i + 2)];
-        s3 += buf[size_t(i + 3)];
-      }
-      for (; i < e; ++i) s0 += buf[size_t(i)];
-      sums[size_t(t)] += s0 + s1 + s2 + s3;
-    });
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  uint64_t total = 0;
-  for (auto s : sums) total += s;
-  if (total == 0) std::cerr << "";  // keep the reads observable
-  times.erase(times.begin());       // warm-up
-  return double(n * sizeof(uint64_t)) / median(times);
-}
 
 double seconds_of(const std::function<void()>& fn) {
   const auto t0 = Clock::now();
@@ -218,16 +180,23 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
 
 int main(int argc, char** argv) {
   CLI::App app{"tandem-bench: prompt (pp) and generation (tg) tokens/s"};
-  std::string model_path;
-  int n_prompt = 512, n_gen = 128, n_threads = 0, reps = 3;
-  bool json_out = false, no_bandwidth = false;
-  app.add_option("-m,--model", model_path, "GGUF model")->required();
-  app.add_option("-p,--n-prompt", n_prompt, "prompt tokens (0 = skip pp)")->check(CLI::Range(0, 1 << 20));
-  app.add_option("-n,--n-gen", n_gen, "generated tokens (0 = skip tg)")->check(CLI::Range(0, 1 << 20));
-  app.add_option("-t,--threads", n_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
-  app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->check(CLI::Range(1, 10000));
-  app.add_flag("--json", json_out, "print JSON");
-  app.add_flag("--no-bandwidth", no_bandwidth, "skip the memory bandwidth measurement");
+  tandem::bench::SpeedOptions speed;
+  app.add_option("-m,--model", speed.model, "GGUF model")->required();
+  const auto list = CLI::MultiOptionPolicy::TakeAll;
+  app.add_option("-p,--n-prompt", speed.prompt, "prompt tokens, list (0 = no pp test)")->multi_option_policy(list);
+  app.add_option("-n,--n-gen", speed.gen, "generated tokens, list (0 = no tg test)")->multi_option_policy(list);
+  app.add_option("-d,--n-depth", speed.depth, "tokens in the KV before the timed part, list")
+      ->multi_option_policy(list);
+  app.add_option("-t,--threads", speed.threads, "threads, list, 1..512 (0 = physical cores)")
+      ->multi_option_policy(list);
+  app.add_option("-r,--repetitions", speed.reps, "timed runs per test, after one warm-up")->check(CLI::Range(1, 10000));
+  app.add_option("-o,--output", speed.output, "md (default), json or jsonl: llama-bench's records");
+  app.add_flag("--json", speed.json, "same as -o json");
+  app.add_flag("--no-bandwidth", speed.no_bandwidth, "skip the memory bandwidth measurement");
+  app.footer(
+      "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
+      "-d 0-4096*2; a flag may repeat. One pp test per prompt size and one tg test per generation size, for "
+      "every thread count and depth.");
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
   std::string kv_model, kv_dir;
   int kv_ctx = 4096, kv_threads = 0;
@@ -256,89 +225,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (model_path.empty()) {
+  if (speed.model.empty()) {
     std::cerr << "tandem-bench: error: --model is required\n";
     return 2;
   }
-
-  try {
-    auto model = tandem::Model::load(model_path);
-    const auto& hp = model->hparams();
-    tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
-    const int32_t n_ctx = std::max(n_prompt, n_gen) + 1;
-    tandem::KvStoreOptions so;
-    so.layout = tandem::KvLayout::for_model(hp);
-    so.host_pages = (n_ctx + 15) / 16;
-    tandem::KvStore pool(std::move(so));
-    std::mt19937 rng(42);
-    std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
-    std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
-
-    auto run_pp = [&] {
-      std::vector<int32_t> ids(static_cast<size_t>(n_prompt));
-      for (auto& id : ids) id = tok(rng);
-      tandem::KvSequence kv(pool, n_ctx);
-      tandem::SequenceStep st{&kv, ids, 0, tandem::LogitsRows::kLast};
-      const auto t0 = Clock::now();
-      exec.step(std::span<const tandem::SequenceStep>(&st, 1), logits);
-      return n_prompt / std::chrono::duration<double>(Clock::now() - t0).count();
-    };
-    auto run_tg = [&] {
-      tandem::KvSequence kv(pool, n_ctx);
-      const auto t0 = Clock::now();
-      for (int i = 0; i < n_gen; ++i) {
-        const int32_t id = tok(rng);
-        tandem::SequenceStep st{&kv, std::span<const int32_t>(&id, 1), i, tandem::LogitsRows::kLast};
-        exec.step(std::span<const tandem::SequenceStep>(&st, 1), logits);
-      }
-      return n_gen / std::chrono::duration<double>(Clock::now() - t0).count();
-    };
-    auto bench = [&](auto&& fn) {
-      fn();  // warm-up
-      std::vector<double> v;
-      for (int r = 0; r < reps; ++r) v.push_back(fn());
-      return v;
-    };
-    std::vector<double> pp, tg;
-    if (n_prompt > 0) pp = bench(run_pp);
-    if (n_gen > 0) tg = bench(run_tg);
-    const double bw = no_bandwidth ? 0.0 : measure_read_bandwidth(exec.n_threads());
-    const double bytes_per_token = double(model->decode_bytes_per_token());
-    const double tg_med = tg.empty() ? 0.0 : median(tg);
-    const double pp_med = pp.empty() ? 0.0 : median(pp);
-    const double bw_fraction = bw > 0 ? bytes_per_token * tg_med / bw : 0.0;
-
-    if (json_out) {
-      nlohmann::json j;
-      j["model"] = model->name();
-      j["model_bytes"] = model->weight_bytes();
-      j["decode_bytes_per_token"] = model->decode_bytes_per_token();
-      j["threads"] = exec.n_threads();
-      j["repetitions"] = reps;
-      if (!pp.empty()) j["pp"] = {{"n_prompt", n_prompt}, {"tokens_per_s", pp_med}, {"runs", pp}};
-      if (!tg.empty()) j["tg"] = {{"n_gen", n_gen}, {"tokens_per_s", tg_med}, {"runs", tg}};
-      if (bw > 0) {
-        j["read_bandwidth_bytes_per_s"] = bw;
-        j["tg_fraction_of_bandwidth_limit"] = bw_fraction;
-      }
-      std::cout << j.dump(2) << "\n";
-    } else {
-      fmt::print("| model | size | threads | test | tokens/s |\n|---|---:|---:|---|---:|\n");
-      const std::string size = fmt::format("{:.2f} MiB", double(model->weight_bytes()) / (1 << 20));
-      if (!pp.empty())
-        fmt::print("| {} | {} | {} | pp{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_prompt, pp_med);
-      if (!tg.empty())
-        fmt::print("| {} | {} | {} | tg{} | {:.2f} |\n", model->name(), size, exec.n_threads(), n_gen, tg_med);
-      if (bw > 0) {
-        fmt::print(
-            "\nread bandwidth {:.2f} GB/s ({} threads); decode reads {:.2f} MB/token -> limit {:.2f} tokens/s; "
-            "tg reaches {:.0f}% of it\n",
-            bw / 1e9, exec.n_threads(), bytes_per_token / 1e6, bw / bytes_per_token, 100.0 * bw_fraction);
-      }
-    }
-    return finish_stdout(0);
-  } catch (const std::exception& e) {
-    std::cerr << "tandem-bench: error: " << e.what() << "\n";
-    return 1;
-  }
+  return finish_stdout(tandem::bench::run_speed(speed));
 }
