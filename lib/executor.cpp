@@ -10,6 +10,14 @@ int32_t default_context_size(const HParams& hp) noexcept {
   return hp.n_ctx_train > 0 ? std::min(hp.n_ctx_train, 4096) : 4096;
 }
 
+int32_t resolve_context_size(int64_t requested, const HParams& hp, std::string_view who, std::string_view what) {
+  if (requested < 0 || requested > kMaxContextSize) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: {} {} must be in [0, {}]", who, what, requested, kMaxContextSize));
+  }
+  return requested > 0 ? int32_t(requested) : default_context_size(hp);
+}
+
 int64_t Executor::logits_rows(std::span<const SequenceStep> batch) noexcept {
   int64_t rows = 0;
   for (const auto& s : batch) {
@@ -76,13 +84,10 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
       for (const auto& s : b) s.kv->unpin();
     }
   } pins(batch);
-  const KvTier tier = kv_tier();
+  // Pages are placed by the caller's KvPlacement (scheduler or Session) before the step;
+  // the step only reads them where they are and allocates the positions it writes.
   for (const auto& s : batch) {
-    if ((s.kv->tier() != tier || s.kv->pages_outside(tier) > 0) && s.kv->store().has_tier(tier)) {
-      s.kv->make_resident(tier);
-    } else {
-      s.kv->touch();
-    }
+    s.kv->touch();
     for (PageId p : s.kv->block_table()) {
       if (!can_read(s.kv->store().tier_of(p))) {
         throw Error(
@@ -92,11 +97,7 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
       }
     }
   }
-  for (const auto& s : batch) {
-    const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
-    s.kv->make_room(end);
-    s.kv->reserve(end);
-  }
+  for (const auto& s : batch) s.kv->reserve(s.pos0 + static_cast<int32_t>(s.tokens.size()));
   step_impl(batch, logits);
 }
 

@@ -305,6 +305,15 @@ struct GgufFile::Impl {
 
  private:
   GgufValue read_value(Cursor& c, uint32_t type, std::string_view key, int depth);
+  // The steps of parse(), in order.
+  void parse_header(Cursor& c);
+  void parse_metadata(Cursor& c, uint64_t kv_count);
+  void parse_alignment(const GgufOpenOptions& options);
+  void parse_tensor_infos(Cursor& c, uint64_t tensor_count, std::vector<uint64_t>& info_offsets);
+  void locate_data(Cursor& c, const std::vector<uint64_t>& info_offsets);
+  void check_overlaps();
+  /// Every F32/F16/BF16 element and every quantisation block scale is finite.
+  void check_values() const;
 };
 
 namespace {
@@ -393,6 +402,19 @@ GgufValue GgufFile::Impl::read_value(Cursor& c, uint32_t type, std::string_view 
 
 void GgufFile::Impl::parse(const GgufOpenOptions& options) {
   Cursor c(buf.data, buf.size);
+  parse_header(c);
+  const auto tensor_count = c.read<uint64_t>("header tensor_count");
+  const auto kv_count = c.read<uint64_t>("header kv_count");
+  parse_metadata(c, kv_count);
+  parse_alignment(options);
+  std::vector<uint64_t> info_offsets;  // file offset of each tensor's info
+  parse_tensor_infos(c, tensor_count, info_offsets);
+  locate_data(c, info_offsets);
+  check_overlaps();
+  if (options.check_block_scales) check_values();
+}
+
+void GgufFile::Impl::parse_header(Cursor& c) {
   if (buf.size < 4) {
     fail(ErrorCode::kGgufTruncated,
          "file " + path.string() + " is " + num(buf.size) + " bytes, too short for the 4-byte magic at offset 0");
@@ -408,9 +430,9 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     fail(ErrorCode::kGgufBadVersion, "header version " + num(version) + " at offset 4 is not supported (only 2 and 3)" +
                                          (swapped == 2 || swapped == 3 ? "; this looks like a big-endian GGUF" : ""));
   }
-  const auto tensor_count = c.read<uint64_t>("header tensor_count");
-  const auto kv_count = c.read<uint64_t>("header kv_count");
+}
 
+void GgufFile::Impl::parse_metadata(Cursor& c, uint64_t kv_count) {
   // ---- metadata
   // Reserve only what can possibly fit; each KV is validated as it is read.
   kvs.reserve(static_cast<size_t>(std::min(kv_count, c.left() / kMinKvBytes)));
@@ -437,7 +459,9 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     kv.value = read_value(c, type, key, 0);
     kvs.push_back(std::move(kv));
   }
+}
 
+void GgufFile::Impl::parse_alignment(const GgufOpenOptions& options) {
   // ---- general.alignment
   if (auto it = key_index.find("general.alignment"); it != key_index.end()) {
     const GgufKv& kv = kvs[it->second];
@@ -454,7 +478,9 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     }
     alignment = static_cast<uint32_t>(a);
   }
+}
 
+void GgufFile::Impl::parse_tensor_infos(Cursor& c, uint64_t tensor_count, std::vector<uint64_t>& info_offsets) {
   // ---- tensor infos
   if (tensor_count > c.left() / kMinTensorInfoBytes) {
     const ErrorCode code = c.left() < kMinTensorInfoBytes ? ErrorCode::kGgufTruncated : ErrorCode::kGgufBadLength;
@@ -464,7 +490,6 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
                    num(c.size()) + " bytes)");
   }
   tensors.reserve(static_cast<size_t>(tensor_count));
-  std::vector<uint64_t> info_offsets;
   info_offsets.reserve(static_cast<size_t>(tensor_count));
   for (uint64_t i = 0; i < tensor_count; ++i) {
     const uint64_t name_at = c.pos();
@@ -529,7 +554,9 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     info_offsets.push_back(name_at);
     tensors.push_back(std::move(t));
   }
+}
 
+void GgufFile::Impl::locate_data(Cursor& c, const std::vector<uint64_t>& info_offsets) {
   // ---- data section
   const uint64_t end_of_infos = c.pos();
   data_offset = end_of_infos + (alignment - end_of_infos % alignment) % alignment;
@@ -555,7 +582,9 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
     }
     t.data = buf.data + start;
   }
+}
 
+void GgufFile::Impl::check_overlaps() {
   // Overlapping data regions are refused (llama.cpp does not check this).
   if (tensors.size() > 1) {
     std::vector<size_t> order(tensors.size());
@@ -574,49 +603,49 @@ void GgufFile::Impl::parse(const GgufOpenOptions& options) {
       }
     }
   }
+}
 
+void GgufFile::Impl::check_values() const {
   // ---- block scales and float values
-  if (options.check_block_scales) {
-    for (const GgufTensorInfo& t : tensors) {
-      if (t.type == GgmlType::kF32 || t.type == GgmlType::kF16 || t.type == GgmlType::kBF16) {
-        // Every element: an exponent of all ones is Inf or NaN (F32: 0x7F800000; F16:
-        // 0x7C00; BF16: 0x7F80).
-        const uint64_t n = t.n_elements;
-        for (uint64_t i = 0; i < n; ++i) {
-          bool bad;
-          if (t.type == GgmlType::kF32) {
-            uint32_t v;
-            std::memcpy(&v, t.data + i * 4, 4);
-            bad = (v & 0x7F800000u) == 0x7F800000u;
-          } else {
-            uint16_t v;
-            std::memcpy(&v, t.data + i * 2, 2);
-            bad = t.type == GgmlType::kF16 ? (v & 0x7C00u) == 0x7C00u : (v & 0x7F80u) == 0x7F80u;
-          }
-          if (bad) {
-            const uint64_t elem_bytes = t.type == GgmlType::kF32 ? 4 : 2;
-            fail(ErrorCode::kTensorNonFinite, "tensor " + q_name(t.name) + " (" + std::string(ggml_type_name(t.type)) +
-                                                  ") element " + num(i) + " at offset " +
-                                                  num(data_offset + t.offset + i * elem_bytes) + " is Inf or NaN");
-          }
+  for (const GgufTensorInfo& t : tensors) {
+    if (t.type == GgmlType::kF32 || t.type == GgmlType::kF16 || t.type == GgmlType::kBF16) {
+      // Every element: an exponent of all ones is Inf or NaN (F32: 0x7F800000; F16:
+      // 0x7C00; BF16: 0x7F80).
+      const uint64_t n = t.n_elements;
+      for (uint64_t i = 0; i < n; ++i) {
+        bool bad;
+        if (t.type == GgmlType::kF32) {
+          uint32_t v;
+          std::memcpy(&v, t.data + i * 4, 4);
+          bad = (v & 0x7F800000u) == 0x7F800000u;
+        } else {
+          uint16_t v;
+          std::memcpy(&v, t.data + i * 2, 2);
+          bad = t.type == GgmlType::kF16 ? (v & 0x7C00u) == 0x7C00u : (v & 0x7F80u) == 0x7F80u;
         }
-        continue;
+        if (bad) {
+          const uint64_t elem_bytes = t.type == GgmlType::kF32 ? 4 : 2;
+          fail(ErrorCode::kTensorNonFinite, "tensor " + q_name(t.name) + " (" + std::string(ggml_type_name(t.type)) +
+                                                ") element " + num(i) + " at offset " +
+                                                num(data_offset + t.offset + i * elem_bytes) + " is Inf or NaN");
+        }
       }
-      const TypeTraits& tt = *traits(t.type);
-      const auto bb = static_cast<uint64_t>(tt.block_bytes);
-      const uint64_t n_blocks = t.n_bytes / bb;
-      for (uint64_t b = 0; b < n_blocks; ++b) {
-        for (int si = 0; si < tt.n_scales; ++si) {
-          const TypeTraits::Scale& sc = tt.scales[si];
-          uint16_t d;
-          std::memcpy(&d, t.data + b * bb + sc.offset, sizeof d);
-          if ((d & 0x7C00u) == 0x7C00u) {
-            const char* what = (d & 0x03FFu) != 0 ? "NaN" : (d & 0x8000u) ? "-Inf" : "+Inf";
-            fail(ErrorCode::kTensorNonFinite, "tensor " + q_name(t.name) + " (" + std::string(tt.name) + ") block " +
-                                                  num(b) + " at offset " + num(data_offset + t.offset + b * bb) +
-                                                  " has a non-finite fp16 " + sc.name + " " + hex16(d) + " (" + what +
-                                                  ")");
-          }
+      continue;
+    }
+    const TypeTraits& tt = *traits(t.type);
+    const auto bb = static_cast<uint64_t>(tt.block_bytes);
+    const uint64_t n_blocks = t.n_bytes / bb;
+    for (uint64_t b = 0; b < n_blocks; ++b) {
+      for (int si = 0; si < tt.n_scales; ++si) {
+        const TypeTraits::Scale& sc = tt.scales[si];
+        uint16_t d;
+        std::memcpy(&d, t.data + b * bb + sc.offset, sizeof d);
+        if ((d & 0x7C00u) == 0x7C00u) {
+          const char* what = (d & 0x03FFu) != 0 ? "NaN" : (d & 0x8000u) ? "-Inf" : "+Inf";
+          fail(ErrorCode::kTensorNonFinite, "tensor " + q_name(t.name) + " (" + std::string(tt.name) + ") block " +
+                                                num(b) + " at offset " + num(data_offset + t.offset + b * bb) +
+                                                " has a non-finite fp16 " + sc.name + " " + hex16(d) + " (" + what +
+                                                ")");
         }
       }
     }

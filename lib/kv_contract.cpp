@@ -7,10 +7,22 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/cpu_kernels.hpp"
 
 namespace tandem {
+
+KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype) {
+  KvLayout l;
+  l.n_layer = hp.n_layer;
+  l.layer_begin = 0;
+  l.n_head_kv = hp.n_head_kv;
+  l.head_dim = hp.head_dim;
+  l.page_size = page_size;
+  l.dtype = dtype;
+  return l;
+}
 
 std::string_view kv_lease_state_name(KvLeaseState s) noexcept {
   switch (s) {
@@ -357,6 +369,101 @@ std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Mo
     for (size_t i = 0; i < begun; ++i) parts[i].lease->fail(e.what());
     throw;
   }
+}
+
+// ----------------------------------------------------------------------------- bytes
+
+namespace {
+
+/// The byte form's one field list, in order; `f(field, name)` for each (the writer and
+/// the reader both walk it, so they cannot disagree).
+template <class D, class F>
+void descriptor_fields(D& d, F&& f) {
+  f(d.contract_version, "contract version");
+  f(d.model_identity, "model identity");
+  f(d.tokenizer_identity, "tokenizer identity");
+  f(d.n_layer, "n_layer");
+  f(d.n_head_kv, "n_head_kv");
+  f(d.head_dim, "head_dim");
+  f(d.row_bytes, "row_bytes");
+  f(d.rope_type, "rope_type");
+  f(d.rope_freq_base, "rope_freq_base");
+  f(d.rope_freq_scale, "rope_freq_scale");
+  f(d.n_rot, "n_rot");
+  f(d.n_ctx, "n_ctx");
+  f(d.dtype, "dtype");
+  f(d.page_size, "page_size");
+  f(d.layer_begin, "layer_begin");
+  f(d.layer_end, "layer_end");
+  f(d.token_begin, "token_begin");
+  f(d.token_end, "token_end");
+  f(d.sequence_id, "sequence_id");
+  f(d.tokens, "token");
+  f(d.page_checksums, "page checksum");
+}
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+void append_bytes(std::vector<std::byte>& out, const void* p, size_t n) {
+  if (n == 0) return;
+  const size_t at = out.size();
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
+}
+
+}  // namespace
+
+void kv_descriptor_append(const KvDescriptor& d, std::vector<std::byte>& out) {
+  descriptor_fields(d, [&](const auto& v, const char*) {
+    using T = std::remove_cvref_t<decltype(v)>;
+    if constexpr (IsVector<T>::value) {  // u64 count, then the items
+      const uint64_t n = v.size();
+      append_bytes(out, &n, sizeof(n));
+      append_bytes(out, v.data(), v.size() * sizeof(typename T::value_type));
+    } else if constexpr (std::is_enum_v<T>) {  // enums are u32
+      const auto u = static_cast<uint32_t>(v);
+      append_bytes(out, &u, sizeof(u));
+    } else {
+      append_bytes(out, &v, sizeof(v));
+    }
+  });
+}
+
+size_t kv_descriptor_parse(std::span<const std::byte> bytes, KvDescriptor& d) {
+  size_t at = 0;
+  auto take = [&](void* p, size_t n, const char* what) {
+    if (n > bytes.size() - at) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("KV descriptor: truncated reading {} at offset {}", what, at));
+    }
+    std::memcpy(p, bytes.data() + at, n);
+    at += n;
+  };
+  descriptor_fields(d, [&](auto& v, const char* what) {
+    using T = std::remove_cvref_t<decltype(v)>;
+    if constexpr (IsVector<T>::value) {
+      uint64_t n = 0;
+      take(&n, sizeof(n), what);
+      constexpr size_t item = sizeof(typename T::value_type);
+      if (n > (bytes.size() - at) / item) {  // checked before anything is allocated
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("KV descriptor: {} count {} at offset {} exceeds the {} bytes left", what, n, at - 8,
+                                bytes.size() - at));
+      }
+      v.resize(size_t(n));
+      take(v.data(), size_t(n) * item, what);
+    } else if constexpr (std::is_enum_v<T>) {
+      uint32_t u = 0;
+      take(&u, sizeof(u), what);
+      v = static_cast<T>(u);
+    } else {
+      take(&v, sizeof(v), what);
+    }
+  });
+  return at;
 }
 
 }  // namespace tandem

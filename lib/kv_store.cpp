@@ -32,17 +32,6 @@ std::string_view kv_dtype_name(KvDtype d) noexcept {
   return d == KvDtype::kF16 ? "f16" : "f32";
 }
 
-KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype) {
-  KvLayout l;
-  l.n_layer = hp.n_layer;
-  l.layer_begin = 0;
-  l.n_head_kv = hp.n_head_kv;
-  l.head_dim = hp.head_dim;
-  l.page_size = page_size;
-  l.dtype = dtype;
-  return l;
-}
-
 int32_t KvStoreOptions::pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept {
   const uint64_t pb = layout.page_bytes();
   if (pb == 0) return 0;
@@ -466,15 +455,6 @@ void KvSequence::reserve(int32_t n) {
   }
 }
 
-void KvSequence::make_room(int32_t n) {
-  const int32_t ps = store_->layout().page_size;
-  const int32_t cow = (n > n_tokens_ && n_tokens_ % ps != 0) ? 1 : 0;
-  const int32_t need = (n + ps - 1) / ps - static_cast<int32_t>(block_table_.size()) + cow - reserved_;
-  if (need <= 0 || tier_ == KvTier::kFile || !store_->has_tier(KvTier::kFile)) return;
-  const int32_t free = store_->usage(tier_).free();
-  if (free < need) store_->evict_lru(tier_, KvTier::kFile, need - free, this);
-}
-
 void KvSequence::truncate(int32_t n) {
   if (n < 0) n = 0;
   if (n < n_tokens_) n_tokens_ = n;
@@ -541,21 +521,47 @@ KvMoveStats KvSequence::move_exclusive_to(KvTier tier) {
   return s;
 }
 
-KvMoveStats KvSequence::make_resident(KvTier tier) {
-  touch();
-  const int32_t outside = pages_outside(tier);
+// ------------------------------------------------------------------------- placement
+
+int32_t KvPlacement::pages_to_grow(const KvSequence& seq, int64_t end) const {
+  const int32_t ps = store_->layout().page_size;
+  const auto& bt = seq.block_table();
+  // Writing into a partly filled page that another holder shares copies it first.
+  const bool cow = end > seq.n_tokens() && seq.n_tokens() % ps != 0 && !bt.empty() && store_->refcount(bt.back()) > 1;
+  const int64_t need = (end + ps - 1) / ps;
+  return int32_t(std::max<int64_t>(0, need - int64_t(bt.size()) + (cow ? 1 : 0) - seq.reservation()));
+}
+
+bool KvPlacement::free_pages(KvTier tier, int32_t pages, const KvSequence* keep) {
+  const int32_t free = store_->usage(tier).free();
+  if (free >= pages) return true;
+  if (tier == KvTier::kFile || !store_->has_tier(KvTier::kFile)) return false;
+  store_->evict_lru(tier, KvTier::kFile, pages - free, keep);
+  return store_->usage(tier).free() >= pages;
+}
+
+KvMoveStats KvPlacement::make_resident(KvSequence& seq, KvTier tier) {
+  seq.touch();
+  const int32_t outside = seq.pages_outside(tier);
   if (outside == 0) {
-    if (tier_ != tier) {
+    if (seq.tier() != tier) {  // nothing to move: new pages go to `tier` from now on
       std::lock_guard<std::mutex> lock(store_->mutex_);
-      tier_ = tier;
+      seq.tier_ = tier;
     }
     return {};
   }
-  const KvTierUsage u = store_->usage(tier);
-  if (u.free() < outside && tier != KvTier::kFile && store_->has_tier(KvTier::kFile)) {
-    store_->evict_lru(tier, KvTier::kFile, outside - u.free(), this);
+  free_pages(tier, outside, &seq);
+  return seq.move_to(tier);
+}
+
+void KvPlacement::prepare_step(KvSequence& seq, KvTier tier, int32_t end) {
+  if (store_->has_tier(tier) && (seq.tier() != tier || seq.pages_outside(tier) > 0)) {
+    make_resident(seq, tier);
+  } else {
+    seq.touch();
   }
-  return move_to(tier);
+  const int32_t need = pages_to_grow(seq, end);
+  if (need > 0) free_pages(seq.tier(), need, &seq);
 }
 
 }  // namespace tandem

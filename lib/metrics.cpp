@@ -2,9 +2,27 @@
 
 #include <fmt/format.h>
 
-#include "tandem/scheduler.hpp"
-
 namespace tandem {
+
+std::string_view request_finish_name(RequestFinish f) noexcept {
+  switch (f) {
+    case RequestFinish::kStop:
+      return "stop";
+    case RequestFinish::kStopString:
+      return "stop_string";
+    case RequestFinish::kLength:
+      return "length";
+    case RequestFinish::kCancelled:
+      return "cancelled";
+    case RequestFinish::kTimeout:
+      return "timeout";
+    case RequestFinish::kOverloaded:
+      return "overloaded";
+    case RequestFinish::kError:
+      return "error";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -32,7 +50,8 @@ std::string SchedulerMetrics::to_text() const {
       elapsed_s, submitted, finished, queued, migrations, migration_bytes, migration_s, preemptions,
       100.0 * prefix_hit_rate, prefix_reused_tokens, prompt_tokens);
   o += "  finish:";
-  for (int i = 0; i < 7; ++i) o += fmt::format(" {}={}", request_finish_name(RequestFinish(i)), by_finish[i]);
+  for (int i = 0; i < kRequestFinishCount; ++i)
+    o += fmt::format(" {}={}", request_finish_name(RequestFinish(i)), by_finish[i]);
   o += "\n";
   for (const auto& e : executors) {
     o += fmt::format(
@@ -57,7 +76,7 @@ std::string SchedulerMetrics::to_json() const {
       "\"prefix_reused_tokens\":{},\"prefix_hit_rate\":{:.6f},\"finish\":{{",
       elapsed_s, submitted, finished, queued, migrations, migration_bytes, migration_s, preemptions, prompt_tokens,
       prefix_reused_tokens, prefix_hit_rate);
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < kRequestFinishCount; ++i) {
     o += fmt::format("{}\"{}\":{}", i ? "," : "", request_finish_name(RequestFinish(i)), by_finish[i]);
   }
   o += "},\"executors\":[";

@@ -101,18 +101,13 @@ class TensorBinder {
   const GgufFile& f_;
 };
 
-}  // namespace
-
-std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelOptions& options) {
-  std::shared_ptr<Model> m(new Model());
-  m->gguf_ = GgufFile::open(path, options.gguf);
-  const GgufFile& f = *m->gguf_;
-
+/// The hyper-parameters of a llama/qwen2/qwen3 GGUF (n_vocab comes with the tokenizer).
+HParams read_hparams(const GgufFile& f) {
   const auto arch = f.get_string("general.architecture");
   if (!arch) {
     throw Error(ErrorCode::kModelUnsupportedArch, "model: key 'general.architecture' is missing");
   }
-  HParams& hp = m->hp_;
+  HParams hp;
   if (*arch == "llama") {
     hp.arch = Arch::kLlama;
     hp.rope_type = RopeType::kNormal;
@@ -158,7 +153,18 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, cons
     }
     hp.rope_freq_scale = 1.0f / optional_positive_f32(f, a + "rope.scaling.factor", 1.0f);
   }
+  return hp;
+}
 
+}  // namespace
+
+std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelOptions& options) {
+  std::shared_ptr<Model> m(new Model());
+  m->gguf_ = GgufFile::open(path, options.gguf);
+  const GgufFile& f = *m->gguf_;
+
+  HParams& hp = m->hp_;
+  hp = read_hparams(f);
   m->tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
   hp.n_vocab = m->tokenizer_->n_vocab();
 

@@ -5,26 +5,6 @@
 
 namespace tandem {
 
-std::string_view request_finish_name(RequestFinish f) noexcept {
-  switch (f) {
-    case RequestFinish::kStop:
-      return "stop";
-    case RequestFinish::kStopString:
-      return "stop_string";
-    case RequestFinish::kLength:
-      return "length";
-    case RequestFinish::kCancelled:
-      return "cancelled";
-    case RequestFinish::kTimeout:
-      return "timeout";
-    case RequestFinish::kOverloaded:
-      return "overloaded";
-    case RequestFinish::kError:
-      return "error";
-  }
-  return "?";
-}
-
 void RequestState::init_log(size_t n_events, size_t text_bytes) {
   slot_cap = n_events;
   slots = std::make_unique<Slot[]>(n_events);
@@ -82,19 +62,22 @@ namespace {
 
 /// The result's text and tokens from the sequence; returns the part not yet streamed.
 std::string_view fill_result(Seq& seq, RequestResult& r, RequestFinish f) {
+  if (!seq.gen) return {};
+  Generation& g = *seq.gen;
   try {
-    if ((f == RequestFinish::kStop || f == RequestFinish::kLength) && seq.detok) seq.text += seq.detok->finish();
+    if (f == RequestFinish::kStop || f == RequestFinish::kLength) g.flush_utf8();
     if (f != RequestFinish::kStop && f != RequestFinish::kLength && f != RequestFinish::kStopString) {
-      seq.text.resize(std::min(seq.emitted, seq.text.size()));  // only what was streamed
+      g.cut_to_emitted();  // only what was streamed
     }
     r.tokens.assign(seq.tokens.begin() + seq.n_prompt_end, seq.tokens.end());
-    r.text = seq.text;
+    r.text = g.text();
   } catch (...) {  // no memory for the result: it ends with what was streamed
     r.tokens.clear();
     r.text.clear();
   }
-  r.metrics.generated_tokens = seq.n_gen;
-  return std::string_view(r.text).substr(std::min(seq.emitted, r.text.size()));
+  r.metrics.generated_tokens = g.n_gen();
+  const size_t unsent = g.take_unsent().size();
+  return std::string_view(r.text).substr(r.text.size() - std::min(unsent, r.text.size()));
 }
 
 }  // namespace

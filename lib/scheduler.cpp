@@ -46,15 +46,11 @@ Scheduler::Scheduler(SchedulerOptions options) : impl_(std::make_unique<Impl>())
   Impl& I = *impl_;
   I.opt = std::move(options);
   if (I.opt.executors.empty()) throw Error(ErrorCode::kInvalidArgument, "scheduler: no executors");
-  if (I.opt.max_context < 0 || I.opt.max_context > kMaxContextSize) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("scheduler: max_context {} must be in [0, {}]", I.opt.max_context, kMaxContextSize));
-  }
   for (size_t i = 0; i < I.opt.executors.size(); ++i) check_executor(I.opt.executors[i], i, I.opt.executors[0]);
   I.model = I.opt.executors[0].executor->model_ptr();
   I.policy = I.opt.policy ? I.opt.policy : std::make_shared<DefaultRoutingPolicy>();
   const HParams& hp = I.model->hparams();
-  I.n_ctx = I.opt.max_context > 0 ? I.opt.max_context : default_context_size(hp);
+  I.n_ctx = resolve_context_size(I.opt.max_context, hp, "scheduler", "max_context");
   I.max_piece = max_piece_bytes(I.model->tokenizer());
   for (size_t i = 0; i < I.opt.executors.size(); ++i) {
     auto L = std::make_unique<Impl::Loop>();
@@ -147,12 +143,8 @@ namespace {
 void prepare(Seq& seq, const Request& q, const Model& model, int32_t n_ctx) {
   if (q.max_tokens < 1)
     throw Error(ErrorCode::kInvalidArgument, fmt::format("max_tokens {} must be >= 1", q.max_tokens));
-  for (const auto& s : q.stop) {
-    if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "a stop string is empty");
-  }
   const int32_t n_vocab = model.hparams().n_vocab;
-  seq.sampler.emplace(q.sampling, n_vocab);
-  seq.detok.emplace(model.tokenizer(), false, false);
+  seq.gen.emplace(model.tokenizer());
   seq.n_history = int32_t(seq.tokens.size());
   std::vector<int32_t> tokenized;
   if (q.prompt_ids.empty() && !q.prompt_text.empty()) {
@@ -170,8 +162,8 @@ void prepare(Seq& seq, const Request& q, const Model& model, int32_t n_ctx) {
     throw Error(ErrorCode::kContextOverflow,
                 fmt::format("context overflow: {} positions needed, n_ctx is {}", total, n_ctx));
   }
-  // Output is clamped to the context: n_ctx - total + 1 tokens fit (the last one is never fed).
-  seq.max_new = int32_t(std::min<int64_t>(q.max_tokens, n_ctx - total + 1));
+  seq.max_new = clamp_output_tokens(q.max_tokens, total, n_ctx);
+  seq.gen->begin(q.sampling, n_vocab, q.stop, q.ignore_eos, seq.max_new);
   seq.tokens.reserve(size_t(total + seq.max_new));
   seq.tokens.insert(seq.tokens.end(), prompt.begin(), prompt.end());
   seq.n_prompt_end = int32_t(seq.tokens.size());

@@ -75,22 +75,11 @@ void Loop::expire(Clock::time_point now) {
   std::erase_if(running, [](const auto& p) { return !p; });
 }
 
-int32_t Loop::pages_to_grow(const KvSequence& kv, int64_t to_len) const {
-  const auto& bt = kv.block_table();
-  const int32_t held = int32_t(bt.size());
-  // Writing into a partly filled page that another holder shares copies it first.
-  const bool cow = kv.n_tokens() % ps != 0 && !bt.empty() && store->refcount(bt.back()) > 1;
-  return std::max(0, pages_for(to_len, ps) - held + (cow ? 1 : 0) - kv.reservation());
-}
-
 bool Loop::reserve_pages(KvSequence& kv, int32_t need) {
   if (need <= 0) return true;
   auto free_now = [&] { return store->usage(tier).free(); };
   while (free_now() < need && !cache.empty()) drop_cache_entry(0);  // the prefix cache first
-  if (free_now() < need && store->has_tier(KvTier::kFile)) {
-    store->evict_lru(tier, KvTier::kFile, need - free_now(), &kv);  // parked sessions
-  }
-  if (free_now() < need) return false;
+  if (!placement().free_pages(tier, need, &kv)) return false;       // parked sessions go to File
   try {
     store->reserve(tier, need);
   } catch (const Error&) {  // another user of the store took the pages meanwhile
@@ -120,7 +109,7 @@ bool Loop::attach_kv(Seq& s, Clock::time_point t0) {
     // Swapped out (File tier): bring it back first, then reserve the rest.
     if (store->usage(tier).free() < s.kv->pages_outside(tier)) return false;
     try {
-      s.kv->make_resident(tier);
+      placement().make_resident(*s.kv, tier);
     } catch (const Error&) {
       return false;
     }
@@ -142,9 +131,9 @@ bool Loop::try_admit(Seq& s) {
   }
   // 2. Reserve the pages of the prompt and of the output admitted up front.
   const int32_t ahead = cfg.admission_output_tokens;
-  const int64_t remaining = s.max_new - s.n_gen;
+  const int64_t remaining = s.max_new - s.gen->n_gen();
   const int64_t to_len = int64_t(s.tokens.size()) + (ahead < 0 ? remaining : std::min<int64_t>(ahead, remaining));
-  if (!reserve_pages(*s.kv, pages_to_grow(*s.kv, std::min(to_len, s.final_len())))) {
+  if (!reserve_pages(*s.kv, placement().pages_to_grow(*s.kv, std::min(to_len, s.final_len())))) {
     if (fresh) s.kv.reset();  // nothing lost: recreated (and the prefix re-shared) next time
     return false;
   }

@@ -6,11 +6,13 @@
 //   scheduler_prefix_cache.cpp  finished prompts kept for reuse, and the routing prefix index
 //   scheduler_sessions.cpp    the session registry: parked KV between requests
 //   scheduler_handoff.cpp     KV hand-offs between loops: export under a lease, import, lease expiry
+//   generation.cpp            the per-token logic (sample, stop strings, UTF-8, limits), shared with Session
 //
 // Ownership: a Seq belongs to exactly one loop at a time (or to a loop's inbox while it
 // travels). Only the owning loop's thread touches it. Pages: the loop that owns a
 // sequence decides where its pages live (admission reserves, preemption swaps or drops,
-// the prefix cache evicts); executors only compute on pages made resident before the step.
+// the prefix cache evicts), through the store's KvPlacement policy (the one Session uses
+// too); executors only compute on pages made resident before the step.
 #pragma once
 
 #include <atomic>
@@ -23,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "generation.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/scheduler.hpp"
 #include "tandem/tokenizer.hpp"
@@ -84,11 +87,7 @@ struct Seq {
   std::unique_ptr<KvSequence> kv;
   std::optional<KvHandoff> handoff;  // in hand-off: the exported KV under its lease
   int handoff_src = -1;
-  std::optional<Sampler> sampler;
-  std::optional<StreamingDetokenizer> detok;
-  std::string text;
-  size_t emitted = 0;
-  int32_t n_gen = 0;
+  std::optional<Generation> gen;  // sampler, detokeniser, stop strings, output limit
   int prefill_exec = 0, decode_exec = 0;
   uint64_t order = 0;  // admission order (preemption picks the youngest)
   std::shared_ptr<SessionRec> session;
@@ -278,7 +277,8 @@ struct Scheduler::Impl::Loop {
   bool try_admit(Seq& s);
   bool attach_kv(Seq& s, Clock::time_point t0);
   bool reserve_pages(KvSequence& kv, int32_t pages);
-  int32_t pages_to_grow(const KvSequence& kv, int64_t to_len) const;
+  /// The store's placement policy: the only code that evicts or moves this loop's pages.
+  KvPlacement placement() const noexcept { return KvPlacement(*store); }
   void preempt_youngest();
   void release_reservation(KvSequence& kv);
 
@@ -300,7 +300,7 @@ struct Scheduler::Impl::Loop {
   void run_plan();
   void sample_plan(Clock::time_point now);
   void fail_plan(ErrorCode ec, const std::string& what);
-  void after_token(std::unique_ptr<Seq>& slot, int32_t token, Clock::time_point now);
+  void after_token(std::unique_ptr<Seq>& slot, const TokenStep& t, Clock::time_point now);
   /// Call the request's on_event; a throwing callback ends the request with kError.
   bool emit(std::unique_ptr<Seq>& slot, int32_t token, std::string_view piece, RequestFinish f);
   void retire(std::unique_ptr<Seq>& slot, RequestFinish f, ErrorCode ec = ErrorCode::kOk, std::string msg = {});

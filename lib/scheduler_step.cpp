@@ -9,7 +9,6 @@
 #include <algorithm>
 
 #include "scheduler_internal.hpp"
-#include "stop_strings.hpp"
 
 namespace tandem {
 
@@ -100,35 +99,31 @@ bool Loop::emit(std::unique_ptr<Seq>& slot, int32_t token, std::string_view piec
   return false;
 }
 
-void Loop::after_token(std::unique_ptr<Seq>& slot, int32_t id, Clock::time_point now) {
+void Loop::after_token(std::unique_ptr<Seq>& slot, const TokenStep& t, Clock::time_point now) {
   Seq& s = *slot;
-  const Request& q = s.rs->req;
-  if (s.n_gen == 0) {
+  if (s.rs->t_first == Clock::time_point{}) {  // the first token
     s.rs->t_first = now;
     s.rs->result.metrics.decode_executor = sc->loops[size_t(s.decode_exec)]->name;
   }
   s.rs->t_last = now;
-  if (sc->model->tokenizer().is_eog(id) && !q.ignore_eos) {
+  if (t.end == GenEnd::kEog) {
     retire(slot, RequestFinish::kStop);
     return;
   }
-  s.tokens.push_back(id);
-  ++s.n_gen;
-  s.rs->result.metrics.generated_tokens = s.n_gen;
-  s.text += s.detok->push(id);
-  const StopScan scan = scan_stop_strings(s.text, s.emitted, q.stop);
-  if (scan.hit) {
+  s.tokens.push_back(t.id);
+  s.rs->result.metrics.generated_tokens = s.gen->n_gen();
+  if (t.end == GenEnd::kStopString) {
     // The piece before the stop string goes out with the token, then the terminal event.
-    if (emit(slot, id, scan.piece, RequestFinish::kStopString)) retire(slot, RequestFinish::kStopString);
+    if (emit(slot, t.id, t.piece, RequestFinish::kStopString)) retire(slot, RequestFinish::kStopString);
     return;
   }
-  if (!emit(slot, id, scan.piece, RequestFinish::kLength)) return;
-  if (s.n_gen >= s.max_new) {  // max_tokens, or the context is full (max_new is clamped to it)
+  if (!emit(slot, t.id, t.piece, RequestFinish::kLength)) return;
+  if (t.end == GenEnd::kLength) {
     retire(slot, RequestFinish::kLength);
     return;
   }
   // Prefill done here, decode elsewhere: the KV moves once.
-  if (s.n_gen == 1 && s.decode_exec != index) hand_off(slot);
+  if (s.gen->n_gen() == 1 && s.decode_exec != index) hand_off(slot);
 }
 
 bool Loop::build_plan() {
@@ -153,7 +148,7 @@ bool Loop::build_plan() {
   // full tier); when the tier has no room, the youngest sequence makes way.
   for (const StepEntry& e : plan.entries) {
     KvSequence& kv = *e.seq->kv;
-    if (!reserve_pages(kv, pages_to_grow(kv, int64_t(kv.n_tokens()) + e.n))) {
+    if (!reserve_pages(kv, placement().pages_to_grow(kv, int64_t(kv.n_tokens()) + e.n))) {
       preempt_youngest();
       return false;
     }
@@ -212,8 +207,8 @@ void Loop::sample_plan(Clock::time_point now) {
     Seq& s = **slot;
     try {
       const std::span<const float> l(logits.data() + size_t(e.row) * size_t(n_vocab), size_t(n_vocab));
-      const int32_t id = s.sampler->sample(l, std::span<const int32_t>(s.tokens.data(), size_t(s.kv->n_tokens())));
-      after_token(*slot, id, now);
+      const TokenStep t = s.gen->next(l, std::span<const int32_t>(s.tokens.data(), size_t(s.kv->n_tokens())));
+      after_token(*slot, t, now);
     } catch (const std::exception& ex2) {
       if (*slot) retire(*slot, RequestFinish::kError, code_of(ex2), fmt::format("after the step: {}", ex2.what()));
     }

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "stop_strings.hpp"
+#include "generation.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/tokenizer.hpp"
 
@@ -28,16 +28,13 @@ std::string_view finish_reason_name(FinishReason r) noexcept {
 namespace {
 
 int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
-  if (o.n_ctx < 0 || o.n_ctx > kMaxContextSize) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("session: n_ctx {} must be in [0, {}]", o.n_ctx, kMaxContextSize));
-  }
+  const int32_t n_ctx = resolve_context_size(o.n_ctx, hp, "session", "n_ctx");
   if (o.n_batch < 1)
     throw Error(ErrorCode::kInvalidArgument, fmt::format("session: n_batch {} must be >= 1", o.n_batch));
   if (o.page_size < 1) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("session: page_size {} must be >= 1", o.page_size));
   }
-  return o.n_ctx > 0 ? o.n_ctx : default_context_size(hp);
+  return n_ctx;
 }
 
 int32_t pages_for(int32_t n_ctx, int32_t page_size) {
@@ -74,12 +71,16 @@ Session::Session(std::shared_ptr<const Model> model, Executor& executor, const S
       kv_(std::make_unique<KvSequence>(*store_, n_ctx_, options.kv_tier)),
       logits_(size_t(model_->hparams().n_vocab)),
       rng_(options.seed),
-      detok_(model_->tokenizer(), false, false) {
+      gen_(std::make_unique<Generation>(model_->tokenizer())) {
   if (&executor.model() != model_.get()) {
     throw Error(ErrorCode::kInvalidArgument, "session: the executor runs a different model");
   }
   tokens_.reserve(size_t(n_ctx_));
 }
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
 
 std::span<const float> Session::logits() const noexcept {
   if (!have_logits_) return {};
@@ -150,15 +151,9 @@ size_t Session::eval_until(std::span<const int32_t> ids, std::span<float> all_lo
 }
 
 void Session::place_kv(int32_t end) {
-  // The session decides where its pages live: resident in the executor's tier (brought
-  // back when a shared store swapped it out), with room for positions up to `end`.
-  const KvTier t = executor_->kv_tier();
-  if (store_->has_tier(t) && (kv_->tier() != t || kv_->pages_outside(t) > 0)) {
-    kv_->make_resident(t);
-  } else {
-    kv_->touch();
-  }
-  kv_->make_room(end);
+  // The same placement policy as the scheduler's: resident in the executor's tier
+  // (brought back when a shared store swapped it out), with room for positions up to `end`.
+  KvPlacement(*store_).prepare_step(*kv_, executor_->kv_tier(), end);
 }
 
 GenerateResult Session::generate(std::string_view text, const GenerateOptions& options, bool parse_special) {
@@ -168,15 +163,14 @@ GenerateResult Session::generate(std::string_view text, const GenerateOptions& o
 }
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const GenerateOptions& options) {
-  const Tokenizer& tok = model_->tokenizer();
   if (options.max_tokens < 0) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("generate: max_tokens {} must be >= 0", options.max_tokens));
   }
-  for (const auto& s : options.stop) {
-    if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "generate: a stop string is empty");
-  }
-  Sampler sampler(options.sampling, model_->hparams().n_vocab);
-  if (options.sampling.seed == SamplingParams::kSessionSeed) sampler.set_rng(rng_);
+  // Output clamped to the context (an overflowing prompt is refused by eval below).
+  const int64_t positions = int64_t(tokens_.size() + prompt.size()) + (pending_ ? 1 : 0);
+  const int32_t max_new = std::max(0, clamp_output_tokens(options.max_tokens, positions, n_ctx_));
+  gen_->begin(options.sampling, model_->hparams().n_vocab, options.stop, options.ignore_eos, max_new);
+  if (options.sampling.seed == SamplingParams::kSessionSeed) gen_->sampler().set_rng(rng_);
   GenerateResult r;
   const auto t0 = std::chrono::steady_clock::now();
   if (prompt.empty() && !pending_ && !have_logits_) {
@@ -188,53 +182,46 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   r.prompt_seconds = seconds_since(t0);
   if (n_evaluated < prompt.size()) {
     r.finish = FinishReason::kCancelled;
-    rng_ = sampler.rng();
+    rng_ = gen_->sampler().rng();
     return r;
   }
 
   const auto t1 = std::chrono::steady_clock::now();
-  size_t emitted_upto = 0;  // bytes of r.text already passed on
-  bool stop = false;
-  for (int32_t i = 0; i < options.max_tokens && !stop; ++i) {
+  r.finish = FinishReason::kLength;
+  while (gen_->n_gen() < max_new) {
     if (options.should_stop && options.should_stop()) {
       r.finish = FinishReason::kCancelled;
-      stop = true;
       break;
     }
-    const int32_t id = sampler.sample(logits_, tokens_);
-    if (tok.is_eog(id) && !options.ignore_eos) {
+    const TokenStep t = gen_->next(logits_, tokens_);
+    if (t.end == GenEnd::kEog) {
       r.finish = FinishReason::kStop;
-      stop = true;
       break;
     }
-    r.tokens.push_back(id);
-    pending_ = id;
-    r.text += detok_.push(id);
-    const StopScan scan = scan_stop_strings(r.text, emitted_upto, options.stop);
-    if (scan.hit) {
-      r.finish = FinishReason::kStopString;
-      stop = true;
-    }
-    if (!scan.piece.empty() && options.on_text && !options.on_text(scan.piece, id) && !stop) {
+    r.tokens.push_back(t.id);
+    pending_ = t.id;
+    const bool cancelled = !t.piece.empty() && options.on_text && !options.on_text(t.piece, t.id);
+    if (cancelled && t.end != GenEnd::kStopString) {
       r.finish = FinishReason::kCancelled;
-      stop = true;
+      break;
     }
-    if (stop) break;
-    if (i + 1 == options.max_tokens || static_cast<int32_t>(tokens_.size()) >= n_ctx_) {
-      r.finish = FinishReason::kLength;
+    if (t.end != GenEnd::kNone) {
+      r.finish = t.end == GenEnd::kStopString ? FinishReason::kStopString : FinishReason::kLength;
       break;
     }
     eval({});
   }
+  // At a natural end the held-back UTF-8 bytes go out as U+FFFD, unless the caller keeps
+  // them for the next generate (flush_text false, stopped at the length limit).
   const bool hold = !options.flush_text && r.finish == FinishReason::kLength;
-  if (!hold && (!stop || r.finish == FinishReason::kStop || r.finish == FinishReason::kLength)) {
-    r.text += detok_.finish();
-    if (r.text.size() > emitted_upto && options.on_text) {
-      options.on_text(std::string_view(r.text).substr(emitted_upto), r.tokens.empty() ? -1 : r.tokens.back());
-    }
+  if (!hold && (r.finish == FinishReason::kStop || r.finish == FinishReason::kLength)) {
+    gen_->flush_utf8();
+    const std::string_view tail = gen_->take_unsent();
+    if (!tail.empty() && options.on_text) options.on_text(tail, r.tokens.empty() ? -1 : r.tokens.back());
   }
+  r.text = gen_->text();
   r.generate_seconds = seconds_since(t1);
-  rng_ = sampler.rng();
+  rng_ = gen_->sampler().rng();
   return r;
 }
 
@@ -277,7 +264,7 @@ void Session::truncate(size_t n) {
     kv_->truncate(static_cast<int32_t>(n));
     have_logits_ = false;
   }
-  detok_.finish();
+  gen_->discard_held();
 }
 
 size_t Session::reuse_prefix(std::span<const int32_t> prompt) {
@@ -290,7 +277,7 @@ size_t Session::reuse_prefix(std::span<const int32_t> prompt) {
 }
 
 void Session::reset() {
-  detok_.finish();
+  gen_->discard_held();
   kv_->truncate(0);
   tokens_.clear();
   pending_.reset();

@@ -2,12 +2,8 @@
 //
 // Layout (little-endian):
 //   header  "TANDEMSS" | u32 version (1) | u32 flags (0) | u64 body_bytes
-//   body    descriptor: u32 contract_version, u64 model_identity, u64 tokenizer_identity,
-//                       i32 n_layer, n_head_kv, head_dim, u64 row_bytes, u32 rope_type,
-//                       f32 rope_freq_base, rope_freq_scale, i32 n_rot, n_ctx,
-//                       u32 dtype, i32 page_size, layer_begin, layer_end, token_begin,
-//                       token_end, u64 sequence_id, u64 n_tokens, i32 tokens[n_tokens],
-//                       u64 n_pages, u64 checksums[n_pages]
+//   body    the KV descriptor in its one byte form (kv_descriptor_append,
+//           include/tandem/kv_contract.hpp)
 //           i32 pending (-1: none) | u32 n_logits | f32 logits[n_logits]
 //           u64 rng_len | rng state text (std::mt19937_64 operator<<)
 //           page payloads, n_pages x descriptor.page_payload_bytes()
@@ -23,6 +19,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "generation.hpp"
 #include "tandem/atomic_file.hpp"
 #include "tandem/kv_contract.hpp"
 #include "tandem/session.hpp"
@@ -39,12 +36,13 @@ class Writer {
  public:
   template <class T>
   void put(const T& v) {
-    const auto* p = reinterpret_cast<const std::byte*>(&v);
-    out.insert(out.end(), p, p + sizeof(T));
+    bytes(&v, sizeof(T));
   }
   void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + n);
+    if (n == 0) return;
+    const size_t at = out.size();
+    out.resize(at + n);  // (resize + memcpy: GCC 12 misreads vector::insert here, -Wstringop-overflow)
+    std::memcpy(out.data() + at, p, n);
   }
   std::vector<std::byte> out;
 };
@@ -77,6 +75,8 @@ class Reader {
     return n;
   }
   size_t left() const noexcept { return n_ - at_; }
+  std::span<const std::byte> rest() const noexcept { return {p_ + at_, n_ - at_}; }
+  void skip(size_t n) { take(n, "descriptor"); }
 
  private:
   void need(uint64_t n, const char* what) const {
@@ -100,29 +100,7 @@ void Session::save(const std::filesystem::path& path) const {
   w.put(kVersion);
   w.put(uint32_t{0});
   w.put(uint64_t{0});  // body size, patched below
-  w.put(d.contract_version);
-  w.put(d.model_identity);
-  w.put(d.tokenizer_identity);
-  w.put(d.n_layer);
-  w.put(d.n_head_kv);
-  w.put(d.head_dim);
-  w.put(d.row_bytes);
-  w.put(static_cast<uint32_t>(d.rope_type));
-  w.put(d.rope_freq_base);
-  w.put(d.rope_freq_scale);
-  w.put(d.n_rot);
-  w.put(d.n_ctx);
-  w.put(static_cast<uint32_t>(d.dtype));
-  w.put(d.page_size);
-  w.put(d.layer_begin);
-  w.put(d.layer_end);
-  w.put(d.token_begin);
-  w.put(d.token_end);
-  w.put(d.sequence_id);
-  w.put(uint64_t(d.tokens.size()));
-  w.bytes(d.tokens.data(), d.tokens.size() * sizeof(int32_t));
-  w.put(uint64_t(d.page_checksums.size()));
-  w.bytes(d.page_checksums.data(), d.page_checksums.size() * sizeof(uint64_t));
+  kv_descriptor_append(d, w.out);
   w.put(pending_ ? *pending_ : int32_t{-1});
   const uint32_t n_logits = have_logits_ ? static_cast<uint32_t>(logits_.size()) : 0;
   w.put(n_logits);
@@ -151,7 +129,10 @@ void Session::save(const std::filesystem::path& path) const {
   write_file_atomic(path, w.out);
 }
 
-void Session::restore(const std::filesystem::path& path) {
+namespace {
+
+/// The file's bytes, after the header, size and whole-file checksum are verified.
+std::vector<std::byte> read_verified(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f || std::filesystem::is_directory(path)) {
     throw Error(ErrorCode::kIo, fmt::format("session file: cannot open '{}'", path.string()));
@@ -193,67 +174,70 @@ void Session::restore(const std::filesystem::path& path) {
     throw Error(ErrorCode::kSessionCorrupt,
                 fmt::format("session file '{}': checksum mismatch (damaged)", path.string()));
   }
+  return data;
+}
 
-  Reader r(data.data() + kHeaderBytes, size_t(body));
+/// The KV descriptor at the front of the body, checked against `model`.
+KvDescriptor read_descriptor(Reader& r, const Model& model, const std::filesystem::path& path) {
   KvDescriptor d;
-  d.contract_version = r.get<uint32_t>("contract version");
-  d.model_identity = r.get<uint64_t>("model identity");
-  d.tokenizer_identity = r.get<uint64_t>("tokenizer identity");
-  if (d.model_identity != model_->identity_hash() || d.tokenizer_identity != model_->tokenizer().identity_hash()) {
+  try {
+    r.skip(kv_descriptor_parse(r.rest(), d));
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {}", path.string(), e.what()));
+  }
+  if (d.model_identity != model.identity_hash() || d.tokenizer_identity != model.tokenizer().identity_hash()) {
     throw Error(ErrorCode::kSessionModelMismatch,
                 fmt::format("session file '{}': saved with model {:016x} / tokenizer {:016x}, this session runs "
                             "{:016x} / {:016x}",
-                            path.string(), d.model_identity, d.tokenizer_identity, model_->identity_hash(),
-                            model_->tokenizer().identity_hash()));
+                            path.string(), d.model_identity, d.tokenizer_identity, model.identity_hash(),
+                            model.tokenizer().identity_hash()));
   }
-  d.n_layer = r.get<int32_t>("n_layer");
-  d.n_head_kv = r.get<int32_t>("n_head_kv");
-  d.head_dim = r.get<int32_t>("head_dim");
-  d.row_bytes = r.get<uint64_t>("row_bytes");
-  d.rope_type = static_cast<RopeType>(r.get<uint32_t>("rope_type"));
-  d.rope_freq_base = r.get<float>("rope_freq_base");
-  d.rope_freq_scale = r.get<float>("rope_freq_scale");
-  d.n_rot = r.get<int32_t>("n_rot");
-  d.n_ctx = r.get<int32_t>("n_ctx");
-  d.dtype = static_cast<KvDtype>(r.get<uint32_t>("dtype"));
-  d.page_size = r.get<int32_t>("page_size");
-  d.layer_begin = r.get<int32_t>("layer_begin");
-  d.layer_end = r.get<int32_t>("layer_end");
-  d.token_begin = r.get<int32_t>("token_begin");
-  d.token_end = r.get<int32_t>("token_end");
-  d.sequence_id = r.get<uint64_t>("sequence_id");
-  const uint64_t n_tokens = r.count(sizeof(int32_t), "token");
-  d.tokens.resize(size_t(n_tokens));
-  std::memcpy(d.tokens.data(), r.take(n_tokens * sizeof(int32_t), "tokens"), size_t(n_tokens) * sizeof(int32_t));
-  const uint64_t n_pages = r.count(sizeof(uint64_t), "page checksum");
-  d.page_checksums.resize(size_t(n_pages));
-  std::memcpy(d.page_checksums.data(), r.take(n_pages * sizeof(uint64_t), "checksums"), size_t(n_pages) * 8);
   try {
-    kv_check_invariants(d, *model_);
+    kv_check_invariants(d, model);
   } catch (const Error& e) {
     throw Error(e.code() == ErrorCode::kKvMismatch ? ErrorCode::kSessionModelMismatch : ErrorCode::kSessionCorrupt,
                 fmt::format("session file '{}': {}", path.string(), e.what()));
   }
-  const int32_t pending = r.get<int32_t>("pending token");
-  if (pending < -1 || pending >= model_->hparams().n_vocab) {
+  return d;
+}
+
+/// What follows the descriptor: the pending token, the last logits, the random state.
+struct SavedState {
+  int32_t pending = -1;
+  uint32_t n_logits = 0;
+  const std::byte* logits = nullptr;
+  std::mt19937_64 rng;
+};
+
+SavedState read_state(Reader& r, const HParams& hp, const std::filesystem::path& path) {
+  SavedState st;
+  st.pending = r.get<int32_t>("pending token");
+  if (st.pending < -1 || st.pending >= hp.n_vocab) {
     throw Error(ErrorCode::kSessionCorrupt,
-                fmt::format("session file '{}': pending token {} is invalid", path.string(), pending));
+                fmt::format("session file '{}': pending token {} is invalid", path.string(), st.pending));
   }
-  const auto n_logits = r.get<uint32_t>("logits count");
-  if (n_logits != 0 && n_logits != uint32_t(model_->hparams().n_vocab)) {
+  st.n_logits = r.get<uint32_t>("logits count");
+  if (st.n_logits != 0 && st.n_logits != uint32_t(hp.n_vocab)) {
     throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} logits for a vocabulary of {}",
-                                                        path.string(), n_logits, model_->hparams().n_vocab));
+                                                        path.string(), st.n_logits, hp.n_vocab));
   }
-  const std::byte* logits = r.take(uint64_t(n_logits) * sizeof(float), "logits");
+  st.logits = r.take(uint64_t(st.n_logits) * sizeof(float), "logits");
   const uint64_t rng_len = r.count(1, "random state byte");
   const auto* rng_text = reinterpret_cast<const char*>(r.take(rng_len, "random state"));
-  std::mt19937_64 rng;
-  {
-    std::istringstream in(std::string(rng_text, size_t(rng_len)));
-    in >> rng;
-    if (!in) throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad random state", path.string()));
-  }
-  const int64_t need = int64_t(d.token_end) + (pending >= 0 ? 1 : 0);
+  std::istringstream in(std::string(rng_text, size_t(rng_len)));
+  in >> st.rng;
+  if (!in) throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad random state", path.string()));
+  return st;
+}
+
+}  // namespace
+
+void Session::restore(const std::filesystem::path& path) {
+  const std::vector<std::byte> data = read_verified(path);
+  Reader r(data.data() + kHeaderBytes, data.size() - kHeaderBytes - 8);
+  KvDescriptor d = read_descriptor(r, *model_, path);
+  const SavedState st = read_state(r, model_->hparams(), path);
+  const int64_t need = int64_t(d.token_end) + (st.pending >= 0 ? 1 : 0);
   if (need > n_ctx_) {
     throw Error(ErrorCode::kContextOverflow,
                 fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), need, n_ctx_));
@@ -279,11 +263,11 @@ void Session::restore(const std::filesystem::path& path) {
   kv_ = std::move(seq);
   tokens_ = std::move(d.tokens);
   tokens_.reserve(size_t(n_ctx_));
-  pending_ = pending >= 0 ? std::optional<int32_t>(pending) : std::nullopt;
-  have_logits_ = n_logits != 0;
-  if (have_logits_) std::memcpy(logits_.data(), logits, size_t(n_logits) * sizeof(float));
-  rng_ = rng;
-  detok_.finish();  // text held back from before the restore belongs to the old conversation
+  pending_ = st.pending >= 0 ? std::optional<int32_t>(st.pending) : std::nullopt;
+  have_logits_ = st.n_logits != 0;
+  if (have_logits_) std::memcpy(logits_.data(), st.logits, size_t(st.n_logits) * sizeof(float));
+  rng_ = st.rng;
+  gen_->discard_held();  // text held back from before the restore belongs to the old conversation
 }
 
 }  // namespace tandem

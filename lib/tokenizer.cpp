@@ -93,61 +93,46 @@ struct Tokenizer::Impl {
 
   void encode_spm(std::string_view text, std::vector<int32_t>& out) const;
   void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
+
+  // Construction, in order (Tokenizer::Tokenizer).
+  struct Defaults {
+    int32_t bos = kNull, eos = kNull, unk = kNull;
+  };
+  void set_model_defaults(const std::string& pre_name, Defaults& d);
+  void load_tokens(TokenizerVocab& v, size_t n);
+  void set_special_ids(const TokenizerVocab& v, size_t n, const Defaults& d);
+  void find_eog(size_t n);
+  void build_tables();
+  void compute_hash();
   void encode_bpe_word(std::string_view word, std::vector<int32_t>& out) const;
 };
 
 // ---------------------------------------------------------------------------------------
 // construction
 
-Tokenizer::Tokenizer(TokenizerVocab v) {
-  auto impl = std::make_shared<Impl>();
-  Impl& m = *impl;
-
-  if (v.model == "llama") {
-    m.model = TokenizerModel::kSpm;
-  } else if (v.model == "gpt2") {
-    m.model = TokenizerModel::kBpe;
-  } else {
-    fail("unsupported tokenizer.ggml.model '" + v.model + "' (supported: llama, gpt2)");
-  }
-  const size_t n = v.tokens.size();
-  if (n == 0) fail("empty vocabulary (tokenizer.ggml.tokens)");
-  if (n > static_cast<size_t>(INT32_MAX)) fail("vocabulary too large");
-  if (!v.scores.empty() && v.scores.size() != n) {
-    fail("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries, expected " + std::to_string(n));
-  }
-  if (!v.token_types.empty() && v.token_types.size() != n) {
-    fail("tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) + " entries, expected " +
-         std::to_string(n));
-  }
-
-  m.model_name = v.model;
-  m.pre_name = v.pre;
-  m.chat_template = std::move(v.chat_template);
-
+void Tokenizer::Impl::set_model_defaults(const std::string& p, Defaults& d) {
+  Impl& m = *this;
   // defaults by model (llama.cpp llama_vocab::impl::load)
-  int32_t def_bos = kNull, def_eos = kNull, def_unk = kNull;
   if (m.model == TokenizerModel::kSpm) {
     m.pre = PreTokenizer::kNone;
-    def_bos = 1;
-    def_eos = 2;
-    def_unk = 0;
+    d.bos = 1;
+    d.eos = 2;
+    d.unk = 0;
     m.add_space_prefix = true;
     m.clean_spaces = false;
     m.add_bos = true;
     m.add_eos = false;
   } else {
-    def_bos = 11;
-    def_eos = 11;
+    d.bos = 11;
+    d.eos = 11;
     m.add_space_prefix = false;
-    const std::string& p = v.pre;
     auto is = [&p](std::initializer_list<std::string_view> names) {
       return std::find(names.begin(), names.end(), p) != names.end();
     };
-    auto use = [&](PreTokenizer pre, detail::SplitKind split, bool clean_spaces) {
-      m.pre = pre;
-      m.split = split;
-      m.clean_spaces = clean_spaces;
+    auto use = [&](PreTokenizer pt, detail::SplitKind sk, bool clean) {
+      m.pre = pt;
+      m.split = sk;
+      m.clean_spaces = clean;
     };
     // llama.cpp llama_vocab::impl::load: pre-tokenizer, clean_spaces, ignore_merges, add_bos
     if (p.empty() || p == "default") {
@@ -183,11 +168,10 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
            "pre-tokenizers and their aliases; see PreTokenizer in tokenizer.hpp)");
     }
   }
-  if (v.add_space_prefix) m.add_space_prefix = *v.add_space_prefix;
-  if (v.add_bos) m.add_bos = *v.add_bos;
-  if (v.add_eos) m.add_eos = *v.add_eos;
+}
 
-  // tokens
+void Tokenizer::Impl::load_tokens(TokenizerVocab& v, size_t n) {
+  Impl& m = *this;
   m.texts = std::move(v.tokens);
   for (size_t i = 0; i < n; ++i) {
     if (m.texts[i].empty()) m.texts[i] = "[EMPTY_" + std::to_string(i) + "]";
@@ -218,8 +202,10 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
       m.ranks.emplace(MergeKey{line.substr(0, pos), line.substr(pos + 1)}, static_cast<int32_t>(i));
     }
   }
+}
 
-  // special ids
+void Tokenizer::Impl::set_special_ids(const TokenizerVocab& v, size_t n, const Defaults& d) {
+  Impl& m = *this;
   auto special = [&](const std::optional<int64_t>& given, int32_t def, const char* key) -> int32_t {
     if (given && *given >= 0) {
       if (static_cast<uint64_t>(*given) >= n) {
@@ -230,15 +216,20 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     }
     return (def >= 0 && static_cast<size_t>(def) < n) ? def : kNull;
   };
-  m.bos = special(v.bos_id, def_bos, "tokenizer.ggml.bos_token_id");
-  m.eos = special(v.eos_id, def_eos, "tokenizer.ggml.eos_token_id");
-  m.unk = special(v.unk_id, def_unk, "tokenizer.ggml.unknown_token_id");
+  m.bos = special(v.bos_id, d.bos, "tokenizer.ggml.bos_token_id");
+  m.eos = special(v.eos_id, d.eos, "tokenizer.ggml.eos_token_id");
+  m.unk = special(v.unk_id, d.unk, "tokenizer.ggml.unknown_token_id");
   m.pad = special(v.pad_id, kNull, "tokenizer.ggml.padding_token_id");
   m.eot = special(v.eot_id, kNull, "tokenizer.ggml.eot_token_id");
   m.eom = special(v.eom_id, kNull, "tokenizer.ggml.eom_token_id");
   if (m.add_bos && m.bos == kNull) fail("add_bos_token is set but there is no BOS token");
   if (m.add_eos && m.eos == kNull) fail("add_eos_token is set but there is no EOS token");
+}
 
+// End-of-generation ids and the special-token names that imply them (llama.cpp
+// llama_vocab::impl::load).
+void Tokenizer::Impl::find_eog(size_t n) {
+  Impl& m = *this;
   auto force_control = [&](int32_t id) {
     if (m.types[id] != TokenType::kControl) m.types[id] = TokenType::kControl;
   };
@@ -261,7 +252,7 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     m.eom = first_of({"<|eom_id|>"});
     if (m.eom != kNull) force_control(m.eom);
   }
-  std::vector<int32_t> eog;
+  std::vector<int32_t> ids;
   {
     const int32_t fim_pad = first_of({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"});
     const int32_t fim_rep = first_of({"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
@@ -269,7 +260,7 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     for (int32_t id : {fim_pad, fim_rep, fim_sep}) {
       if (id != kNull) {
         force_control(id);
-        eog.push_back(id);
+        ids.push_back(id);
       }
     }
     for (std::string_view s :
@@ -277,25 +268,29 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
           "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}) {
       const int32_t id = m.find(s);
       if (id != kNull) {
-        eog.push_back(id);
+        ids.push_back(id);
         force_control(id);
       }
     }
     for (int32_t id : {m.eos, m.eot, m.eom})
-      if (id != kNull) eog.push_back(id);
-    std::sort(eog.begin(), eog.end());
-    eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+      if (id != kNull) ids.push_back(id);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     // o200k_harmony: "<|end|>" is not end-of-generation when "<|return|>" and "<|call|>" are
     const int32_t ret = m.find("<|return|>"), call = m.find("<|call|>"), end = m.find("<|end|>");
     if (ret != kNull && call != kNull && end != kNull) {
-      eog.erase(std::remove(eog.begin(), eog.end(), end), eog.end());
+      ids.erase(std::remove(ids.begin(), ids.end(), end), ids.end());
       m.types[end] = TokenType::kUserDefined;
     }
   }
-  m.eog = std::move(eog);
+  m.eog = std::move(ids);
   m.eog_flag.assign(n, 0);
   for (int32_t id : m.eog) m.eog_flag[id] = 1;
+}
 
+void Tokenizer::Impl::build_tables() {
+  Impl& m = *this;
+  const size_t n = texts.size();
   // special tokens for partitioning: longest text first (ties: lower id first)
   for (size_t i = 0; i < n; ++i) {
     const TokenType t = m.types[i];
@@ -372,8 +367,11 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
       }
     }
   }
+}
 
-  // identity hash
+void Tokenizer::Impl::compute_hash() {
+  Impl& m = *this;
+  const size_t n = texts.size();
   {
     XXH3_state_t* st = XXH3_createState();
     XXH3_64bits_reset(st);
@@ -398,7 +396,46 @@ Tokenizer::Tokenizer(TokenizerVocab v) {
     m.hash = XXH3_64bits_digest(st);
     XXH3_freeState(st);
   }
+}
 
+Tokenizer::Tokenizer(TokenizerVocab v) {
+  auto impl = std::make_shared<Impl>();
+  Impl& m = *impl;
+
+  if (v.model == "llama") {
+    m.model = TokenizerModel::kSpm;
+  } else if (v.model == "gpt2") {
+    m.model = TokenizerModel::kBpe;
+  } else {
+    fail("unsupported tokenizer.ggml.model '" + v.model + "' (supported: llama, gpt2)");
+  }
+  const size_t n = v.tokens.size();
+  if (n == 0) fail("empty vocabulary (tokenizer.ggml.tokens)");
+  if (n > static_cast<size_t>(INT32_MAX)) fail("vocabulary too large");
+  if (!v.scores.empty() && v.scores.size() != n) {
+    fail("tokenizer.ggml.scores has " + std::to_string(v.scores.size()) + " entries, expected " + std::to_string(n));
+  }
+  if (!v.token_types.empty() && v.token_types.size() != n) {
+    fail("tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) + " entries, expected " +
+         std::to_string(n));
+  }
+
+  m.model_name = v.model;
+  m.pre_name = v.pre;
+  m.chat_template = std::move(v.chat_template);
+
+  // defaults by model (llama.cpp llama_vocab::impl::load)
+  Impl::Defaults defs;
+  m.set_model_defaults(v.pre, defs);
+  if (v.add_space_prefix) m.add_space_prefix = *v.add_space_prefix;
+  if (v.add_bos) m.add_bos = *v.add_bos;
+  if (v.add_eos) m.add_eos = *v.add_eos;
+
+  m.load_tokens(v, n);
+  m.set_special_ids(v, n, defs);
+  m.find_eog(n);
+  m.build_tables();
+  m.compute_hash();
   impl_ = std::move(impl);
 }
 

@@ -105,7 +105,12 @@ TEST_CASE("a full disk while the File tier grows refuses that sequence with kIo;
     {
       KvSequence newcomer(*store, 256);
       test::FileSizeLimit full(0);
-      CHECK_THROWS_MATCHES(last_logits(ex, newcomer, ids), Error,
+      // The placement policy (as a Session runs it) swaps the victim out to make room.
+      auto placed = [&] {
+        KvPlacement(*store).prepare_step(newcomer, ex.kv_tier(), int32_t(ids.size()));
+        return last_logits(ex, newcomer, ids);
+      };
+      CHECK_THROWS_MATCHES(placed(), Error,
                            Catch::Predicate<Error>([](const Error& e) { return e.code() == ErrorCode::kIo; }));
       CHECK(newcomer.n_tokens() == 0);
       CHECK(victim.pages_outside(KvTier::kHost) == 0);  // not half-moved

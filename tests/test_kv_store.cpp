@@ -35,6 +35,13 @@ std::vector<float> reference_logits(Executor& ex, const std::vector<int32_t>& id
   return l;
 }
 
+/// One sequence's step the way a Session runs it: the placement policy first (bring it
+/// into the executor's tier, make room by swapping LRU sequences to File), then the step.
+void placed_step(Executor& ex, const SequenceStep& st, std::span<float> logits) {
+  KvPlacement(st.kv->store()).prepare_step(*st.kv, ex.kv_tier(), st.pos0 + int32_t(st.tokens.size()));
+  ex.step(std::span<const SequenceStep>(&st, 1), logits);
+}
+
 }  // namespace
 
 TEST_CASE("KV store accounting is exact per tier", "[kv]") {
@@ -236,6 +243,10 @@ TEST_CASE("a File-only session computes on the memory-mapped pages", "[kv][parit
   CHECK(test::greedy(on_file, 10) == test::greedy(on_host, 10));
 }
 
+// Issue 12 item 3: one owner for where pages live. Fails on the main before this change:
+// Executor::step evicted the least recently used sequence itself (and moved the stepped
+// one) for any caller; now it only computes where the pages are, and the placement policy
+// that the scheduler and Session use decides.
 TEST_CASE("LRU eviction moves the least recently used inactive sequence to File", "[kv]") {
   auto model = aidreams();
   CpuQ4Executor ex(model, CpuExecutorOptions{1});
@@ -251,9 +262,32 @@ TEST_CASE("LRU eviction moves the least recently used inactive sequence to File"
     }
     CHECK(store->usage(KvTier::kHost).free() == 0);
     seqs[0]->touch();  // seq 1 is now the least recently used
+
+    // The executor alone moves nothing: a new Host sequence finds the tier full.
+    seqs.push_back(std::make_unique<KvSequence>(*store, 64));
+    SequenceStep full{seqs.back().get(), ids, 0, LogitsRows::kLast};
+    try {
+      ex.step(std::span<const SequenceStep>(&full, 1), logits);
+      FAIL("the step found room in a full Host tier");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kOutOfMemory);
+    }
+    CHECK(seqs[0]->pages_outside(KvTier::kHost) == 0);
+    CHECK(seqs[1]->pages_outside(KvTier::kHost) == 0);
+    CHECK(seqs[2]->n_tokens() == 0);
+    CHECK(store->usage(KvTier::kFile).used == 0);
+    seqs.pop_back();
+    // A sequence on File is computed where it is (the CPU reads mapped pages), not moved.
     seqs.push_back(std::make_unique<KvSequence>(*store, 64, KvTier::kFile));
-    SequenceStep st{seqs.back().get(), ids, 0, LogitsRows::kLast};
-    ex.step(std::span<const SequenceStep>(&st, 1), logits);  // on File, brought to Host
+    SequenceStep on_file{seqs.back().get(), ids, 0, LogitsRows::kLast};
+    ex.step(std::span<const SequenceStep>(&on_file, 1), logits);
+    CHECK(seqs[2]->pages_outside(KvTier::kFile) == 0);
+    CHECK(seqs[1]->pages_outside(KvTier::kHost) == 0);
+
+    // The placement policy brings it to Host, swapping the least recently used out.
+    const int32_t next = ids[1];
+    SequenceStep st{seqs[2].get(), std::span<const int32_t>(&next, 1), 20, LogitsRows::kLast};
+    placed_step(ex, st, logits);
     CHECK(seqs[2]->pages_outside(KvTier::kHost) == 0);
     CHECK(seqs[1]->pages_outside(KvTier::kFile) == 0);  // evicted
     CHECK(seqs[0]->pages_outside(KvTier::kHost) == 0);  // recently used: stays
@@ -282,7 +316,7 @@ TEST_CASE("stress: many sequences swapped to File and touched in random order", 
     for (int32_t j = 0; j < len; ++j) t.push_back(int32_t(rng() % uint32_t(n_vocab)));
     seqs.push_back(std::make_unique<KvSequence>(*store, 32));
     SequenceStep st{seqs.back().get(), t, 0, LogitsRows::kNone};
-    ex.step(std::span<const SequenceStep>(&st, 1), {});
+    placed_step(ex, st, {});
     if (i % 2 == 0) seqs.back()->move_to(KvTier::kFile);
   }
   CHECK(store->usage(KvTier::kFile).used > 0);
@@ -294,7 +328,7 @@ TEST_CASE("stress: many sequences swapped to File and touched in random order", 
     if (int32_t(t.size()) >= 32) continue;
     const int32_t next = int32_t(rng() % uint32_t(n_vocab));
     SequenceStep st{seqs[i].get(), std::span<const int32_t>(&next, 1), int32_t(t.size()), LogitsRows::kLast};
-    ex.step(std::span<const SequenceStep>(&st, 1), logits);
+    placed_step(ex, st, logits);
     t.push_back(next);
     if (logits != reference_logits(ex, t)) ++mismatches;
   }

@@ -854,3 +854,73 @@ TEST_CASE("max_tokens far beyond the context is clamped: kLength at the context 
   CHECK(res.tokens == solo(prompt, kCtx - 200 + 1));
   rig.check_released();
 }
+
+// Issue 12 item 6: one generation loop. Session::generate and a scheduler request run the
+// same per-token logic (lib/generation.hpp): for each case the tokens, the text, the
+// streamed pieces and the finish reason agree — stop strings (held back, then cut), an
+// end-of-generation token, the context limit, a seeded sampler.
+TEST_CASE("a request and a Session agree on tokens, text, streamed pieces and finish", "[scheduler][parity]") {
+  struct Case {
+    const char* name;
+    std::string prompt;
+    int32_t max_tokens;
+    std::vector<std::string> stop;
+    bool ignore_eos;
+    float temperature;
+  };
+  const std::string long_prompt = [] {
+    std::string p;
+    while (tiny()->tokenizer().tokenize(p, true, false).size() < size_t(kCtx - 12)) p += " Once upon a time,";
+    return p;
+  }();
+  const Case c = GENERATE_COPY(values<Case>({
+      {"stop string", "Once upon a time", 64, {"flower", "xyz"}, true, 0.0f},
+      {"two stops, one a prefix of text", "Lily", 48, {"the", "he said"}, true, 0.0f},
+      {"end of generation", "Once upon a time", 400, {}, false, 0.0f},
+      {"context limit", long_prompt, 1000, {}, true, 0.0f},
+      {"seeded sampling", "Tom had a dog", 40, {"."}, true, 0.8f},
+  }));
+  INFO(c.name);
+  SamplingParams sp = c.temperature > 0 ? SamplingParams{} : SamplingParams::greedy();
+  if (c.temperature > 0) {
+    sp.temperature = c.temperature;
+    sp.seed = 1234;
+  }
+
+  CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session s(tiny(), ex, so);
+  GenerateOptions go;
+  go.sampling = sp;
+  go.max_tokens = c.max_tokens;
+  go.stop = c.stop;
+  go.ignore_eos = c.ignore_eos;
+  std::string session_streamed;
+  go.on_text = [&](std::string_view t, int32_t) {
+    session_streamed += t;
+    return true;
+  };
+  const GenerateResult want = s.generate(c.prompt, go);
+
+  Rig::Opt o;
+  o.n_exec = 1;
+  Rig rig(o);
+  Request r;
+  r.prompt_text = c.prompt;
+  r.max_tokens = c.max_tokens;
+  r.stop = c.stop;
+  r.ignore_eos = c.ignore_eos;
+  r.sampling = sp;
+  std::string streamed;
+  r.on_event = [&](const RequestEvent& e) {
+    streamed += e.text;
+    return true;
+  };
+  const RequestResult got = rig.sched->submit(std::move(r)).wait();
+  CHECK(got.tokens == want.tokens);
+  CHECK(got.text == want.text);
+  CHECK(streamed == session_streamed);
+  CHECK(request_finish_name(got.finish) == finish_reason_name(want.finish));
+  rig.check_released();
+}

@@ -190,3 +190,56 @@ TEST_CASE("concurrent saves of one path leave one complete, loadable file", "[se
   r.restore(path);
   CHECK(r.tokens().size() >= 5);
 }
+
+// Issue 12 item 6: one serialisation of KvDescriptor. The session file's body starts with
+// the descriptor's byte form from kv_contract (format version 1 unchanged: files saved
+// before this change stay readable), and that form round-trips every field.
+TEST_CASE("a session file stores the KV descriptor in the contract's one byte form", "[session][kv]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  const auto dir = test::scratch_dir("descriptor");
+  Session s(model, ex);
+  GenerateOptions go;
+  go.max_tokens = 5;
+  go.sampling = SamplingParams::greedy();
+  s.generate("Once upon a time", go);
+  s.save(dir / "s.session");
+
+  KvHandoff h = kv_export(s.kv(), *model, s.tokens());
+  h.lease->begin_read();
+  h.lease->confirm();
+  std::vector<std::byte> bytes;
+  kv_descriptor_append(h.descriptor, bytes);
+  CHECK(bytes.size() == kTokenCountAt - kHeader + 8 + 4 * s.tokens().size() + 8 + 8 * size_t(h.descriptor.n_pages()));
+
+  const auto file = read_all(dir / "s.session");
+  REQUIRE(file.size() > kHeader + bytes.size());
+  CHECK(std::memcmp(file.data() + kHeader, bytes.data(), bytes.size()) == 0);
+
+  KvDescriptor back;
+  CHECK(kv_descriptor_parse(bytes, back) == bytes.size());
+  const KvDescriptor& d = h.descriptor;
+  CHECK(back.model_identity == d.model_identity);
+  CHECK(back.tokenizer_identity == d.tokenizer_identity);
+  CHECK((back.n_layer == d.n_layer && back.n_head_kv == d.n_head_kv && back.head_dim == d.head_dim));
+  CHECK((back.row_bytes == d.row_bytes && back.rope_type == d.rope_type && back.n_rot == d.n_rot));
+  CHECK((back.rope_freq_base == d.rope_freq_base && back.rope_freq_scale == d.rope_freq_scale));
+  CHECK((back.n_ctx == d.n_ctx && back.dtype == d.dtype && back.page_size == d.page_size));
+  CHECK((back.layer_begin == d.layer_begin && back.layer_end == d.layer_end));
+  CHECK((back.token_begin == d.token_begin && back.token_end == d.token_end && back.sequence_id == d.sequence_id));
+  CHECK(back.tokens == d.tokens);
+  CHECK(back.page_checksums == d.page_checksums);
+  CHECK_NOTHROW(kv_check_invariants(back, *model));
+
+  // A cut anywhere is refused with the field named, never read past the end.
+  for (size_t n : {size_t(0), size_t(3), size_t(30), bytes.size() - 1}) {
+    KvDescriptor cut;
+    try {
+      kv_descriptor_parse(std::span<const std::byte>(bytes.data(), n), cut);
+      FAIL("a descriptor cut to " << n << " bytes was accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kInvalidArgument);
+      CHECK(std::string(e.what()).find("KV descriptor") != std::string::npos);
+    }
+  }
+}

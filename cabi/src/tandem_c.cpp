@@ -511,65 +511,9 @@ const char* tandem_last_error(void) {
 }
 
 const char* tandem_status_name(tandem_status status) {
+  // 0..99 are tandem::ErrorCode's numbers: its table (lib/error.cpp) is the one name table;
+  // only the codes of the C boundary itself are named here.
   switch (status) {
-    case TANDEM_OK:
-      return "OK";
-    case TANDEM_E_INVALID_ARG:
-      return "INVALID_ARG";
-    case TANDEM_E_IO:
-      return "IO";
-    case TANDEM_E_OUT_OF_MEMORY:
-      return "OUT_OF_MEMORY";
-    case TANDEM_E_GGUF_BAD_MAGIC:
-      return "GGUF_BAD_MAGIC";
-    case TANDEM_E_GGUF_BAD_VERSION:
-      return "GGUF_BAD_VERSION";
-    case TANDEM_E_GGUF_TRUNCATED:
-      return "GGUF_TRUNCATED";
-    case TANDEM_E_GGUF_BAD_LENGTH:
-      return "GGUF_BAD_LENGTH";
-    case TANDEM_E_GGUF_BAD_ALIGNMENT:
-      return "GGUF_BAD_ALIGNMENT";
-    case TANDEM_E_GGUF_DUPLICATE_KEY:
-      return "GGUF_DUPLICATE_KEY";
-    case TANDEM_E_GGUF_DUPLICATE_TENSOR:
-      return "GGUF_DUPLICATE_TENSOR";
-    case TANDEM_E_GGUF_BAD_TYPE:
-      return "GGUF_BAD_TYPE";
-    case TANDEM_E_GGUF_BAD_TENSOR:
-      return "GGUF_BAD_TENSOR";
-    case TANDEM_E_TENSOR_NON_FINITE:
-      return "TENSOR_NON_FINITE";
-    case TANDEM_E_MODEL_UNSUPPORTED_ARCH:
-      return "MODEL_UNSUPPORTED_ARCH";
-    case TANDEM_E_MODEL_MISSING_TENSOR:
-      return "MODEL_MISSING_TENSOR";
-    case TANDEM_E_MODEL_BAD_HPARAMS:
-      return "MODEL_BAD_HPARAMS";
-    case TANDEM_E_MODEL_BAD_TENSOR_SHAPE:
-      return "MODEL_BAD_TENSOR_SHAPE";
-    case TANDEM_E_TOKENIZER:
-      return "TOKENIZER";
-    case TANDEM_E_CONTEXT_OVERFLOW:
-      return "CONTEXT_OVERFLOW";
-    case TANDEM_E_BAD_POSITION:
-      return "BAD_POSITION";
-    case TANDEM_E_KV_MISMATCH:
-      return "KV_MISMATCH";
-    case TANDEM_E_KV_CHECKSUM:
-      return "KV_CHECKSUM";
-    case TANDEM_E_KV_LEASE_EXPIRED:
-      return "KV_LEASE_EXPIRED";
-    case TANDEM_E_KV_TOKEN_RANGE:
-      return "KV_TOKEN_RANGE";
-    case TANDEM_E_SESSION_CORRUPT:
-      return "SESSION_CORRUPT";
-    case TANDEM_E_SESSION_MODEL_MISMATCH:
-      return "SESSION_MODEL_MISMATCH";
-    case TANDEM_E_SESSION_VERSION:
-      return "SESSION_VERSION";
-    case TANDEM_E_INTERNAL:
-      return "INTERNAL";
     case TANDEM_E_INVALID_HANDLE:
       return "INVALID_HANDLE";
     case TANDEM_E_BUSY:
@@ -581,9 +525,7 @@ const char* tandem_status_name(tandem_status status) {
     default:
       break;
   }
-  // Codes the C++ library has that this header does not name yet (it passes them
-  // through): tandem::error_code_name gives their stable names (string literals).
-  if (status > 0 && status < 100) return error_code_name(static_cast<ErrorCode>(status)).data();
+  if (status >= 0 && status < 100) return error_code_name(static_cast<ErrorCode>(status)).data();  // literals
   return "UNKNOWN";
 }
 
@@ -764,7 +706,7 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
       }
     }
     const HParams& hp = m->model->hparams();
-    const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : std::min(hp.n_ctx_train, 4096);
+    const int64_t n_ctx = p.n_ctx > 0 ? p.n_ctx : default_context_size(hp);
     if (n_ctx > int64_t(std::numeric_limits<int32_t>::max()) - p.page_size) {
       fail(TANDEM_E_INVALID_ARG,
            fmt::format("{}: n_ctx {} with page_size {} overflows the page count", fn, p.n_ctx, p.page_size));
@@ -1087,7 +1029,7 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
     }
     for (size_t i = 0; i < ex.size(); ++i) check_executor_params(ex[i], i, fn);
     const HParams& hp = m->model->hparams();
-    const int64_t n_ctx = p.max_context > 0 ? p.max_context : std::min(hp.n_ctx_train, 4096);
+    const int64_t n_ctx = p.max_context > 0 ? p.max_context : default_context_size(hp);
     // The scheduler reserves the pages of prompt + max_tokens plus one (copy-on-write of a
     // shared last page) per sequence.
     const int64_t pages_per_seq = (n_ctx + p.page_size - 1) / p.page_size + 1;

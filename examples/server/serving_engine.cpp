@@ -41,8 +41,7 @@ class RecordingPolicy final : public RoutingPolicy {
 ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::string_view)> log)
     : model_(Model::load(o.model_path)), template_(ChatTemplate::for_model(*model_)) {
   if (o.parallel < 1) throw Error(ErrorCode::kInvalidArgument, "--parallel must be >= 1");
-  const int32_t train = model_->hparams().n_ctx_train;
-  n_ctx_ = o.n_ctx > 0 ? o.n_ctx : std::min(train > 0 ? train : 4096, 4096);
+  n_ctx_ = o.n_ctx > 0 ? o.n_ctx : default_context_size(model_->hparams());
   SchedulerOptions so;
   so.max_queued = o.max_queued;
   so.max_context = n_ctx_;

@@ -7,15 +7,17 @@
 // each sequence asks for, in batch order, as a row-major float32 [n_rows, n_vocab] array.
 //
 // Template method (as faiss's GpuIndex::search -> searchImpl_): step() validates the
-// whole batch, brings every sequence's KV pages into the executor's tier (kv_tier():
-// Host for the CPU, Device for the GPU; a swapped-out sequence is brought back, evicting
-// least-recently-used inactive sequences to File when the tier is full), pins the
-// sequences against eviction (a counted pin: a caller's own pin stays), reserves the
-// pages the new positions need, then calls step_impl(), which may assume valid, resident
-// inputs. On an error thrown by step() nothing has been computed and no sequence's
-// n_tokens changed. The placement is for standalone callers (tests, tools): a caller that
-// owns placement — the Scheduler and Session — makes every page resident and reserves the
-// new positions' pages before the step, so step() then neither evicts nor moves a page.
+// whole batch, pins the sequences against eviction (a counted pin: a caller's own pin
+// stays), allocates the pages the new positions need in each sequence's tier, then calls
+// step_impl(), which may assume valid inputs. On an error thrown by step() nothing has
+// been computed and no sequence's n_tokens changed.
+//
+// Placement is not the executor's: step() never evicts or moves a page. The caller's
+// KvPlacement (include/tandem/kv_store.hpp) — the Scheduler's loops and Session use it —
+// brings a sequence into the executor's tier (kv_tier(): Host for the CPU, Device for the
+// GPU) and frees the pages it will write before the step. A direct caller that skips it
+// gets kInvalidArgument for a page in a tier the executor cannot read, and
+// kOutOfMemory when the sequence's tier has no free page.
 //
 // Thread-safety: an executor runs one step at a time (the caller serialises; the
 // scheduler gives each executor one step loop). Different executors run concurrently.
@@ -52,6 +54,11 @@ int32_t default_context_size(const HParams& hp) noexcept;
 /// is refused before anything is allocated.
 inline constexpr int32_t kMaxContextSize = 1 << 24;
 
+/// The context size for a request of `requested` positions (0 = default_context_size).
+/// Throws Error(kInvalidArgument) "<who>: <what> N must be in [0, kMaxContextSize]" for a
+/// size outside that range, before anything is allocated.
+int32_t resolve_context_size(int64_t requested, const HParams& hp, std::string_view who, std::string_view what);
+
 class Executor {
  public:
   explicit Executor(std::shared_ptr<const Model> model) : model_(std::move(model)) {}
@@ -75,13 +82,14 @@ class Executor {
   /// Run one step; `logits` must hold logits_rows(batch) * n_vocab floats.
   /// Errors (nothing computed, no sequence changed): kInvalidArgument (null kv, empty
   /// tokens, token id outside the vocabulary, the same sequence twice, logits too small,
-  /// a KV layout or dtype that does not fit the model or executor), kBadPosition (pos0 != kv->n_tokens(), or
-  /// pos0 outside [0, max_tokens)), kContextOverflow (pos0 + n > max_tokens),
-  /// kOutOfMemory (no free KV page).
+  /// a KV layout or dtype that does not fit the model or executor, a KV page in a tier
+  /// this executor cannot read), kBadPosition (pos0 != kv->n_tokens(), or pos0 outside
+  /// [0, max_tokens)), kContextOverflow (pos0 + n > max_tokens), kOutOfMemory (no free KV page in the
+  /// sequence's tier: nothing is evicted here, see KvPlacement).
   void step(std::span<const SequenceStep> batch, std::span<float> logits);
 
  protected:
-  /// Compute the step. Inputs are valid and every KV page needed is reserved; must set
+  /// Compute the step. Inputs are valid and every KV page needed is allocated; must set
   /// each sequence's n_tokens to pos0 + n when done.
   virtual void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) = 0;
 

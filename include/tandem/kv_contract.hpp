@@ -129,6 +129,20 @@ std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Mo
 /// The invariant checks of kv_import on a descriptor alone (used by session restore).
 void kv_check_invariants(const KvDescriptor& d, const Model& model);
 
+/// The one byte form of a descriptor (session files store it; a wire format would too),
+/// little-endian, fields in declaration order: u32 contract_version, u64 model_identity,
+/// u64 tokenizer_identity, i32 n_layer, n_head_kv, head_dim, u64 row_bytes, u32 rope_type,
+/// f32 rope_freq_base, rope_freq_scale, i32 n_rot, n_ctx, u32 dtype, i32 page_size,
+/// layer_begin, layer_end, token_begin, token_end, u64 sequence_id, u64 n_tokens,
+/// i32 tokens[n_tokens], u64 n_pages, u64 page_checksums[n_pages]. Appended to `out`.
+void kv_descriptor_append(const KvDescriptor& d, std::vector<std::byte>& out);
+
+/// Parse the byte form from the front of `bytes` into `d`; returns the bytes consumed.
+/// Counts are checked against the bytes left before anything is allocated. Throws
+/// Error(kInvalidArgument) naming the field and offset when `bytes` ends too early. The
+/// values are not checked (kv_check_invariants does that against a model).
+size_t kv_descriptor_parse(std::span<const std::byte> bytes, KvDescriptor& d);
+
 /// Copy pages described by `d` from `page_payload(i)` (payload bytes of page i, already
 /// checksum-verified by the caller or not: this verifies them) into a new sequence of
 /// `dst`. The building block of kv_import and session restore.

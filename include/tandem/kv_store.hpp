@@ -1,6 +1,6 @@
 // KvStore: the paged KV cache, in tiers (Device / Host / File), with reference-counted
 // pages, per-sequence block tables, exact capacity accounting, moves between tiers and
-// LRU eviction of inactive sequences.
+// LRU eviction of inactive sequences (the policy that decides when: KvPlacement, below).
 //
 // Pages. A page holds `page_size` consecutive token positions of K and V for the layers
 // [layer_begin, layer_begin + n_layer). Inside a page (elements of `dtype`), for layer l
@@ -38,9 +38,11 @@
 #include <span>
 #include <vector>
 
-#include "tandem/model.hpp"
+#include "tandem/error.hpp"
 
 namespace tandem {
+
+struct HParams;  // tandem/model.hpp; only KvLayout::for_model reads it (defined in kv_contract.cpp)
 
 enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0 };
 enum class KvTier : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
@@ -175,6 +177,7 @@ class KvStore {
 
  private:
   friend class KvSequence;
+  friend class KvPlacement;
   struct Tier;
   struct Entry {
     std::atomic<std::byte*> data{nullptr};  // host address (Host/File) or null (Device)
@@ -224,9 +227,6 @@ class KvSequence {
   /// page about to be written (copy-on-write). Throws Error(kContextOverflow) when
   /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing changed then).
   void reserve(int32_t n);
-  /// Make sure reserve(n) will find free pages in tier(): when the tier is too full,
-  /// evict least-recently-used inactive sequences to File (if the store has one).
-  void make_room(int32_t n);
   /// Mark positions [0, n) as filled (n within reserved capacity). Called by executors.
   void set_n_tokens(int32_t n) noexcept { n_tokens_ = n; }
   /// Forget positions >= n and release pages no longer needed.
@@ -237,15 +237,12 @@ class KvSequence {
   void share_prefix(const KvSequence& other, int32_t n_tokens);
 
   /// Move every page to `tier` (swap out / bring back). Throws Error(kOutOfMemory) when
-  /// `tier` has no room even after nothing could be evicted; nothing moved then.
+  /// `tier` has no room; nothing moved then. Evicts nothing (KvPlacement decides that).
   KvMoveStats move_to(KvTier tier);
   /// As move_to, but only the pages this sequence holds alone move (shared pages stay for
   /// their other holders, as evict_lru does), so it is safe while other sequences that
   /// share pages with it are being computed on. Its unused reservation is returned.
   KvMoveStats move_exclusive_to(KvTier tier);
-  /// Bring the sequence into `tier`, evicting LRU inactive sequences from it to File when
-  /// it is full. Marks it used now.
-  KvMoveStats make_resident(KvTier tier);
   /// Note that another holder (a sequence or a hand-off lease) references some of these
   /// pages, so the next write into a shared page must copy it first.
   void mark_pages_shared() const noexcept { shares_pages_.store(true, std::memory_order_release); }
@@ -267,6 +264,7 @@ class KvSequence {
 
  private:
   friend class KvStore;
+  friend class KvPlacement;
   KvStore* store_;
   uint64_t id_;
   int32_t max_tokens_;
@@ -279,6 +277,37 @@ class KvSequence {
   /// Set once pages of this sequence may be shared (share_prefix either way): only then
   /// does reserve() look for a copy-on-write under the store's lock.
   mutable std::atomic<bool> shares_pages_{false};
+};
+
+/// Where pages live: the one placement policy. The scheduler's loops and a standalone
+/// Session use it before a step; executors never evict or move pages (Executor::step only
+/// allocates the positions it writes in the sequence's tier and refuses a page it cannot
+/// read). Rule: a sequence about to run is brought into the compute tier and the pages it
+/// writes are made free there; when the tier is short, the least recently used sequences
+/// of the store that are not pinned (other than the one about to run) move to the File
+/// tier, when the store has one. A small value (a pointer to the store): make one where
+/// needed. Thread-safety: as KvStore and KvSequence (one thread per sequence).
+class KvPlacement {
+ public:
+  explicit KvPlacement(KvStore& store) noexcept : store_(&store) {}
+
+  /// Pages `seq` must still obtain to hold `end` positions: those beyond the pages it
+  /// holds and its reservation, plus one when its partly written last page is shared
+  /// (copy-on-write before the write).
+  int32_t pages_to_grow(const KvSequence& seq, int64_t end) const;
+  /// Make `pages` pages free in `tier` by moving LRU unpinned sequences other than `keep`
+  /// to File. True when that many are free afterwards.
+  bool free_pages(KvTier tier, int32_t pages, const KvSequence* keep);
+  /// Bring every page of `seq` into `tier` (freeing room as above) and mark it used.
+  /// Throws Error(kOutOfMemory) when they do not fit; nothing moved then.
+  KvMoveStats make_resident(KvSequence& seq, KvTier tier);
+  /// Before a step that writes positions up to `end` on an executor computing in `tier`:
+  /// resident there (when the store has that tier) with the pages it writes free. A tier
+  /// still short after eviction is left to the step, which refuses it (kOutOfMemory).
+  void prepare_step(KvSequence& seq, KvTier tier, int32_t end);
+
+ private:
+  KvStore* store_;
 };
 
 /// Holds one pin on a sequence for its lifetime (RAII).

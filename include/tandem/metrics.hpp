@@ -6,11 +6,26 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tandem/kv_store.hpp"
 
 namespace tandem {
+
+/// How a scheduler request ended (one terminal event each).
+enum class RequestFinish : int32_t {
+  kStop = 0,        ///< an end-of-generation token
+  kStopString = 1,  ///< a stop string appeared (not included in the text)
+  kLength = 2,      ///< max_tokens generated or the context is full
+  kCancelled = 3,   ///< cancel() (or the callback asked to stop)
+  kTimeout = 4,     ///< the deadline passed
+  kOverloaded = 5,  ///< refused at submission: the queue is full
+  kError = 6,       ///< invalid request or an executor error (see error / message)
+};
+/// Number of RequestFinish values (they are 0 .. kRequestFinishCount - 1).
+inline constexpr int kRequestFinishCount = 7;
+std::string_view request_finish_name(RequestFinish f) noexcept;  ///< "stop", "timeout", ...
 
 /// Per request (filled as the request runs; final when it has finished).
 struct RequestMetrics {

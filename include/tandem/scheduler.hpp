@@ -61,16 +61,7 @@
 
 namespace tandem {
 
-enum class RequestFinish : int32_t {
-  kStop = 0,        ///< an end-of-generation token
-  kStopString = 1,  ///< a stop string appeared (not included in the text)
-  kLength = 2,      ///< max_tokens generated or the context is full
-  kCancelled = 3,   ///< cancel() (or the callback asked to stop)
-  kTimeout = 4,     ///< the deadline passed
-  kOverloaded = 5,  ///< refused at submission: the queue is full
-  kError = 6,       ///< invalid request or an executor error (see error / message)
-};
-std::string_view request_finish_name(RequestFinish f) noexcept;  ///< "stop", "timeout", ...
+// RequestFinish and request_finish_name() are in tandem/metrics.hpp.
 
 using Clock = std::chrono::steady_clock;
 

@@ -27,6 +27,8 @@
 
 namespace tandem {
 
+class Generation;
+
 struct SessionOptions {
   int32_t n_ctx = 0;      ///< positions; 0 = default_context_size(); at most kMaxContextSize
   int32_t n_batch = 512;  ///< prompt tokens per executor step (chunked prefill)
@@ -80,6 +82,9 @@ struct GenerateResult {
 
 class Session {
  public:
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
   /// Throws Error(kInvalidArgument) for n_ctx outside [0, kMaxContextSize], n_batch < 1 or
   /// page_size < 1 (before anything is allocated).
   Session(std::shared_ptr<const Model> model, Executor& executor, const SessionOptions& options = {});
@@ -173,7 +178,9 @@ class Session {
   std::vector<float> logits_;
   bool have_logits_ = false;
   std::mt19937_64 rng_;
-  StreamingDetokenizer detok_;  ///< generated text so far, incomplete UTF-8 held back
+  /// The per-token logic shared with the scheduler (lib/generation.hpp); holds back an
+  /// incomplete UTF-8 sequence between generate() calls.
+  std::unique_ptr<Generation> gen_;
 };
 
 }  // namespace tandem

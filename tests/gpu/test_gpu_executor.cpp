@@ -323,7 +323,7 @@ TEST_CASE("GPU Device KV tier: copies round-trip and pages move between tiers bi
   CHECK(test::page_checksums(s.kv(), *model, s.tokens()) == before);
   s.kv().move_to(KvTier::kDevice);
   CHECK(test::page_checksums(s.kv(), *model, s.tokens()) == before);
-  // A twin that went Device -> Host -> Device (brought back by step()) computes the next
+  // A twin that went Device -> Host -> Device (brought back by the session's KvPlacement) computes the next
   // token exactly as the one that never moved.
   Session t(model, gpu, so);
   t.eval(ids);
