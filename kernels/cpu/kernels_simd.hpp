@@ -985,6 +985,7 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     }
   }
   // out += w * V, one V tile at a time; per (row, element) the positions in order.
+  static constexpr auto pv_one = make_attn_pv(std::make_index_sequence<kPvRB * kPvHC>{});  // [0, kPvHC): 1 row
   for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
     const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
     load_tile(a.v_pages, t0, nc);
@@ -992,22 +993,14 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       const float* wr = sc + r * L.ld + t0;
       float* orow = o + r * hp;
       const int64_t n = n_valid(r, t0, nc);
-      int64_t d0 = 0;
-      for (; d0 + kPvHC * kW <= hd; d0 += kPvHC * kW) {
-        VF acc[kPvHC];
-        for (int h = 0; h < kPvHC; ++h) acc[h] = VF::load_unaligned(orow + d0 + h * kW);
-        for (int64_t c = 0; c < n; ++c) {
-          const VF w(wr[c]);
-          for (int h = 0; h < kPvHC; ++h) acc[h] = xsimd::fma(w, VF::load_unaligned(kv + c * hp + d0 + h * kW), acc[h]);
-        }
-        for (int h = 0; h < kPvHC; ++h) acc[h].store_unaligned(orow + d0 + h * kW);
+      // head_dim in chunks of up to kPvHC vectors (attn_pv with one row: its row stride is
+      // the tile's, hp; weights 1 apart), then the scalar tail as axpy_f16's.
+      const int64_t hdv = hd / kW * kW;
+      for (int64_t d0 = 0; d0 < hdv; d0 += kPvHC * kW) {
+        const int64_t hc = std::min<int64_t>(kPvHC, (hdv - d0) / kW);
+        pv_one[static_cast<size_t>(hc - 1)](orow, hp, wr, 1, kv, nullptr, 0, n, d0);
       }
-      for (; d0 + kW <= hd; d0 += kW) {
-        VF acc = VF::load_unaligned(orow + d0);
-        for (int64_t c = 0; c < n; ++c) acc = xsimd::fma(VF(wr[c]), VF::load_unaligned(kv + c * hp + d0), acc);
-        acc.store_unaligned(orow + d0);
-      }
-      for (int64_t d = d0; d < hd; ++d) {
+      for (int64_t d = hdv; d < hd; ++d) {
         float y = orow[d];
         for (int64_t c = 0; c < n; ++c) y += wr[c] * kv[c * hp + d];
         orow[d] = y;
