@@ -41,6 +41,17 @@ struct TokenRef {
   int32_t pos;
 };
 
+// One attention task: positions [first, first + n_pos) of sequence `seq` (indices into
+// its tokens), all query heads of KV head `kv_head`.
+struct AttnTask {
+  int32_t seq, kv_head, first, n_pos;
+};
+
+// Query rows per attention task (positions x heads of a group): enough to amortise the
+// per-tile K/V conversion, small enough for the task's scratch to stay in L2.
+constexpr int64_t kAttnTileRows = 64;
+constexpr int64_t kAttnScoreFloats = int64_t{1} << 20;
+
 }  // namespace
 
 struct CpuQ4Executor::Scratch {
@@ -49,10 +60,11 @@ struct CpuQ4Executor::Scratch {
   Buffer<uint16_t> xf16;
   Buffer<TokenRef> tokens;
   Buffer<int64_t> out_index;
-  Buffer<float> scores;       // [n_threads][max positions]
-  Buffer<uint16_t> scores16;  // [n_threads][max positions], f16 rounding of the probabilities
-  Buffer<uint16_t> q16;       // [n_threads][head_dim]
-  Buffer<float> acc;          // [n_threads][head_dim]
+  Buffer<float> fa_scratch;         // [n_threads][flash_attn_scratch_floats]
+  Buffer<AttnTask> attn_tasks;      // one per (sequence, KV head, query tile)
+  Buffer<const void*> kv_pages;     // per layer: K page pointers of every sequence, then V
+  Buffer<size_t> seq_pages;         // per sequence: its first entry in kv_pages
+  Buffer<int64_t> seq_first_token;  // per sequence: its first row in the batch
   PreparedInput prepared;
 };
 
@@ -141,11 +153,24 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
   const int n_threads = pool_->size();
 
-  int64_t T = 0;
-  int32_t max_pos = 0;  // attention scores are sized for the largest context, so they never regrow
+  const int64_t group = hp.n_head / hp.n_head_kv;
+  // Scratch is sized for the largest context of the batch, so decode steps never regrow it.
+  int64_t max_ctx = 1, max_kv_pages = 0;
   for (const auto& sq : batch) {
-    T += static_cast<int64_t>(sq.tokens.size());
-    max_pos = std::max(max_pos, sq.kv->max_tokens());
+    max_ctx = std::max<int64_t>(max_ctx, sq.kv->max_tokens());
+    const int32_t P = sq.kv->store().layout().page_size;
+    max_kv_pages += (sq.kv->max_tokens() + P - 1) / P;
+  }
+  // Positions per attention task: about kAttnTileRows query rows, fewer when a long context
+  // would make the task's scores (rows x context) pass kAttnScoreFloats.
+  const int64_t attn_pos_per_task =
+      std::max<int64_t>(1, std::min(kAttnTileRows / group, kAttnScoreFloats / (group * max_ctx)));
+  int64_t T = 0;
+  int64_t n_attn_tasks = 0;
+  for (const auto& sq : batch) {
+    const auto n = static_cast<int64_t>(sq.tokens.size());
+    T += n;
+    n_attn_tasks += (n + attn_pos_per_task - 1) / attn_pos_per_task * hp.n_head_kv;
   }
   TokenRef* toks = s.tokens.get(size_t(T));
   {
@@ -165,10 +190,26 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   float* gate = s.gate.get(size_t(T * hp.n_ff));
   float* up = s.up.get(size_t(T * hp.n_ff));
   float* rope = s.rope.get(size_t(T * hp.n_rot));  // [T][n_rot/2] cos then sin
-  float* scores = s.scores.get(size_t(n_threads) * size_t(max_pos));
-  uint16_t* scores16 = s.scores16.get(size_t(n_threads) * size_t(max_pos));
-  uint16_t* q16 = s.q16.get(size_t(n_threads * hd));
-  float* acc = s.acc.get(size_t(n_threads * hd));
+  const size_t fa_floats = k::attn_tiled_scratch_floats(hd, attn_pos_per_task * group, max_ctx);
+  float* fa_scratch = s.fa_scratch.get(size_t(n_threads) * fa_floats);
+  const void** kpages = s.kv_pages.get(size_t(2 * max_kv_pages));
+  const void** vpages = kpages + max_kv_pages;
+  size_t* seq_pages = s.seq_pages.get(batch.size());
+  int64_t* seq_first_token = s.seq_first_token.get(batch.size());
+  AttnTask* attn_tasks = s.attn_tasks.get(size_t(n_attn_tasks));
+  {
+    // The longest tasks (latest positions) first, so the pool's threads end together.
+    int64_t t = 0, first_token = 0;
+    for (size_t si = 0; si < batch.size(); ++si) {
+      seq_first_token[si] = first_token;
+      const auto n = static_cast<int64_t>(batch[si].tokens.size());
+      first_token += n;
+      for (int64_t i0 = (n - 1) / attn_pos_per_task * attn_pos_per_task; i0 >= 0; i0 -= attn_pos_per_task)
+        for (int32_t h = 0; h < hp.n_head_kv; ++h)
+          attn_tasks[t++] = AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
+                                     static_cast<int32_t>(std::min(attn_pos_per_task, n - i0))};
+    }
+  }
 
   // Token embeddings.
   {
@@ -209,7 +250,6 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   };
 
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t group = hp.n_head / hp.n_head_kv;
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];
@@ -257,69 +297,48 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
     });
 
-    // Causal GQA attention over the block table, one task per (token, head).
-    pool_->parallel_for(T * hp.n_head, 1, [&](int64_t b, int64_t e, int th) {
-      float* sc = scores + size_t(th) * size_t(max_pos);
-      uint16_t* sc16 = scores16 + size_t(th) * size_t(max_pos);
-      uint16_t* qh16 = q16 + th * hd;
-      float* out = acc + th * hd;
-      for (int64_t task = b; task < e; ++task) {
-        const int64_t t = task / hp.n_head;
-        const int64_t h = task % hp.n_head;
-        const int64_t hk = h / group;
-        const TokenRef& tr = toks[t];
-        const auto& table = tr.seq->kv->block_table();
-        const KvStore& store = tr.seq->kv->store();
+    // Causal GQA attention: tiled over the paged KV (kernels::attn_tiled), one task per
+    // (sequence, KV head, query tile); a task's query rows are all the heads of its KV head
+    // at kAttnTileRows / group consecutive positions, so each K/V row is read once per task.
+    {
+      size_t pg = 0;
+      for (size_t si = 0; si < batch.size(); ++si) {
+        const SequenceStep& sq = batch[si];
+        const KvStore& store = sq.kv->store();
         const KvLayout& layout = store.layout();
-        const int32_t P = layout.page_size;
-        const bool f16 = layout.dtype == KvDtype::kF16;
-        const float* qh = q + t * q_w + h * hd;
-        // As ggml: with an f16 cache q is rounded to f16 and the probabilities too.
-        if (f16) k::fp32_to_fp16_row(qh, qh16, hd);
-        const int32_t n_pos = tr.pos + 1;
-        const int64_t stride = static_cast<int64_t>(layout.row_elems());
-        // Scores, one KV page (up to P consecutive positions) per kernel call.
-        for (int32_t p0 = 0; p0 < n_pos; p0 += P) {
-          const int32_t rows = std::min(P, n_pos - p0);
-          const std::byte* kbase = store.page_data(table[size_t(p0 / P)]) + layout.row_offset(il, 0, 0);
-          if (f16) {
-            k::vec_dot_f16_rows(reinterpret_cast<const uint16_t*>(kbase) + hk * hd, stride, rows, qh16, hd, sc + p0);
-          } else {
-            for (int32_t r = 0; r < rows; ++r) {
-              sc[p0 + r] = k::vec_dot_f32(reinterpret_cast<const float*>(kbase) + r * stride + hk * hd, qh, hd);
-            }
-          }
+        const int32_t n_pages =
+            (sq.pos0 + static_cast<int32_t>(sq.tokens.size()) + layout.page_size - 1) / layout.page_size;
+        seq_pages[si] = pg;
+        for (int32_t j = 0; j < n_pages; ++j, ++pg) {
+          std::byte* page = store.page_data(sq.kv->block_table()[size_t(j)]);
+          kpages[pg] = page + layout.row_offset(il, 0, 0);
+          vpages[pg] = page + layout.row_offset(il, 1, 0);
         }
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int32_t p = 0; p < n_pos; ++p) {
-          sc[p] *= kq_scale;
-          mx = std::max(mx, sc[p]);
-        }
-        double sum = 0.0;
-        for (int32_t p = 0; p < n_pos; ++p) {
-          sc[p] = std::exp(sc[p] - mx);
-          sum += sc[p];
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        for (int32_t p = 0; p < n_pos; ++p) sc[p] *= inv;
-        if (f16) {  // as ggml: the probabilities meet the f16 V cache rounded to f16
-          k::fp32_to_fp16_row(sc, sc16, n_pos);
-          k::fp16_to_fp32_row(sc16, sc, n_pos);
-        }
-        std::fill(out, out + hd, 0.0f);
-        for (int32_t p0 = 0; p0 < n_pos; p0 += P) {
-          const int32_t rows = std::min(P, n_pos - p0);
-          const std::byte* vbase = store.page_data(table[size_t(p0 / P)]) + layout.row_offset(il, 1, 0);
-          if (f16) {
-            k::axpy_f16_rows(sc + p0, reinterpret_cast<const uint16_t*>(vbase) + hk * hd, stride, rows, out, hd);
-          } else {
-            for (int32_t r = 0; r < rows; ++r) {
-              const float* v32 = reinterpret_cast<const float*>(vbase) + r * stride + hk * hd;
-              for (int64_t d = 0; d < hd; ++d) out[d] += sc[p0 + r] * v32[d];
-            }
-          }
-        }
-        std::memcpy(attn + t * q_w + h * hd, out, size_t(hd) * sizeof(float));
+      }
+    }
+    pool_->parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
+      float* scratch = fa_scratch + size_t(th) * fa_floats;
+      for (int64_t task = b; task < e; ++task) {
+        const AttnTask& at = attn_tasks[task];
+        const SequenceStep& sq = batch[size_t(at.seq)];
+        const KvLayout& layout = sq.kv->store().layout();
+        k::FlashAttnArgs fa;
+        fa.k_pages = kpages + seq_pages[size_t(at.seq)];
+        fa.v_pages = vpages + seq_pages[size_t(at.seq)];
+        fa.page_size = layout.page_size;
+        fa.row_stride = static_cast<int64_t>(layout.row_elems());
+        fa.head_offset = int64_t{at.kv_head} * hd;
+        fa.kv_f16 = layout.dtype == KvDtype::kF16;
+        fa.head_dim = hd;
+        const int64_t row0 = seq_first_token[size_t(at.seq)] + at.first;
+        fa.q = q + row0 * q_w + int64_t{at.kv_head} * group * hd;
+        fa.out = attn + row0 * q_w + int64_t{at.kv_head} * group * hd;
+        fa.q_stride = q_w;
+        fa.pos0 = sq.pos0 + at.first;
+        fa.n_pos = at.n_pos;
+        fa.group = static_cast<int32_t>(group);
+        fa.scale = kq_scale;
+        k::attn_tiled(fa, scratch);
       }
     });
 

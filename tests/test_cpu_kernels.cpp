@@ -609,3 +609,267 @@ TEST_CASE("attention row kernels equal the per-row calls bit for bit", "[kernels
     for (int64_t i = 0; i < n; ++i) CHECK(bits(y1[size_t(i)]) == bits(y2[size_t(i)]));
   }
 }
+
+// ---- tiled ("flash") attention over a paged KV (issue 14 item 2) ----
+namespace {
+
+/// A paged KV cache of one layer for the attention tests: n_head_kv heads of hd, pages of
+/// page_size positions, K and V in separate page lists (the kernel takes one pointer per
+/// page for each). f16 values, or their f32 widening for the f32 layout.
+struct TestKv {
+  int64_t hd, n_head_kv, page_size, n_ctx;
+  bool f16;
+  std::vector<std::vector<uint16_t>> k16, v16;
+  std::vector<std::vector<float>> k32, v32;
+  std::vector<const void*> kp, vp;
+  int64_t stride() const { return n_head_kv * hd; }
+  // Same values as `src` (f16 bits per position, head, d) in another page size / dtype.
+  TestKv(const std::vector<uint16_t>& kvals, const std::vector<uint16_t>& vvals, int64_t hd_, int64_t nkv, int64_t ps,
+         int64_t ctx, bool f16_)
+      : hd(hd_), n_head_kv(nkv), page_size(ps), n_ctx(ctx), f16(f16_) {
+    const int64_t n_pages = (ctx + ps - 1) / ps;
+    for (int64_t pg = 0; pg < n_pages; ++pg) {
+      const size_t n = size_t(ps * stride());
+      k16.emplace_back(n, uint16_t{0x7C00});  // unused slots hold +Inf: never read
+      v16.emplace_back(n, uint16_t{0x7C00});
+      for (int64_t s = 0; s < ps && pg * ps + s < ctx; ++s)
+        for (int64_t e = 0; e < stride(); ++e) {
+          k16.back()[size_t(s * stride() + e)] = kvals[size_t((pg * ps + s) * stride() + e)];
+          v16.back()[size_t(s * stride() + e)] = vvals[size_t((pg * ps + s) * stride() + e)];
+        }
+      k32.emplace_back(n);
+      v32.emplace_back(n);
+      for (size_t i = 0; i < n; ++i) {
+        k32.back()[i] = fp16_to_fp32(k16.back()[i]);
+        v32.back()[i] = fp16_to_fp32(v16.back()[i]);
+      }
+    }
+    for (int64_t pg = 0; pg < n_pages; ++pg) {
+      kp.push_back(f16 ? static_cast<const void*>(k16[size_t(pg)].data()) : k32[size_t(pg)].data());
+      vp.push_back(f16 ? static_cast<const void*>(v16[size_t(pg)].data()) : v32[size_t(pg)].data());
+    }
+  }
+  double k(int64_t pos, int64_t h, int64_t d) const {
+    return k32[size_t(pos / page_size)][size_t((pos % page_size) * stride() + h * hd + d)];
+  }
+  double v(int64_t pos, int64_t h, int64_t d) const {
+    return v32[size_t(pos / page_size)][size_t((pos % page_size) * stride() + h * hd + d)];
+  }
+};
+
+std::vector<uint16_t> rand_f16(std::mt19937& g, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = fp32_to_fp16(d(g));
+  return v;
+}
+
+/// Runs flash_attn for positions [pos0, pos0 + n_pos) of KV head `h`; q / out hold
+/// n_head = n_head_kv * group heads per position, rows q_stride apart from position 0.
+/// `online`: flash_attn (online softmax), else attn_tiled (the executor's kernel).
+void run_flash(const TestKv& kv, int64_t h, int32_t group, const float* q, float* out, int64_t q_stride, int32_t pos0,
+               int32_t n_pos, bool online = true) {
+  FlashAttnArgs a;
+  a.k_pages = kv.kp.data();
+  a.v_pages = kv.vp.data();
+  a.page_size = kv.page_size;
+  a.row_stride = kv.stride();
+  a.head_offset = h * kv.hd;
+  a.kv_f16 = kv.f16;
+  a.head_dim = kv.hd;
+  a.q = q + pos0 * q_stride + h * group * kv.hd;
+  a.out = out + pos0 * q_stride + h * group * kv.hd;
+  a.q_stride = q_stride;
+  a.pos0 = pos0;
+  a.n_pos = n_pos;
+  a.group = group;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kv.hd));
+  const int64_t rows = int64_t{n_pos} * group;
+  std::vector<float> scratch(
+      online ? flash_attn_scratch_floats(kv.hd, rows) : attn_tiled_scratch_floats(kv.hd, rows, int64_t{pos0} + n_pos),
+      std::nanf(""));
+  if (online)
+    flash_attn(a, scratch.data());
+  else
+    attn_tiled(a, scratch.data());
+}
+
+}  // namespace
+
+TEST_CASE("flash attention vs a float64 reference: head_dim, GQA ratio, page crossings, f16 and f32 KV",
+          "[kernels][attention]") {
+  std::mt19937 g(2024);
+  struct Shape {
+    int64_t hd;
+    int32_t group;
+    int64_t page_size, n_ctx;
+    std::vector<int32_t> queries;  // positions checked (the kernel runs them as one call)
+  };
+  const std::vector<Shape> shapes = {
+      {64, 1, 16, 1, {0}},
+      {64, 4, 16, 70, {0, 15, 16, 17, 63, 64, 65, 69}},
+      {128, 7, 5, 130, {3, 4, 5, 127, 128, 129}},
+      {64, 8, 16, 200, {199}},
+      {128, 1, 16, 97, {96}},
+      {64, 7, 16, 4096, {4093, 4094, 4095}},
+      {128, 8, 32, 1500, {1000, 1499}},
+  };
+  double worst = 0.0, worst_tiled = 0.0;
+  for (const auto& sh : shapes) {
+    const int64_t nkv = 2, stride = nkv * sh.hd;
+    const auto kv16 = rand_f16(g, size_t(sh.n_ctx * stride), -2.f, 2.f);
+    const auto vv16 = rand_f16(g, size_t(sh.n_ctx * stride), -2.f, 2.f);
+    const int64_t q_stride = nkv * sh.group * sh.hd;
+    const auto q = rand_f32(g, size_t(sh.n_ctx * q_stride), -2.f, 2.f);
+    for (bool f16 : {true, false}) {
+      const TestKv kv(kv16, vv16, sh.hd, nkv, sh.page_size, sh.n_ctx, f16);
+      // Reference: softmax(q . k * scale) . v in double, q rounded to f16 as the kernel does.
+      const double scale = 1.0 / std::sqrt(double(static_cast<float>(sh.hd)));
+      for (const auto& isa : isas()) {
+        IsaScope s(isa);
+        // Every KV head, one call per contiguous run of checked positions.
+        for (int32_t qp : sh.queries) {
+          std::vector<float> out(q.size(), std::nanf("")), tiled(q.size(), std::nanf(""));
+          for (int64_t h = 0; h < nkv; ++h) run_flash(kv, h, sh.group, q.data(), out.data(), q_stride, qp, 1);
+          for (int64_t h = 0; h < nkv; ++h) run_flash(kv, h, sh.group, q.data(), tiled.data(), q_stride, qp, 1, false);
+          for (int64_t h = 0; h < nkv; ++h)
+            for (int32_t gi = 0; gi < sh.group; ++gi) {
+              const float* qr = q.data() + qp * q_stride + (h * sh.group + gi) * sh.hd;
+              std::vector<double> sc(size_t(qp) + 1);
+              double mx = -INFINITY;
+              for (int32_t p = 0; p <= qp; ++p) {
+                double dot = 0.0;
+                for (int64_t d = 0; d < sh.hd; ++d)
+                  dot += (f16 ? double(fp16_to_fp32(fp32_to_fp16(qr[d]))) : double(qr[d])) * kv.k(p, h, d);
+                sc[size_t(p)] = dot * scale;
+                mx = std::max(mx, sc[size_t(p)]);
+              }
+              double sum = 0.0;
+              for (auto& x : sc) sum += (x = std::exp(x - mx));
+              for (int64_t d = 0; d < sh.hd; ++d) {
+                double ref = 0.0;
+                for (int32_t p = 0; p <= qp; ++p) ref += sc[size_t(p)] / sum * kv.v(p, h, d);
+                const double got = out[size_t(qp * q_stride + (h * sh.group + gi) * sh.hd + d)];
+                INFO(isa << " hd " << sh.hd << " group " << sh.group << " page " << sh.page_size << " pos " << qp
+                         << (f16 ? " f16" : " f32") << " head " << h * sh.group + gi << " d " << d);
+                // |v| <= 2: error relative to max |v|. Measured worst 4.3e-7 (AVX2, scalar):
+                // f32 scores over head_dim products and a 1-ulp exp.
+                const double err = std::fabs(got - ref) / 2.0;
+                worst = std::max(worst, err);
+                REQUIRE(err <= 2e-6);
+                // attn_tiled rounds the weights to f16 with an f16 cache: each is off by at
+                // most 2^-11 of itself, so the output by at most 2^-11 of max |v|.
+                const double got_t = tiled[size_t(qp * q_stride + (h * sh.group + gi) * sh.hd + d)];
+                const double err_t = std::fabs(got_t - ref) / 2.0;
+                worst_tiled = std::max(worst_tiled, err_t);
+                REQUIRE(err_t <= (f16 ? std::ldexp(1.0, -11) : 0.0) + 2e-6);
+              }
+            }
+        }
+      }
+    }
+  }
+  WARN("flash attention: worst |out - f64| / max|v| = " << worst << " (online softmax), " << worst_tiled
+                                                        << " (attn_tiled)");
+}
+
+TEST_CASE("flash attention is batch-invariant: alone, in one call, chunked, other page sizes: bit-identical",
+          "[kernels][attention]") {
+  std::mt19937 g(77);
+  for (int64_t hd : {64, 128}) {
+    for (int32_t group : {1, 4, 7, 8}) {
+      const int64_t nkv = 2, n_ctx = hd == 64 ? 150 : 70, stride = nkv * hd;
+      const auto k16 = rand_f16(g, size_t(n_ctx * stride), -3.f, 3.f);
+      const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+      const int64_t q_stride = nkv * group * hd;
+      const auto q = rand_f32(g, size_t(n_ctx * q_stride), -3.f, 3.f);
+      for (bool f16 : {true, false}) {
+        const TestKv kv16(k16, v16, hd, nkv, 16, n_ctx, f16), kv5(k16, v16, hd, nkv, 5, n_ctx, f16);
+        for (const auto& isa : isas())
+          for (bool online : {true, false}) {
+            IsaScope s(isa);
+            INFO(isa << " hd " << hd << " group " << group << (f16 ? " f16" : " f32")
+                     << (online ? " flash_attn" : " attn_tiled"));
+            std::vector<float> whole(q.size()), alone(q.size()), chunked(q.size()), paged5(q.size());
+            for (int64_t h = 0; h < nkv; ++h) {
+              run_flash(kv16, h, group, q.data(), whole.data(), q_stride, 0, static_cast<int32_t>(n_ctx), online);
+              for (int32_t p = 0; p < n_ctx; ++p)
+                run_flash(kv16, h, group, q.data(), alone.data(), q_stride, p, 1, online);
+              for (int32_t p = 0; p < n_ctx; p += 7)
+                run_flash(kv5, h, group, q.data(), chunked.data(), q_stride, p,
+                          static_cast<int32_t>(std::min<int64_t>(7, n_ctx - p)), online);
+              for (int32_t p = 0; p < n_ctx; p += 33)
+                run_flash(kv5, h, group, q.data(), paged5.data(), q_stride, p,
+                          static_cast<int32_t>(std::min<int64_t>(33, n_ctx - p)), online);
+            }
+            size_t diff = 0;
+            for (size_t i = 0; i < q.size(); ++i) {
+              diff += bits(whole[i]) != bits(alone[i]);
+              diff += bits(whole[i]) != bits(chunked[i]);
+              diff += bits(whole[i]) != bits(paged5[i]);
+            }
+            CHECK(diff == 0);
+          }
+      }
+    }
+  }
+}
+
+TEST_CASE("attn_tiled equals the previous per-(token, head) kernel bit for bit; flash_attn within f16 rounding",
+          "[kernels][attention]") {
+  // The previous executor kernel (ggml's non-flash numerics): scores by vec_dot_f16_rows,
+  // softmax with a double sum, probabilities rounded to f16, then axpy_f16_rows.
+  // attn_tiled must reproduce it exactly. flash_attn differs by that f16 rounding of the
+  // probabilities: at most 2^-11 of each weight, so |diff| <= 2^-11 * max|v| plus the f32
+  // noise of both.
+  std::mt19937 g(5);
+  const int64_t hd = 64, nkv = 2, stride = nkv * hd, n_ctx = 300;
+  const int32_t group = 7;
+  const auto k16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+  const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+  const int64_t q_stride = nkv * group * hd;
+  const auto q = rand_f32(g, size_t(n_ctx * q_stride), -2.f, 2.f);
+  const TestKv kv(k16, v16, hd, nkv, 16, n_ctx, true);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (const auto& isa : isas()) {
+    IsaScope s(isa);
+    std::vector<float> out(q.size()), tiled(q.size());
+    for (int64_t h = 0; h < nkv; ++h) {
+      run_flash(kv, h, group, q.data(), out.data(), q_stride, 0, static_cast<int32_t>(n_ctx));
+      run_flash(kv, h, group, q.data(), tiled.data(), q_stride, 0, static_cast<int32_t>(n_ctx), false);
+    }
+    double worst = 0.0;
+    size_t tiled_diff = 0;
+    for (int32_t t = 0; t < n_ctx; t += 13) {
+      for (int64_t head = 0; head < nkv * group; ++head) {
+        const int64_t hk = head / group;
+        std::vector<uint16_t> q16(static_cast<size_t>(hd)), p16(static_cast<size_t>(t) + 1);
+        fp32_to_fp16_row(q.data() + t * q_stride + head * hd, q16.data(), hd);
+        std::vector<float> sc(size_t(t) + 1), acc(size_t(hd), 0.0f);
+        for (int32_t p0 = 0; p0 <= t; p0 += 16) {
+          const int32_t rows = std::min(16, t + 1 - p0);
+          vec_dot_f16_rows(kv.k16[size_t(p0 / 16)].data() + hk * hd, stride, rows, q16.data(), hd, sc.data() + p0);
+        }
+        float mx = -INFINITY;
+        for (auto& x : sc) mx = std::max(mx, x *= scale);
+        double sum = 0.0;
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        const float inv = static_cast<float>(1.0 / sum);
+        for (auto& x : sc) x *= inv;
+        fp32_to_fp16_row(sc.data(), p16.data(), t + 1);
+        fp16_to_fp32_row(p16.data(), sc.data(), t + 1);
+        for (int32_t p0 = 0; p0 <= t; p0 += 16) {
+          const int32_t rows = std::min(16, t + 1 - p0);
+          axpy_f16_rows(sc.data() + p0, kv.v16[size_t(p0 / 16)].data() + hk * hd, stride, rows, acc.data(), hd);
+        }
+        for (int64_t d = 0; d < hd; ++d) {
+          worst = std::max(worst, double(std::fabs(acc[size_t(d)] - out[size_t(t * q_stride + head * hd + d)])) / 2.0);
+          tiled_diff += bits(acc[size_t(d)]) != bits(tiled[size_t(t * q_stride + head * hd + d)]);
+        }
+      }
+    }
+    INFO(isa << ": worst |tiled - previous| / max|v| = " << worst);
+    CHECK(worst <= std::ldexp(1.0, -11) + 1e-5);
+    CHECK(tiled_diff == 0);
+  }
+}

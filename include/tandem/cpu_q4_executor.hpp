@@ -3,7 +3,9 @@
 // Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32). Activations entering a
 // Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with integer dot products
 // (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
-// cache through each sequence's block table. The numerics follow llama.cpp's CPU backend
+// cache through each sequence's block table, tiled (kernels::attn_tiled): one task per
+// (sequence, KV head, query tile) over the thread pool, each K/V row read once per task
+// for all query heads sharing it (GQA). The numerics follow llama.cpp's CPU backend
 // (RMSNorm sum in double, RoPE angles by repeated multiplication, q and the attention
 // probabilities rounded to f16 before the KV dot products) so logits agree with its
 // golden references.

@@ -162,4 +162,17 @@ void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_
   K().axpy_f16_rows(a, x, stride, n_rows, y, n);
 }
 
+size_t flash_attn_scratch_floats(int64_t head_dim, int64_t rows) noexcept {
+  return detail::flash_attn_scratch_layout(head_dim, rows).total;
+}
+void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept {
+  K().flash_attn(args, scratch);
+}
+size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) noexcept {
+  return detail::attn_tiled_scratch_layout(head_dim, rows, n_ctx).total;
+}
+void attn_tiled(const FlashAttnArgs& args, float* scratch) noexcept {
+  K().attn_tiled(args, scratch);
+}
+
 }  // namespace tandem::kernels

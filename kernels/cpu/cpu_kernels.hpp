@@ -89,4 +89,60 @@ void vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const u
                       float* out) noexcept;
 void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_rows, float* y, int64_t n) noexcept;
 
+/// Tiled ("flash") causal attention of one sequence's query rows that share one KV head,
+/// over a paged KV cache (FlashAttention-2's online softmax: Dao, arXiv:2307.08691).
+///
+/// KV: the K row of absolute position p for this KV head is
+///   k_pages[p / page_size] + (p % page_size) * row_stride + head_offset
+/// (elements: uint16_t f16 bits when kv_f16, else float), V likewise with v_pages.
+/// Queries: n_pos consecutive positions pos0 .. pos0 + n_pos - 1, each with `group` heads;
+/// the query of (position i, head g) is q + i * q_stride + g * head_dim (f32; rounded to
+/// f16 first when kv_f16, as ggml does), its output goes to out with the same indexing.
+/// Position p attends to KV positions 0..p, which must all be written.
+///
+/// Numerics (f32 throughout, scores s = dot(q, k) * scale): the KV positions are taken in
+/// tiles of kFlashAttnTile aligned to absolute position 0; per tile and query row the
+/// running max m, the sum l and the output O are updated: m' = max(m, tile max),
+/// c = exp(m - m'), l' = l * c + sum exp(s - m'), O' = O * c + sum exp(s - m') * v (in
+/// position order), out = O / l at the end. Every query row's result depends only on its
+/// own position, q and the KV — not on pos0, n_pos, group, page_size or the thread — so
+/// batching and prompt chunking leave it bit-identical (batch invariance). ISAs differ in
+/// the last bits (vectorised exp; FMA vs separate multiply-add).
+///
+/// Each K and V row of the range is read once per call for all n_pos * group query rows.
+/// `scratch` must hold flash_attn_scratch_floats(head_dim, n_pos * group) floats; the call
+/// does not allocate. Thread-safe for distinct scratch and outputs.
+inline constexpr int64_t kFlashAttnTile = 64;
+struct FlashAttnArgs {
+  const void* const* k_pages = nullptr;
+  const void* const* v_pages = nullptr;
+  int64_t page_size = 0;
+  int64_t row_stride = 0;   ///< elements between consecutive positions' rows in a page
+  int64_t head_offset = 0;  ///< elements from a row's start to this KV head
+  bool kv_f16 = true;
+  int64_t head_dim = 0;
+  const float* q = nullptr;
+  float* out = nullptr;
+  int64_t q_stride = 0;  ///< floats between consecutive positions' query (and output) rows
+  int32_t pos0 = 0;
+  int32_t n_pos = 0;
+  int32_t group = 1;
+  float scale = 1.0f;
+};
+size_t flash_attn_scratch_floats(int64_t head_dim, int64_t rows) noexcept;
+void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
+
+/// The same tiled causal attention (same arguments, one read of each K and V row per call
+/// for all n_pos * group query rows) with ggml's non-flash numerics, bit-identical to the
+/// per-(token, head) kernels it replaces (vec_dot_f16_rows / axpy_f16_rows): per row, every
+/// score s[p] = vec_dot_f16(k[p], f16(q)) * scale first, then m = max s, e = expf(s - m),
+/// the sum in double, w = f16(e * float(1 / sum)), out = sum over p in order of
+/// fma(w[p], v[p], out). The f16 rounding of w is what llama.cpp's reference logits
+/// (tests/test_golden.cpp) contain, so this is the executor's kernel; flash_attn's online
+/// softmax keeps w in f32 and lands outside those tolerances. f32 KV: q and w stay f32.
+/// Batch-invariant in the same sense as flash_attn. `scratch`:
+/// attn_tiled_scratch_floats(head_dim, n_pos * group, pos0 + n_pos) floats.
+size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) noexcept;
+void attn_tiled(const FlashAttnArgs& args, float* scratch) noexcept;
+
 }  // namespace tandem::kernels

@@ -1,6 +1,7 @@
 // Portable scalar kernels: the fallback ISA and the reference the SIMD paths are tested
 // against. Numerics follow ggml's x86 path (see cpu_kernels.hpp); compiled with no extra
 // -m flags. Quantisation is bit-identical to the SIMD paths.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels_table.hpp"
@@ -125,6 +126,121 @@ void s_axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t 
   for (int64_t r = 0; r < n_rows; ++r) s_axpy_f16(a[r], x + r * stride, y, n);
 }
 
+// The reference flash attention (cpu_kernels.hpp): one row at a time, the same tiles and
+// update formulas as the SIMD paths, plain multiply-adds and std::exp.
+void s_flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
+  const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
+  if (R <= 0 || hd <= 0) return;
+  const FlashAttnLayout L = flash_attn_scratch_layout(hd, R);
+  float* q = scratch + L.qt;  // [R][hd] here (the same size as the SIMD paths' transpose)
+  float* kt = scratch + L.k;
+  float* vt = scratch + L.v;
+  float* sc = scratch + L.s;  // one row's scores
+  float* o = scratch + L.o;
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
+    for (int64_t d = 0; d < hd; ++d) q[r * hd + d] = a.kv_f16 ? fp16_bits_to_fp32(fp32_to_fp16_bits(qr[d])) : qr[d];
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) o[r * hd + d] = 0.0f;
+  }
+  const int64_t last = int64_t{a.pos0} + a.n_pos - 1;
+  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t p = t0 + c;
+      const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset;
+      const size_t page = static_cast<size_t>(p / a.page_size);
+      for (int64_t d = 0; d < hd; ++d) {
+        if (a.kv_f16) {
+          kt[c * hd + d] = fp16_bits_to_fp32(static_cast<const uint16_t*>(a.k_pages[page])[off + d]);
+          vt[c * hd + d] = fp16_bits_to_fp32(static_cast<const uint16_t*>(a.v_pages[page])[off + d]);
+        } else {
+          kt[c * hd + d] = static_cast<const float*>(a.k_pages[page])[off + d];
+          vt[c * hd + d] = static_cast<const float*>(a.v_pages[page])[off + d];
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t valid = std::min<int64_t>(nc, a.pos0 + r / G - t0 + 1);
+      if (valid <= 0) continue;
+      float mt = -INFINITY;
+      for (int64_t c = 0; c < valid; ++c) {
+        float dot = 0.0f;
+        for (int64_t d = 0; d < hd; ++d) dot += kt[c * hd + d] * q[r * hd + d];
+        sc[c] = dot * a.scale;
+        mt = sc[c] > mt ? sc[c] : mt;
+      }
+      const float mn = m[r] > mt ? m[r] : mt;
+      const float cr = std::exp(m[r] - mn);
+      float ls = 0.0f;
+      for (int64_t c = 0; c < valid; ++c) {
+        sc[c] = std::exp(sc[c] - mn);
+        ls += sc[c];
+      }
+      l[r] = l[r] * cr + ls;
+      m[r] = mn;
+      for (int64_t d = 0; d < hd; ++d) {
+        float x = o[r * hd + d] * cr;
+        for (int64_t c = 0; c < valid; ++c) x += sc[c] * vt[c * hd + d];
+        o[r * hd + d] = x;
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.0f / l[r];
+    float* dst = a.out + (r / G) * a.q_stride + (r % G) * hd;
+    for (int64_t d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
+  }
+}
+
+// The reference attn_tiled: the scalar vec_dot_f16 / axpy_f16 arithmetic per row.
+void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
+  const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
+  if (R <= 0 || hd <= 0) return;
+  const int64_t last = int64_t{a.pos0} + a.n_pos - 1;
+  const AttnTiledLayout L = attn_tiled_scratch_layout(hd, R, last + 1);
+  float* sc = scratch + L.s;
+  float* q = scratch + L.q;
+  const int64_t hp = (hd + 15) / 16 * 16;
+  auto kval = [&](const void* const* pages, int64_t p, int64_t d) {
+    const void* page = pages[static_cast<size_t>(p / a.page_size)];
+    const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset + d;
+    return a.kv_f16 ? fp16_bits_to_fp32(static_cast<const uint16_t*>(page)[off]) : static_cast<const float*>(page)[off];
+  };
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
+    for (int64_t d = 0; d < hd; ++d) q[d] = a.kv_f16 ? fp16_bits_to_fp32(fp32_to_fp16_bits(qr[d])) : qr[d];
+    const int64_t n = a.pos0 + r / G + 1;
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) {
+      float dot = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) dot += kval(a.k_pages, p, d) * q[d];
+      sc[p] = dot * a.scale;
+      mx = sc[p] > mx ? sc[p] : mx;
+    }
+    double sum = 0.0;
+    for (int64_t p = 0; p < n; ++p) {
+      sc[p] = std::exp(sc[p] - mx);
+      sum += sc[p];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t p = 0; p < n; ++p) {
+      sc[p] *= inv;
+      if (a.kv_f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
+    }
+    float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
+    for (int64_t d = 0; d < hd; ++d) {
+      float y = 0.0f;
+      for (int64_t p = 0; p < n; ++p) y += sc[p] * kval(a.v_pages, p, d);
+      out[d] = y;
+    }
+  }
+  (void)hp;
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -151,7 +267,9 @@ const KernelTable& table_scalar() noexcept {
                                  s_axpy_f16,
                                  s_vec_dot_f16_rows,
                                  s_axpy_f16_rows,
-                                 s_thread_prepare};
+                                 s_thread_prepare,
+                                 s_flash_attn,
+                                 s_attn_tiled};
   return t;
 }
 

@@ -12,8 +12,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -718,12 +720,304 @@ void axpy_f16_rows(const float* a, const uint16_t* x, int64_t stride, int64_t n_
   for (int64_t r = 0; r < n_rows; ++r) axpy_f16(a[r], x + r * stride, y, n);
 }
 
+// ---------------------------------------------------------------- flash attention -------
+//
+// cpu_kernels.hpp (FlashAttnArgs) states the contract. Lanes run over query rows: the
+// scores of one KV position for kW query rows form one vector (the queries are transposed
+// once per call), so the online softmax's max, exp and sums are elementwise and no
+// horizontal reduction enters any row's result. Per row: s[c] = sum over d in order of
+// q[d] * k[c][d] (one FMA chain), masked to -inf past the row's position; O is rescaled,
+// then gets fma(w[c], v[c][d], O[d]) for c in position order. Blocking (how many rows or
+// columns go together) changes which registers hold what, never an operation's operands.
+
+constexpr int kAttnCB = 4;  // KV positions per QK block
+#if TANDEM_ISA_AVX512
+constexpr int kAttnVB = 4;  // row vectors per QK block: 16 accumulators
+constexpr int kPvHC = 8;    // head_dim vectors per PV block
+#else
+constexpr int kAttnVB = 2;  // 8 accumulators
+constexpr int kPvHC = 4;
+#endif
+constexpr int kPvRB = 2;  // query rows per PV block
+
+// s[c * rp + lane] = sum_d kt[c * hd + d] * qt[d * rp + lane] for c < CB, VB vectors of lanes.
+template <int CB, int VB>
+void attn_qk(const float* kt, int64_t hd, const float* qt, int64_t rp, float* s) noexcept {
+  VF acc[CB][VB];
+  for (int c = 0; c < CB; ++c)
+    for (int v = 0; v < VB; ++v) acc[c][v] = VF(0.0f);
+  for (int64_t d = 0; d < hd; ++d) {
+    VF qv[VB];
+    for (int v = 0; v < VB; ++v) qv[v] = VF::load_unaligned(qt + d * rp + v * kW);
+    for (int c = 0; c < CB; ++c) {
+      const VF kb(kt[c * hd + d]);
+      for (int v = 0; v < VB; ++v) acc[c][v] = xsimd::fma(kb, qv[v], acc[c][v]);
+    }
+  }
+  for (int c = 0; c < CB; ++c)
+    for (int v = 0; v < VB; ++v) acc[c][v].store_unaligned(s + c * rp + v * kW);
+}
+using AttnQkFn = void (*)(const float*, int64_t, const float*, int64_t, float*) noexcept;
+template <size_t... I>
+constexpr std::array<AttnQkFn, kAttnCB * kAttnVB> make_attn_qk(std::index_sequence<I...>) {
+  return {&attn_qk<static_cast<int>(I) / kAttnVB + 1, static_cast<int>(I) % kAttnVB + 1>...};
+}
+
+// RB output rows (o, hd apart), head_dim lanes [d0, d0 + HC * kW): acc = O (times corr[j]
+// when corr is given), then acc = fma(w[c * rp + j], V[c], acc) for c in [c0, c1) in order.
+template <int RB, int HC>
+void attn_pv(float* o, int64_t hd, const float* w, int64_t rp, const float* vt, const float* corr, int64_t c0,
+             int64_t c1, int64_t d0) noexcept {
+  VF acc[RB][HC];
+  for (int j = 0; j < RB; ++j)
+    for (int h = 0; h < HC; ++h) {
+      acc[j][h] = VF::load_unaligned(o + j * hd + d0 + h * kW);
+      if (corr != nullptr) acc[j][h] = acc[j][h] * VF(corr[j]);
+    }
+  for (int64_t c = c0; c < c1; ++c) {
+    VF vv[HC];
+    for (int h = 0; h < HC; ++h) vv[h] = VF::load_unaligned(vt + c * hd + d0 + h * kW);
+    for (int j = 0; j < RB; ++j) {
+      const VF wb(w[c * rp + j]);
+      for (int h = 0; h < HC; ++h) acc[j][h] = xsimd::fma(wb, vv[h], acc[j][h]);
+    }
+  }
+  for (int j = 0; j < RB; ++j)
+    for (int h = 0; h < HC; ++h) acc[j][h].store_unaligned(o + j * hd + d0 + h * kW);
+}
+using AttnPvFn = void (*)(float*, int64_t, const float*, int64_t, const float*, const float*, int64_t, int64_t,
+                          int64_t) noexcept;
+template <size_t... I>
+constexpr std::array<AttnPvFn, kPvRB * kPvHC> make_attn_pv(std::index_sequence<I...>) {
+  return {&attn_pv<static_cast<int>(I) / kPvHC + 1, static_cast<int>(I) % kPvHC + 1>...};
+}
+
+// rb rows starting at row r: the whole head_dim (vector chunks, then a scalar tail).
+inline void attn_pv_rows(int rb, float* o, int64_t hd, const float* w, int64_t rp, const float* vt, const float* corr,
+                         int64_t c0, int64_t c1) noexcept {
+  static constexpr auto pv = make_attn_pv(std::make_index_sequence<kPvRB * kPvHC>{});
+  const int64_t hdv = hd / kW * kW;
+  for (int64_t d0 = 0; d0 < hdv; d0 += kPvHC * kW) {
+    const int64_t hc = std::min<int64_t>(kPvHC, (hdv - d0) / kW);
+    pv[static_cast<size_t>((rb - 1) * kPvHC + (hc - 1))](o, hd, w, rp, vt, corr, c0, c1, d0);
+  }
+  for (int j = 0; j < rb; ++j)
+    for (int64_t d = hdv; d < hd; ++d) {
+      float x = o[j * hd + d];
+      if (corr != nullptr) x = x * corr[j];
+      for (int64_t c = c0; c < c1; ++c) x = std::fma(w[c * rp + j], vt[c * hd + d], x);
+      o[j * hd + d] = x;
+    }
+}
+
+void flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
+  const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
+  if (R <= 0 || hd <= 0) return;
+  const FlashAttnLayout L = flash_attn_scratch_layout(hd, R);
+  const int64_t rp = L.rp, nv = rp / kW;
+  float* qt = scratch + L.qt;
+  float* kt = scratch + L.k;
+  float* vt = scratch + L.v;
+  float* s = scratch + L.s;
+  float* o = scratch + L.o;
+  float* m = scratch + L.m;
+  float* l = scratch + L.l;
+  float* corr = scratch + L.corr;
+  float* pos = scratch + L.pos;
+  const int64_t last = int64_t{a.pos0} + a.n_pos - 1;
+  for (int64_t r = 0; r < rp; ++r) {  // queries transposed (f16-rounded for an f16 cache)
+    if (r < R) {
+      const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
+      for (int64_t d = 0; d < hd; ++d)
+        qt[d * rp + r] = a.kv_f16 ? h2f(static_cast<uint16_t>(_cvtss_sh(qr[d], _MM_FROUND_TO_NEAREST_INT))) : qr[d];
+      pos[r] = static_cast<float>(a.pos0 + r / G);
+    } else {
+      for (int64_t d = 0; d < hd; ++d) qt[d * rp + r] = 0.0f;
+      pos[r] = static_cast<float>(last);
+    }
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::fill(o, o + R * hd, 0.0f);
+  static constexpr auto qk = make_attn_qk(std::make_index_sequence<kAttnCB * kAttnVB>{});
+  const VF ninf(-std::numeric_limits<float>::infinity()), vscale(a.scale);
+  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
+    for (int64_t c = 0; c < nc; ++c) {  // the tile's K and V rows as f32
+      const int64_t p = t0 + c;
+      const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset;
+      const size_t page = static_cast<size_t>(p / a.page_size);
+      if (a.kv_f16) {
+        fp16_to_fp32_row(static_cast<const uint16_t*>(a.k_pages[page]) + off, kt + c * hd, hd);
+        fp16_to_fp32_row(static_cast<const uint16_t*>(a.v_pages[page]) + off, vt + c * hd, hd);
+      } else {
+        std::memcpy(kt + c * hd, static_cast<const float*>(a.k_pages[page]) + off, size_t(hd) * sizeof(float));
+        std::memcpy(vt + c * hd, static_cast<const float*>(a.v_pages[page]) + off, size_t(hd) * sizeof(float));
+      }
+    }
+    // Rows are ordered by position: those before r_first see nothing of this tile.
+    const int64_t r_first = t0 > a.pos0 ? (t0 - a.pos0) * G : 0;
+    const int64_t v_first = r_first / kW;
+    for (int64_t c = 0; c < nc; c += kAttnCB) {
+      const int64_t cb = std::min<int64_t>(kAttnCB, nc - c);
+      for (int64_t v = v_first; v < nv; v += kAttnVB) {
+        const int64_t vb = std::min<int64_t>(kAttnVB, nv - v);
+        qk[static_cast<size_t>((cb - 1) * kAttnVB + (vb - 1))](kt + c * hd, hd, qt + v * kW, rp, s + c * rp + v * kW);
+      }
+    }
+    for (int64_t v = v_first; v < nv; ++v) {  // online softmax, kW rows at a time
+      const VF pv = VF::load_unaligned(pos + v * kW);
+      VF mt = ninf;
+      for (int64_t c = 0; c < nc; ++c) {
+        const VF x =
+            xsimd::select(VF(static_cast<float>(t0 + c)) <= pv, VF::load_unaligned(s + c * rp + v * kW) * vscale, ninf);
+        x.store_unaligned(s + c * rp + v * kW);
+        mt = xsimd::max(mt, x);
+      }
+      const VF mo = VF::load_unaligned(m + v * kW);
+      const auto seen = mt > ninf;  // rows with a position in this tile
+      const VF mn = xsimd::select(seen, xsimd::max(mo, mt), mo);
+      const VF cr = xsimd::select(seen, xsimd::exp(mo - mn), VF(1.0f));
+      VF ls(0.0f);
+      for (int64_t c = 0; c < nc; ++c) {
+        const VF e = xsimd::exp(VF::load_unaligned(s + c * rp + v * kW) - mn);
+        e.store_unaligned(s + c * rp + v * kW);
+        ls = ls + e;
+      }
+      xsimd::fma(VF::load_unaligned(l + v * kW), cr, ls).store_unaligned(l + v * kW);
+      mn.store_unaligned(m + v * kW);
+      cr.store_unaligned(corr + v * kW);
+    }
+    for (int64_t r = r_first; r < R;) {  // O = O * corr + weights x V
+      const int rb = static_cast<int>(std::min<int64_t>(kPvRB, R - r));
+      auto valid = [&](int64_t row) { return std::min<int64_t>(nc, a.pos0 + row / G - t0 + 1); };
+      const int64_t cmin = valid(r);
+      attn_pv_rows(rb, o + r * hd, hd, s + r, rp, vt, corr + r, 0, cmin);
+      for (int j = 1; j < rb; ++j) {
+        const int64_t cj = valid(r + j);
+        if (cj > cmin) attn_pv_rows(1, o + (r + j) * hd, hd, s + r + j, rp, vt, nullptr, cmin, cj);
+      }
+      r += rb;
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.0f / l[r];
+    float* dst = a.out + (r / G) * a.q_stride + (r % G) * hd;
+    const float* src = o + r * hd;
+    int64_t d = 0;
+    for (; d + kW <= hd; d += kW) (VF::load_unaligned(src + d) * VF(inv)).store_unaligned(dst + d);
+    for (; d < hd; ++d) dst[d] = src[d] * inv;
+  }
+}
+
+// attn_tiled (cpu_kernels.hpp): the arithmetic of vec_dot_f16 / axpy_f16 per (row, KV
+// position), with each K or V row converted to f32 once per call (conversion is exact, so
+// vec_dot_f<LdF32, LdF32> on converted rows equals vec_dot_f<LdF16, LdF16> on the bits).
+void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
+  const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
+  if (R <= 0 || hd <= 0) return;
+  const int64_t last = int64_t{a.pos0} + a.n_pos - 1;
+  const AttnTiledLayout L = attn_tiled_scratch_layout(hd, R, last + 1);
+  const int64_t hp = (hd + 15) / 16 * 16;
+  float* qf = scratch + L.q;
+  float* kv = scratch + L.kv;
+  float* sc = scratch + L.s;
+  float* o = scratch + L.o;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
+    if (a.kv_f16) {
+      for (int64_t d = 0; d < hd; ++d)
+        qf[r * hp + d] = h2f(static_cast<uint16_t>(_cvtss_sh(qr[d], _MM_FROUND_TO_NEAREST_INT)));
+    } else {
+      std::memcpy(qf + r * hp, qr, size_t(hd) * sizeof(float));
+    }
+    std::fill(o + r * hp, o + r * hp + hd, 0.0f);
+  }
+  auto load_tile = [&](const void* const* pages, int64_t t0, int64_t nc) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t p = t0 + c;
+      const void* page = pages[static_cast<size_t>(p / a.page_size)];
+      const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset;
+      if (a.kv_f16) {
+        fp16_to_fp32_row(static_cast<const uint16_t*>(page) + off, kv + c * hp, hd);
+      } else {
+        std::memcpy(kv + c * hp, static_cast<const float*>(page) + off, size_t(hd) * sizeof(float));
+      }
+    }
+  };
+  // Row r sees positions 0 .. pos0 + r / G; rows are ordered by position.
+  auto first_row = [&](int64_t t0) { return t0 > a.pos0 ? (t0 - a.pos0) * G : 0; };
+  auto n_valid = [&](int64_t r, int64_t t0, int64_t nc) { return std::min<int64_t>(nc, a.pos0 + r / G - t0 + 1); };
+  // Scores, one K tile at a time.
+  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
+    load_tile(a.k_pages, t0, nc);
+    for (int64_t r = first_row(t0); r < R; ++r) {
+      float* sr = sc + r * L.ld + t0;
+      const int64_t n = n_valid(r, t0, nc);
+      for (int64_t c = 0; c < n; ++c) sr[c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+    }
+  }
+  // Softmax per row, as the executor did before (double sum; f16 weights for an f16 cache).
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = sc + r * L.ld;
+    const int64_t n = a.pos0 + r / G + 1;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < n; ++p) {
+      sr[p] *= a.scale;
+      mx = std::max(mx, sr[p]);
+    }
+    double sum = 0.0;
+    for (int64_t p = 0; p < n; ++p) {
+      sr[p] = std::exp(sr[p] - mx);
+      sum += sr[p];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t p = 0; p < n; ++p) sr[p] *= inv;
+    if (a.kv_f16) {
+      int64_t p = 0;
+      for (; p + kW <= n; p += kW) {
+        uint16_t h[kW];
+        store_f16(VF::load_unaligned(sr + p), h);
+        load_f16(h).store_unaligned(sr + p);
+      }
+      for (; p < n; ++p) sr[p] = h2f(static_cast<uint16_t>(_cvtss_sh(sr[p], _MM_FROUND_TO_NEAREST_INT)));
+    }
+  }
+  // out += w * V, one V tile at a time; per (row, element) the positions in order.
+  static constexpr auto pv_one = make_attn_pv(std::make_index_sequence<kPvRB * kPvHC>{});  // [0, kPvHC): 1 row
+  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
+    load_tile(a.v_pages, t0, nc);
+    for (int64_t r = first_row(t0); r < R; ++r) {
+      const float* wr = sc + r * L.ld + t0;
+      float* orow = o + r * hp;
+      const int64_t n = n_valid(r, t0, nc);
+      // head_dim in chunks of up to kPvHC vectors (attn_pv with one row: its row stride is
+      // the tile's, hp; weights 1 apart), then the scalar tail as axpy_f16's.
+      const int64_t hdv = hd / kW * kW;
+      for (int64_t d0 = 0; d0 < hdv; d0 += kPvHC * kW) {
+        const int64_t hc = std::min<int64_t>(kPvHC, (hdv - d0) / kW);
+        pv_one[static_cast<size_t>(hc - 1)](orow, hp, wr, 1, kv, nullptr, 0, n, d0);
+      }
+      for (int64_t d = hdv; d < hd; ++d) {
+        float y = orow[d];
+        for (int64_t c = 0; c < n; ++c) y += wr[c] * kv[c * hp + d];
+        orow[d] = y;
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(a.out + (r / G) * a.q_stride + (r % G) * hd, o + r * hp, size_t(hd) * sizeof(float));
+}
+
 inline const KernelTable& table() noexcept {
   static constexpr KernelTable t{
       TANDEM_ISA_NAME,     fp16_to_fp32_row,  fp32_to_fp16_row,  quantize_row_q8_0, dequantize_row_q4_0,
       dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
-      gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare};
+      gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
+      flash_attn,          attn_tiled};
   return t;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cpu_kernels.hpp"
 #include "quant_blocks.hpp"
 
 namespace tandem::kernels::detail {
@@ -32,7 +33,61 @@ struct KernelTable {
   void (*vec_dot_f16_rows)(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*) noexcept;
   void (*axpy_f16_rows)(const float*, const uint16_t*, int64_t, int64_t, float*, int64_t) noexcept;
   bool (*thread_prepare)() noexcept;
+  void (*flash_attn)(const FlashAttnArgs&, float*) noexcept;
+  void (*attn_tiled)(const FlashAttnArgs&, float*) noexcept;
 };
+
+/// Where flash_attn's scratch parts start (in floats) for head_dim and `rows` query rows;
+/// rows are padded to 16 lanes (the widest vector) so every ISA shares one layout.
+struct FlashAttnLayout {
+  int64_t rp = 0;                          ///< rows, padded
+  size_t qt = 0;                           ///< queries transposed: [head_dim][rp]
+  size_t k = 0;                            ///< one tile of K rows as f32: [kFlashAttnTile][head_dim]
+  size_t v = 0;                            ///< the same for V
+  size_t s = 0;                            ///< scores, then weights, of one tile: [kFlashAttnTile][rp]
+  size_t o = 0;                            ///< output accumulators: [rows][head_dim]
+  size_t m = 0, l = 0, corr = 0, pos = 0;  ///< per row: running max, sum, rescale, position
+  size_t total = 0;
+};
+inline FlashAttnLayout flash_attn_scratch_layout(int64_t hd, int64_t rows) noexcept {
+  FlashAttnLayout L;
+  L.rp = (rows + 15) / 16 * 16;
+  size_t at = 0;
+  auto take = [&](int64_t n) {
+    const size_t here = at;
+    at += static_cast<size_t>((n + 15) / 16 * 16);
+    return here;
+  };
+  L.qt = take(hd * L.rp);
+  L.k = take(kFlashAttnTile * hd);
+  L.v = take(kFlashAttnTile * hd);
+  L.s = take(kFlashAttnTile * L.rp);
+  L.o = take(rows * hd);
+  L.m = take(L.rp);
+  L.l = take(L.rp);
+  L.corr = take(L.rp);
+  L.pos = take(L.rp);
+  L.total = at;
+  return L;
+}
+
+/// attn_tiled's scratch: q rows [rows][head_dim] (f32, f16-rounded for an f16 cache), one
+/// K or V tile [kFlashAttnTile][head_dim], scores [rows][n_ctx], outputs [rows][head_dim].
+struct AttnTiledLayout {
+  int64_t ld = 0;  ///< scores row stride (n_ctx rounded up to 16)
+  size_t q = 0, kv = 0, s = 0, o = 0, total = 0;
+};
+inline AttnTiledLayout attn_tiled_scratch_layout(int64_t hd, int64_t rows, int64_t n_ctx) noexcept {
+  AttnTiledLayout L;
+  L.ld = (n_ctx + 15) / 16 * 16;
+  const int64_t hp = (hd + 15) / 16 * 16;
+  L.q = 0;
+  L.kv = L.q + size_t(rows * hp);
+  L.s = L.kv + size_t(kFlashAttnTile * hp);
+  L.o = L.s + size_t(rows * L.ld);
+  L.total = L.o + size_t(rows * hp);
+  return L;
+}
 
 const KernelTable& table_scalar() noexcept;
 #if defined(TANDEM_CPU_X86)
