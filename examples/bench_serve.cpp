@@ -309,12 +309,20 @@ void set_slo_targets(const ServeOptions& o, const SimNode& node, DefaultRoutingO
 /// Per-executor pacing figures and the routing rules used, for a simulated run.
 void add_simulation_report(nlohmann::json& j, const std::vector<RequestHandle>& hs,
                            const std::vector<std::unique_ptr<PacedExecutor>>& paced, double ts) {
-  std::map<std::string, int> rules;
+  std::map<std::string, int> rules, on_host;
   for (const auto& h : hs) {
-    const std::string& route = h.wait().route;
-    rules[route.substr(0, route.find(':'))] += 1;
+    const RequestResult& r = h.wait();
+    const std::string rule = r.route.substr(0, r.route.find(':'));
+    rules[rule] += 1;
+    // Executors of a simulated node are named after their processor profiles.
+    bool host = false;
+    for (const std::string& e : {r.metrics.prefill_executor, r.metrics.decode_executor}) {
+      for (const auto& p : processor_profiles()) host = host || (!e.empty() && p.name == e && !p.accelerator);
+    }
+    if (host) on_host[rule] += 1;
   }
   j["routes"] = rules;
+  j["host_routes"] = on_host;  // requests that prefilled or decoded on a host processor, by rule
   j["time_scale"] = ts;
   for (const auto& p : paced) {
     j["paced"].push_back({{"name", p->name()},
@@ -576,11 +584,11 @@ std::string attainment_cell(const RunResult& r) {
   return fmt::format("{:.1f}% / {:.2f} ({})", 100 * r.attainment, r.goodput, per);
 }
 
-/// Requests whose prefill or decode ran on a host (non-accelerator) processor, by rule.
+/// Requests whose prefill or decode ran on a host (non-accelerator) processor.
 int host_requests(const nlohmann::json& run) {
   int n = 0;
-  if (!run.contains("routes")) return 0;
-  for (const char* rule : {"R5", "R7"}) n += run["routes"].value(rule, 0);
+  if (!run.contains("host_routes")) return 0;
+  for (const auto& [rule, count] : run["host_routes"].items()) n += count.get<int>();
   return n;
 }
 
@@ -667,7 +675,7 @@ int run_simulation(const ServeOptions& so, const std::shared_ptr<const Model>& m
       row["goodput_ratio"] = g.goodput > 0 ? b.goodput / g.goodput : 0.0;
       if (b.attainment >= o.target) cap_both = std::max(cap_both, rate);
       for (const auto& p : b.json["paced"]) overruns += p["overruns"].get<uint64_t>();
-      const auto& r = b.json["routes"];
+      const auto& r = b.json["host_routes"];
       both_cell = attainment_cell(b);
       ratio_cell = g.goodput > 0 ? fmt::format("{:.2f}x", b.goodput / g.goodput) : "-";
       host_cell = fmt::format("{} ({} / {})", host_requests(b.json), r.value("R5", 0), r.value("R7", 0));

@@ -165,12 +165,20 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     const int64_t ps = std::max(av.page_size, 1);
     const int64_t need_pages = (int64_t{p} + n + ps - 1) / ps, queued_pages = (av.queued_tokens + ps - 1) / ps;
     const bool kv_short = o_.handoff_when_kv_short && need_pages + queued_pages > int64_t{av.kv_free_pages};
-    const bool scarce = slots_scarce || kv_short;
-    const std::string short_of = slots_scarce
-                                     ? fmt::format("decode slots are scarce ({}+{} queued >= {:.2f} x {})", av.running,
-                                                   av.queued, o_.decode_scarce_fraction, av.max_running)
-                                     : fmt::format("KV is short ({} pages needed + {} queued > {} free)", need_pages,
-                                                   queued_pages, av.kv_free_pages);
+    // A batch decode the host can carry within its TPOT target leaves the accelerator's
+    // steps (and its KV reads) to the requests that need its speed.
+    const bool batch_off = o_.handoff_batch_decode && in.sla == SlaClass::kBatch && o_.tpot_target_s[cls] > 0;
+    const bool scarce = slots_scarce || kv_short || batch_off;
+    std::string short_of;
+    if (slots_scarce) {
+      short_of = fmt::format("decode slots are scarce ({}+{} queued >= {:.2f} x {})", av.running, av.queued,
+                             o_.decode_scarce_fraction, av.max_running);
+    } else if (kv_short) {
+      short_of = fmt::format("KV is short ({} pages needed + {} queued > {} free)", need_pages, queued_pages,
+                             av.kv_free_pages);
+    } else {
+      short_of = "steps are better spent on tighter SLOs than on a batch decode";
+    }
     const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
     std::string miss;
     if (in.sla != SlaClass::kInteractive && scarce && !host_meets_slo(at(h), false, miss)) {

@@ -264,3 +264,20 @@ TEST_CASE("a token-scaled step costs the k modelled steps it stands for", "[perf
     }
   }
 }
+
+TEST_CASE("with a batch TPOT target a long batch decode goes to a host that meets it", "[routing][signals]") {
+  DefaultRoutingOptions o;
+  o.tpot_target_s[int(SlaClass::kBatch)] = 1.0;
+  DefaultRoutingPolicy pol(o);
+  auto v = gpu_cpu();  // idle accelerator: neither slots nor KV are short
+  const auto d = pol.route(input(SlaClass::kBatch, 400, 64), v);
+  CHECK(d.rule == "R5");
+  CHECK(d.prefill == 0);
+  CHECK(d.decode == 1);
+  CHECK(pol.route(input(SlaClass::kStandard, 400, 64), v).rule == "R4");  // only batch
+  v[1].model_tpot_s = 1.5;                                                // the host would miss it
+  CHECK(pol.route(input(SlaClass::kBatch, 400, 64), v).rule == "R4");
+  CHECK(DefaultRoutingPolicy().route(input(SlaClass::kBatch, 400, 64), gpu_cpu()).rule == "R4");  // no target
+  o.handoff_batch_decode = false;
+  CHECK(DefaultRoutingPolicy(o).route(input(SlaClass::kBatch, 400, 64), gpu_cpu()).rule == "R4");
+}

@@ -81,6 +81,10 @@ struct DefaultRoutingOptions {
   /// KV pages, less those the prompts queued there will take, cannot hold the request
   /// (prompt + output): the host's larger memory holds sequences the accelerator cannot.
   bool handoff_when_kv_short = true;
+  /// With a TPOT target set for `batch`, R5 hands every long batch prompt's decode to a
+  /// non-accelerator that meets the target with a free slot (SLO guard below), so the
+  /// accelerator's steps and KV reads go to the classes that need its speed.
+  bool handoff_batch_decode = true;
   double prefix_fraction = 0.5;  ///< a holder of >= this fraction of the prompt is preferred ...
   double prefix_slack = 1.5;     ///< ... unless its estimated time exceeds the best by this factor
   double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this
