@@ -209,6 +209,7 @@ struct SimNode {
   std::vector<const ProcessorProfile*> processors;
   ModelProfile big;
   double time_scale = 1.0;
+  int32_t token_scale = 1;  // simulated tokens per real token
   bool has_host() const {
     return std::any_of(processors.begin(), processors.end(), [](const auto* p) { return !p->accelerator; });
   }
@@ -228,15 +229,24 @@ SimNode parse_sim_node(const ServeOptions& o) {
   n.big = ModelProfile::from_shape(model_shape(o.sim_model));
   if (!(o.time_scale > 0.0)) throw std::runtime_error("--time-scale must be > 0");
   n.time_scale = o.time_scale;
+  if (o.sim_token_scale < 1) throw std::runtime_error("--sim-token-scale must be >= 1");
+  n.token_scale = o.sim_token_scale;
   return n;
 }
 
-/// KV pages a simulated executor gets: the node's budget in pages of the big model's KV,
-/// capped at what its decode slots (plus the prefix cache) can hold at this context.
-int32_t sim_kv_pages(const PerfModel& pm, int32_t page_size, int32_t n_ctx, int32_t max_running, int32_t prefix_cache) {
+/// KV pages a simulated executor gets: the node's budget in pages of the big model's KV
+/// (a page of `page_size` real tokens holds page_size x token_scale modelled ones), capped
+/// at what its decode slots (plus the prefix cache) can hold at this (real) context.
+int32_t sim_kv_pages(const PerfModel& pm, int32_t page_size, int32_t n_ctx, int32_t max_running, int32_t prefix_cache,
+                     int32_t token_scale) {
   const int64_t per_seq = (n_ctx + page_size - 1) / page_size + 1;
   const int64_t cap = per_seq * (int64_t{max_running} + prefix_cache + 1);
-  return int32_t(std::min(pm.kv_budget_pages(page_size), cap));
+  return int32_t(std::min(pm.kv_budget_pages(page_size * token_scale), cap));
+}
+
+/// Real tokens standing for `n` simulated ones (at least 1).
+int32_t real_tokens(int64_t n, int32_t token_scale) {
+  return int32_t(std::max<int64_t>(1, (n + token_scale - 1) / token_scale));
 }
 
 /// Executors of a simulated node: one paced CpuQ4Executor (1 thread) per processor, in the
@@ -249,9 +259,11 @@ void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool wi
   for (const ProcessorProfile* p : node.processors) {
     if (!p->accelerator && !with_host) continue;
     inner.push_back(std::make_unique<CpuQ4Executor>(model, CpuExecutorOptions{1}));
-    paced.push_back(std::make_unique<PacedExecutor>(*inner.back(), PerfModel(*p, node.big), node.time_scale));
+    paced.push_back(
+        std::make_unique<PacedExecutor>(*inner.back(), PerfModel(*p, node.big), node.time_scale, node.token_scale));
     const PerfModel& pm = paced.back()->perf_model();
-    const int32_t pages = sim_kv_pages(pm, page_size, o.n_ctx, p->max_running, o.prefix_cache);
+    const int32_t k = node.token_scale;
+    const int32_t pages = sim_kv_pages(pm, page_size, o.n_ctx, p->max_running, o.prefix_cache, k);
     if (pages < 1) {
       throw std::runtime_error(fmt::format("{}: the {} weights ({:.1f} GB) leave no memory for KV", p->name,
                                            node.big.name, double(node.big.weight_bytes_total) / 1e9));
@@ -269,9 +281,16 @@ void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool wi
     c.step_token_budget = p->step_token_budget;
     c.prefill_chunk = p->prefill_chunk;
     c.accelerator = p->accelerator;
-    // The router's priors: the modelled speeds, in wall-clock units.
-    c.prior_prefill_tps = pm.prefill_tokens_per_s(p->prefill_chunk) * node.time_scale;
-    c.prior_decode_tps = pm.decode_tokens_per_s(1, 512) * node.time_scale;
+    // The router's priors: the modelled speeds, in real tokens per wall second.
+    c.prior_prefill_tps = pm.prefill_tokens_per_s(p->prefill_chunk) * node.time_scale / k;
+    c.prior_decode_tps = pm.decode_tokens_per_s(1, 512) * node.time_scale / k;
+    // ... and the model itself for the TPOT of a request admitted now: one real token is
+    // k decode steps, taken at the sequence's last (modelled) position.
+    c.tpot_estimate_s = [pm, k, ts = node.time_scale](int32_t batch, int64_t ctx) {
+      StepShape s;
+      for (int32_t i = 0; i < batch; ++i) s += StepShape::single(std::max<int64_t>(0, ctx * k - 1), 1);
+      return double(k) * pm.step_seconds(s) / ts;
+    };
     c.name = std::string(p->name);
     so.executors.push_back(c);
   }
@@ -283,19 +302,27 @@ void set_slo_targets(const ServeOptions& o, const SimNode& node, DefaultRoutingO
   for (int c = 0; c < kSlaClassCount; ++c) {
     const Slo s = slo_for(o, SlaClass(c));
     ro.ttft_target_s[c] = s.ttft_s / node.time_scale;
-    ro.tpot_target_s[c] = s.tpot_s / node.time_scale;
+    ro.tpot_target_s[c] = s.tpot_s * node.token_scale / node.time_scale;  // per real token
   }
 }
 
 /// Per-executor pacing figures and the routing rules used, for a simulated run.
 void add_simulation_report(nlohmann::json& j, const std::vector<RequestHandle>& hs,
                            const std::vector<std::unique_ptr<PacedExecutor>>& paced, double ts) {
-  std::map<std::string, int> rules;
+  std::map<std::string, int> rules, on_host;
   for (const auto& h : hs) {
-    const std::string& route = h.wait().route;
-    rules[route.substr(0, route.find(':'))] += 1;
+    const RequestResult& r = h.wait();
+    const std::string rule = r.route.substr(0, r.route.find(':'));
+    rules[rule] += 1;
+    // Executors of a simulated node are named after their processor profiles.
+    bool host = false;
+    for (const std::string& e : {r.metrics.prefill_executor, r.metrics.decode_executor}) {
+      for (const auto& p : processor_profiles()) host = host || (!e.empty() && p.name == e && !p.accelerator);
+    }
+    if (host) on_host[rule] += 1;
   }
   j["routes"] = rules;
+  j["host_routes"] = on_host;  // requests that prefilled or decoded on a host processor, by rule
   j["time_scale"] = ts;
   for (const auto& p : paced) {
     j["paced"].push_back({{"name", p->name()},
@@ -386,6 +413,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
   // A simulation runs time_scale times faster than simulated time: arrivals are
   // compressed here and every measured time is multiplied back (ts) below.
   const double ts = sim ? sim->time_scale : 1.0;
+  const double tok_k = sim ? double(sim->token_scale) : 1.0;  // TPOT per simulated token = per real token / k
   Scheduler sched(std::move(so));
   std::vector<RequestHandle> hs(items.size());
   const auto t0 = Clock::now();
@@ -442,11 +470,11 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
       ++a.ok;
       a.tokens += r.tokens.size();
       a.ttft.push_back(r.metrics.ttft_s * ts);
-      if (r.metrics.generated_tokens > 1) a.tpot.push_back(r.metrics.tpot_s * ts);
+      if (r.metrics.generated_tokens > 1) a.tpot.push_back(r.metrics.tpot_s * ts / tok_k);
       a.e2e.push_back(r.metrics.e2e_s * ts);
       a.queue.push_back(r.metrics.queue_s * ts);
       const Slo s = slo_for(o, items[i].sla);
-      if (r.metrics.ttft_s * ts <= s.ttft_s && r.metrics.tpot_s * ts <= s.tpot_s) ++a.met;
+      if (r.metrics.ttft_s * ts <= s.ttft_s && r.metrics.tpot_s * ts / tok_k <= s.tpot_s) ++a.met;
     }
   }
   RunResult rr;
@@ -556,18 +584,32 @@ std::string attainment_cell(const RunResult& r) {
   return fmt::format("{:.1f}% / {:.2f} ({})", 100 * r.attainment, r.goodput, per);
 }
 
-/// Requests whose prefill or decode ran on a host (non-accelerator) processor, by rule.
+/// Requests whose prefill or decode ran on a host (non-accelerator) processor.
 int host_requests(const nlohmann::json& run) {
   int n = 0;
-  if (!run.contains("routes")) return 0;
-  for (const char* rule : {"R5", "R7"}) n += run["routes"].value(rule, 0);
+  if (!run.contains("host_routes")) return 0;
+  for (const auto& [rule, count] : run["host_routes"].items()) n += count.get<int>();
   return n;
 }
 
 /// tandem-bench serve --simulate NODE: the trace at each load level, GPU-only and CPU+GPU.
-int run_simulation(const ServeOptions& o, const std::shared_ptr<const Model>& model) {
-  const SimNode node = parse_sim_node(o);
-  const std::vector<Item> base = o.trace.empty() ? generate(o, o.rate) : load_trace(o.trace);
+int run_simulation(const ServeOptions& so, const std::shared_ptr<const Model>& model) {
+  const SimNode node = parse_sim_node(so);
+  const int32_t k = node.token_scale;
+  std::vector<Item> base = so.trace.empty() ? generate(so, so.rate) : load_trace(so.trace);
+  // --sim-token-scale k: lengths (trace, -c, --long-prompt) are simulated tokens; the run
+  // uses one real token for every k.
+  ServeOptions o = so;
+  if (k > 1) {
+    o.n_ctx = real_tokens(so.n_ctx, k);
+    o.long_prompt_tokens = real_tokens(so.long_prompt_tokens > 0 ? so.long_prompt_tokens : 256, k);
+    for (auto& it : base) {
+      if (!it.prompt.empty()) throw std::runtime_error("--sim-token-scale needs prompt_tokens, not prompt text");
+      it.prompt_tokens = real_tokens(it.prompt_tokens, k);
+      it.output_tokens = real_tokens(it.output_tokens, k);
+      it.prefix_tokens = it.prefix_tokens / k;
+    }
+  }
   if (base.empty()) throw std::runtime_error("the workload has no requests");
   const double span = base.back().t > 0 ? base.back().t : 1.0;
   const double base_rate = double(base.size()) / span;
@@ -580,6 +622,7 @@ int run_simulation(const ServeOptions& o, const std::shared_ptr<const Model>& mo
   out["node"] = node.name;
   out["model"] = node.big.name;
   out["time_scale"] = node.time_scale;
+  out["token_scale"] = k;
   out["workload"] = o.trace.empty() ? std::string("generated") : o.trace;
   const int32_t ps = 16;
   for (const auto* p : node.processors) {
@@ -591,12 +634,14 @@ int run_simulation(const ServeOptions& o, const std::shared_ptr<const Model>& mo
                                  {"max_running", p->max_running},
                                  {"prefill_tps_chunk", pm.prefill_tokens_per_s(p->prefill_chunk)},
                                  {"kv_budget_tokens", pm.kv_budget_pages(ps) * ps},
-                                 {"kv_pages", sim_kv_pages(pm, ps, o.n_ctx, p->max_running, o.prefix_cache)}});
+                                 {"kv_pages", sim_kv_pages(pm, ps, o.n_ctx, p->max_running, o.prefix_cache, k)}});
   }
   if (!o.json) {
-    fmt::print("simulated node {} serving {} ({:.1f}B parameters, {:.1f} GB Q4_0, {} KB KV/token); time scale {}x\n",
-               node.name, node.big.name, double(node.big.total_params) / 1e9, double(node.big.weight_bytes_total) / 1e9,
-               node.big.kv_bytes_per_token / 1024, node.time_scale);
+    fmt::print(
+        "simulated node {} serving {} ({:.1f}B parameters, {:.1f} GB Q4_0, {} KB KV/token); time scale {}x; {} "
+        "simulated token(s) per real token\n",
+        node.name, node.big.name, double(node.big.total_params) / 1e9, double(node.big.weight_bytes_total) / 1e9,
+        node.big.kv_bytes_per_token / 1024, node.time_scale, k);
     for (const auto& p : out["processors"]) {
       fmt::print(
           "  {}: decode {:.1f} tok/s (1 seq), {:.1f} tok/s/seq x {} seqs; prefill {:.0f} tok/s; KV budget {} tokens, "
@@ -630,7 +675,7 @@ int run_simulation(const ServeOptions& o, const std::shared_ptr<const Model>& mo
       row["goodput_ratio"] = g.goodput > 0 ? b.goodput / g.goodput : 0.0;
       if (b.attainment >= o.target) cap_both = std::max(cap_both, rate);
       for (const auto& p : b.json["paced"]) overruns += p["overruns"].get<uint64_t>();
-      const auto& r = b.json["routes"];
+      const auto& r = b.json["host_routes"];
       both_cell = attainment_cell(b);
       ratio_cell = g.goodput > 0 ? fmt::format("{:.2f}x", b.goodput / g.goodput) : "-";
       host_cell = fmt::format("{} ({} / {})", host_requests(b.json), r.value("R5", 0), r.value("R7", 0));
@@ -733,6 +778,9 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--sim-model", o.sim_model,
                 "simulate: the modelled model (qwen-27b-class, qwen2.5-7b, llama3-70b, ...)");
   c->add_option("--time-scale", o.time_scale, "simulate: simulated seconds per wall second");
+  c->add_option("--sim-token-scale", o.sim_token_scale,
+                "simulate: simulated tokens per real token (trace lengths and -c are simulated tokens)")
+      ->check(CLI::Range(1, 1 << 16));
   c->add_option("--loads", o.loads, "simulate: load levels, multiples of the workload's arrival rate");
   c->callback([&o] { check_serve_options(o); });
 }

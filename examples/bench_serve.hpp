@@ -40,6 +40,7 @@ struct ServeOptions {
   std::string simulate;                          ///< "l40s+epyc32", "h200+epyc32", "h200", "l40s", ...
   std::string sim_model = "qwen-27b-class";      ///< the modelled (big) model's shape
   double time_scale = 1.0;                       ///< simulated seconds per wall second
+  int32_t sim_token_scale = 1;                   ///< simulated tokens per real token (long contexts)
   std::vector<double> loads{0.5, 1, 1.5, 2, 3};  ///< sweep: multiples of the trace's arrival rate
 };
 

@@ -10,22 +10,26 @@
 
 namespace tandem {
 
-PacedExecutor::PacedExecutor(Executor& inner, PerfModel model, double time_scale)
+PacedExecutor::PacedExecutor(Executor& inner, PerfModel model, double time_scale, int32_t token_scale)
     : Executor(inner.model_ptr()),
       inner_(inner),
       model_(std::move(model)),
       time_scale_(time_scale),
+      token_scale_(token_scale),
       name_("paced-" + std::string(model_.processor().name)) {
   if (!(time_scale > 0.0) || !std::isfinite(time_scale)) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("paced executor: time_scale {} must be a positive finite number", time_scale));
+  }
+  if (token_scale < 1) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("paced executor: token_scale {} must be >= 1", token_scale));
   }
 }
 
 void PacedExecutor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const double modelled = model_.step_seconds(StepShape::of(batch));
+  const double modelled = model_.scaled_step_seconds(batch, token_scale_);
   const auto deadline =
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(modelled / time_scale_));
   inner_.step(batch, logits);

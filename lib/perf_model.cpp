@@ -230,21 +230,40 @@ PerfModel::PerfModel(const ProcessorProfile& processor, ModelProfile model) : p_
   }
 }
 
-double PerfModel::step_seconds(const StepShape& s) const noexcept {
+double PerfModel::steps_seconds(const StepShape& s, int64_t steps) const noexcept {
   const double bw = p_.mem_bw * p_.bw_efficiency;
   const double ops = p_.peak_ops * p_.compute_efficiency;
   const double tokens = double(s.prefill_tokens + s.decode_tokens);
-  const double weights_s = double(m_.weight_bytes_read) / bw;
+  const double weights_s = double(steps) * double(m_.weight_bytes_read) / bw;
   const double compute_s =
       (2.0 * double(m_.matmul_params) * tokens + m_.attn_flops_per_pair * double(s.attn_pairs)) / ops;
   const double kv_s = double(s.kv_positions) * double(m_.kv_bytes_per_token) / bw;
-  return std::max(weights_s, compute_s) + kv_s + p_.step_overhead_s;
+  return std::max(weights_s, compute_s) + kv_s + double(steps) * p_.step_overhead_s;
+}
+
+double PerfModel::step_seconds(const StepShape& s) const noexcept {
+  return steps_seconds(s, 1);
 }
 
 double PerfModel::decode_tokens_per_s(int32_t batch, int64_t ctx) const noexcept {
   StepShape s;
   for (int32_t i = 0; i < batch; ++i) s += StepShape::single(std::max<int64_t>(0, ctx - 1), 1);
   return 1.0 / step_seconds(s);
+}
+
+double PerfModel::scaled_step_seconds(std::span<const SequenceStep> batch, int32_t token_scale) const noexcept {
+  const int64_t k = std::max<int32_t>(token_scale, 1);
+  if (k == 1) return step_seconds(StepShape::of(batch));
+  StepShape all;  // the k modelled steps together
+  for (const auto& q : batch) {
+    const int64_t n = int64_t(q.tokens.size()), p0 = k * int64_t(q.pos0);
+    (n > 1 ? all.prefill_tokens : all.decode_tokens) += k * n;
+    // Modelled step j (0-based) reads p0 + (j + 1) n positions.
+    all.kv_positions += k * p0 + n * k * (k + 1) / 2;
+    // Its k n tokens attend to sum_{i = p0}^{p0 + k n - 1} (i + 1) pairs.
+    all.attn_pairs += StepShape::single(p0, k * n).attn_pairs;
+  }
+  return steps_seconds(all, k);
 }
 
 double PerfModel::prefill_tokens_per_s(int64_t n) const noexcept {

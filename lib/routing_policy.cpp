@@ -44,9 +44,10 @@ namespace {
 std::string view_numbers(const ExecutorView& e, int32_t prompt, int32_t out) {
   return fmt::format(
       "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
-      "est prefill {:.3f}s decode {:.3f}s]",
+      "est prefill {:.3f}s decode {:.3f}s{}]",
       e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.kv_free_pages,
-      e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt), DefaultRoutingPolicy::est_decode_s(e, out));
+      e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt), DefaultRoutingPolicy::est_decode_s(e, out),
+      e.model_tpot_s > 0 ? fmt::format(", model TPOT {:.4f}s", e.model_tpot_s) : std::string());
 }
 
 template <class Pred, class Key>
@@ -140,10 +141,17 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
   const int cls = int(in.sla);
   auto host_meets_slo = [&](const ExecutorView& h, bool prefill_there, std::string& why) {
     const double ttft_t = o_.ttft_target_s[cls], tpot_t = o_.tpot_target_s[cls];
-    const double ttft = prefill_there ? est_prefill_s(h, p) : 0.0, tpot = est_decode_s(h, 1);
+    const double ttft = prefill_there ? est_prefill_s(h, p) : 0.0;
+    const double tpot = std::max(est_decode_s(h, 1), h.model_tpot_s);
     if ((ttft_t > 0 && ttft > ttft_t) || (tpot_t > 0 && tpot > tpot_t)) {
       why = fmt::format("host {} would miss the {} SLO (est TTFT {:.3f}s vs {:.3f}s, TPOT {:.3f}s vs {:.3f}s)", h.name,
                         sla_class_name(in.sla), ttft, ttft_t, tpot, tpot_t);
+      return false;
+    }
+    // With a target, a request that would wait for a decode slot is a likely miss.
+    if ((ttft_t > 0 || tpot_t > 0) && h.running + h.queued >= h.max_running) {
+      why = fmt::format("host {} has no free decode slot ({} running + {} queued >= {})", h.name, h.running, h.queued,
+                        h.max_running);
       return false;
     }
     return true;
@@ -153,24 +161,40 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
   const int32_t fresh = std::max(0, p - av.prefix_tokens);
   // R4/R5: long prompt -> prefill on the accelerator.
   if (fresh >= o_.long_prompt_tokens) {
-    const bool scarce = double(av.running + av.queued) >= o_.decode_scarce_fraction * double(av.max_running);
+    const bool slots_scarce = double(av.running + av.queued) >= o_.decode_scarce_fraction * double(av.max_running);
+    const int64_t ps = std::max(av.page_size, 1);
+    const int64_t need_pages = (int64_t{p} + n + ps - 1) / ps, queued_pages = (av.queued_tokens + ps - 1) / ps;
+    const bool kv_short = o_.handoff_when_kv_short && need_pages + queued_pages > int64_t{av.kv_free_pages};
+    // A batch decode the host can carry within its TPOT target leaves the accelerator's
+    // steps (and its KV reads) to the requests that need its speed.
+    const bool batch_off = o_.handoff_batch_decode && in.sla == SlaClass::kBatch && o_.tpot_target_s[cls] > 0;
+    const bool scarce = slots_scarce || kv_short || batch_off;
+    std::string short_of;
+    if (slots_scarce) {
+      short_of = fmt::format("decode slots are scarce ({}+{} queued >= {:.2f} x {})", av.running, av.queued,
+                             o_.decode_scarce_fraction, av.max_running);
+    } else if (kv_short) {
+      short_of = fmt::format("KV is short ({} pages needed + {} queued > {} free)", need_pages, queued_pages,
+                             av.kv_free_pages);
+    } else {
+      short_of = "steps are better spent on tighter SLOs than on a batch decode";
+    }
     const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
     std::string miss;
     if (in.sla != SlaClass::kInteractive && scarce && !host_meets_slo(at(h), false, miss)) {
       return whole(a, "R4",
-                   fmt::format("long prompt ({} >= {}) prefills and decodes on {}: its decode slots are scarce "
-                               "but {}",
-                               fresh, o_.long_prompt_tokens, av.name, miss));
+                   fmt::format("long prompt ({} >= {}) prefills and decodes on {}: its {} but {}", fresh,
+                               o_.long_prompt_tokens, av.name, short_of, miss));
     }
     if (in.sla != SlaClass::kInteractive && scarce) {
       d.prefill = a;
       d.decode = h;
       d.rule = "R5";
       d.reason = fmt::format(
-          "R5: long prompt ({} >= {}) prefills on {}; its decode slots are scarce ({}+{} queued >= {:.2f} x {}) so "
-          "{} decode goes to {} after one KV move (sla {}, prompt {}, out {}) ->{}",
-          fresh, o_.long_prompt_tokens, av.name, av.running, av.queued, o_.decode_scarce_fraction, av.max_running,
-          sla_class_name(in.sla), at(h).name, sla_class_name(in.sla), p, n, numbers());
+          "R5: long prompt ({} >= {}) prefills on {}; its {} so {} decode goes to {} after one KV move (sla {}, "
+          "prompt {}, out {}) ->{}",
+          fresh, o_.long_prompt_tokens, av.name, short_of, sla_class_name(in.sla), at(h).name, sla_class_name(in.sla),
+          p, n, numbers());
       return d;
     }
     return whole(

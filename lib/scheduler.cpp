@@ -102,13 +102,17 @@ int Scheduler::Impl::route(Seq& seq) {
     v.accelerator = L->accelerator;
     v.prefill_tps = L->prefill_tps.load(std::memory_order_relaxed);
     v.decode_tps = L->decode_tps.load(std::memory_order_relaxed);
-    v.queued = L->n_queued.load(std::memory_order_relaxed);
+    v.queued = L->n_queued.load(std::memory_order_relaxed) + L->handoffs_pending.load(std::memory_order_relaxed);
     v.queued_tokens = std::max<int64_t>(0, L->queued_tokens.load(std::memory_order_relaxed));
     v.running = L->n_running.load(std::memory_order_relaxed);
     v.max_running = L->cfg.max_running;
     v.kv_free_pages = L->store->usage(L->tier).free();
     v.page_size = L->ps;
     v.prefix_tokens = L->ps == ps ? L->prefix_tokens_for(seq.prefix_hashes) : 0;
+    if (L->cfg.tpot_estimate_s) {
+      const int32_t batch = std::min(v.max_running, std::max(0, v.running) + std::max(0, v.queued) + 1);
+      v.model_tpot_s = L->cfg.tpot_estimate_s(batch, seq.final_len());
+    }
     views.push_back(v);
   }
   RouteInput in;
@@ -128,6 +132,10 @@ int Scheduler::Impl::route(Seq& seq) {
   if (!offered(d.decode)) d.decode = d.prefill;
   seq.prefill_exec = d.prefill;
   seq.decode_exec = d.decode;
+  if (d.decode != d.prefill) {  // counted on its decode loop until the hand-off arrives
+    loops[size_t(d.decode)]->handoffs_pending.fetch_add(1, std::memory_order_relaxed);
+    seq.handoff_pending_at = d.decode;
+  }
   seq.rs->result.route = d.reason;
   log(fmt::format("route req={} {}", seq.rs->id, d.reason));
   auto& L = *loops[size_t(d.prefill)];

@@ -131,7 +131,9 @@ bool Loop::try_admit(Seq& s) {
   }
   // 2. Reserve the pages of the prompt and of the output admitted up front.
   const int32_t ahead = cfg.admission_output_tokens;
-  const int64_t remaining = s.max_new - s.gen->n_gen();
+  // A prefill whose decode is handed to another executor needs room for its first token
+  // only here: the output's pages are reserved where it decodes.
+  const int64_t remaining = s.decode_exec != index && s.gen->n_gen() == 0 ? 1 : s.max_new - s.gen->n_gen();
   const int64_t to_len = int64_t(s.tokens.size()) + (ahead < 0 ? remaining : std::min<int64_t>(ahead, remaining));
   if (!reserve_pages(*s.kv, placement().pages_to_grow(*s.kv, std::min(to_len, s.final_len())))) {
     if (fresh) s.kv.reset();  // nothing lost: recreated (and the prefix re-shared) next time

@@ -84,6 +84,7 @@ bool Loop::hand_off(std::unique_ptr<Seq>& slot) {
   } catch (const Error& e) {
     s.handoff.reset();
     sc->log(fmt::format("handoff req={} export failed ({}); decoding on {}", s.rs->id, e.what(), name));
+    sc->settle_pending_handoff(s);
     s.decode_exec = index;
     s.rs->result.metrics.decode_executor = name;
     return false;
@@ -93,9 +94,16 @@ bool Loop::hand_off(std::unique_ptr<Seq>& slot) {
   s.kv.reset();  // the lease holds the pages until the receiver confirms
   auto& dst = *sc->loops[size_t(s.decode_exec)];
   sc->queued.fetch_add(1, std::memory_order_relaxed);
-  dst.n_queued.fetch_add(1, std::memory_order_relaxed);
+  dst.n_queued.fetch_add(1, std::memory_order_relaxed);  // before the pending count drops: never uncounted
+  sc->settle_pending_handoff(s);
   dst.push(std::move(slot));
   return true;
+}
+
+void Scheduler::Impl::settle_pending_handoff(Seq& s) noexcept {
+  if (s.handoff_pending_at < 0) return;
+  loops[size_t(s.handoff_pending_at)]->handoffs_pending.fetch_sub(1, std::memory_order_relaxed);
+  s.handoff_pending_at = -1;
 }
 
 void Loop::reap_leases() {

@@ -95,6 +95,7 @@ struct Seq {
   bool pinned = false;                  // this request holds one pin on kv (while admitted)
   int kv_loop = -1;                     // the loop whose store holds kv
   int32_t charge = 0;                   // prompt tokens counted in a loop's queued_tokens
+  int handoff_pending_at = -1;          // decode loop counting this request in handoffs_pending
   std::vector<uint64_t> prefix_hashes;  // page-boundary hashes of the prompt (routing index)
 
   int32_t pending() const { return int32_t(tokens.size()) - (kv ? kv->n_tokens() : 0); }
@@ -199,6 +200,9 @@ struct Scheduler::Impl {
   void dispatch(std::unique_ptr<Seq> seq, int loop);
   /// Routing: pick the executors for a validated sequence; returns the prefill loop.
   int route(Seq& seq);
+  /// The request no longer waits to be handed to its decode loop (pushed there, decoding
+  /// where it prefilled, or ended): that loop's handoffs_pending drops by one, once.
+  void settle_pending_handoff(Seq& seq) noexcept;
 };
 
 struct Scheduler::Impl::Loop {
@@ -240,6 +244,9 @@ struct Scheduler::Impl::Loop {
 
   // Routing view (atomics read by submitters).
   std::atomic<int32_t> n_queued{0}, n_running{0};
+  /// Requests routed here for decode whose prefill still runs on another loop: they will
+  /// want a decode slot, so the router counts them as queued here (ExecutorView::queued).
+  std::atomic<int32_t> handoffs_pending{0};
   std::atomic<int64_t> queued_tokens{0};
   std::atomic<double> prefill_tps{0}, decode_tps{0};
   // Prefix index for routing: key -> page-boundary hashes (under idx_mu; changed per request).

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "scheduler_internal.hpp"
+#include "speed_signals.hpp"
 
 namespace tandem {
 
@@ -36,6 +37,7 @@ void Scheduler::Impl::release_seq(Seq& s) noexcept {
     }
     s.handoff.reset();
   }
+  settle_pending_handoff(s);
   unpin_kv(s);
   if (s.session) park_session(s);
   s.kv.reset();
@@ -232,14 +234,7 @@ void Loop::do_step() {
   busy_ns.fetch_add(uint64_t(dt * 1e9), std::memory_order_relaxed);
   occupancy_milli.fetch_add(uint64_t(1000.0 * double(running.size()) / double(cfg.max_running)),
                             std::memory_order_relaxed);
-  auto ewma = [](std::atomic<double>& a, double v) {
-    const double old = a.load(std::memory_order_relaxed);
-    a.store(old <= 0 ? v : 0.8 * old + 0.2 * v, std::memory_order_relaxed);
-  };
-  if (dt > 0) {
-    if (plan.n_prefill > 0) ewma(prefill_tps, double(plan.n_prefill + plan.n_decode) / dt);
-    if (plan.n_prefill == 0 && plan.n_decode > 0) ewma(decode_tps, 1.0 / dt);
-  }
+  update_speed_signals(prefill_tps, decode_tps, plan.n_prefill, plan.n_decode, dt);
   sample_plan(t1);
   std::erase_if(running, [](const auto& q) { return !q; });
   n_running.store(int32_t(running.size()), std::memory_order_relaxed);

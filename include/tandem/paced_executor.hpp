@@ -35,8 +35,11 @@ namespace tandem {
 class PacedExecutor final : public Executor {
  public:
   /// `inner` must outlive this executor and must not be stepped by anyone else.
-  /// Throws Error(kInvalidArgument) when time_scale is not a positive finite number.
-  PacedExecutor(Executor& inner, PerfModel model, double time_scale = 1.0);
+  /// token_scale k >= 1: every real token stands for k modelled tokens (a step is paced to
+  /// PerfModel::scaled_step_seconds(batch, k) / time_scale), so long contexts can be
+  /// simulated with short real prompts. Throws Error(kInvalidArgument) when time_scale is
+  /// not a positive finite number or token_scale < 1.
+  PacedExecutor(Executor& inner, PerfModel model, double time_scale = 1.0, int32_t token_scale = 1);
 
   /// "paced-" + the processor profile's name (e.g. "paced-l40s").
   std::string_view name() const noexcept override { return name_; }
@@ -46,8 +49,13 @@ class PacedExecutor final : public Executor {
 
   const PerfModel& perf_model() const noexcept { return model_; }
   double time_scale() const noexcept { return time_scale_; }
-  /// Wall seconds a step of this shape is paced to (modelled seconds / time_scale).
+  int32_t token_scale() const noexcept { return token_scale_; }
+  /// Wall seconds a step of this shape is paced to (modelled seconds / time_scale; token scale 1).
   double paced_seconds(const StepShape& s) const noexcept { return model_.step_seconds(s) / time_scale_; }
+  /// Wall seconds this batch is paced to (any token scale).
+  double paced_seconds(std::span<const SequenceStep> batch) const noexcept {
+    return model_.scaled_step_seconds(batch, token_scale_) / time_scale_;
+  }
 
   uint64_t steps() const noexcept { return steps_.load(std::memory_order_relaxed); }
   /// Steps whose wrapped computation alone outlasted the modelled time.
@@ -64,6 +72,7 @@ class PacedExecutor final : public Executor {
   Executor& inner_;
   PerfModel model_;
   double time_scale_;
+  int32_t token_scale_;
   std::string name_;
   std::atomic<uint64_t> steps_{0}, overruns_{0}, modelled_ns_{0}, compute_ns_{0};
 };

@@ -133,8 +133,20 @@ class PerfModel {
 
   /// Seconds one step of this shape takes (the formula at the top of this file).
   double step_seconds(const StepShape& s) const noexcept;
+  /// Seconds `steps` steps take whose shapes add up to `s`: weights and overhead `steps`
+  /// times, compute and KV of `s` (= the sum of their step_seconds while all of them are
+  /// on the same side of the roofline's max).
+  double steps_seconds(const StepShape& s, int64_t steps) const noexcept;
   /// Decode speed of one sequence in a batch of `batch` sequences at `ctx` positions each.
   double decode_tokens_per_s(int32_t batch, int64_t ctx) const noexcept;
+  /// Seconds of a real executor step in which every real token stands for `token_scale`
+  /// modelled tokens (k; 1 = step_seconds(StepShape::of(batch))). The real step is taken
+  /// as k modelled steps, each with the real step's token counts (a sequence stepping n
+  /// tokens at real position pos0 steps n tokens in each, from modelled position k * pos0),
+  /// so prompt tokens cost k times their compute, a decode token k decode steps, and KV
+  /// reads and attention are those of k times the positions. Returns steps_seconds of the
+  /// k steps' summed shape. No allocation.
+  double scaled_step_seconds(std::span<const SequenceStep> batch, int32_t token_scale) const noexcept;
   /// Prompt speed of one `n`-token prefill step from an empty sequence.
   double prefill_tokens_per_s(int64_t n) const noexcept;
   /// Bytes of the processor's memory left for KV: memory_bytes * kKvMemoryFraction minus

@@ -36,15 +36,20 @@ struct ExecutorView {
   /// An accelerator (GPU-like: big batches, fast prefill). Default: kv_tier() == Device;
   /// configurable per executor (cpu+cpu runs mark one CPU pool as the primary).
   bool accelerator = false;
-  double prefill_tps = 0.0;   ///< measured prompt tokens/s (EWMA over steps)
-  double decode_tps = 0.0;    ///< measured decode tokens/s per sequence (EWMA)
-  int32_t queued = 0;         ///< requests waiting for admission
+  double prefill_tps = 0.0;  ///< measured prompt tokens/s (EWMA over steps)
+  double decode_tps = 0.0;   ///< measured decode tokens/s per sequence (EWMA)
+  /// requests waiting for admission, plus decode hand-offs routed here whose prefill is
+  /// still running elsewhere (they will want a decode slot here)
+  int32_t queued = 0;
   int64_t queued_tokens = 0;  ///< prompt tokens of requests waiting for admission
   int32_t running = 0;        ///< admitted sequences
   int32_t max_running = 1;    ///< decode slots
   int32_t kv_free_pages = 0;  ///< free pages in its compute tier
   int32_t page_size = 16;
   int32_t prefix_tokens = 0;  ///< tokens of this request's prompt whose KV it already holds
+  /// Seconds per output token the executor's performance model predicts for this request
+  /// if admitted now (ExecutorConfig::tpot_estimate_s); 0 = no model.
+  double model_tpot_s = 0.0;
 };
 
 struct RouteInput {
@@ -72,13 +77,26 @@ class RoutingPolicy {
 struct DefaultRoutingOptions {
   int32_t long_prompt_tokens = 256;      ///< a prompt this long (after prefix reuse) is "long"
   double decode_scarce_fraction = 0.75;  ///< decode slots are scarce when running >= this * max_running
-  double prefix_fraction = 0.5;          ///< a holder of >= this fraction of the prompt is preferred ...
-  double prefix_slack = 1.5;             ///< ... unless its estimated time exceeds the best by this factor
+  /// R5 also hands a long prompt's decode to a non-accelerator when the accelerator's free
+  /// KV pages, less those the prompts queued there will take, cannot hold the request
+  /// (prompt + output): the host's larger memory holds sequences the accelerator cannot.
+  bool handoff_when_kv_short = true;
+  /// With a TPOT target set for `batch`, R5 hands every long batch prompt's decode to a
+  /// non-accelerator that meets the target with a free slot (SLO guard below), so the
+  /// accelerator's steps and KV reads go to the classes that need its speed.
+  bool handoff_batch_decode = true;
+  double prefix_fraction = 0.5;  ///< a holder of >= this fraction of the prompt is preferred ...
+  double prefix_slack = 1.5;     ///< ... unless its estimated time exceeds the best by this factor
   double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this
   /// Per-class SLO targets in seconds, indexed by SlaClass (0 = no target). With a target
   /// set, a request goes to a non-accelerator (R5's decode hand-off, R7) only when that
   /// executor's estimated TTFT (est_prefill_s) and TPOT (est_decode_s of one token) meet
   /// it; otherwise it stays on the accelerator (the host would only turn it into a miss).
+  ///
+  /// The host's TPOT estimate is the larger of est_decode_s(h, 1) and its model_tpot_s;
+  /// with a target set for the class, the host must also have a free decode slot
+  /// (running + queued < max_running, hand-offs on their way included): when in doubt the
+  /// request stays on the accelerator.
   double ttft_target_s[kSlaClassCount] = {0.0, 0.0, 0.0};
   double tpot_target_s[kSlaClassCount] = {0.0, 0.0, 0.0};
 };

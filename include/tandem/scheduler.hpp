@@ -152,6 +152,12 @@ struct ExecutorConfig {
   std::optional<bool> accelerator;
   double prior_prefill_tps = 0.0;  ///< speeds assumed before any measurement (0 = 1000 / 100)
   double prior_decode_tps = 0.0;
+  /// Optional performance model of the executor for the router: predicted wall seconds
+  /// per decode token of one sequence in a batch of `decode_batch` sequences of `ctx`
+  /// positions each. When set, the router also sees the TPOT a request would get here
+  /// if admitted now (ExecutorView::model_tpot_s; batch = running + queued + 1, capped at
+  /// max_running). Called under the routing lock from submit()'s thread; must not throw.
+  std::function<double(int32_t decode_batch, int64_t ctx)> tpot_estimate_s;
   std::string name;  ///< for logs and metrics ("" = executor name + index)
 };
 
