@@ -17,9 +17,10 @@
 // is exact (dp4a), so CPU and GPU differ only in the order of float accumulation. RMSNorm
 // sums in double; RoPE uses the CPU's cos/sin table (computed on the host the same way);
 // with an f16 KV cache q is rounded to f16; softmax subtracts the max and sums in double.
-// Attention takes one block per (token, head) and rounds the probabilities to f16 as the
-// CPU does. A split-KV decode path (attention_split in kernels/cuda/cuda_kernels.hpp) is
-// built and tested but not yet routed to (kSplitDecodeAttention in the executor says why).
+// Attention rounds the probabilities to f16 as the CPU does: multi-token steps (prefill)
+// take one block per (token, head); the single token of a decode step goes through split-KV
+// attention (attention_split in kernels/cuda/cuda_kernels.hpp: partitions of 128 absolute
+// positions, one block per GQA group and partition, log-sum-exp combination).
 // Tolerances against the CPU: tests/gpu/gpu_test_support.hpp.
 //
 // KV: the executor computes on Device pages (kv_tier() == kDevice) of a KvStore whose

@@ -22,13 +22,9 @@ namespace ck = kernels::cuda;
 
 namespace {
 
-// Decode attention through the split-KV kernels (kernels/cuda attention_split). Off: with
-// it on, the kernels match float64 and the per-head kernel (tests/gpu/test_gpu_attention.cpp)
-// and the executor parity tests pass, but the llama.cpp golden test of aidreams260K-f32
-// (Session on a Device store, first step a single BOS token) fails by 3e-2..1.3e-1 x
-// max|logit| from its first step on, and its later cases too: a fault not yet found (an
-// out-of-bounds write into another device buffer is the first suspect: run it under ASan).
-constexpr bool kSplitDecodeAttention = false;
+// Decode attention through the split-KV kernels (kernels/cuda attention_split); false
+// routes every token through attention().
+constexpr bool kSplitDecodeAttention = true;
 
 void cuda_check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
