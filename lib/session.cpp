@@ -41,15 +41,26 @@ int32_t pages_for(int32_t n_ctx, int32_t page_size) {
   return static_cast<int32_t>((int64_t{n_ctx} + page_size - 1) / page_size);
 }
 
-std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, int32_t n_ctx) {
+// The tier an own store puts pages in: the executor's Device tier when it offers one
+// and the options ask for Host (the default) or Device, else the options' tier.
+bool own_device_store(const SessionOptions& o, const Executor& ex) {
+  return !o.kv_store && o.kv_tier != KvTier::kFile && ex.kv_tier() == KvTier::kDevice;
+}
+
+std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, int32_t n_ctx, const Executor& ex) {
   if (o.kv_store) return o.kv_store;
-  if (o.kv_tier == KvTier::kDevice) {
-    throw Error(ErrorCode::kInvalidArgument, "session: a Device-tier session needs a store from the GPU executor");
-  }
   KvStoreOptions so;
   so.layout = KvLayout::for_model(hp, o.page_size, o.kv_dtype);
   // One spare page so a copy-on-write never fails for want of room.
   const int32_t pages = pages_for(n_ctx, o.page_size) + 1;
+  if (own_device_store(o, ex)) {
+    so.device = ex.make_kv_device_backend(so.layout, pages);
+    if (so.device) return std::make_shared<KvStore>(std::move(so));
+  }
+  if (o.kv_tier == KvTier::kDevice) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "session: a Device-tier session needs an executor with a Device tier or a store from one");
+  }
   (o.kv_tier == KvTier::kHost ? so.host_pages : so.file_pages) = pages;
   so.file_dir = o.kv_dir;
   so.file_chunk_pages = std::min(pages, 256);
@@ -67,8 +78,9 @@ Session::Session(std::shared_ptr<const Model> model, Executor& executor, const S
       executor_(&executor),
       options_(options),
       n_ctx_(resolve_n_ctx(model_->hparams(), options)),
-      store_(own_store(model_->hparams(), options, n_ctx_)),
-      kv_(std::make_unique<KvSequence>(*store_, n_ctx_, options.kv_tier)),
+      store_(own_store(model_->hparams(), options, n_ctx_, executor)),
+      kv_(std::make_unique<KvSequence>(
+          *store_, n_ctx_, options.kv_store || !store_->has_tier(KvTier::kDevice) ? options.kv_tier : KvTier::kDevice)),
       logits_(size_t(model_->hparams().n_vocab)),
       rng_(options.seed),
       gen_(std::make_unique<Generation>(model_->tokenizer())) {
@@ -233,7 +245,7 @@ Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst
     o.kv_tier = dst.kv_tier() == KvTier::kDevice ? KvTier::kHost : dst.kv_tier();
     o.kv_dtype = store_->layout().dtype;
     o.page_size = store_->layout().page_size;
-    dst_store = own_store(dst.model().hparams(), o, n_ctx_);
+    dst_store = own_store(dst.model().hparams(), o, n_ctx_, dst);  // Device tier for a GPU dst
   }
   KvTier tier = dst.kv_tier();
   for (KvTier t : {dst.kv_tier(), KvTier::kHost, KvTier::kFile}) {

@@ -73,6 +73,14 @@ class Executor {
   virtual bool can_read(KvTier tier) const noexcept { return tier == kv_tier(); }
   /// Whether step_impl supports KV pages of this element type.
   virtual bool supports(KvDtype dtype) const noexcept { return dtype == KvDtype::kF16; }
+  /// A Device tier of `pages` pages of `layout` that step_impl computes on in place, for a
+  /// KvStore (KvStoreOptions::device); null (the default) for executors computing on Host
+  /// pages. Sessions without a store of their own use it (SessionOptions::kv_store).
+  /// Throws Error when the pages do not fit. Not on the per-token path.
+  virtual std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const {
+    (void)layout, (void)pages;
+    return nullptr;
+  }
   const Model& model() const noexcept { return *model_; }
   const std::shared_ptr<const Model>& model_ptr() const noexcept { return model_; }
 

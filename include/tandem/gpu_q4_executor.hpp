@@ -16,15 +16,20 @@
 // bit-identically to kernels/cpu (amax / 127, round-half-even), each block's integer dot
 // is exact (dp4a), so CPU and GPU differ only in the order of float accumulation. RMSNorm
 // sums in double; RoPE uses the CPU's cos/sin table (computed on the host the same way);
-// with an f16 KV cache q and the attention probabilities are rounded to f16; softmax
-// subtracts the max and sums in double. Logits agree with the CPU within 5e-3 x max|logit|.
+// with an f16 KV cache q is rounded to f16; softmax subtracts the max and sums in double.
+// Attention rounds the probabilities to f16 as the CPU does: multi-token steps (prefill)
+// take one block per (token, head); the single token of a decode step goes through split-KV
+// attention (attention_split in kernels/cuda/cuda_kernels.hpp: partitions of 128 absolute
+// positions, one block per GQA group and partition, log-sum-exp combination).
+// Tolerances against the CPU: tests/gpu/gpu_test_support.hpp.
 //
 // KV: the executor computes on Device pages (kv_tier() == kDevice) of a KvStore whose
 // Device tier is this executor's backend (make_kv_device_backend / make_kv_store): the
-// attention kernel reads them in place through the block table. Host and File pages are
-// also readable (a store without a Device tier, as a default Session makes): their pages
-// are staged into VRAM for the step and the written pages copied back, which is correct
-// but moves the whole sequence's KV every step — use a Device store for speed.
+// attention kernel reads them in place through the block table; a Session without a store
+// of its own gets such a Device store by default. Host and File pages are also readable
+// (a store without a Device tier): their pages are staged into VRAM for the step and the
+// written pages copied back, which is correct but moves the whole sequence's KV every
+// step — use a Device store for speed.
 //
 // Streams: all compute runs on the executor's own non-blocking stream; KV page copies of
 // a device backend run on the backend's own non-blocking stream with pinned staging, so
@@ -48,6 +53,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "tandem/executor.hpp"
 #include "tandem/kv_store.hpp"
@@ -92,7 +98,7 @@ class GpuQ4Executor final : public Executor {
 
   /// A Device tier of `pages` page slots in one VRAM allocation on this executor's device.
   /// Throws Error(kOutOfMemory) when it does not fit.
-  std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const;
+  std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const override;
   /// A KvStore for this model with `device_pages` in VRAM and optional Host/File tiers.
   std::shared_ptr<KvStore> make_kv_store(int32_t device_pages, int32_t host_pages = 0, int32_t page_size = 16,
                                          KvDtype dtype = KvDtype::kF16, int32_t file_pages = 0) const;
@@ -117,6 +123,16 @@ int current_device();
 void set_current_device(int device);
 /// Q8_0 quantisation of x [m][k] on the device, returned as GGUF Q8_0 blocks (34 bytes each).
 void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device = 0);
+/// Decode attention harness: lens.size() sequences, sequence s holding positions
+/// [0, lens[s]) and querying at position lens[s] - 1. k, v: the sequences' rows one after
+/// another, [sum lens][n_head_kv * head_dim] floats (stored to the pages as f16 when `f16`);
+/// q, out: [lens.size()][n_head][head_dim]. Pages of page_size positions, two layers, rows in
+/// layer 1, page pointers in reverse allocation order. part > 0: flash-decoding
+/// (attention_split) with partitions of `part` positions; part == 0: attention().
+/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device.
+void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                      const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
+                      int32_t part, int device = 0);
 }  // namespace gpu_testing
 
 }  // namespace tandem

@@ -46,6 +46,9 @@ class PacedExecutor final : public Executor {
   KvTier kv_tier() const noexcept override { return inner_.kv_tier(); }
   bool can_read(KvTier tier) const noexcept override { return inner_.can_read(tier); }
   bool supports(KvDtype dtype) const noexcept override { return inner_.supports(dtype); }
+  std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const override {
+    return inner_.make_kv_device_backend(layout, pages);
+  }
 
   const PerfModel& perf_model() const noexcept { return model_; }
   double time_scale() const noexcept { return time_scale_; }

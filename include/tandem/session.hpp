@@ -33,7 +33,10 @@ struct SessionOptions {
   int32_t n_ctx = 0;      ///< positions; 0 = default_context_size(); at most kMaxContextSize
   int32_t n_batch = 512;  ///< prompt tokens per executor step (chunked prefill)
   /// Where the KV pages live. Null: the session makes its own store sized for n_ctx,
-  /// with pages of `page_size` tokens and `kv_dtype` in `kv_tier` (Host or File).
+  /// with pages of `page_size` tokens and `kv_dtype` in `kv_tier` (Host or File); with an
+  /// executor that computes on Device pages and offers a Device tier
+  /// (Executor::make_kv_device_backend, e.g. the GPU executor) and kv_tier Host or Device,
+  /// the own store is that Device tier instead, so the pages stay in VRAM between steps.
   std::shared_ptr<KvStore> kv_store;
   int32_t page_size = 16;            ///< KV page size in tokens (own store only)
   KvDtype kv_dtype = KvDtype::kF16;  ///< (own store only)

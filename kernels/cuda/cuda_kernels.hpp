@@ -83,9 +83,46 @@ cudaError_t attention_setup(int device, int32_t* score_capacity);
 /// pages. One thread block per (token, head). As the CPU: with f16 KV, q and the
 /// probabilities are rounded to f16; softmax max-subtracted, sum in double.
 /// `max_pos` bounds pos[t] + 1 over the step (sizes the shared score buffer);
-/// `score_capacity` is attention_setup()'s.
+/// `score_capacity` is attention_setup()'s. With `tokens` (device, T entries) only the
+/// rows t = tokens[0..T) of q/out are computed (T then counts the list, not the step).
 void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
-               int32_t score_capacity, cudaStream_t stream);
+               int32_t score_capacity, cudaStream_t stream, const int32_t* tokens = nullptr);
+
+/// Partition size (positions) of attention_split() in the executor. A partition is a fixed
+/// range of absolute positions, so a token's result does not depend on the batch.
+inline constexpr int32_t kAttentionPartition = 128;
+
+/// Device scratch of attention_split(): for n_tokens tokens, n_head heads and
+/// max_parts = ceil(max_pos / part) partitions, `acc` holds n_tokens * n_head * max_parts *
+/// head_dim floats, `max` and `sum` n_tokens * n_head * max_parts floats / doubles and
+/// `score` n_tokens * n_head * max_pos floats.
+struct AttentionSplitScratch {
+  float* acc = nullptr;
+  float* max = nullptr;
+  double* sum = nullptr;
+  float* score = nullptr;
+  int32_t part = kAttentionPartition;
+};
+
+/// Dynamic shared memory (bytes) of attention_split()'s kernels: per tile, not per
+/// sequence: (group * (head_dim + part) + G * head_dim) floats, G = threads / head_dim.
+/// The caller uses attention() instead when this exceeds 48 KiB.
+size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part);
+
+/// Split-KV (flash-decoding) attention of the tokens t = tokens[0..n_tokens) (a device
+/// list), same inputs and output rows as attention() and the same probabilities. The
+/// positions [0, pos[t]] are split into partitions of scratch.part absolute positions (so
+/// a token's result does not depend on the batch); blocks take one (token, KV head,
+/// partition) with all n_head / n_head_kv query heads of its GQA group, so each K and V row
+/// is read from memory once per group. Three kernels: scores and each partition's max and
+/// sum of exp; then per partition the global max and sum by log-sum-exp (double) and its
+/// share of the output with the CPU's probabilities (f16-rounded with f16 KV, which is why
+/// the normaliser is combined before V is read rather than after); then the partitions'
+/// shares added in order. Sources: FlashDecoding (Dao, Haziza, Massa, Sizov, 2023), online
+/// softmax (Milakov & Gimelshein, 2018). `max_pos` bounds pos[t] + 1.
+void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t* tokens, int64_t n_tokens,
+                     int32_t n_head, float scale, int32_t max_pos, const AttentionSplitScratch& scratch,
+                     cudaStream_t stream);
 
 /// Fill n floats with quiet NaN (tests).
 void fill_nan(float* y, int64_t n, cudaStream_t stream);

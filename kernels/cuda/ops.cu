@@ -144,7 +144,7 @@ __device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t
 // Positions beyond the shared capacity recompute their score instead of storing it.
 template <bool F16>
 __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* __restrict__ out, int32_t n_head,
-                                 int32_t group, float scale, int32_t cap) {
+                                 int32_t group, float scale, int32_t cap, const int32_t* __restrict__ tokens) {
   extern __shared__ float sh[];
   __shared__ double red_d[32];
   __shared__ float red_f[32];
@@ -152,7 +152,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   float* qs = sh;
   float* sc = sh + hd;
   float* part = sc + cap;
-  const int64_t t = blockIdx.x / n_head;
+  const int64_t t = tokens ? int64_t(tokens[blockIdx.x / n_head]) : int64_t(blockIdx.x / n_head);
   const int32_t h = blockIdx.x % n_head;
   const int32_t hk = h / group;
   const int32_t n_pos = kv.pos[t] + 1;
@@ -199,6 +199,142 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   }
 }
 
+// ---- flash-decoding (split-KV) attention -------------------------------------------------
+// The positions [0, pos[t]] of a token are split into partitions of `part` absolute
+// positions (independent of the batch). Blocks of the first two kernels each take one
+// (token, KV head, partition) and every query head of the GQA group, so each K and V row is
+// fetched from memory by one block only. Shared memory is sized per tile:
+// q [group][hd] | e [group][part] | slice partials [G][hd], G = blockDim / hd.
+// Slot of (list index i, head h, partition c): (i * n_head + h) * max_parts + c.
+
+// Kernel 1: scores s_p = q . K[p] * scale (the CPU's order over d) to `score`
+// [i][h][max_pos], and per head the partition's max m_c and sum of exp(s - m_c) (double).
+template <bool F16>
+__global__ void attention_split_scores_kernel(KvArgs kv, const float* __restrict__ q, int32_t n_head, int32_t group,
+                                              float scale, int32_t part, int32_t max_parts, int32_t max_pos,
+                                              const int32_t* __restrict__ tokens, float* __restrict__ score,
+                                              float* __restrict__ p_max, double* __restrict__ p_sum) {
+  extern __shared__ float sh[];
+  __shared__ double red_d[32];
+  __shared__ float red_f[32];
+  const int32_t hd = kv.head_dim;
+  const int32_t i = static_cast<int32_t>(blockIdx.x) / kv.n_head_kv;  // index into tokens
+  const int32_t hk = static_cast<int32_t>(blockIdx.x) % kv.n_head_kv;
+  const int32_t c = static_cast<int32_t>(blockIdx.y);
+  const int64_t t = tokens[i];
+  const int32_t n_pos = kv.pos[t] + 1;
+  const int32_t p0 = c * part;
+  if (p0 >= n_pos) return;  // the whole block: no barrier is skipped by part of it
+  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
+  float* qs = sh;
+  float* es = qs + group * hd;
+  for (int32_t e = threadIdx.x; e < group * hd; e += blockDim.x) {
+    const float x = q[(t * n_head + hk * group) * hd + e];
+    qs[e] = F16 ? round_f16(x) : x;
+  }
+  __syncthreads();
+  const int64_t head0 = int64_t(i) * n_head + hk * group;
+  for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {  // the K row once for all heads
+    const char* row = kv_row(kv, t, p0 + j, 0) + int64_t(hk) * hd * (F16 ? 2 : 4);
+    for (int32_t h = 0; h < group; ++h) {
+      const float* qh = qs + h * hd;
+      float sc = 0.0f;
+      for (int32_t d = 0; d < hd; ++d) sc += qh[d] * kv_load<F16>(row, d);
+      sc *= scale;
+      es[h * part + j] = sc;
+      score[(head0 + h) * max_pos + p0 + j] = sc;
+    }
+  }
+  __syncthreads();
+  for (int32_t h = 0; h < group; ++h) {
+    const float* eh = es + h * part;
+    float mx = -FLT_MAX;
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) mx = eh[j] > mx ? eh[j] : mx;
+    mx = block_reduce(mx, red_f, MaxF{});
+    double sum = 0.0;
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(eh[j] - mx);
+    sum = block_reduce(sum, red_d, SumD{});
+    if (threadIdx.x == 0) {
+      p_max[(head0 + h) * max_parts + c] = mx;
+      p_sum[(head0 + h) * max_parts + c] = sum;
+    }
+  }
+}
+
+// Kernel 2: per head, the global max M = max_c m_c and sum S = sum_c e^(m_c - M) sum_c
+// (log-sum-exp, in double) from every partition, then the CPU's probabilities
+// prob_p = e^(s_p - M) / S (rounded to f16 with f16 KV) and the partition's share of the
+// output, acc_c[d] = sum_p prob_p V[p][d] (positions split over G slices, added in order).
+template <bool F16>
+__global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t group, int32_t part, int32_t max_parts,
+                                              int32_t max_pos, const int32_t* __restrict__ tokens,
+                                              const float* __restrict__ score, const float* __restrict__ p_max,
+                                              const double* __restrict__ p_sum, float* __restrict__ p_acc) {
+  extern __shared__ float sh[];
+  const int32_t hd = kv.head_dim;
+  const int32_t i = static_cast<int32_t>(blockIdx.x) / kv.n_head_kv;
+  const int32_t hk = static_cast<int32_t>(blockIdx.x) % kv.n_head_kv;
+  const int32_t c = static_cast<int32_t>(blockIdx.y);
+  const int64_t t = tokens[i];
+  const int32_t n_pos = kv.pos[t] + 1;
+  const int32_t p0 = c * part;
+  if (p0 >= n_pos) return;
+  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
+  const int32_t n_parts = (n_pos + part - 1) / part;
+  float* es = sh + group * hd;  // same layout as kernel 1 (the q area is unused here)
+  float* slice = es + group * part;
+  const int64_t head0 = int64_t(i) * n_head + hk * group;
+  for (int32_t h = 0; h < group; ++h) {
+    const int64_t s0 = (head0 + h) * max_parts;
+    float mx = -FLT_MAX;
+    for (int32_t k = 0; k < n_parts; ++k) mx = p_max[s0 + k] > mx ? p_max[s0 + k] : mx;
+    double sum = 0.0;
+    for (int32_t k = 0; k < n_parts; ++k) sum += double(expf(p_max[s0 + k] - mx)) * p_sum[s0 + k];
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float e = expf(score[(head0 + h) * max_pos + p0 + j] - mx);
+      es[h * part + j] = F16 ? round_f16(e * inv) : e * inv;
+    }
+  }
+  __syncthreads();
+  const int32_t G = static_cast<int32_t>(blockDim.x) / hd;
+  const int32_t g = static_cast<int32_t>(threadIdx.x) / hd;
+  const int32_t d = static_cast<int32_t>(threadIdx.x) % hd;
+  for (int32_t h = 0; h < group; ++h) {
+    if (g < G) {
+      float acc = 0.0f;
+      for (int32_t j = g; j < n; j += G) {
+        const char* vrow = kv_row(kv, t, p0 + j, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
+        acc += es[h * part + j] * kv_load<F16>(vrow, d);
+      }
+      slice[g * hd + d] = acc;
+    }
+    __syncthreads();
+    if (static_cast<int32_t>(threadIdx.x) < hd) {
+      float r = 0.0f;
+      for (int32_t k = 0; k < G; ++k) r += slice[k * hd + threadIdx.x];
+      p_acc[((head0 + h) * max_parts + c) * hd + threadIdx.x] = r;
+    }
+    __syncthreads();  // `slice` is rewritten for the next head
+  }
+}
+
+// Kernel 3, one block per (token, head), a thread per dim: out[d] = sum_c acc_c[d], in order.
+__global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const int32_t* __restrict__ tokens,
+                                         int32_t n_head, int32_t head_dim, int32_t part, int32_t max_parts,
+                                         const float* __restrict__ p_acc, float* __restrict__ out) {
+  const int32_t i = static_cast<int32_t>(blockIdx.x) / n_head;
+  const int32_t h = static_cast<int32_t>(blockIdx.x) % n_head;
+  const int32_t d = static_cast<int32_t>(threadIdx.x);
+  if (d >= head_dim) return;
+  const int64_t t = tokens[i];
+  const int32_t n_parts = (pos[t] + 1 + part - 1) / part;
+  const int64_t s0 = (int64_t(i) * n_head + h) * max_parts;
+  float r = 0.0f;
+  for (int32_t c = 0; c < n_parts; ++c) r += p_acc[(s0 + c) * head_dim + d];
+  out[(t * n_head + h) * head_dim + d] = r;
+}
+
 int attention_threads(int32_t head_dim) {
   const int need = ((head_dim + kWarp - 1) / kWarp) * kWarp;
   return need > 128 ? need : 128;
@@ -228,6 +364,38 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+}
+
+size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {
+  const int threads = attention_threads(head_dim);
+  const size_t G = size_t(threads / head_dim);
+  return (size_t(group) * size_t(head_dim) + size_t(group) * size_t(part) + G * size_t(head_dim)) * sizeof(float);
+}
+
+void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t* tokens, int64_t n_tokens,
+                     int32_t n_head, float scale, int32_t max_pos, const AttentionSplitScratch& scratch,
+                     cudaStream_t stream) {
+  if (n_tokens <= 0) return;
+  const int threads = attention_threads(kv.head_dim);
+  const int32_t group = n_head / kv.n_head_kv;
+  const int32_t part = scratch.part;
+  const int32_t max_parts = (max_pos + part - 1) / part;
+  const size_t shmem = attention_split_shmem(kv.head_dim, group, part);
+  const dim3 grid(static_cast<unsigned>(n_tokens * kv.n_head_kv), static_cast<unsigned>(max_parts));
+  if (kv.f16) {
+    attention_split_scores_kernel<true><<<grid, threads, shmem, stream>>>(
+        kv, q, n_head, group, scale, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum);
+    attention_split_values_kernel<true><<<grid, threads, shmem, stream>>>(
+        kv, n_head, group, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum, scratch.acc);
+  } else {
+    attention_split_scores_kernel<false><<<grid, threads, shmem, stream>>>(
+        kv, q, n_head, group, scale, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum);
+    attention_split_values_kernel<false><<<grid, threads, shmem, stream>>>(
+        kv, n_head, group, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum, scratch.acc);
+  }
+  const int combine_threads = ((kv.head_dim + kWarp - 1) / kWarp) * kWarp;
+  attention_combine_kernel<<<static_cast<unsigned>(n_tokens * n_head), combine_threads, 0, stream>>>(
+      kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out);
 }
 
 void fill_nan(float* y, int64_t n, cudaStream_t stream) {
@@ -263,7 +431,7 @@ cudaError_t attention_setup(int device, int32_t* score_capacity) {
 }
 
 void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
-               int32_t score_capacity, cudaStream_t stream) {
+               int32_t score_capacity, cudaStream_t stream, const int32_t* tokens) {
   if (T <= 0) return;
   const int threads = attention_threads(kv.head_dim);
   const int32_t cap = max_pos < score_capacity ? max_pos : score_capacity;
@@ -272,9 +440,9 @@ void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t 
   const int32_t group = n_head / kv.n_head_kv;
   const unsigned grid = static_cast<unsigned>(T * n_head);
   if (kv.f16) {
-    attention_kernel<true><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
+    attention_kernel<true><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap, tokens);
   } else {
-    attention_kernel<false><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap);
+    attention_kernel<false><<<grid, threads, shmem, stream>>>(kv, q, out, n_head, group, scale, cap, tokens);
   }
 }
 

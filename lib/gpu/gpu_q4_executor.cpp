@@ -22,6 +22,10 @@ namespace ck = kernels::cuda;
 
 namespace {
 
+// Decode attention through the split-KV kernels (kernels/cuda attention_split); false
+// routes every token through attention().
+constexpr bool kSplitDecodeAttention = true;
+
 void cuda_check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
@@ -395,9 +399,10 @@ struct GpuQ4Executor::Impl {
 
   // Per-step device buffers (grow by doubling, never shrink; outgrown ones in `retired`).
   DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
+  DevBuf attn_tokens, split_acc, split_max, split_sum, split_score;  // attention token lists, flash-decoding partials
   std::vector<DevBuf> retired;
   // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits;
+  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
   cudaGraphExec_t graph_exec = nullptr;
@@ -532,8 +537,10 @@ void* GpuQ4Executor::stream() const noexcept {
 uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   const Impl& im = *impl_;
   uint64_t b = 0;
-  for (const DevBuf* d : {&im.x, &im.xn, &im.q, &im.k, &im.v, &im.attn, &im.gate, &im.up, &im.xq, &im.xd, &im.rope,
-                          &im.pages, &im.page_off, &im.pos, &im.out_index, &im.rows, &im.logits, &im.stage}) {
+  for (const DevBuf* d :
+       {&im.x,      &im.xn,    &im.q,           &im.k,         &im.v,         &im.attn,      &im.gate,       &im.up,
+        &im.xq,     &im.xd,    &im.rope,        &im.pages,     &im.page_off,  &im.pos,       &im.out_index,  &im.rows,
+        &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_sum, &im.split_score}) {
     b += d->bytes();
   }
   for (const DevBuf& d : im.retired) b += d.bytes();
@@ -612,6 +619,27 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* h_out_index = pinned<int32_t>(im.h_out_index, size_t(n_out));
   auto* h_x = pinned<float>(im.h_x, size_t(T * n_embd));
   auto* h_rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
+  // Attention routing: with kSplitDecodeAttention, the single token of a sequence's step
+  // (decode) goes through split-KV attention (attention_split) when its shared-memory tile
+  // fits the default 48 KiB; the tokens of multi-token steps (prefill) through attention().
+  // Listed decode first.
+  auto* h_attn_tokens = pinned<int32_t>(im.h_attn_tokens, size_t(T));
+  const int32_t group = hp.n_head / hp.n_head_kv;
+  const bool split_fits = kSplitDecodeAttention &&
+                          ck::attention_split_shmem(hp.head_dim, group, ck::kAttentionPartition) <= size_t(47) * 1024;
+  int64_t n_dec = 0;
+  for (const auto& s : batch) {
+    if (split_fits && s.tokens.size() == 1) ++n_dec;
+  }
+  {
+    int64_t t = 0, di = 0, pi = 0;
+    for (const auto& s : batch) {
+      const bool dec = split_fits && s.tokens.size() == 1;
+      for (size_t j = 0; j < s.tokens.size(); ++j, ++t) {
+        h_attn_tokens[dec ? di++ : n_dec + pi++] = static_cast<int32_t>(t);
+      }
+    }
+  }
 
   size_t n_staged = 0;
   for (const auto& s : batch) {
@@ -688,6 +716,16 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* d_pages = im.scratch<void*>(im.pages, n_pages);
   auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
   auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
+  auto* d_attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(T));
+  ck::AttentionSplitScratch split;
+  if (n_dec > 0) {
+    const int32_t max_parts = (max_pos + split.part - 1) / split.part;
+    const size_t slots = size_t(n_dec) * size_t(hp.n_head) * size_t(max_parts);
+    split.acc = im.scratch<float>(im.split_acc, slots * size_t(hd));
+    split.max = im.scratch<float>(im.split_max, slots);
+    split.sum = im.scratch<double>(im.split_sum, slots);
+    split.score = im.scratch<float>(im.split_score, size_t(n_dec) * size_t(hp.n_head) * size_t(max_pos));
+  }
   auto* d_out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));
   float* rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
   float* d_logits = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
@@ -703,6 +741,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d_attn_tokens, h_attn_tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   if (n_out > 0) {
     TANDEM_CUDA(cudaMemcpyAsync(d_out_index, h_out_index, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   }
@@ -749,7 +788,8 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
     kv.layer = il;
     ck::kv_store_rows(kv, kk, v, T, st);
-    ck::attention(kv, q, attn, T, hp.n_head, kq_scale, max_pos, im.score_capacity, st);
+    ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st);
+    ck::attention(kv, q, attn, T - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st, d_attn_tokens + n_dec);
     prepared = nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
     ck::rms_norm(x, L.ffn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
@@ -842,6 +882,96 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
   ck::gemm(w, dx.as<float>(), dxq.as<int8_t>(), dxd.as<uint16_t>(), m, dy.as<float>(), n, false, nullptr);
   TANDEM_CUDA(cudaGetLastError());
   TANDEM_CUDA(cudaMemcpy(y, dy.as<void>(), dy.bytes(), cudaMemcpyDeviceToHost));
+}
+
+void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                      const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
+                      int32_t part, int device) {
+  if (device < 0 || device >= GpuQ4Executor::device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
+  }
+  const DeviceGuard guard(device);
+  const auto n_seq = static_cast<int64_t>(lens.size());
+  const int32_t row = n_head_kv * head_dim;
+  const size_t es = f16 ? 2 : 4;
+  const size_t page_bytes = size_t(2) * 2 * size_t(page_size) * size_t(row) * es;  // 2 layers, K and V
+  std::vector<int32_t> page_off(static_cast<size_t>(n_seq)), pos(static_cast<size_t>(n_seq));
+  int32_t n_pages = 0, max_pos = 1;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    page_off[size_t(s)] = n_pages;
+    pos[size_t(s)] = lens[size_t(s)] - 1;
+    n_pages += (lens[size_t(s)] + page_size - 1) / page_size;
+    max_pos = std::max(max_pos, lens[size_t(s)]);
+  }
+  std::vector<std::byte> host(size_t(n_pages) * page_bytes);
+  int64_t r = 0;
+  for (int64_t s = 0; s < n_seq; ++s) {
+    for (int32_t p = 0; p < lens[size_t(s)]; ++p, ++r) {
+      std::byte* page = host.data() + size_t(page_off[size_t(s)] + p / page_size) * page_bytes;
+      for (int kind = 0; kind < 2; ++kind) {
+        const float* src = (kind == 0 ? k : v) + r * row;
+        const int64_t off = ((int64_t{1} * 2 + kind) * page_size + p % page_size) * int64_t{row};  // layer 1
+        for (int32_t e = 0; e < row; ++e) {
+          if (f16) {
+            const uint16_t b = kernels::fp32_to_fp16_bits(src[e]);
+            std::memcpy(page + size_t(off + e) * 2, &b, 2);
+          } else {
+            std::memcpy(page + size_t(off + e) * 4, &src[e], 4);
+          }
+        }
+      }
+    }
+  }
+  // Page j of the step lives in device slot n_pages - 1 - j.
+  DevBuf dpages(std::max<size_t>(host.size(), 1));
+  std::vector<void*> table(size_t(std::max(n_pages, 1)));
+  for (int32_t j = 0; j < n_pages; ++j) {
+    std::byte* slot = dpages.as<std::byte>() + size_t(n_pages - 1 - j) * page_bytes;
+    TANDEM_CUDA(cudaMemcpy(slot, host.data() + size_t(j) * page_bytes, page_bytes, cudaMemcpyHostToDevice));
+    table[size_t(j)] = slot;
+  }
+  const size_t q_elems = size_t(n_seq) * size_t(n_head) * size_t(head_dim);
+  std::vector<int32_t> tokens(static_cast<size_t>(n_seq));
+  for (int64_t s = 0; s < n_seq; ++s) tokens[size_t(s)] = static_cast<int32_t>(s);
+  DevBuf dtable(table.size() * sizeof(void*)), doff(size_t(n_seq) * 4), dpos(size_t(n_seq) * 4),
+      dtok(size_t(n_seq) * 4), dq(q_elems * 4), dout(q_elems * 4);
+  TANDEM_CUDA(cudaMemcpy(dtable.as<void>(), table.data(), dtable.bytes(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(doff.as<void>(), page_off.data(), doff.bytes(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(dpos.as<void>(), pos.data(), dpos.bytes(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(dtok.as<void>(), tokens.data(), dtok.bytes(), cudaMemcpyHostToDevice));
+  TANDEM_CUDA(cudaMemcpy(dq.as<void>(), q, dq.bytes(), cudaMemcpyHostToDevice));
+  ck::fill_nan(dout.as<float>(), int64_t(q_elems), nullptr);
+  ck::KvArgs kv;
+  kv.pages = dtable.as<void*>();
+  kv.page_off = doff.as<int32_t>();
+  kv.pos = dpos.as<int32_t>();
+  kv.page_size = page_size;
+  kv.n_head_kv = n_head_kv;
+  kv.head_dim = head_dim;
+  kv.layer = 1;
+  kv.f16 = f16;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (part > 0) {
+    const int32_t max_parts = (max_pos + part - 1) / part;
+    const size_t slots = size_t(n_seq) * size_t(n_head) * size_t(max_parts);
+    DevBuf acc(slots * size_t(head_dim) * 4), mx(slots * 4), sum(slots * 8),
+        score(size_t(n_seq) * size_t(n_head) * size_t(max_pos) * 4);
+    ck::AttentionSplitScratch sc;
+    sc.acc = acc.as<float>();
+    sc.max = mx.as<float>();
+    sc.sum = sum.as<double>();
+    sc.score = score.as<float>();
+    sc.part = part;
+    ck::attention_split(kv, dq.as<float>(), dout.as<float>(), dtok.as<int32_t>(), n_seq, n_head, scale, max_pos, sc,
+                        nullptr);
+    TANDEM_CUDA(cudaGetLastError());
+    TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
+  } else {
+    ck::attention(kv, dq.as<float>(), dout.as<float>(), n_seq, n_head, scale, max_pos, attention_setup_once(device),
+                  nullptr);
+    TANDEM_CUDA(cudaGetLastError());
+    TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
+  }
 }
 
 }  // namespace gpu_testing

@@ -418,8 +418,9 @@ TEST_CASE("steps replayed as CUDA graphs give the logits of direct launches, bit
   CHECK(ld == lg);
   CHECK(direct.graph_instantiations() == 0);
   CHECK(graphs.graph_instantiations() == 1);
-  // Decode steps (crossing the page boundary at 32): the kernels are the prefill's with
-  // other launch parameters, so the executable graph is updated in place.
+  // Decode steps (crossing the page boundary at 32): attention goes through the split-KV
+  // kernels instead of the prefill's, another topology: the first decode step instantiates
+  // a graph, the next ones (other launch parameters only) update it in place.
   for (int step = 0; step < 6; ++step) {
     INFO("decode step " << step);
     const int32_t ta = ids[size_t(step)], tb = ids[size_t(20 - step)];
@@ -431,7 +432,7 @@ TEST_CASE("steps replayed as CUDA graphs give the logits of direct launches, bit
     graphs.step(gd, lg);
     CHECK(ld == lg);
   }
-  CHECK(graphs.graph_instantiations() == 1);
+  CHECK(graphs.graph_instantiations() == 2);
   // A prefill chunk without logits has fewer nodes: another topology, a new graph; the
   // next step with logits needs one more, and its logits still match.
   const std::span<const int32_t> chunk(ids.data() + 10, 5);
@@ -439,21 +440,21 @@ TEST_CASE("steps replayed as CUDA graphs give the logits of direct launches, bit
   SequenceStep gc[1] = {{&ga, chunk, ga.n_tokens(), LogitsRows::kNone}};
   direct.step(dc, {});
   graphs.step(gc, {});
-  CHECK(graphs.graph_instantiations() == 2);
+  CHECK(graphs.graph_instantiations() == 3);
   const int32_t tc = 7;
   SequenceStep d1[1] = {{&da, std::span<const int32_t>(&tc, 1), da.n_tokens(), LogitsRows::kLast}};
   SequenceStep g1[1] = {{&ga, std::span<const int32_t>(&tc, 1), ga.n_tokens(), LogitsRows::kLast}};
   direct.step(d1, std::span(ld).first(size_t(n_vocab)));
   graphs.step(g1, std::span(lg).first(size_t(n_vocab)));
   CHECK(ld == lg);
-  CHECK(graphs.graph_instantiations() == 3);
+  CHECK(graphs.graph_instantiations() == 4);
   // A Host-tier sequence is staged and runs without a graph.
   auto host = test::make_store(model->hparams(), 8);
   KvSequence hs(*host, 64);
   SequenceStep hp[1] = {{&hs, ib, 0, LogitsRows::kLast}};
   std::vector<float> lh(static_cast<size_t>(n_vocab));
   graphs.step(hp, lh);
-  CHECK(graphs.graph_instantiations() == 3);
+  CHECK(graphs.graph_instantiations() == 4);
   // ... with the logits the direct executor gives for the same prompt.
   KvSequence hd(*sd, 64, KvTier::kDevice);
   SequenceStep hdp[1] = {{&hd, ib, 0, LogitsRows::kLast}};

@@ -1,0 +1,169 @@
+// Flash-decoding attention (kernels/cuda attention_split) against a float64 reference and
+// against the one-block-per-head kernel (attention), over head_dim 8/64/128, GQA groups 1/2/4/8,
+// f16 and f32 KV, and lengths around partition (24) and page (16) boundaries.
+// Needs a CUDA device, real or emulated (cuemu); skipped without one.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+#include "quant_blocks.hpp"
+
+using namespace tandem;
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+constexpr double kU = 0x1p-24;  // float32 unit roundoff
+double gamma(double n) {
+  return n * kU / (1.0 - n * kU);
+}
+
+struct Case {
+  int32_t n_head, n_head_kv, head_dim;
+  bool f16;
+};
+
+struct Data {
+  std::vector<int32_t> lens;
+  std::vector<float> q, k, v;
+};
+
+Data make_data(const Case& c, const std::vector<int32_t>& lens, uint32_t seed) {
+  Data d;
+  d.lens = lens;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int64_t rows = 0;
+  for (int32_t l : lens) rows += l;
+  const int64_t row = int64_t{c.n_head_kv} * c.head_dim;
+  d.q.resize(lens.size() * size_t(c.n_head) * size_t(c.head_dim));
+  d.k.resize(size_t(rows * row));
+  d.v.resize(size_t(rows * row));
+  for (float& x : d.q) x = 2.0f * u(rng);  // scores of a few units: a peaked softmax
+  for (float& x : d.k) x = u(rng);
+  for (float& x : d.v) x = u(rng);
+  return d;
+}
+
+float stored(float x, bool f16) {
+  return f16 ? kernels::fp16_bits_to_fp32(kernels::fp32_to_fp16_bits(x)) : x;
+}
+
+// Float64 attention of each sequence's last position over the values as stored (f16 KV:
+// q, K and V rounded to f16 as the kernels define it), and for each output row the bound
+// of a float32 evaluation of the same formula: scores are hd-term dots (error <=
+// gamma(hd + 1) * scale * sum|q k|), each exp(s - max) then carries twice that plus a few
+// ulp of expf, and the sums of n_pos terms gamma(n_pos); the normalised output moves by at
+// most twice the relative error of its terms times max|V| (Higham, Accuracy and Stability
+// of Numerical Algorithms, 2nd ed., section 3.1).
+void reference(const Case& c, const Data& d, std::vector<double>& out, std::vector<double>& bound) {
+  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv, row = c.n_head_kv * hd;
+  const double scale = 1.0 / std::sqrt(double(float(hd)));
+  out.assign(d.q.size(), 0.0);
+  bound.assign(d.lens.size() * size_t(c.n_head), 0.0);
+  int64_t r0 = 0;
+  for (size_t s = 0; s < d.lens.size(); ++s) {
+    const int32_t n = d.lens[s];
+    for (int32_t h = 0; h < c.n_head; ++h) {
+      const int32_t hk = h / group;
+      const float* q = &d.q[(s * size_t(c.n_head) + size_t(h)) * size_t(hd)];
+      std::vector<double> sc(static_cast<size_t>(n));
+      double mx = -1e300, abs_dot = 0.0, max_v = 0.0;
+      for (int32_t p = 0; p < n; ++p) {
+        const float* kr = &d.k[size_t((r0 + p) * row + hk * hd)];
+        double dot = 0.0, ad = 0.0;
+        for (int32_t e = 0; e < hd; ++e) {
+          const double qe = stored(q[e], c.f16), ke = stored(kr[e], c.f16);
+          dot += qe * ke;
+          ad += std::fabs(qe * ke);
+        }
+        sc[size_t(p)] = dot * double(float(scale));
+        mx = std::max(mx, sc[size_t(p)]);
+        abs_dot = std::max(abs_dot, ad);
+      }
+      double sum = 0.0;
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      double* o = &out[(s * size_t(c.n_head) + size_t(h)) * size_t(hd)];
+      for (int32_t p = 0; p < n; ++p) {
+        const float* vr = &d.v[size_t((r0 + p) * row + hk * hd)];
+        for (int32_t e = 0; e < hd; ++e) {
+          const double ve = stored(vr[e], c.f16);
+          o[e] += sc[size_t(p)] / sum * ve;
+          max_v = std::max(max_v, std::fabs(ve));
+        }
+      }
+      const double score_err = gamma(hd + 1) * scale * abs_dot;
+      const double term_err = 2.0 * score_err + 8.0 * kU + gamma(n + 2);
+      bound[s * size_t(c.n_head) + size_t(h)] = 2.0 * term_err * max_v;
+    }
+    r0 += n;
+  }
+}
+
+// Largest |got - ref| / bound over the rows (<= 1 passes); extra_rel * max|V| widens the bound.
+double worst_over_bound(const Case& c, const std::vector<float>& got, const std::vector<double>& ref,
+                        const std::vector<double>& bound, double extra) {
+  double worst = 0.0;
+  for (size_t r = 0; r < bound.size(); ++r) {
+    for (int32_t e = 0; e < c.head_dim; ++e) {
+      const size_t i = r * size_t(c.head_dim) + size_t(e);
+      const double diff = std::fabs(double(got[i]) - ref[i]);
+      worst = std::max(worst, std::isnan(diff) ? 1e30 : diff / (bound[r] + extra));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("flash-decoding attention matches float64 and the per-head kernel", "[gpu][kernels][attention]") {
+  // Partitions of 24 positions, pages of 16: the lengths end just before, on and after both.
+  const std::vector<int32_t> lens = {1, 16, 17, 24, 25, 48, 49, 70};
+  const int32_t page = 16, part = 24;
+  for (const Case c : {Case{8, 4, 8, true}, Case{4, 4, 16, true}, Case{4, 4, 64, true}, Case{8, 2, 64, true},
+                       Case{8, 1, 64, false}, Case{4, 4, 128, false}, Case{8, 2, 128, true}, Case{8, 1, 128, true}}) {
+    INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
+    const Data d = make_data(c, lens, uint32_t(c.n_head * 1000 + c.n_head_kv * 10 + c.head_dim + c.f16));
+    std::vector<double> ref, bound;
+    reference(c, d, ref, bound);
+    std::vector<float> split(d.q.size()), per_head(d.q.size());
+    gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, page, c.f16, d.lens, d.q.data(), d.k.data(),
+                                  d.v.data(), split.data(), part);
+    gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, page, c.f16, d.lens, d.q.data(), d.k.data(),
+                                  d.v.data(), per_head.data(), 0);
+    double max_v = 0.0;
+    for (float x : d.v) max_v = std::max(max_v, std::fabs(double(stored(x, c.f16))));
+    // Both kernels round each probability to f16 as the CPU does (f16 KV): up to 2^-11 of
+    // it, so 2^-11 * max|V| more.
+    const double prob_rounding = c.f16 ? 0x1p-11 * max_v : 0.0;
+    const double split_worst = worst_over_bound(c, split, ref, bound, prob_rounding);
+    const double per_head_worst = worst_over_bound(c, per_head, ref, bound, prob_rounding);
+    INFO("split: worst |err| / bound " << split_worst << ", per-head: " << per_head_worst);
+    CHECK(split_worst <= 1.0);
+    CHECK(per_head_worst <= 1.0);
+  }
+}
+
+TEST_CASE("flash-decoding attention of a sequence does not depend on the batch around it",
+          "[gpu][kernels][attention]") {
+  const Case c{8, 2, 64, true};
+  const Data all = make_data(c, {70, 25, 3}, 7);
+  std::vector<float> batch(all.q.size());
+  gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, all.lens, all.q.data(), all.k.data(),
+                                all.v.data(), batch.data(), 24);
+  // The second sequence alone: its q row and its 25 K/V rows.
+  const size_t q_row = size_t(c.n_head) * size_t(c.head_dim), kv_row = size_t(c.n_head_kv) * size_t(c.head_dim);
+  const std::vector<float> q(all.q.begin() + long(q_row), all.q.begin() + long(2 * q_row));
+  const std::vector<float> k(all.k.begin() + long(70 * kv_row), all.k.begin() + long(95 * kv_row));
+  const std::vector<float> v(all.v.begin() + long(70 * kv_row), all.v.begin() + long(95 * kv_row));
+  std::vector<float> solo(q_row);
+  gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, {25}, q.data(), k.data(), v.data(),
+                                solo.data(), 24);
+  CHECK(std::equal(solo.begin(), solo.end(), batch.begin() + long(q_row)));
+}
+#endif
