@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "tandem/error.hpp"
@@ -30,7 +31,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"q4_0", "q8_0", "Q4_0", "Q8_0"}));
   app.add_flag("--pure", opt.pure, "every weight to the target type (no Q8_0 output projection)");
   app.add_option("-t,--threads", opt.n_threads, "threads (default: physical cores)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2 (as the other tools)
+    return rc == 0 ? 0 : 2;
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) && std::filesystem::equivalent(in, out, ec)) {
+    fmt::print(stderr, "tandem-quantize: error: the output {} is the input file; write to another path\n", out);
+    return 2;
+  }
   opt.target = (type == "q8_0" || type == "Q8_0") ? tandem::GgmlType::kQ8_0 : tandem::GgmlType::kQ4_0;
 
   const auto start = std::chrono::steady_clock::now();

@@ -14,6 +14,8 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <ctime>
@@ -80,7 +82,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(normalise_args(argc, argv));
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2 (as the other tools)
+    return rc == 0 ? 0 : 2;
   }
   eo.kv_file_tier = kv_tier == "file";
   if (!kv_dir.empty()) eo.kv_dir = kv_dir;
@@ -106,7 +109,17 @@ int main(int argc, char** argv) {
     st.log.write("error", "cannot listen", {{"host", so.host}, {"port", so.port}, {"error", std::strerror(errno)}});
     return 1;
   }
-  std::thread http([&] { svr.listen_after_bind(); });
+  std::atomic<bool> http_done{false};
+  std::thread http([&] {
+    svr.listen_after_bind();
+    http_done.store(true);
+  });
+  // httplib's stop() does nothing before listen has started: wait for it (a model that
+  // fails to load at once would otherwise leave the server listening forever).
+  const auto stop_http = [&] {
+    while (!svr.is_running() && !http_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    svr.stop();
+  };
   st.log.write("info", "listening", {{"host", so.host}, {"port", so.port}, {"http_threads", http_threads}});
 
   int rc = 0;
@@ -143,7 +156,7 @@ int main(int argc, char** argv) {
                   {"in_flight", st.in_flight.load()},
                   {"grace_s", so.shutdown_grace_s}});
     st.draining.store(true);
-    svr.stop();  // closes the listening socket; workers finish the requests they hold
+    stop_http();  // closes the listening socket; workers finish the requests they hold
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                std::chrono::duration<double>(so.shutdown_grace_s));
@@ -154,7 +167,7 @@ int main(int argc, char** argv) {
     st.engine->shutdown();  // cancels whatever is left; their handlers answer and return
     st.log.write("info", "stopped", {{"cancelled", left}});
   } else {
-    svr.stop();
+    stop_http();
   }
   http.join();
   st.engine.reset();

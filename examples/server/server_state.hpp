@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -53,7 +54,8 @@ struct ServerState {
   std::unique_ptr<PrometheusMetrics> metrics;
   int64_t created = 0;            ///< model load time (Unix seconds), for /v1/models
   std::atomic<int> in_flight{0};  ///< generation requests submitted and not yet finished
-  std::atomic<uint64_t> next_id{1};
+  /// Response ids ("chatcmpl-..."): a random start per process, so replicas do not collide.
+  std::atomic<uint64_t> next_id{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
 
   explicit ServerState(ServerOptions o) : options(std::move(o)), log(options.log_json) {}
 };

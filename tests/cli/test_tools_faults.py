@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """tandem-bench and tandem-synth refuse bad input where it enters (exit 2, the flag or the
 trace file and line named), exit 1 when every request failed or stdout cannot be written,
-and never replace a device with a regular file.
+and never replace a device with a regular file; tandem-quantize refuses to write over its
+own input and bad flags with exit 2.
 
-Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR   (TANDEM_SHARED wins)
+Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR TANDEM_QUANTIZE   (TANDEM_SHARED wins)
 """
 import os
 import subprocess
@@ -11,7 +12,7 @@ import sys
 
 from faults_support import Checks, model_path
 
-bench, synth = sys.argv[1], sys.argv[2]
+bench, synth, quantize = sys.argv[1], sys.argv[2], sys.argv[4]
 model = model_path(sys.argv[3])
 check = Checks("tandem-tools-faults-")
 tmp = check.tmp
@@ -88,5 +89,22 @@ os.symlink("real.gguf", os.path.join(tmp, "link.gguf"))
 p = run(synth, "--preset", "small-llama", "-o", os.path.join(tmp, "link.gguf"))
 check("synth -o through a symlink writes the target", p.returncode == 0 and os.path.islink(os.path.join(tmp, "link.gguf"))
       and os.path.getsize(os.path.join(tmp, "real.gguf")) > 0, repr(p.stderr[-200:]))
+
+# tandem-quantize IN IN (the same file, also under another spelling) is refused before
+# anything is written: the input's bytes stay as they were.
+src = os.path.join(tmp, "in.gguf")
+with open(model_path(sys.argv[3], "aidreams260K-f32.gguf"), "rb") as f:
+    original = f.read()
+with open(src, "wb") as f:
+    f.write(original)
+for out in (src, os.path.join(tmp, ".", "in.gguf")):
+    p = run(quantize, src, out, "q4_0")
+    with open(src, "rb") as f:
+        same = f.read() == original
+    check(f"quantize {os.path.basename(src)} onto itself ({out}) refused, input unchanged",
+          p.returncode == 2 and b"is the input file" in p.stderr and same, f"rc {p.returncode} {p.stderr[-200:]!r}")
+p = run(quantize, src, os.path.join(tmp, "out.gguf"), "q5_k")
+check("quantize to an unknown type: exit 2", p.returncode == 2 and not os.path.exists(os.path.join(tmp, "out.gguf")),
+      f"rc {p.returncode}")
 
 check.finish()

@@ -355,6 +355,23 @@ def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
     assert sum(1 for e in logged if e.get("msg") == "request" and e.get("status") == 200) == answered_200
 
 
+def test_model_that_fails_to_load_exits_1(tmp_path):
+    # The HTTP listener starts before the model loads (/health answers 503 meanwhile); a
+    # file that is not a GGUF must still end the process with exit 1, not leave it listening.
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(bytes(range(256)) * 16)
+    s = Server(tmp_path, model=bad)
+    try:
+        rc = s.proc.wait(timeout=60)  # a hang guard, not a speed check
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        pytest.fail("tandem-server kept running after the model failed to load")
+    finally:
+        s._log.close()
+    assert rc == 1
+    assert "cannot load the model" in s.log_path.read_text()
+
+
 # --- a real chat model ---------------------------------------------------------------------
 
 def smollm2_path():
