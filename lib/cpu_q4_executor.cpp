@@ -108,29 +108,6 @@ const float* f32_data(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
 }
 
-void embed_row(const TensorView& t, int32_t id, float* y) {
-  const std::byte* row = t.data + size_t(id) * t.row_bytes;
-  switch (t.type) {
-    case GgmlType::kF32:
-      std::memcpy(y, row, size_t(t.k) * sizeof(float));
-      break;
-    case GgmlType::kF16:
-      k::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
-      break;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < t.k; ++i) y[i] = k::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
-      break;
-    case GgmlType::kQ4_0:
-      k::dequantize_row_q4_0(reinterpret_cast<const k::BlockQ4_0*>(row), y, t.k);
-      break;
-    case GgmlType::kQ8_0:
-      k::dequantize_row_q8_0(reinterpret_cast<const k::BlockQ8_0*>(row), y, t.k);
-      break;
-    default:
-      break;  // Model::load converts every other type (model.hpp)
-  }
-}
-
 }  // namespace
 
 namespace {
@@ -215,7 +192,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   {
     int64_t t = 0;
     for (const auto& sq : batch) {
-      for (int32_t id : sq.tokens) embed_row(model.token_embd(), id, x + (t++) * n_embd);
+      for (int32_t id : sq.tokens) embedding_row(model.token_embd(), id, x + (t++) * n_embd);
     }
   }
 

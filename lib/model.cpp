@@ -13,6 +13,7 @@
 #include <map>
 #include <new>
 
+#include "cpu/cpu_kernels.hpp"
 #include "tandem/requantize.hpp"
 #include "tandem/thread_pool.hpp"
 
@@ -157,6 +158,29 @@ HParams read_hparams(const GgufFile& f) {
 }
 
 }  // namespace
+
+void embedding_row(const TensorView& t, int32_t id, float* y) noexcept {
+  const std::byte* row = t.data + size_t(id) * t.row_bytes;
+  switch (t.type) {
+    case GgmlType::kF32:
+      std::memcpy(y, row, size_t(t.k) * sizeof(float));
+      break;
+    case GgmlType::kF16:
+      kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
+      break;
+    case GgmlType::kBF16:
+      for (int64_t i = 0; i < t.k; ++i) y[i] = kernels::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
+      break;
+    case GgmlType::kQ4_0:
+      kernels::dequantize_row_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(row), y, t.k);
+      break;
+    case GgmlType::kQ8_0:
+      kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
+      break;
+    default:
+      break;  // Model::load converts every other type (model.hpp)
+  }
+}
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelOptions& options) {
   std::shared_ptr<Model> m(new Model());

@@ -72,6 +72,12 @@ struct TensorView {
   explicit operator bool() const noexcept { return data != nullptr; }
 };
 
+/// Row `id` of an embedding table `t` (F32, F16, BF16, Q4_0 or Q8_0: the types Model::load
+/// leaves) as `t.k` floats into `y`. The one dequantisation of token embeddings shared by
+/// the CPU and GPU executors, so both start from the same bits. `id` must be in [0, t.n)
+/// (callers check token ids); other types write nothing. Thread-safe (reads only).
+void embedding_row(const TensorView& t, int32_t id, float* y) noexcept;
+
 struct LayerWeights {
   TensorView attn_norm, wq, wk, wv, wo;
   TensorView bq, bk, bv;      ///< qwen2 only

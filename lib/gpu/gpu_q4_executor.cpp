@@ -225,30 +225,6 @@ struct DevLayer {
   ck::DevWeight wq, wk, wv, wo, gate, up, down;
 };
 
-// An embedding row on the host, exactly as the CPU executor forms it.
-void embed_row(const TensorView& t, int32_t id, float* y) {
-  const std::byte* row = t.data + size_t(id) * t.row_bytes;
-  switch (t.type) {
-    case GgmlType::kF32:
-      std::memcpy(y, row, size_t(t.k) * sizeof(float));
-      break;
-    case GgmlType::kF16:
-      kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(row), y, t.k);
-      break;
-    case GgmlType::kBF16:
-      for (int64_t i = 0; i < t.k; ++i) y[i] = kernels::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[i]);
-      break;
-    case GgmlType::kQ4_0:
-      kernels::dequantize_row_q4_0(reinterpret_cast<const kernels::BlockQ4_0*>(row), y, t.k);
-      break;
-    case GgmlType::kQ8_0:
-      kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
-      break;
-    default:
-      break;  // Model::load converts every other type (model.hpp)
-  }
-}
-
 // ---- weights, one upload per (model, device) ---------------------------------------------
 
 // A model's weights in one device's memory, shared by every executor of that model on that
@@ -681,7 +657,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       for (int64_t j = 0; j < n; ++j, ++t) {
         h_page_off[t] = page_base;
         h_pos[t] = s.pos0 + static_cast<int32_t>(j);
-        embed_row(model.token_embd(), s.tokens[size_t(j)], h_x + t * n_embd);
+        embedding_row(model.token_embd(), s.tokens[size_t(j)], h_x + t * n_embd);
         const bool want = s.logits == LogitsRows::kAll || (s.logits == LogitsRows::kLast && j == n - 1);
         if (want) h_out_index[r++] = static_cast<int32_t>(t);
       }
