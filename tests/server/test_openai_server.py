@@ -379,7 +379,7 @@ def smollm2_path():
                                str(Path.home() / ".cache/tandem/SmolLM2-135M-Instruct.Q4_1.gguf")))
 
 
-def test_smollm2_chat_template_and_eog(tmp_path):
+def test_smollm2_chat_template(tmp_path):
     path = smollm2_path()
     if not path.exists():
         pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
@@ -397,7 +397,10 @@ def test_smollm2_chat_template_and_eog(tmp_path):
         assert r.usage.prompt_tokens == len(ids)
         by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=48, temperature=0)
         assert r.choices[0].message.content == by_ids.choices[0].text
-        assert r.choices[0].finish_reason == "stop"  # <|im_end|> ends the turn
+        # llama.cpp's greedy answer on this file (../shared/golden/smollm2-135m-instruct-q4_0,
+        # case chat_capital) starts so and runs past 48 tokens without <|im_end|>.
+        assert r.choices[0].message.content.startswith("The capital of France is Paris")
+        assert (r.choices[0].finish_reason == "length") == (r.usage.completion_tokens == 48)
         assert "<|im_end|>" not in r.choices[0].message.content
     finally:
         s.stop()
