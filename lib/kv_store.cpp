@@ -493,25 +493,19 @@ void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
 }
 
 KvMoveStats KvSequence::move_to(KvTier tier) {
-  if (!store_->has_tier(tier)) {
-    throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
-  }
-  std::lock_guard<std::mutex> lock(store_->mutex_);
-  const KvMoveStats s = store_->move_pages_locked(block_table_, tier, false);
-  if (reserved_ > 0) {  // a reservation belongs to the tier the sequence lived in
-    store_->tiers_[int(tier_.load())]->reserved -= std::min(reserved_, store_->tiers_[int(tier_.load())]->reserved);
-    reserved_ = 0;
-  }
-  tier_ = tier;
-  return s;
+  return move_pages(tier, false);
 }
 
 KvMoveStats KvSequence::move_exclusive_to(KvTier tier) {
+  return move_pages(tier, true);
+}
+
+KvMoveStats KvSequence::move_pages(KvTier tier, bool exclusive_only) {
   if (!store_->has_tier(tier)) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
   }
   std::lock_guard<std::mutex> lock(store_->mutex_);
-  const KvMoveStats s = store_->move_pages_locked(block_table_, tier, true);
+  const KvMoveStats s = store_->move_pages_locked(block_table_, tier, exclusive_only);
   if (reserved_ > 0) {  // a reservation belongs to the tier the sequence lived in
     KvStore::Tier& from = *store_->tiers_[int(tier_.load())];
     from.reserved -= std::min(reserved_, from.reserved);

@@ -263,6 +263,8 @@ class KvSequence {
   bool pinned() const noexcept { return pins_.load(std::memory_order_acquire) > 0; }
 
  private:
+  /// move_to / move_exclusive_to: every page, or only the pages this sequence holds alone.
+  KvMoveStats move_pages(KvTier tier, bool exclusive_only);
   friend class KvStore;
   friend class KvPlacement;
   KvStore* store_;
