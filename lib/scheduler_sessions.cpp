@@ -100,42 +100,46 @@ Scheduler::SessionInfo Scheduler::session_info(uint64_t id) const {
   return info;
 }
 
-// The session's KV is parked (owned by its SessionRec, unpinned): no step reads its
-// exclusive pages, and a request that takes it does so under rec->mu, which is held here.
-bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
-  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+namespace {
+
+// Moves an idle session's KV under its lock with `move(rec, loop)`, which returns what it
+// moved: false (nothing moved) while a request runs on the session, an error when the
+// session is closed. The session's KV is parked (owned by its SessionRec, unpinned): no
+// step reads its exclusive pages, and a request that takes it does so under rec->mu.
+template <class Move>
+bool move_idle_session(Scheduler::Impl& I, uint64_t id, KvMoveStats* stats, Move&& move) {
+  std::shared_ptr<SessionRec> rec = find_session(I, id);
   std::lock_guard<std::mutex> lk(rec->mu);
   if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
   if (rec->busy) return false;
   KvMoveStats st;
-  if (rec->kv) {
-    const auto& loop = *impl_->loops[size_t(rec->executor)];
-    if (!rec->kv->store().has_tier(KvTier::kFile)) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
-    }
-    st = rec->kv->move_exclusive_to(KvTier::kFile);
-    impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
-  }
+  if (rec->kv) st = move(*rec, *I.loops[size_t(rec->executor)]);
   if (stats != nullptr) *stats = st;
   return true;
 }
 
+}  // namespace
+
+bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
+  return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
+    if (!rec.kv->store().has_tier(KvTier::kFile)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
+    }
+    KvMoveStats st = rec.kv->move_exclusive_to(KvTier::kFile);
+    impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
+    return st;
+  });
+}
+
 bool Scheduler::unpark_session(uint64_t id, KvMoveStats* stats) {
-  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
-  std::lock_guard<std::mutex> lk(rec->mu);
-  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
-  if (rec->busy) return false;
-  KvMoveStats st;
-  if (rec->kv) {
-    const auto& loop = *impl_->loops[size_t(rec->executor)];
-    st = rec->kv->move_exclusive_to(loop.tier);
-    rec->kv->touch();
+  return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
+    KvMoveStats st = rec.kv->move_exclusive_to(loop.tier);
+    rec.kv->touch();
     impl_->log(
         fmt::format("session {} unparked to {}: {} pages, {:.4f}s", id, kv_tier_name(loop.tier), st.pages, st.seconds));
-  }
-  if (stats != nullptr) *stats = st;
-  return true;
+    return st;
+  });
 }
 
 }  // namespace tandem
