@@ -475,13 +475,10 @@ struct BpeCmp {
   }
 };
 
-}  // namespace
-
-void Tokenizer::Impl::encode_spm(std::string_view text, std::vector<int32_t>& out) const {
-  if (text.empty()) return;
-  if (text.size() > UINT32_MAX / 2) throw Error(ErrorCode::kInvalidArgument, "tokenizer: text too long");
-  std::vector<Symbol> sym;
-  sym.reserve(text.size());
+// One symbol per UTF-8 character of `text` (a truncated character at the end is one
+// symbol of the remaining bytes), linked as a list through prev/next.
+void split_utf8_symbols(std::string_view text, std::vector<Symbol>& sym) {
+  sym.clear();
   for (size_t off = 0; off < text.size();) {
     const size_t len = std::min(detail::utf8_len_from_lead(static_cast<uint8_t>(text[off])), text.size() - off);
     const int32_t idx = static_cast<int32_t>(sym.size());
@@ -489,6 +486,36 @@ void Tokenizer::Impl::encode_spm(std::string_view text, std::vector<int32_t>& ou
     sym.push_back(Symbol{idx - 1, off == text.size() ? -1 : idx + 1, static_cast<uint32_t>(off - len),
                          static_cast<uint32_t>(len)});
   }
+}
+
+// The merge loop SPM and BPE share (as llama.cpp's tokenizers do): pop the best bigram,
+// skip it when an earlier merge outdated it, merge its right symbol into its left one and
+// offer the merged symbol's two new neighbour pairs back through `try_add(left, right)`.
+template <class Queue, class TryAdd>
+void merge_bigrams(std::vector<Symbol>& sym, Queue& queue, TryAdd&& try_add) {
+  while (!queue.empty()) {
+    const auto b = queue.top();
+    queue.pop();
+    Symbol& L = sym[b.left];
+    Symbol& R = sym[b.right];
+    if (L.n == 0 || R.n == 0 || L.n + R.n != b.size) continue;  // outdated
+    L.n += R.n;
+    R.n = 0;
+    L.next = R.next;
+    if (R.next >= 0) sym[R.next].prev = b.left;
+    try_add(L.prev, b.left);
+    try_add(b.left, L.next);
+  }
+}
+
+}  // namespace
+
+void Tokenizer::Impl::encode_spm(std::string_view text, std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  if (text.size() > UINT32_MAX / 2) throw Error(ErrorCode::kInvalidArgument, "tokenizer: text too long");
+  std::vector<Symbol> sym;
+  sym.reserve(text.size());
+  split_utf8_symbols(text, sym);
   std::vector<SpmBigram> storage;
   storage.reserve(sym.size());
   std::priority_queue<SpmBigram, std::vector<SpmBigram>, SpmCmp> queue(SpmCmp{}, std::move(storage));
@@ -500,19 +527,7 @@ void Tokenizer::Impl::encode_spm(std::string_view text, std::vector<int32_t>& ou
     queue.push(SpmBigram{l, r, scores[id], size});
   };
   for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const SpmBigram b = queue.top();
-    queue.pop();
-    Symbol& L = sym[b.left];
-    Symbol& R = sym[b.right];
-    if (L.n == 0 || R.n == 0 || L.n + R.n != b.size) continue;
-    L.n += R.n;
-    R.n = 0;
-    L.next = R.next;
-    if (R.next >= 0) sym[R.next].prev = b.left;
-    try_add(L.prev, b.left);
-    try_add(b.left, L.next);
-  }
+  merge_bigrams(sym, queue, try_add);
   // "resegment": every merged symbol is a token (it was created from a bigram whose text
   // is in the vocabulary), so only unmerged characters can miss -> byte fallback.
   for (int32_t i = 0; i != -1; i = sym[i].next) {
@@ -548,13 +563,7 @@ void Tokenizer::Impl::encode_bpe_word(std::string_view word, std::vector<int32_t
   }
   std::vector<Symbol> sym;
   sym.reserve(word.size() / 2 + 1);
-  for (size_t off = 0; off < word.size();) {
-    const size_t len = std::min(detail::utf8_len_from_lead(static_cast<uint8_t>(word[off])), word.size() - off);
-    const int32_t idx = static_cast<int32_t>(sym.size());
-    off += len;
-    sym.push_back(Symbol{idx - 1, off == word.size() ? -1 : idx + 1, static_cast<uint32_t>(off - len),
-                         static_cast<uint32_t>(len)});
-  }
+  split_utf8_symbols(word, sym);
   std::vector<BpeBigram> storage;
   storage.reserve(sym.size());
   std::priority_queue<BpeBigram, std::vector<BpeBigram>, BpeCmp> queue(BpeCmp{}, std::move(storage));
@@ -565,19 +574,7 @@ void Tokenizer::Impl::encode_bpe_word(std::string_view word, std::vector<int32_t
     queue.push(BpeBigram{rk, l, r, sym[l].n + sym[r].n});
   };
   for (int32_t i = 1; i < static_cast<int32_t>(sym.size()); ++i) try_add(i - 1, i);
-  while (!queue.empty()) {
-    const BpeBigram b = queue.top();
-    queue.pop();
-    Symbol& L = sym[b.left];
-    Symbol& R = sym[b.right];
-    if (L.n == 0 || R.n == 0 || L.n + R.n != b.size) continue;  // outdated
-    L.n += R.n;
-    R.n = 0;
-    L.next = R.next;
-    if (R.next >= 0) sym[R.next].prev = b.left;
-    try_add(L.prev, b.left);
-    try_add(b.left, L.next);
-  }
+  merge_bigrams(sym, queue, try_add);
   for (int32_t i = 0; i != -1; i = sym[i].next) {
     const Symbol& s = sym[i];
     const std::string_view piece = word.substr(s.off, s.n);
