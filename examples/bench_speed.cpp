@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "kv_cache_type.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/kv_store.hpp"
 #include "tandem/model.hpp"
@@ -296,6 +297,7 @@ std::vector<int> parse_int_list(const std::string& text, int lo, int hi) {
 
 int run_speed(const SpeedOptions& opt) {
   std::vector<int> prompts, gens, depths, threads;
+  KvDtype kv_dtype = KvDtype::kF16;
   std::string format = opt.output.empty() ? (opt.json ? "json" : "md") : opt.output;
   try {
     if (format != "md" && format != "json" && format != "jsonl") {
@@ -307,6 +309,8 @@ int run_speed(const SpeedOptions& opt) {
     depths = parse_flag(opt.depth, "--n-depth", 0, kMaxTokens);
     threads = parse_flag(opt.threads, "--threads", 0, 512);
     if (opt.reps < 1) throw FlagError("--repetitions: must be at least 1");
+    if (const std::string bad = cli::resolve_cache_types(opt.cache_type_k, opt.cache_type_v, kv_dtype); !bad.empty())
+      throw FlagError(bad);
   } catch (const FlagError& e) {
     std::cerr << "tandem-bench: error: " << e.what() << "\n";
     return 2;
@@ -337,9 +341,10 @@ int run_speed(const SpeedOptions& opt) {
     for (int n : gens) max_timed = std::max(max_timed, n);
     const int32_t n_ctx = max_depth + max_timed + 1;
     KvStoreOptions so;
-    so.layout = KvLayout::for_model(hp);
+    so.layout = KvLayout::for_model(hp, 16, kv_dtype);
     so.host_pages = (n_ctx + so.layout.page_size - 1) / so.layout.page_size + 1;
     const std::string kv_type(kv_dtype_name(so.layout.dtype));
+    const bool kv_f16 = so.layout.dtype == KvDtype::kF16;
     KvStore store(std::move(so));
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
@@ -348,10 +353,12 @@ int run_speed(const SpeedOptions& opt) {
     const Env env{cpu, isa, commit, kv_type};
     std::vector<TestRun> done;
     if (format == "md") {
-      fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} | {:>15} | {:>20} | {:>17} |\n", "model", "size",
-                 "params", "backend", "threads", "isa", "test", "t/s", "load before/after");
-      fmt::print("| {:-<30} | {:->10} | {:->10} | {:-<7} | {:->7} | {:-<7} | {:->15} | {:->20} | {:->17} |\n", ":", ":",
-                 ":", ":", ":", ":", ":", ":", ":");
+      // As llama-bench: type_k / type_v columns only when the KV type is not the default f16.
+      fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} |{} {:>15} | {:>20} | {:>17} |\n", "model", "size",
+                 "params", "backend", "threads", "isa", kv_f16 ? "" : " type_k | type_v |", "test", "t/s",
+                 "load before/after");
+      fmt::print("| {:-<30} | {:->10} | {:->10} | {:-<7} | {:->7} | {:-<7} |{} {:->15} | {:->20} | {:->17} |\n", ":",
+                 ":", ":", ":", ":", ":", kv_f16 ? "" : " -----: | -----: |", ":", ":", ":");
     } else if (format == "json") {
       std::cout << "[\n";
       opened = true;
@@ -366,9 +373,9 @@ int run_speed(const SpeedOptions& opt) {
         const std::string params = mi.n_params < 1000000000ull ? fmt::format("{:.2f} M", double(mi.n_params) / 1e6)
                                                                : fmt::format("{:.2f} B", double(mi.n_params) / 1e9);
         const auto ts = samples_ts(t);
-        fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} | {:>15} | {:>20} | {:>17} |\n", mi.type, size,
-                   params, "CPU", t.n_threads, isa, test_name(t),
-                   fmt::format("{:.2f} ± {:.2f}", mean(ts), sample_stddev(ts)),
+        fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} |{} {:>15} | {:>20} | {:>17} |\n", mi.type, size,
+                   params, "CPU", t.n_threads, isa, kv_f16 ? "" : fmt::format(" {:>6} | {:>6} |", kv_type, kv_type),
+                   test_name(t), fmt::format("{:.2f} ± {:.2f}", mean(ts), sample_stddev(ts)),
                    fmt::format("{:.2f}/{:.2f}", t.load_before[0], t.load_after[0]));
       } else if (format == "json") {
         const std::string body = record(t, mi, env).dump(2);

@@ -23,6 +23,8 @@ struct SpeedOptions {
   std::string output;                      ///< -o: md, json or jsonl ("" = md, or json with --json)
   bool json = false;                       ///< --json: same as -o json
   bool no_bandwidth = false;               ///< skip the read-bandwidth measurement
+  std::string cache_type_k = "f16";        ///< -ctk: KV cache type of K (f16, f32, q8_0)
+  std::string cache_type_v = "f16";        ///< -ctv: of V; must equal -ctk (one dtype per store)
 };
 
 /// Parse one llama-bench list: comma-separated items "first[-last[(+|*)step]]" (a range

@@ -2,6 +2,7 @@
 // flags, test definitions and output records (bench_speed.hpp / bench_speed.cpp).
 //
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 0] [-r 5] [-o md|json|jsonl]
+//                [-ctk f16|f32|q8_0 -ctv f16|f32|q8_0]
 //   tandem-bench kv -m MODEL.gguf [-c 4096] [-t 2] [--kv-dir DIR] [--json]
 //   tandem-bench serve ...   (bench_serve.hpp)
 //
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include "bench_serve.hpp"
 #include "bench_speed.hpp"
+#include "kv_cache_type.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -193,6 +195,8 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", speed.output, "md (default), json or jsonl: llama-bench's records");
   app.add_flag("--json", speed.json, "same as -o json");
   app.add_flag("--no-bandwidth", speed.no_bandwidth, "skip the memory bandwidth measurement");
+  app.add_option("--cache-type-k", speed.cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
+  app.add_option("--cache-type-v", speed.cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   app.footer(
       "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
       "-d 0-4096*2; a flag may repeat. One pp test per prompt size and one tg test per generation size, for "
@@ -210,7 +214,9 @@ int main(int argc, char** argv) {
   tandem::bench::add_serve_options(app, serve_opt);
   app.get_option("--model")->required(false);
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args;  // CLI11 parses a reversed vector; -ctk / -ctv become long options
+    for (int i = argc - 1; i >= 1; --i) args.push_back(tandem::cli::expand_cache_type_flag(argv[i]));
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2
     return rc == 0 ? 0 : 2;

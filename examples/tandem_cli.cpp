@@ -5,6 +5,7 @@
 //              [--prompt-ids 1,2,3] [--logits-out FILE] [--json]
 //              [--chat [-sys|--system-prompt TEXT] [-st|--single-turn]]
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
+//              [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
 //   tandem-cli --version | --help   (--help shows every default)
 //
@@ -37,6 +38,7 @@
 
 #include "cli_session_lock.hpp"
 #include "cli_signals.hpp"
+#include "kv_cache_type.hpp"
 #include "tandem/atomic_file.hpp"
 #include "tandem/chat_session.hpp"
 #include "tandem/chat_template.hpp"
@@ -169,7 +171,9 @@ std::vector<std::string> expand_chat_flags(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    args.push_back(a == "-sys" ? "--system-prompt" : a == "-st" ? "--single-turn" : a);
+    args.push_back(a == "-sys"  ? "--system-prompt"
+                   : a == "-st" ? "--single-turn"
+                                : tandem::cli::expand_cache_type_flag(a));
   }
   std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
   return args;
@@ -196,7 +200,7 @@ int main(int argc, char** argv) {
   int64_t seed = -1;
   bool json_out = false, chat = false, ignore_eos = false, single_turn = false;
   std::string system_prompt;
-  std::string session_path, kv_tier = "host", kv_dir;
+  std::string session_path, kv_tier = "host", kv_dir, cache_type_k = "f16", cache_type_v = "f16";
   int migrate_after = -1;
   std::vector<std::string> stops;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
@@ -232,6 +236,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-tier", kv_tier, "where KV pages live: host (RAM) or file (memory-mapped file)")
       ->check(CLI::IsMember({"host", "file"}));
   app.add_option("--kv-dir", kv_dir, "directory of the file tier (default: the temp directory)");
+  app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
+  app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   app.add_option("--migrate-after", migrate_after, "hand the session to a second CPU executor after N generated tokens")
       ->check(CLI::Range(0, INT32_MAX));
 
@@ -261,6 +267,9 @@ int main(int argc, char** argv) {
     if (model_path.empty()) throw UsageError("--model is required");
     seed = parse_seed(seed_text);
     check_generate_flags(app, sp, n_predict, kv_tier, migrate_after, chat, json_out, logits_out);
+    tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;
+    if (const std::string bad = tandem::cli::resolve_cache_types(cache_type_k, cache_type_v, kv_dtype); !bad.empty())
+      throw UsageError(bad);
     try {
       sp.validate();
     } catch (const tandem::Error& e) {
@@ -287,6 +296,7 @@ int main(int argc, char** argv) {
     so.n_batch = n_batch;
     so.seed = static_cast<uint64_t>(seed);
     so.kv_tier = kv_tier == "file" ? tandem::KvTier::kFile : tandem::KvTier::kHost;
+    so.kv_dtype = kv_dtype;
     if (!kv_dir.empty()) so.kv_dir = kv_dir;
     tandem::Session session(model, exec, so);
     // One run at a time per session file: restore, generate and save under one lock.

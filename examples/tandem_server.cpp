@@ -4,6 +4,7 @@
 //   tandem-server -m MODEL.gguf [--executors cpu|cpu+cpu|gpu|cpu+gpu] [--host 127.0.0.1]
 //                 [--port 8080] [-c N] [-np N] [-t N] [--api-key KEY] [--kv-tier host|file]
 //                 [--kv-dir DIR] [--max-queued N] [--alias NAME] [--log-format text|json]
+//                 [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //                 [--body-limit BYTES] [--shutdown-grace S]
 //
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
@@ -17,11 +18,13 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <thread>
 
+#include "kv_cache_type.hpp"
 #include "server/http_routes.hpp"
 #include "server/server_state.hpp"
 #include "server/serving_engine.hpp"
@@ -29,13 +32,13 @@
 
 namespace {
 
-/// llama-server spells some flags with one dash and several letters (-np); CLI11 wants
+/// llama-server spells some flags with one dash and several letters (-np, -ctk, -ctv); CLI11 wants
 /// those as long options.
 std::vector<std::string> normalise_args(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {  // CLI11 parses a reversed vector
     const std::string a = argv[i];
-    args.push_back(a == "-np" ? "--parallel" : a);
+    args.push_back(a == "-np" ? "--parallel" : tandem::cli::expand_cache_type_flag(a));
   }
   return args;
 }
@@ -47,7 +50,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem-server: OpenAI-compatible HTTP server over the Tandem Scheduler"};
   EngineOptions eo;
   ServerOptions so;
-  std::string kv_tier = "host", kv_dir, log_format = "text";
+  std::string kv_tier = "host", kv_dir, log_format = "text", cache_type_k = "f16", cache_type_v = "f16";
   app.add_option("-m,--model", eo.model_path, "GGUF model file")->required();
   app.add_option("--executors", eo.executors, "cpu, cpu+cpu, gpu or cpu+gpu")
       ->check(CLI::IsMember({"cpu", "cpu+cpu", "gpu", "cpu+gpu"}));
@@ -66,6 +69,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-tier", kv_tier, "host: KV in RAM only; file: plus a memory-mapped File tier for swap-out")
       ->check(CLI::IsMember({"host", "file"}));
   app.add_option("--kv-dir", kv_dir, "directory of the File tier (default: the temp directory)");
+  app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
+  app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   app.add_option("--max-queued", eo.max_queued, "waiting requests before 429 (all executors)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--prefix-cache", eo.prefix_cache, "finished prompts kept per executor for prefix reuse (0 = off)")
@@ -86,6 +91,10 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   eo.kv_file_tier = kv_tier == "file";
+  if (const std::string bad = tandem::cli::resolve_cache_types(cache_type_k, cache_type_v, eo.kv_dtype); !bad.empty()) {
+    std::fprintf(stderr, "tandem-server: %s\n", bad.c_str());
+    return 2;
+  }
   if (!kv_dir.empty()) eo.kv_dir = kv_dir;
   so.log_json = log_format == "json";
   if (so.alias.empty()) so.alias = std::filesystem::path(eo.model_path).stem().string();

@@ -255,7 +255,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
           if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
           apply_rope(kt + h * hd, rope + t * hp.n_rot);
         }
-        // Store K and V of this position (f16 rounded to nearest even, or f32).
+        // Store K and V of this position (f16 rounded to nearest even, Q8_0 blocks as
+        // kernels::quantize_row_q8_0 makes them, or f32).
         const TokenRef& tr = toks[t];
         const KvStore& store = tr.seq->kv->store();
         const KvLayout& layout = store.layout();
@@ -267,6 +268,9 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         if (layout.dtype == KvDtype::kF16) {
           k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(krow), kv_w);
           k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(vrow), kv_w);
+        } else if (layout.dtype == KvDtype::kQ8_0) {
+          k::quantize_row_q8_0(kt, reinterpret_cast<k::BlockQ8_0*>(krow), kv_w);
+          k::quantize_row_q8_0(vt, reinterpret_cast<k::BlockQ8_0*>(vrow), kv_w);
         } else {
           std::memcpy(krow, kt, size_t(kv_w) * sizeof(float));
           std::memcpy(vrow, vt, size_t(kv_w) * sizeof(float));
@@ -306,6 +310,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         fa.row_stride = static_cast<int64_t>(layout.row_elems());
         fa.head_offset = int64_t{at.kv_head} * hd;
         fa.kv_f16 = layout.dtype == KvDtype::kF16;
+        fa.kv_q8_0 = layout.dtype == KvDtype::kQ8_0;
         fa.head_dim = hd;
         const int64_t row0 = seq_first_token[size_t(at.seq)] + at.first;
         fa.q = q + row0 * q_w + int64_t{at.kv_head} * group * hd;

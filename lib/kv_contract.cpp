@@ -21,6 +21,12 @@ KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype
   l.head_dim = hp.head_dim;
   l.page_size = page_size;
   l.dtype = dtype;
+  if (dtype == KvDtype::kQ8_0 && l.row_elems() % kKvQ8Block != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("KV layout: a q8_0 KV cache needs n_head_kv x head_dim ({} x {} = {}) to be a multiple of "
+                            "32 (one Q8_0 block); use f16",
+                            l.n_head_kv, l.head_dim, l.row_elems()));
+  }
   return l;
 }
 
@@ -196,10 +202,11 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
                          int(d.rope_type), d.rope_freq_base, d.rope_freq_scale, d.n_rot, int(hp.rope_type),
                          hp.rope_freq_base, hp.rope_freq_scale, hp.n_rot));
   }
-  const uint64_t elem = d.dtype == KvDtype::kF16 ? 2 : d.dtype == KvDtype::kF32 ? 4 : 0;
-  if (elem == 0 || d.row_bytes != uint64_t(d.n_head_kv) * uint64_t(d.head_dim) * elem) {
-    mismatch(fmt::format("row size {} bytes does not fit dtype {} x {} KV heads x {} dims", d.row_bytes,
-                         static_cast<uint32_t>(d.dtype), d.n_head_kv, d.head_dim));
+  // The dtype and the row size must agree (a q8_0 row is never taken for f16 or f32 bytes).
+  const uint64_t row = kv_row_bytes(d.dtype, uint64_t(d.n_head_kv) * uint64_t(d.head_dim));
+  if (row == 0 || d.row_bytes != row) {
+    mismatch(fmt::format("row size {} bytes does not fit dtype {} ({}) x {} KV heads x {} dims", d.row_bytes,
+                         static_cast<uint32_t>(d.dtype), kv_dtype_name(d.dtype), d.n_head_kv, d.head_dim));
   }
   if (d.page_size <= 0 || d.layer_begin < 0 || d.layer_end > d.n_layer || d.layer_begin >= d.layer_end) {
     mismatch(fmt::format("page size {} or layer range [{}, {}) is invalid", d.page_size, d.layer_begin, d.layer_end));
@@ -269,7 +276,6 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
 
   auto seq = std::make_unique<KvSequence>(dst, max_tokens, tier);
   seq->reserve(first.token_end);
-  const size_t src_elem = first.dtype == KvDtype::kF16 ? 2 : 4;
   const size_t n_elem = size_t(first.n_head_kv) * size_t(first.head_dim);
   const int32_t sp = first.page_size;
   const int32_t dp = dl.page_size;
@@ -281,13 +287,32 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
     const size_t idx = (size_t(layer - d.layer_begin) * 2 + size_t(kind)) * size_t(sp) + size_t(pos % sp);
     return b + idx * d.row_bytes;
   };
+  // One row from the hand-off's dtype to the store's: the same dtype is copied byte for
+  // byte; otherwise through f32 (exact from f16 and q8_0), then rounded to f16 (nearest
+  // even) or quantised to Q8_0 (kernels::quantize_row_q8_0) — lossy, so only when the
+  // receiving store's layout asks for another dtype.
+  std::vector<float> wide(n_elem);
   auto convert = [&](const std::byte* src, std::byte* out) {
     if (first.dtype == dl.dtype) {
-      std::memcpy(out, src, n_elem * src_elem);
-    } else if (first.dtype == KvDtype::kF16) {
-      kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(src), reinterpret_cast<float*>(out), int64_t(n_elem));
-    } else {
-      kernels::fp32_to_fp16_row(reinterpret_cast<const float*>(src), reinterpret_cast<uint16_t*>(out), int64_t(n_elem));
+      std::memcpy(out, src, size_t(first.row_bytes));
+      return;
+    }
+    float* f = dl.dtype == KvDtype::kF32 ? reinterpret_cast<float*>(out) : wide.data();
+    switch (first.dtype) {
+      case KvDtype::kF16:
+        kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(src), f, int64_t(n_elem));
+        break;
+      case KvDtype::kF32:
+        std::memcpy(f, src, n_elem * sizeof(float));
+        break;
+      case KvDtype::kQ8_0:
+        kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(src), f, int64_t(n_elem));
+        break;
+    }
+    if (dl.dtype == KvDtype::kF16) {
+      kernels::fp32_to_fp16_row(f, reinterpret_cast<uint16_t*>(out), int64_t(n_elem));
+    } else if (dl.dtype == KvDtype::kQ8_0) {
+      kernels::quantize_row_q8_0(f, reinterpret_cast<kernels::BlockQ8_0*>(out), int64_t(n_elem));
     }
   };
   std::vector<std::byte> expect(dl.row_bytes());

@@ -29,7 +29,37 @@ std::string_view kv_tier_name(KvTier t) noexcept {
 }
 
 std::string_view kv_dtype_name(KvDtype d) noexcept {
-  return d == KvDtype::kF16 ? "f16" : "f32";
+  switch (d) {
+    case KvDtype::kF16:
+      return "f16";
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kQ8_0:
+      return "q8_0";
+  }
+  return "?";
+}
+
+bool kv_dtype_from_name(std::string_view name, KvDtype& out) noexcept {
+  for (KvDtype d : {KvDtype::kF16, KvDtype::kF32, KvDtype::kQ8_0}) {
+    if (name == kv_dtype_name(d)) {
+      out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t kv_row_bytes(KvDtype d, uint64_t elems) noexcept {
+  switch (d) {
+    case KvDtype::kF16:
+      return elems * 2;
+    case KvDtype::kF32:
+      return elems * 4;
+    case KvDtype::kQ8_0:
+      return elems % kKvQ8Block == 0 ? elems / kKvQ8Block * kKvQ8BlockBytes : 0;
+  }
+  return 0;
 }
 
 int32_t KvStoreOptions::pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept {
@@ -105,6 +135,13 @@ KvStore::KvStore(KvStoreOptions options) : layout_(options.layout) {
                 fmt::format("KV store: layout needs positive n_layer ({}), n_head_kv ({}), head_dim ({}), "
                             "page_size ({})",
                             l.n_layer, l.n_head_kv, l.head_dim, l.page_size));
+  }
+  if (l.row_bytes() == 0) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("KV store: a {} KV row of {} KV heads x {} dims = {} elements is not a whole number of "
+                    "32-element Q8_0 blocks (or the dtype {} is unknown)",
+                    kv_dtype_name(l.dtype), l.n_head_kv, l.head_dim, l.row_elems(), static_cast<uint32_t>(l.dtype)));
   }
   if (options.host_pages < 0 || options.file_pages < 0 || options.file_chunk_pages <= 0) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -84,10 +84,11 @@ using namespace tandem;
 
 TEST_CASE("decode steps do no heap allocation after warm-up", "[executor][alloc]") {
   const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen3-hd64-small-q4_0");
+  const auto dtype = GENERATE(KvDtype::kF16, KvDtype::kQ8_0);  // q8_0: quantised rows, dequantised tiles
   auto model = Model::load(test::model_path(model_name));
   CpuQ4Executor exec(model, CpuExecutorOptions{2});
   KvStoreOptions so;
-  so.layout = KvLayout::for_model(model->hparams());
+  so.layout = KvLayout::for_model(model->hparams(), 16, dtype);
   so.host_pages = 8;
   KvStore store(std::move(so));
   KvSequence kv(store, 128);

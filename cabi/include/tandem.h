@@ -265,7 +265,10 @@ TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_
 
 /* KV cache options (include/tandem/kv_store.hpp): the tier pages live in, the element type. */
 enum tandem_kv_tier { TANDEM_KV_DEVICE = 0, TANDEM_KV_HOST = 1, TANDEM_KV_FILE = 2 };
-enum tandem_kv_dtype { TANDEM_KV_F32 = 0, TANDEM_KV_F16 = 1 };
+/* TANDEM_KV_Q8_0: ggml's Q8_0 blocks (34 bytes per 32 elements, about half of f16;
+ * llama.cpp's --cache-type-k/-v q8_0); CPU executors only (TANDEM_E_UNSUPPORTED for a CUDA
+ * executor), and n_head_kv x head_dim must be a multiple of 32 (else TANDEM_E_INVALID_ARG). */
+enum tandem_kv_dtype { TANDEM_KV_F32 = 0, TANDEM_KV_F16 = 1, TANDEM_KV_Q8_0 = 2 };
 
 typedef struct tandem_session_params {
   size_t struct_size;

@@ -75,6 +75,7 @@ static_assert(static_cast<int>(KvTier::kHost) == TANDEM_KV_HOST);
 static_assert(static_cast<int>(KvTier::kFile) == TANDEM_KV_FILE);
 static_assert(static_cast<int>(KvDtype::kF32) == TANDEM_KV_F32);
 static_assert(static_cast<int>(KvDtype::kF16) == TANDEM_KV_F16);
+static_assert(static_cast<int>(KvDtype::kQ8_0) == TANDEM_KV_Q8_0);
 
 // ---- struct sizes of version 0.1 ----------------------------------------------------------
 //
@@ -693,9 +694,9 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
                                              "session",
                                              fn, p.kv_tier));
     }
-    if (p.kv_dtype != TANDEM_KV_F16 && p.kv_dtype != TANDEM_KV_F32) {
+    if (p.kv_dtype != TANDEM_KV_F16 && p.kv_dtype != TANDEM_KV_F32 && p.kv_dtype != TANDEM_KV_Q8_0) {
       fail(TANDEM_E_INVALID_ARG,
-           fmt::format("{}: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16)", fn, p.kv_dtype));
+           fmt::format("{}: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16, 2 q8_0)", fn, p.kv_dtype));
     }
     std::shared_ptr<PoolObj> pool;
     if (p.pool != nullptr) {
@@ -714,7 +715,9 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
     // Refuse a KV cache that cannot fit in physical memory before allocating it (the
     // pool is zero-filled at creation, so all of it would be touched at once).
     const double n_pages = std::ceil(double(n_ctx) / double(p.page_size));
-    const double elem_bytes = p.kv_dtype == TANDEM_KV_F16 ? 2.0 : 4.0;
+    const double elem_bytes = p.kv_dtype == TANDEM_KV_F16    ? 2.0
+                              : p.kv_dtype == TANDEM_KV_Q8_0 ? double(kKvQ8BlockBytes) / double(kKvQ8Block)
+                                                             : 4.0;
     const double kv_bytes = n_pages * double(p.page_size) * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) *
                             double(std::max(hp.head_dim, hp.head_dim_v)) * elem_bytes;
     const double phys = physical_memory_bytes();
@@ -1096,7 +1099,7 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
       log_line(TANDEM_LOG_INFO, fmt::format("scheduler: executor {} ({}) with {} KV pages of {} tokens ({}), {} File "
                                             "pages",
                                             i, used[i]->executor->name(), kv_pages[i], p.page_size,
-                                            e.kv_dtype == TANDEM_KV_F16 ? "f16" : "f32", e.kv_file_pages));
+                                            kv_dtype_name(static_cast<KvDtype>(e.kv_dtype)), e.kv_file_pages));
       ExecutorConfig c;
       c.executor = used[i]->executor.get();
       c.store = obj->stores.back();

@@ -100,9 +100,14 @@ void check_executor_params(const tandem_executor_params& e, size_t i, const char
                                            "are >= 0)",
                                            fn, i, e.device_id));
   }
-  if (e.kv_dtype != TANDEM_KV_F16 && e.kv_dtype != TANDEM_KV_F32) {
-    fail(TANDEM_E_INVALID_ARG,
-         fmt::format("{}: executors[{}]: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16)", fn, i, e.kv_dtype));
+  if (e.kv_dtype != TANDEM_KV_F16 && e.kv_dtype != TANDEM_KV_F32 && e.kv_dtype != TANDEM_KV_Q8_0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: kv_dtype {} is not a tandem_kv_dtype (0 f32, 1 f16, "
+                                           "2 q8_0)",
+                                           fn, i, e.kv_dtype));
+  }
+  if (e.kv_dtype == TANDEM_KV_Q8_0 && e.device_kind == TANDEM_DEVICE_CUDA) {
+    fail(TANDEM_E_UNSUPPORTED,
+         fmt::format("{}: executors[{}]: a q8_0 KV cache is unsupported on a CUDA executor (use f16)", fn, i));
   }
   if (e.pool != nullptr && (e.n_threads != 0 || e.device_kind != TANDEM_DEVICE_CPU)) {
     fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: a pool is for CPU executors with n_threads 0 (got "

@@ -56,7 +56,7 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
   const auto add_cpu = [&](int threads, bool primary, const std::string& name) {
     executors_.push_back(std::make_unique<CpuQ4Executor>(model_, CpuExecutorOptions{threads}));
     KvStoreOptions ko;
-    ko.layout = KvLayout::for_model(model_->hparams(), ps);
+    ko.layout = KvLayout::for_model(model_->hparams(), ps, o.kv_dtype);
     ko.host_pages = pages;
     ko.file_pages = file_pages;
     ko.file_dir = o.kv_dir;
@@ -74,7 +74,7 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
   [[maybe_unused]] const auto add_gpu = [&]() {
 #if TANDEM_HAVE_CUDA
     auto g = std::make_unique<GpuQ4Executor>(model_);
-    stores_.push_back(g->make_kv_store(pages * 4, pages, ps, KvDtype::kF16, file_pages));
+    stores_.push_back(g->make_kv_store(pages * 4, pages, ps, o.kv_dtype, file_pages));
     ExecutorConfig c;
     c.executor = g.get();
     c.store = stores_.back();

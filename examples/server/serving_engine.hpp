@@ -35,6 +35,7 @@ struct EngineOptions {
   int32_t max_queued = 64;
   int32_t prefix_cache = 4;
   bool kv_file_tier = false;
+  KvDtype kv_dtype = KvDtype::kF16;  ///< --cache-type-k/-v; q8_0 on CPU executors only (the GPU refuses it)
   std::filesystem::path kv_dir = std::filesystem::temp_directory_path();
 };
 

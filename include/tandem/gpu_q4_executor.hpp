@@ -79,7 +79,10 @@ class GpuQ4Executor final : public Executor {
   KvTier kv_tier() const noexcept override { return KvTier::kDevice; }
   /// Device pages are read in place; Host and File pages are staged through VRAM.
   bool can_read(KvTier) const noexcept override { return true; }
-  bool supports(KvDtype) const noexcept override { return true; }
+  /// f16 and f32 KV pages; q8_0 is unsupported (no CUDA kernel reads it yet): a step on a
+  /// q8_0 store is refused with Error(kInvalidArgument), and make_kv_device_backend /
+  /// make_kv_store refuse a q8_0 layout the same way.
+  bool supports(KvDtype dtype) const noexcept override { return dtype != KvDtype::kQ8_0; }
 
   /// Number of CUDA devices visible (0 without a driver or device).
   static int device_count() noexcept;

@@ -6,10 +6,14 @@
 // reinterpreted): model identity (hash of the weights and hyper-parameters), tokenizer
 // identity, n_layer, n_head_kv, head_dim, RoPE type/base/scale/dims, a token range that
 // starts at position 0 and whose ids equal what the receiver expects (byte-verified, not
-// a hash alone). Convertible differences (dtype f16 <-> f32, page size, a split into
-// layer ranges) are converted explicitly and the converted rows are compared with the
-// source before the import is accepted. Every page carries an xxHash3-64 checksum; a
-// mismatch is kKvChecksum naming the page index. Bytes arriving is not success.
+// a hash alone). Convertible differences (dtype among f16, f32 and q8_0; page size; a
+// split into layer ranges) are converted explicitly into the receiving store's layout and
+// the converted rows are compared with an independent conversion of the source before the
+// import is accepted. f16/f32 -> q8_0 is lossy (Q8_0 rounding), so it happens only when
+// the receiver's store is q8_0; q8_0 -> f32 is exact. The descriptor's dtype and row_bytes
+// must agree (kv_row_bytes), so q8_0 bytes are never read as f16 or f32. Every page
+// carries an xxHash3-64 checksum; a mismatch is kKvChecksum naming the page index. Bytes
+// arriving is not success.
 //
 // Leases: export does not copy. It hands the receiver a lease holding references to the
 // sender's pages (so the sender may free its sequence at once: the pages stay until the

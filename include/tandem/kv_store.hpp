@@ -3,9 +3,13 @@
 // LRU eviction of inactive sequences (the policy that decides when: KvPlacement, below).
 //
 // Pages. A page holds `page_size` consecutive token positions of K and V for the layers
-// [layer_begin, layer_begin + n_layer). Inside a page (elements of `dtype`), for layer l
-// (0-based within the page), K then V, each [page_size][n_head_kv][head_dim]:
-//   row_offset(l, kind, slot) = ((l * 2 + kind) * page_size + slot) * n_head_kv * head_dim
+// [layer_begin, layer_begin + n_layer). Inside a page, for layer l (0-based within the
+// page), K then V, each [page_size] rows of one token's [n_head_kv][head_dim] elements:
+//   row_offset(l, kind, slot) = ((l * 2 + kind) * page_size + slot) * row_bytes()
+// A row is n_head_kv * head_dim elements of `dtype`: f32 (4 bytes), f16 (2 bytes), or
+// q8_0 — ggml's Q8_0 blocks over the row (kernels/quant_blocks.hpp: per 32 consecutive
+// elements an fp16 scale d = max|x| / 127 and 32 int8 q = round(x / d), 34 bytes), so a
+// q8_0 row needs row_elems() % 32 == 0 and takes row_elems() / 32 * 34 bytes.
 // A PageId names a page for its whole life; moving a page to another tier changes where
 // its bytes live, not its id, so block tables stay valid across moves.
 //
@@ -36,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "tandem/error.hpp"
@@ -44,12 +49,22 @@ namespace tandem {
 
 struct HParams;  // tandem/model.hpp; only KvLayout::for_model reads it (defined in kv_contract.cpp)
 
-enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0 };
+enum class KvDtype : uint32_t { kF16 = 1, kF32 = 0, kQ8_0 = 2 };
+/// Elements per Q8_0 block and bytes per block (fp16 scale + 32 int8), as ggml's block_q8_0.
+inline constexpr size_t kKvQ8Block = 32;
+inline constexpr size_t kKvQ8BlockBytes = 34;
 enum class KvTier : uint32_t { kDevice = 0, kHost = 1, kFile = 2 };
 inline constexpr int kKvTierCount = 3;
 
 std::string_view kv_tier_name(KvTier t) noexcept;    ///< "device", "host", "file"
-std::string_view kv_dtype_name(KvDtype d) noexcept;  ///< "f16", "f32"
+std::string_view kv_dtype_name(KvDtype d) noexcept;  ///< "f16", "f32", "q8_0" ("?" otherwise)
+/// The dtype named "f16", "f32" or "q8_0" (llama.cpp's --cache-type-k/-v spelling); false
+/// for any other name (out unchanged).
+bool kv_dtype_from_name(std::string_view name, KvDtype& out) noexcept;
+/// Bytes of a K (or V) row of `elems` elements of `d`: elems * 4 (f32), * 2 (f16), or
+/// elems / 32 * 34 (q8_0, elems % 32 == 0); 0 when the dtype is unknown or a q8_0 row is
+/// not a whole number of blocks.
+uint64_t kv_row_bytes(KvDtype d, uint64_t elems) noexcept;
 
 struct KvLayout {
   int32_t n_layer = 0;      ///< layers held by a page
@@ -59,11 +74,15 @@ struct KvLayout {
   int32_t page_size = 16;  ///< tokens per page
   KvDtype dtype = KvDtype::kF16;
 
+  /// The layout of a model's KV. Throws Error(kInvalidArgument) for q8_0 when
+  /// n_head_kv * head_dim is not a multiple of 32 (Q8_0 blocks must tile the row).
   static KvLayout for_model(const HParams& hp, int32_t page_size = 16, KvDtype dtype = KvDtype::kF16);
-  size_t elem_bytes() const noexcept { return dtype == KvDtype::kF16 ? 2 : 4; }
+  /// Bytes per element for f32 / f16; 0 for q8_0 (a block format: use row_bytes()).
+  size_t elem_bytes() const noexcept { return dtype == KvDtype::kF16 ? 2 : dtype == KvDtype::kF32 ? 4 : 0; }
   /// Elements of one K (or V) row of one token in one layer: n_head_kv * head_dim.
   size_t row_elems() const noexcept { return size_t(n_head_kv) * size_t(head_dim); }
-  size_t row_bytes() const noexcept { return row_elems() * elem_bytes(); }
+  /// Bytes of one such row (kv_row_bytes; 0 for an invalid q8_0 row, which KvStore refuses).
+  size_t row_bytes() const noexcept { return size_t(kv_row_bytes(dtype, row_elems())); }
   size_t page_bytes() const noexcept { return size_t(n_layer) * 2 * size_t(page_size) * row_bytes(); }
   /// Byte offset inside a page of the K (kind 0) or V (kind 1) row of `slot` in page-local `layer`.
   size_t row_offset(int32_t layer, int kind, int32_t slot) const noexcept {

@@ -39,7 +39,7 @@ struct SessionOptions {
   /// the own store is that Device tier instead, so the pages stay in VRAM between steps.
   std::shared_ptr<KvStore> kv_store;
   int32_t page_size = 16;            ///< KV page size in tokens (own store only)
-  KvDtype kv_dtype = KvDtype::kF16;  ///< (own store only)
+  KvDtype kv_dtype = KvDtype::kF16;  ///< f16, f32 or q8_0 (CPU executors; own store only)
   KvTier kv_tier = KvTier::kHost;    ///< tier new pages go to
   std::filesystem::path kv_dir;      ///< File tier directory of an own store ("" = $TMPDIR, else /tmp)
   uint64_t seed = 0;                 ///< initial state of the session's random engine

@@ -120,6 +120,10 @@ struct FlashAttnArgs {
   int64_t row_stride = 0;   ///< elements between consecutive positions' rows in a page
   int64_t head_offset = 0;  ///< elements from a row's start to this KV head
   bool kv_f16 = true;
+  /// K/V are Q8_0 blocks (kv_f16 is then ignored): element e of a page (the same element
+  /// indexing as above; row_stride must be a multiple of 32) is qs[e % 32] of the page's
+  /// block e / 32, value fp16(d) * q. attn_tiled only; flash_attn does not take it.
+  bool kv_q8_0 = false;
   int64_t head_dim = 0;
   const float* q = nullptr;
   float* out = nullptr;
@@ -139,7 +143,9 @@ void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
 /// the sum in double, w = f16(e * float(1 / sum)), out = sum over p in order of
 /// fma(w[p], v[p], out). The f16 rounding of w is what llama.cpp's reference logits
 /// (tests/test_golden.cpp) contain, so this is the executor's kernel; flash_attn's online
-/// softmax keeps w in f32 and lands outside those tolerances. f32 KV: q and w stay f32.
+/// softmax keeps w in f32 and lands outside those tolerances. f32 and q8_0 KV: q and w
+/// stay f32 (q8_0 rows are dequantised exactly to f32 in the tile scratch, so q8_0 KV is
+/// the f32 path on the dequantised values).
 /// Batch-invariant in the same sense as flash_attn. `scratch`:
 /// attn_tiled_scratch_floats(head_dim, n_pos * group, pos0 + n_pos) floats.
 size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) noexcept;

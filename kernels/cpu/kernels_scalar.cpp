@@ -208,11 +208,17 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   auto kval = [&](const void* const* pages, int64_t p, int64_t d) {
     const void* page = pages[static_cast<size_t>(p / a.page_size)];
     const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset + d;
+    if (a.kv_q8_0) {
+      float y = 0.0f;
+      q8_0_span_to_f32(static_cast<const BlockQ8_0*>(page), off, 1, &y);
+      return y;
+    }
     return a.kv_f16 ? fp16_bits_to_fp32(static_cast<const uint16_t*>(page)[off]) : static_cast<const float*>(page)[off];
   };
+  const bool f16 = a.kv_f16 && !a.kv_q8_0;
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
-    for (int64_t d = 0; d < hd; ++d) q[d] = a.kv_f16 ? fp16_bits_to_fp32(fp32_to_fp16_bits(qr[d])) : qr[d];
+    for (int64_t d = 0; d < hd; ++d) q[d] = f16 ? fp16_bits_to_fp32(fp32_to_fp16_bits(qr[d])) : qr[d];
     const int64_t n = a.pos0 + r / G + 1;
     float mx = -INFINITY;
     for (int64_t p = 0; p < n; ++p) {
@@ -229,7 +235,7 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t p = 0; p < n; ++p) {
       sc[p] *= inv;
-      if (a.kv_f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
+      if (f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
     }
     float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) {

@@ -911,7 +911,8 @@ void flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
 }
 
 // attn_tiled (cpu_kernels.hpp): the arithmetic of vec_dot_f16 / axpy_f16 per (row, KV
-// position), with each K or V row converted to f32 once per call (conversion is exact, so
+// position), with each K or V row converted to f32 once per call (conversion is exact for
+// f16 and for q8_0 rows, dequantised into the same tile scratch; so
 // vec_dot_f<LdF32, LdF32> on converted rows equals vec_dot_f<LdF16, LdF16> on the bits).
 void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
@@ -923,9 +924,10 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   float* kv = scratch + L.kv;
   float* sc = scratch + L.s;
   float* o = scratch + L.o;
+  const bool f16 = a.kv_f16 && !a.kv_q8_0;  // q8_0 KV: q and the weights stay f32
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
-    if (a.kv_f16) {
+    if (f16) {
       for (int64_t d = 0; d < hd; ++d)
         qf[r * hp + d] = h2f(static_cast<uint16_t>(_cvtss_sh(qr[d], _MM_FROUND_TO_NEAREST_INT)));
     } else {
@@ -938,7 +940,9 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       const int64_t p = t0 + c;
       const void* page = pages[static_cast<size_t>(p / a.page_size)];
       const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset;
-      if (a.kv_f16) {
+      if (a.kv_q8_0) {
+        q8_0_span_to_f32(static_cast<const BlockQ8_0*>(page), off, hd, kv + c * hp);
+      } else if (a.kv_f16) {
         fp16_to_fp32_row(static_cast<const uint16_t*>(page) + off, kv + c * hp, hd);
       } else {
         std::memcpy(kv + c * hp, static_cast<const float*>(page) + off, size_t(hd) * sizeof(float));
@@ -974,7 +978,7 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     }
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t p = 0; p < n; ++p) sr[p] *= inv;
-    if (a.kv_f16) {
+    if (f16) {
       int64_t p = 0;
       for (; p + kW <= n; p += kW) {
         uint16_t h[kW];

@@ -71,6 +71,23 @@ inline FlashAttnLayout flash_attn_scratch_layout(int64_t hd, int64_t rows) noexc
   return L;
 }
 
+/// Elements [e0, e0 + n) of a run of Q8_0 blocks (element e is qs[e % 32] of block e / 32)
+/// to f32: y = fp16(d) * q. Exact (an 11-bit by 8-bit product), so every ISA and
+/// dequantize_row_q8_0 give the same bits. `static` for the multi-ISA ODR reason in
+/// quant_blocks.hpp.
+static inline void q8_0_span_to_f32(const BlockQ8_0* b, int64_t e0, int64_t n, float* y) noexcept {
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t e = e0 + i;
+    const BlockQ8_0& blk = b[e / kQK];
+    const float d = fp16_bits_to_fp32(blk.d);
+    const int64_t j0 = e % kQK;
+    const int64_t m = kQK - j0 < n - i ? kQK - j0 : n - i;
+    for (int64_t j = 0; j < m; ++j) y[i + j] = d * static_cast<float>(blk.qs[j0 + j]);
+    i += m;
+  }
+}
+
 /// attn_tiled's scratch: q rows [rows][head_dim] (f32, f16-rounded for an f16 cache), one
 /// K or V tile [kFlashAttnTile][head_dim], scores [rows][n_ctx], outputs [rows][head_dim].
 struct AttnTiledLayout {

@@ -524,6 +524,11 @@ uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
 }
 
 std::unique_ptr<KvDeviceBackend> GpuQ4Executor::make_kv_device_backend(const KvLayout& layout, int32_t pages) const {
+  if (!supports(layout.dtype)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("gpu executor: {} KV pages are unsupported on the GPU (use f16 or f32, or a CPU executor)",
+                            kv_dtype_name(layout.dtype)));
+  }
   const DeviceGuard guard(impl_->device);  // the backend's stream is created on the current device
   return std::make_unique<GpuKvBackend>(impl_->device, layout.page_bytes(), pages);
 }

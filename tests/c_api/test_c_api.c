@@ -677,6 +677,16 @@ static void test_failed_create(void) {
   sp.page_size = 0;
   CHECK_STATUS(tandem_session_create(g_model, &sp, &s), TANDEM_E_INVALID_ARG);
   CHECK_OK(tandem_session_params_init(&sp, sizeof sp));
+  sp.kv_dtype = 7;
+  CHECK_STATUS(tandem_session_create(g_model, &sp, &s), TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("kv_dtype");
+  sp.kv_dtype = TANDEM_KV_Q8_0; /* a Q8_0 KV cache: accepted (aidreams' KV rows are whole blocks) */
+  sp.n_ctx = 64;
+  sp.n_threads = 1;
+  CHECK_OK(tandem_session_create(g_model, &sp, &s));
+  CHECK_OK(tandem_session_free(s));
+  s = NULL;
+  CHECK_OK(tandem_session_params_init(&sp, sizeof sp));
   sp.n_threads = 100000;
   CHECK_STATUS(tandem_session_create(g_model, &sp, &s), TANDEM_E_INVALID_ARG);
   sp.n_threads = -1;
@@ -2193,6 +2203,12 @@ static void test_devices_and_executors(void) {
   ep.device_id = 0;
   ep.kv_dtype = 5;
   CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);
+  ep.kv_dtype = TANDEM_KV_F16;
+  ep.kv_dtype = TANDEM_KV_Q8_0; /* q8_0 KV is CPU-only */
+  ep.device_kind = TANDEM_DEVICE_CUDA;
+  CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_UNSUPPORTED);
+  CHECK_MSG_CONTAINS("q8_0");
+  ep.device_kind = TANDEM_DEVICE_CPU;
   ep.kv_dtype = TANDEM_KV_F16;
   ep.kv_file_pages = -1;
   CHECK_STATUS(tandem_executor_create(g_model, &ep, &e), TANDEM_E_INVALID_ARG);

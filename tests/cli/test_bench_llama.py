@@ -206,6 +206,21 @@ check("md test names", names == ["pp8", "tg2", "pp8 @ d6", "tg2 @ d6"], repr(nam
 check("md t/s is 'avg ± sd'", all(re.search(r"\d+\.\d\d ± \d+\.\d\d", r) for r in rows))
 check("md footer names the build and CPU", re.search(r"^build: \S+ \| cpu: .+ \| isa: \S+", out, re.M) is not None)
 
+# -ctk/-ctv: type_k / type_v in the records (f16 by default), md columns when not f16.
+p = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth")
+rs = [json.loads(line) for line in p.stdout.decode().splitlines()] if p.returncode == 0 else []
+check("default type_k/type_v f16", len(rs) == 2 and all(r["type_k"] == r["type_v"] == "f16" for r in rs), repr(rs))
+p = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth", "-ctk", "q8_0", "-ctv", "q8_0")
+rs = [json.loads(line) for line in p.stdout.decode().splitlines()] if p.returncode == 0 else []
+check("-ctk q8_0 -ctv q8_0: type_k/type_v q8_0", len(rs) == 2 and all(r["type_k"] == r["type_v"] == "q8_0"
+                                                                       for r in rs), p.stderr[-300:])
+p = run("-m", model, "-p", "8", "-n", "0", "-r", "1", "--no-bandwidth", "--cache-type-k", "q8_0",
+        "--cache-type-v", "q8_0")
+out = p.stdout.decode()
+check("md with q8_0 KV has type_k and type_v columns", p.returncode == 0 and
+      re.search(r"^\| model .*\| type_k \| type_v \|", out, re.M) is not None and
+      re.search(r"^\| llama .*\|\s+q8_0 \|\s+q8_0 \|", out, re.M) is not None, out[:600])
+
 # Bad values: exit 2, the flag named, nothing on stdout.
 for args, flag in [
     (["-p", "8,"], b"--n-prompt"),
@@ -223,6 +238,8 @@ for args, flag in [
     (["-r", "0"], b"--repetitions"),
     (["-o", "csv"], b"--output"),
     (["--json", "-o", "jsonl"], b"--json"),
+    (["-ctk", "f16", "-ctv", "q8_0"], b"--cache-type-k"),
+    (["-ctk", "q4_0", "-ctv", "q4_0"], b"--cache-type-k"),
 ]:
     p = run("-m", model, *args)
     check(f"bad {args}: exit 2", p.returncode == 2, f"rc {p.returncode}")

@@ -47,6 +47,19 @@ check "greedy story equals the golden continuation" $([ "$out" = "$want" ] && ec
 "$cli" -m "$model" -p " The" -n 4 --temp 0 --session "$tmp/s.session" > /dev/null 2> "$tmp/err"
 check "session restored" $(grep -q "restored 20 tokens" "$tmp/err" && echo 0 || echo 1)
 
+# -ctk/-ctv q8_0: a Q8_0 KV cache generates; K and V of different types are a usage error
+# (exit 2: one store holds one type), as is an unknown type; a q8_0 session file restores.
+"$cli" -m "$model" -p "Once upon a time" -n 16 --temp 0 -ctk q8_0 -ctv q8_0 > "$tmp/out" 2> "$tmp/err"
+check "-ctk q8_0 -ctv q8_0 generates (rc $?)" $([ -s "$tmp/out" ] && echo 0 || echo 1)
+"$cli" -m "$model" -p "hi" -n 2 -ctk f16 -ctv q8_0 > /dev/null 2> "$tmp/err"
+rc=$?
+check "-ctk f16 -ctv q8_0 exits 2 (rc $rc)" $([ "$rc" -eq 2 ] && grep -q "differ" "$tmp/err" && echo 0 || echo 1)
+"$cli" -m "$model" -p "hi" -n 2 --cache-type-k q4_0 --cache-type-v q4_0 > /dev/null 2> "$tmp/err"
+check "--cache-type-k q4_0 exits 2" $([ $? -eq 2 ] && echo 0 || echo 1)
+"$cli" -m "$model" -p "Once upon a time" -n 8 --temp 0 -ctk q8_0 -ctv q8_0 --session "$tmp/q8.session" > /dev/null 2>&1
+"$cli" -m "$model" -p " The" -n 4 --temp 0 -ctk q8_0 -ctv q8_0 --session "$tmp/q8.session" > /dev/null 2> "$tmp/err"
+check "q8_0 session restored" $(grep -q "restored 20 tokens" "$tmp/err" && echo 0 || echo 1)
+
 # Chat on SmolLM2 (its ChatML template, stops at an end-of-generation token): the answer
 # llama.cpp gives on this file. Skipped when the cached wheel file is absent.
 smol="${TANDEM_SMOLLM2:-${TANDEM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}/SmolLM2-135M-Instruct.Q4_1.gguf}"

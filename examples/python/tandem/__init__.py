@@ -587,8 +587,8 @@ class Session(_Handle):
         """n_ctx: positions (0 = the model's, capped at 4096); n_batch: prompt tokens per
         step; n_threads: 0 = the shared pool of one thread per physical core, n > 0 = a
         pool of n threads of its own; pool: compute on this Pool instead (n_threads must
-        be 0); kv_tier "host" or "file" (pages in a mapped file in kv_dir); kv_dtype "f16"
-        or "f32"."""
+        be 0); kv_tier "host" or "file" (pages in a mapped file in kv_dir); kv_dtype "f16",
+        "f32" or "q8_0" (Q8_0 blocks, about half the bytes of f16)."""
         params = _c.init(_c.SessionParams, _c.session_params_init)
         params.n_ctx = _c.check_int("n_ctx", n_ctx, 0, _c.INT32_MAX)
         params.n_batch = _c.check_int("n_batch", n_batch, 1, _c.INT32_MAX)

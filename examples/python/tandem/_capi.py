@@ -44,7 +44,7 @@ SLA_CLASSES = {"interactive": 0, "standard": 1, "batch": 2}
 EVENT_NONE, EVENT_TOKEN, EVENT_FINISH = 0, 1, 2
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 KV_DEVICE, KV_HOST, KV_FILE = 0, 1, 2
-KV_DTYPES = {"f32": 0, "f16": 1}
+KV_DTYPES = {"f32": 0, "f16": 1, "q8_0": 2}
 LOG_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 
 INT32_MAX = 2**31 - 1
