@@ -280,6 +280,7 @@ void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool wi
     c.max_running = p->max_running;
     c.step_token_budget = p->step_token_budget;
     c.prefill_chunk = p->prefill_chunk;
+    c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
     c.accelerator = p->accelerator;
     // The router's priors: the modelled speeds, in real tokens per wall second.
     c.prior_prefill_tps = pm.prefill_tokens_per_s(p->prefill_chunk) * node.time_scale / k;
@@ -354,6 +355,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
   }
   DefaultRoutingOptions ro;
   if (o.long_prompt_tokens > 0) ro.long_prompt_tokens = o.long_prompt_tokens;
+  if (o.batch_host_tpot_fraction >= 0) ro.batch_host_tpot_fraction = o.batch_host_tpot_fraction;
   if (sim) set_slo_targets(o, *sim, ro);
   so.policy = std::make_shared<DefaultRoutingPolicy>(ro);
   const int32_t ps = 16;
@@ -372,6 +374,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     c.max_running = o.max_running;
     c.step_token_budget = std::max(o.step_budget, o.max_running);
     c.prefill_chunk = o.prefill_chunk;
+    c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
     c.accelerator = accel;
     c.name = name;
     so.executors.push_back(c);
@@ -386,6 +389,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
     c.max_running = o.max_running * 4;
     c.step_token_budget = std::max(o.step_budget * 4, c.max_running);
     c.prefill_chunk = o.prefill_chunk * 4;
+    c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
     c.name = "gpu";
     exs.push_back(std::move(g));
     so.executors.push_back(c);
@@ -768,6 +772,14 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--long-prompt", o.long_prompt_tokens, "routing: long-prompt threshold (0 = policy default)")
       ->check(CLI::Range(0, 1 << 24));
   c->add_option("--slo-scale", o.slo_scale, "multiply the per-class TTFT/TPOT SLOs");
+  c->add_option("--batch-host-tpot-fraction", o.batch_host_tpot_fraction,
+                "routing: a batch decode leaves an accelerator with room only for a host TPOT <= this x target "
+                "(1 = any host meeting it; default 0.5)")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_option("--looser-prefill", o.looser_class_prefill_tokens,
+                "prompt tokens per step left to looser SLA classes while a tighter one prefills (-1 = prefill chunk / "
+                "4; the step budget = class order only)")
+      ->check(CLI::Range(-1, 1 << 20));
   c->add_flag("--sweep", o.sweep, "find the highest rate meeting --target attainment");
   c->add_option("--target", o.target, "sweep: attainment target (0..1)");
   c->add_option("--log", o.log_path, "write the scheduler's routing log here");

@@ -30,6 +30,8 @@ struct ServeOptions {
   int32_t prefill_chunk = 128;
   int32_t prefix_cache = 4;
   int32_t long_prompt_tokens = 0;
+  double batch_host_tpot_fraction = -1;  ///< routing: DefaultRoutingOptions::batch_host_tpot_fraction (-1 = default)
+  int32_t looser_class_prefill_tokens = -1;  ///< ExecutorConfig::looser_class_prefill_tokens (-1 = default)
   double slo_scale = 1.0;
   bool sweep = false;
   double target = 0.9;

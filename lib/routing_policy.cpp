@@ -166,8 +166,16 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     const int64_t need_pages = (int64_t{p} + n + ps - 1) / ps, queued_pages = (av.queued_tokens + ps - 1) / ps;
     const bool kv_short = o_.handoff_when_kv_short && need_pages + queued_pages > int64_t{av.kv_free_pages};
     // A batch decode the host can carry within its TPOT target leaves the accelerator's
-    // steps (and its KV reads) to the requests that need its speed.
-    const bool batch_off = o_.handoff_batch_decode && in.sla == SlaClass::kBatch && o_.tpot_target_s[cls] > 0;
+    // steps (and its KV reads) to the requests that need its speed; but while the
+    // accelerator has room for it, only a host with TPOT to spare takes it (the split).
+    const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
+    const double tpot_t = o_.tpot_target_s[cls];
+    const bool accel_room =
+        !kv_short && 2 * need_pages + queued_pages <= int64_t{av.kv_free_pages} && av.model_tpot_s <= tpot_t;
+    const double host_tpot = std::max(est_decode_s(at(h), 1), at(h).model_tpot_s);
+    const bool host_spare = host_tpot <= o_.batch_host_tpot_fraction * tpot_t;
+    const bool batch_off =
+        o_.handoff_batch_decode && in.sla == SlaClass::kBatch && tpot_t > 0 && (!accel_room || host_spare);
     const bool scarce = slots_scarce || kv_short || batch_off;
     std::string short_of;
     if (slots_scarce) {
@@ -176,10 +184,15 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     } else if (kv_short) {
       short_of = fmt::format("KV is short ({} pages needed + {} queued > {} free)", need_pages, queued_pages,
                              av.kv_free_pages);
-    } else {
-      short_of = "steps are better spent on tighter SLOs than on a batch decode";
+    } else if (batch_off && !accel_room) {
+      short_of = fmt::format(
+          "accelerator has no room to spare for a batch decode (2 x {} pages needed + {} queued vs {} free, model "
+          "TPOT {:.3f}s vs {:.3f}s)",
+          need_pages, queued_pages, av.kv_free_pages, av.model_tpot_s, tpot_t);
+    } else if (batch_off) {
+      short_of = fmt::format("batch decode fits the host with TPOT to spare ({:.3f}s <= {:.2f} x {:.3f}s)", host_tpot,
+                             o_.batch_host_tpot_fraction, tpot_t);
     }
-    const int h = best_of(ex, is_host, [&](const ExecutorView& e) { return est_decode_s(e, n); });
     std::string miss;
     if (in.sla != SlaClass::kInteractive && scarce && !host_meets_slo(at(h), false, miss)) {
       return whole(a, "R4",
@@ -197,10 +210,14 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
           p, n, numbers());
       return d;
     }
-    return whole(
-        a, "R4",
-        fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens, av.name,
-                    in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free"));
+    std::string why = in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free";
+    if (in.sla == SlaClass::kBatch && o_.handoff_batch_decode && tpot_t > 0) {
+      why = fmt::format("batch decode split: {} has room and host {} TPOT {:.3f}s > {:.2f} x target {:.3f}s", av.name,
+                        at(h).name, host_tpot, o_.batch_host_tpot_fraction, tpot_t);
+    }
+    return whole(a, "R4",
+                 fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens,
+                             av.name, why));
   }
   // R6: short interactive -> whole on the accelerator.
   if (in.sla == SlaClass::kInteractive) {

@@ -22,11 +22,13 @@ void check_executor(const ExecutorConfig& c, size_t i, const ExecutorConfig& fir
                 fmt::format("scheduler: executor {}'s store has no {} tier", i, kv_tier_name(c.executor->kv_tier())));
   }
   if (c.max_running < 1 || c.step_token_budget < c.max_running || c.prefill_chunk < 1 ||
-      c.admission_output_tokens < -1) {
+      c.admission_output_tokens < -1 || c.looser_class_prefill_tokens < -1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("scheduler: executor {}: max_running {} >= 1, step_token_budget {} >= max_running, "
-                            "prefill_chunk {} >= 1, admission_output_tokens {} >= -1 needed",
-                            i, c.max_running, c.step_token_budget, c.prefill_chunk, c.admission_output_tokens));
+                            "prefill_chunk {} >= 1, admission_output_tokens {} >= -1, looser_class_prefill_tokens {} "
+                            ">= -1 needed",
+                            i, c.max_running, c.step_token_budget, c.prefill_chunk, c.admission_output_tokens,
+                            c.looser_class_prefill_tokens));
   }
   if (i > 0 && c.executor->model().identity_hash() != first.executor->model().identity_hash()) {
     throw Error(ErrorCode::kInvalidArgument, "scheduler: the executors run different models");

@@ -1,6 +1,8 @@
 // The per-executor step loop: take routed requests, expire, admit, then one step —
 // every decoding sequence's next token first, then prefill chunks of waiting prompts up
-// to the token budget (chunked prefill) — sample, stream, retire, hand off.
+// to the token budget (chunked prefill; the tightest SLA class prefilling first, looser
+// classes within ExecutorConfig::looser_class_prefill_tokens) — sample, stream, retire,
+// hand off.
 //
 // A loop never dies: whatever a step, a sampler or a user's callback throws is caught
 // here; the requests it concerns end with one kError event each and the loop goes on.
@@ -138,13 +140,29 @@ bool Loop::build_plan() {
       ++plan.n_decode;
     }
   }
-  for (auto& p : running) {  // then prefill chunks
-    const int32_t pend = p->pending();
-    if (pend <= 1 || budget <= 0) continue;
-    const int32_t n = std::min({pend, cfg.prefill_chunk, budget});
-    plan.entries.push_back(StepEntry{p.get(), n, n == pend ? plan.rows++ : -1});
-    budget -= n;
-    plan.n_prefill += n;
+  // Then prefill chunks, tightest SLA class first: the prompts of the tightest class that
+  // is prefilling take chunks in admission order up to the budget; looser classes share
+  // at most `looser` tokens, oldest admission first, so they still progress while the
+  // step stays short for the tighter class's TTFT.
+  int tightest = kSlaClassCount;
+  for (const auto& p : running) {
+    if (p->pending() > 1) tightest = std::min(tightest, int(p->rs->req.sla));
+  }
+  int32_t looser =
+      cfg.looser_class_prefill_tokens < 0 ? std::max(1, cfg.prefill_chunk / 4) : cfg.looser_class_prefill_tokens;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& p : running) {
+      const int32_t pend = p->pending();
+      if (pend <= 1 || budget <= 0) continue;
+      const bool tight = int(p->rs->req.sla) == tightest;
+      if (tight != (pass == 0)) continue;
+      const int32_t n = std::min({pend, cfg.prefill_chunk, budget, tight ? budget : looser});
+      if (n <= 0) continue;
+      plan.entries.push_back(StepEntry{p.get(), n, n == pend ? plan.rows++ : -1});
+      budget -= n;
+      if (!tight) looser -= n;
+      plan.n_prefill += n;
+    }
   }
   // The pages the step writes are reserved before it runs (the executor never finds a
   // full tier); when the tier has no room, the youngest sequence makes way.

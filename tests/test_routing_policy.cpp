@@ -209,6 +209,61 @@ TEST_CASE("routing policy table", "[routing]") {
     CHECK(d.decode == 0);
     CHECK_THAT(d.reason, Catch::Contains("would miss the batch SLO"));
   }
+  SECTION("R5 batch decode split: the host takes a batch decode only with TPOT to spare while the GPU has room") {
+    // Fails on the main before this change: every long batch decode went to a host that met
+    // the target (R5), however close to the target and however idle the GPU.
+    DefaultRoutingOptions o;
+    o.tpot_target_s[int(SlaClass::kBatch)] = 0.1;
+    DefaultRoutingPolicy slo(o);
+    const auto batch = input(SlaClass::kBatch, 2000, 100);  // 132 pages of 16 tokens
+    // Idle CPU: TPOT 1 / 40 = 0.025 s <= 0.5 x 0.1 s: to the CPU.
+    auto d = slo.route(batch, ex);
+    CHECK(d.rule == "R5");
+    CHECK(d.decode == 1);
+    CHECK_THAT(d.reason, Catch::Contains("TPOT to spare"));
+    // The CPU's model predicts 0.07 s at its batch: it meets the 0.1 s target, but the GPU
+    // has room (1000 free >= 2 x 132) and no model TPOT above the target: the GPU keeps it.
+    ex[1].model_tpot_s = 0.07;
+    d = slo.route(batch, ex);
+    CHECK(d.rule == "R4");
+    CHECK(d.decode == 0);
+    CHECK_THAT(d.reason, Catch::Contains("batch decode split") && Catch::Contains("0.070s"));
+    // At 0.05 s (exactly half the target) the CPU takes it again.
+    ex[1].model_tpot_s = 0.05;
+    CHECK(slo.route(batch, ex).decode == 1);
+    ex[1].model_tpot_s = 0.07;
+    // The GPU's KV holds this request but not a second one (2 x 132 > 200): to the CPU.
+    ex[0].kv_free_pages = 200;
+    d = slo.route(batch, ex);
+    CHECK(d.rule == "R5");
+    CHECK(d.decode == 1);
+    CHECK_THAT(d.reason, Catch::Contains("no room to spare"));
+    // Queued prompts count against the GPU's room: 264 free, but 1 more queued page.
+    ex[0].kv_free_pages = 264;
+    CHECK(slo.route(batch, ex).decode == 0);
+    ex[0].queued_tokens = 1;
+    CHECK(slo.route(batch, ex).decode == 1);
+    ex[0].queued_tokens = 0;
+    // The GPU's own model predicts a TPOT above the target at its batch: to the CPU.
+    ex[0].model_tpot_s = 0.11;
+    CHECK(slo.route(batch, ex).decode == 1);
+    ex[0].model_tpot_s = 0.1;
+    CHECK(slo.route(batch, ex).decode == 0);
+    // No free CPU slot: the GPU keeps it even without room to spare (the SLO guard).
+    ex[0].kv_free_pages = 200;
+    ex[1].running = 4;
+    d = slo.route(batch, ex);
+    CHECK(d.rule == "R4");
+    CHECK(d.decode == 0);
+    CHECK_THAT(d.reason, Catch::Contains("no free decode slot"));
+    // Fraction 1.0 is the rule before the split: any host meeting the target takes it.
+    ex[1].running = 0;
+    ex[0].kv_free_pages = 1000;
+    o.batch_host_tpot_fraction = 1.0;
+    CHECK(DefaultRoutingPolicy(o).route(batch, ex).decode == 1);
+    // Standard requests are not split: with free GPU slots and KV they stay whole on the GPU.
+    CHECK(slo.route(input(SlaClass::kStandard, 2000, 100), ex).rule == "R4");
+  }
   SECTION("every decision explains itself with the numbers used") {
     const auto d = pol.route(input(SlaClass::kStandard, 30, 50), ex);
     CHECK_THAT(d.reason, Catch::Contains("gpu[pf 20000 t/s") && Catch::Contains("cpu[pf 400 t/s") &&

@@ -924,3 +924,106 @@ TEST_CASE("a request and a Session agree on tokens, text, streamed pieces and fi
   CHECK(request_finish_name(got.finish) == finish_reason_name(want.finish));
   rig.check_released();
 }
+
+namespace {
+
+/// Runs `inner`, recording every step's prompt chunks (pos0 and tokens); the first step
+/// blocks until `open` is set, so requests submitted meanwhile join the second step together.
+class GatedRecorder final : public Executor {
+ public:
+  explicit GatedRecorder(Executor& inner) : Executor(inner.model_ptr()), inner_(inner) {}
+  std::string_view name() const noexcept override { return "gated"; }
+  KvTier kv_tier() const noexcept override { return inner_.kv_tier(); }
+  bool can_read(KvTier t) const noexcept override { return inner_.can_read(t); }
+  bool supports(KvDtype d) const noexcept override { return inner_.supports(d); }
+  struct Chunk {
+    int32_t pos0;
+    std::vector<int32_t> tokens;
+  };
+  std::atomic<bool> open{false};
+  std::atomic<int> steps{0};
+  std::mutex mu;
+  std::vector<std::vector<Chunk>> log;  // per step, in batch order
+
+ protected:
+  void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      auto& st = log.emplace_back();
+      for (const auto& s : batch) st.push_back({s.pos0, std::vector<int32_t>(s.tokens.begin(), s.tokens.end())});
+    }
+    if (steps++ == 0) {
+      while (!open.load()) std::this_thread::sleep_for(1ms);
+    }
+    inner_.step(batch, logits);
+  }
+
+ private:
+  Executor& inner_;
+};
+
+}  // namespace
+
+// Fails on the main before this change: chunks were taken in admission order, so the
+// batch prompt admitted first took a full chunk of every step and finished its prefill
+// before the standard prompt admitted after it.
+TEST_CASE("prefill chunks go to the tightest SLA class first; looser classes keep a small share",
+          "[scheduler][prefill-order]") {
+  auto model = tiny();
+  CpuQ4Executor inner(model, CpuExecutorOptions{1});
+  GatedRecorder rec(inner);
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.max_running = 4;
+  o.prefill_chunk = 32;
+  o.budget = 64;  // looser classes share prefill_chunk / 4 = 8 tokens per step
+  o.exec_a = &rec;
+  Rig rig(o);
+  const auto pb = prompt_of(100, 1), pi = prompt_of(40, 2), ps = prompt_of(60, 3);
+  auto hb = rig.sched->submit(greedy_request(pb, 4, SlaClass::kBatch));
+  REQUIRE(eventually([&] { return rec.steps.load() == 1; }));  // the batch prompt's first chunk, held
+  auto hi = rig.sched->submit(greedy_request(pi, 4, SlaClass::kInteractive));
+  auto hs = rig.sched->submit(greedy_request(ps, 4, SlaClass::kStandard));
+  rec.open = true;
+  CHECK(hb.wait().tokens == solo(pb, 4));  // order changes time, never tokens
+  CHECK(hi.wait().tokens == solo(pi, 4));
+  CHECK(hs.wait().tokens == solo(ps, 4));
+
+  // Which prompt a chunk belongs to: its tokens are that prompt's at [pos0, pos0 + n).
+  auto owner = [&](const GatedRecorder::Chunk& c) -> char {
+    for (const auto& [name, p] : {std::pair{'b', &pb}, std::pair{'i', &pi}, std::pair{'s', &ps}}) {
+      if (c.tokens.size() > 1 && size_t(c.pos0) + c.tokens.size() <= p->size() &&
+          std::equal(c.tokens.begin(), c.tokens.end(), p->begin() + c.pos0)) {
+        return name;
+      }
+    }
+    return '-';  // a decode
+  };
+  std::lock_guard<std::mutex> lk(rec.mu);
+  REQUIRE(rec.log.size() >= 6);
+  // Steps as (owner, tokens) lists; the expected plan, step by step:
+  //   1: b 32 (alone)  2: i 32 + b 8  3: i 8 + b 8  4: s 32 + b 8  5: s 28 + b 8  6: b 32 ...
+  std::vector<std::vector<std::pair<char, size_t>>> steps;
+  for (const auto& st : rec.log) {
+    auto& v = steps.emplace_back();
+    for (const auto& c : st) {
+      if (owner(c) != '-') v.emplace_back(owner(c), c.tokens.size());
+    }
+  }
+  using P = std::vector<std::pair<char, size_t>>;
+  CHECK(steps[0] == P{{'b', 32}});
+  CHECK(steps[1] == P{{'i', 32}, {'b', 8}});
+  CHECK(steps[2] == P{{'i', 8}, {'b', 8}});
+  CHECK(steps[3] == P{{'s', 32}, {'b', 8}});
+  CHECK(steps[4] == P{{'s', 28}, {'b', 8}});
+  CHECK(steps[5] == P{{'b', 32}});
+  // Every prompt token was fed exactly once.
+  std::map<char, size_t> fed;
+  for (const auto& v : steps) {
+    for (const auto& [who, n] : v) fed[who] += n;
+  }
+  CHECK(fed['b'] == pb.size());
+  CHECK(fed['i'] == pi.size());
+  CHECK(fed['s'] == ps.size());
+  rig.check_released();
+}

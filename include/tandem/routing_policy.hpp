@@ -85,6 +85,15 @@ struct DefaultRoutingOptions {
   /// non-accelerator that meets the target with a free slot (SLO guard below), so the
   /// accelerator's steps and KV reads go to the classes that need its speed.
   bool handoff_batch_decode = true;
+  /// ... but weighed against the accelerator: while the accelerator has room for the
+  /// request (its free KV pages, less the queued prompts' and this request's, still hold
+  /// this request again, and its model_tpot_s, when known, meets the batch target), a
+  /// batch decode goes to the host only when the host's predicted TPOT (the larger of
+  /// est_decode_s(h, 1) and model_tpot_s, i.e. at its batch with this request) is at most
+  /// this fraction of the target. The host's remaining slots are kept for decodes the
+  /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0: every
+  /// long batch decode goes to a host that meets the target (the rule before the split).
+  double batch_host_tpot_fraction = 0.5;
   double prefix_fraction = 0.5;  ///< a holder of >= this fraction of the prompt is preferred ...
   double prefix_slack = 1.5;     ///< ... unless its estimated time exceeds the best by this factor
   double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this

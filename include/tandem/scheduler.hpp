@@ -141,6 +141,14 @@ struct ExecutorConfig {
   int32_t max_running = 16;         ///< decode slots (sequences admitted at once)
   int32_t step_token_budget = 256;  ///< tokens per step (decodes + prefill chunks)
   int32_t prefill_chunk = 128;      ///< most prompt tokens of one sequence per step
+  /// Prefill order within a step. Decodes go first; then the prompts of the tightest SLA
+  /// class that has prompt tokens pending (interactive < standard < batch) take chunks in
+  /// admission order up to step_token_budget; prompts of looser classes share at most
+  /// this many tokens per step (oldest admission first), so a 4k standard prompt is not
+  /// prefilled in steps lengthened by 20k batch prompts, and batch prompts still progress.
+  /// -1 (default): prefill_chunk / 4 (at least 1). 0: looser classes wait until no
+  /// tighter prompt is pending. step_token_budget: no cap (class order only).
+  int32_t looser_class_prefill_tokens = -1;
   /// Output tokens whose KV pages are reserved when a request is admitted. -1 (default):
   /// all of them (its clamped max_tokens), so an admitted sequence never runs out of
   /// pages. n >= 0: only the next n — more sequences run at once (as vLLM admits), and
