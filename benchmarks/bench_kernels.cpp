@@ -1,5 +1,6 @@
 // CPU kernel benchmarks (single-threaded): decode GEMV Q4_0 at TinyLlama shapes (weight
-// bytes/s), prefill GEMM Q4_0 m=512 (FLOP/s), quantize_row_q8_0, and a streaming-read
+// bytes/s), prefill GEMM Q4_0 m=512 (FLOP/s), both also on the 8-row repacked layout
+// (BM_GemvQ4_0x8 / BM_GemmQ4_0x8), quantize_row_q8_0, and a streaming-read
 // reference on a buffer much larger than the last-level cache, so GEMV GB/s can be read
 // against what one core can stream at all.
 //
@@ -34,6 +35,20 @@ const std::vector<tk::BlockQ4_0>& pool() {
       const uint64_t t = s * 0x2545F4914F6CDD1Dull;
       std::memcpy(b.qs + 8, &t, 8);
     }
+    return v;
+  }();
+  return p;
+}
+
+/// The same 1 GiB of weights repacked 8 rows at a time (rows of 2048 elements; a record
+/// does not depend on the row length, so any shape reads valid records), for the
+/// repacked kernel's benchmarks.
+const std::vector<tk::BlockQ4_0x8>& pool_x8() {
+  static const std::vector<tk::BlockQ4_0x8> p = [] {
+    const auto& src = pool();
+    const int64_t k = 2048, n = static_cast<int64_t>(src.size()) / (k / 32) / 8 * 8;
+    std::vector<tk::BlockQ4_0x8> v(static_cast<size_t>(tk::q4_0x8_records(n, k)));
+    tk::repack_q4_0x8(src.data(), n, k, v.data(), 0, n / 8);
     return v;
   }();
   return p;
@@ -116,6 +131,45 @@ void BM_GemmQ4_0(benchmark::State& state, std::string isa) {
   tk::cpu_force_scalar(false);
 }
 
+// The same two benchmarks on the repacked weights (gemm_q4_0x8_q8_0): compare with
+// BM_GemvQ4_0 / BM_GemmQ4_0 of the same ISA and shape in the same run.
+void BM_GemvQ4_0x8(benchmark::State& state, std::string isa) {
+  if (!select_isa(state, isa)) return;
+  const int64_t k = state.range(0), n = state.range(1);
+  const bool cold = state.range(2) != 0;
+  const auto& p = pool_x8();
+  const size_t mat_records = static_cast<size_t>(tk::q4_0x8_records(n, k));
+  const size_t copies = cold ? p.size() / mat_records : 1;
+  const auto x = activations(1, k);
+  std::vector<float> y(static_cast<size_t>(n));
+  size_t c = 0;
+  for (auto _ : state) {
+    tk::gemm_q4_0x8_q8_0(p.data() + c * mat_records, x.data(), y.data(), k, 1, n, 0, n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    if (++c == copies) c = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(mat_records * sizeof(tk::BlockQ4_0x8)));
+  tk::cpu_force_scalar(false);
+}
+
+void BM_GemmQ4_0x8(benchmark::State& state, std::string isa) {
+  if (!select_isa(state, isa)) return;
+  const int64_t k = state.range(0), n = state.range(1), m = state.range(2);
+  const auto x = activations(m, k);
+  const tk::BlockQ4_0x8* w = pool_x8().data();
+  std::vector<float> y(static_cast<size_t>(m * n));
+  for (auto _ : state) {
+    tk::gemm_q4_0x8_q8_0(w, x.data(), y.data(), k, m, n, 0, n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(
+      2.0 * static_cast<double>(m * n * k) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  tk::cpu_force_scalar(false);
+}
+
 void BM_QuantizeQ8_0(benchmark::State& state, std::string isa) {
   if (!select_isa(state, isa)) return;
   const int64_t k = state.range(0);
@@ -165,6 +219,11 @@ BENCHMARK_CAPTURE(BM_GemmQ4_0, scalar, std::string("scalar"))
     ->ArgNames({"k", "n", "m"})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+BENCHMARK_CAPTURE(BM_GemvQ4_0x8, avx2, std::string("avx2"))->Apply(gemv_shapes);
+BENCHMARK_CAPTURE(BM_GemmQ4_0x8, avx2, std::string("avx2"))
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx512, std::string("avx512"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx2, std::string("avx2"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, scalar, std::string("scalar"))->Arg(2048);

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <unordered_map>
 
 #include "cpu/cpu_kernels.hpp"
 
@@ -68,6 +70,16 @@ struct CpuQ4Executor::Scratch {
   PreparedInput prepared;
 };
 
+struct CpuQ4Executor::Repacked {
+  // Keyed by the GGUF data of the matrix (tied embeddings share one entry).
+  std::unordered_map<const std::byte*, std::vector<k::BlockQ4_0x8>> by_data;
+  const k::BlockQ4_0x8* find(const TensorView& W) const {
+    if (W.type != GgmlType::kQ4_0 || by_data.empty() || !k::q4_0x8_preferred()) return nullptr;
+    const auto it = by_data.find(W.data);
+    return it == by_data.end() ? nullptr : it->second.data();
+  }
+};
+
 std::shared_ptr<ThreadPool> CpuQ4Executor::make_pool(int n_threads) {
   return std::make_shared<ThreadPool>(n_threads, [] { k::cpu_thread_prepare(); });
 }
@@ -85,14 +97,47 @@ std::shared_ptr<ThreadPool> CpuQ4Executor::node_pool() {
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
     : Executor(std::move(model)),
       pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
-      s_(std::make_unique<Scratch>()) {}
+      s_(std::make_unique<Scratch>()),
+      repacked_(std::make_unique<Repacked>()) {
+  repack_weights();
+}
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
-    : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
+    : Executor(std::move(model)),
+      pool_(std::move(pool)),
+      s_(std::make_unique<Scratch>()),
+      repacked_(std::make_unique<Repacked>()) {
   if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
+  repack_weights();
 }
 
 CpuQ4Executor::~CpuQ4Executor() = default;
+
+bool CpuQ4Executor::repacked_weights() const noexcept {
+  return !repacked_->by_data.empty();
+}
+
+void CpuQ4Executor::repack_weights() {
+  if (!k::q4_0x8_preferred()) return;
+  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr && std::strcmp(env, "0") == 0) return;
+  const Model& m = model();
+  auto add = [&](const TensorView& W) {
+    if (!W || W.type != GgmlType::kQ4_0 || W.k % k::kQK != 0 || repacked_->by_data.count(W.data) != 0) return;
+    std::vector<k::BlockQ4_0x8> packed;
+    try {
+      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)));
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the repacked Q4_0 weights");
+    }
+    const auto* src = reinterpret_cast<const k::BlockQ4_0*>(W.data);
+    pool_->parallel_for((W.n + 7) / 8, 4,
+                        [&](int64_t b, int64_t e, int) { k::repack_q4_0x8(src, W.n, W.k, packed.data(), b, e); });
+    repacked_->by_data.emplace(W.data, std::move(packed));
+  };
+  for (const LayerWeights& L : m.layers())
+    for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);
+  add(m.output());
+}
 
 namespace {
 
@@ -113,7 +158,9 @@ const float* f32_data(const TensorView& t) {
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y);
+// packed: W repacked 8 rows at a time (kernels::gemm_q4_0x8_q8_0), or null.
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
+            const k::BlockQ4_0x8* packed);
 
 }  // namespace
 
@@ -233,9 +280,9 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     for (int64_t t = 0; t < T; ++t)
       rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(*pool_, s, L.wq, xn, T, q);
-    matmul(*pool_, s, L.wk, xn, T, kk);
-    matmul(*pool_, s, L.wv, xn, T, v);
+    matmul(*pool_, s, L.wq, xn, T, q, repacked_->find(L.wq));
+    matmul(*pool_, s, L.wk, xn, T, kk, repacked_->find(L.wk));
+    matmul(*pool_, s, L.wv, xn, T, v, repacked_->find(L.wv));
 
     pool_->parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
@@ -325,14 +372,14 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     });
 
     s.prepared = {};
-    matmul(*pool_, s, L.wo, attn, T, tmp);
+    matmul(*pool_, s, L.wo, attn, T, tmp, repacked_->find(L.wo));
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
 
     for (int64_t t = 0; t < T; ++t)
       rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(*pool_, s, L.ffn_gate, xn, T, gate);
-    matmul(*pool_, s, L.ffn_up, xn, T, up);
+    matmul(*pool_, s, L.ffn_gate, xn, T, gate, repacked_->find(L.ffn_gate));
+    matmul(*pool_, s, L.ffn_up, xn, T, up, repacked_->find(L.ffn_up));
     const int64_t n_ff_total = T * hp.n_ff;
     pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
@@ -341,7 +388,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
     });
     s.prepared = {};
-    matmul(*pool_, s, L.ffn_down, gate, T, tmp);
+    matmul(*pool_, s, L.ffn_down, gate, T, tmp, repacked_->find(L.ffn_down));
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
   }
 
@@ -359,14 +406,15 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
     }
     s.prepared = {};
-    matmul(*pool_, s, model.output(), rows, n_out, logits.data());
+    matmul(*pool_, s, model.output(), rows, n_out, logits.data(), repacked_->find(model.output()));
   }
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }
 
 namespace {
 
-void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y) {
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
+            const k::BlockQ4_0x8* packed) {
   const int64_t kdim = W.k;
   const int64_t n = W.n;
   PreparedInput& prep = s.prepared;
@@ -384,7 +432,9 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
         prep.q8 = true;
       }
       pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
-        if (W.type == GgmlType::kQ4_0) {
+        if (packed != nullptr) {  // row chunks start at multiples of kRowGrain (8 | 16): whole groups
+          k::gemm_q4_0x8_q8_0(packed, xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ4_0) {
           k::gemm_q4_0_q8_0(reinterpret_cast<const k::BlockQ4_0*>(W.data), xq, y, kdim, m, n, b, e);
         } else {
           k::gemm_q8_0_q8_0(reinterpret_cast<const k::BlockQ8_0*>(W.data), xq, y, kdim, m, n, b, e);

@@ -588,6 +588,111 @@ TEST_CASE("gemm is batch-invariant: each column equals its own GEMV bit for bit"
   }
 }
 
+namespace {
+
+// The repacked kernel's arithmetic, written from its contract (cpu_kernels.hpp) on the
+// GGUF blocks: per (row, column), acc = fma(f32(d_w) * f32(d_x), f32(S_b), acc) over the
+// blocks in order, S_b the exact integer block dot.
+float ref_q4_0x8(const BlockQ4_0* w, const BlockQ8_0* x, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j)
+      s += ((w[b].qs[j] & 0x0F) - 8) * x[b].qs[j] + ((w[b].qs[j] >> 4) - 8) * x[b].qs[j + 16];
+    const float d = fp16_to_fp32(w[b].d) * fp16_to_fp32(x[b].d);
+    acc = std::fma(d, static_cast<float>(s), acc);
+  }
+  return acc;
+}
+
+std::vector<BlockQ4_0x8> repack(const std::vector<BlockQ4_0>& w, int64_t n, int64_t k) {
+  std::vector<BlockQ4_0x8> out(static_cast<size_t>(q4_0x8_records(n, k)));
+  repack_q4_0x8(w.data(), n, k, out.data(), 0, (n + 7) / 8);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("repacked Q4_0 (x8): layout as documented, padding rows zero", "[kernels]") {
+  std::mt19937 g(5);
+  const int64_t n = 11, k = 64, nb = 2;
+  auto w = rand_q4(g, n * nb);
+  auto p = repack(w, n, k);
+  REQUIRE(p.size() == 2 * nb);
+  for (int64_t row = 0; row < 16; ++row)
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ4_0x8& rec = p[(row / 8) * nb + b];
+      const int r = static_cast<int>(row % 8);
+      INFO("row " << row << " block " << b);
+      CHECK(rec.d[r] == (row < n ? w[row * nb + b].d : 0));
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 4; ++i)
+          CHECK(rec.qs[32 * j + 4 * r + i] == (row < n ? w[row * nb + b].qs[4 * j + i] : 0x88));
+    }
+}
+
+TEST_CASE("repacked Q4_0 gemm: bit-identical to its reference on every ISA, any row range and m", "[kernels]") {
+  std::mt19937 g(2024);
+  struct Shape {
+    int64_t k, n;
+  };
+  for (const Shape sh : {Shape{32, 1}, Shape{96, 13}, Shape{896, 37}, Shape{2048, 19}, Shape{5632, 9}}) {
+    const int64_t k = sh.k, n = sh.n, nb = k / 32, m = 6;
+    auto w = rand_q4(g, n * nb);
+    auto xq = rand_q8(g, m * nb);
+    xq[0].qs[3] = -128;  // the int8 extreme the i16 sums must still hold
+    const auto p = repack(w, n, k);
+    std::vector<float> want(m * n);
+    for (int64_t c = 0; c < m; ++c)
+      for (int64_t r = 0; r < n; ++r) {
+        want[c * n + r] = ref_q4_0x8(w.data() + r * nb, xq.data() + c * nb, nb);
+        const auto [ref, scale] = ref_dot_q(w.data() + r * nb, xq.data() + c * nb, k);
+        CHECK(std::fabs(want[c * n + r] - ref) <= kRelTol * scale);  // the reference itself is sane
+      }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      CHECK(q4_0x8_preferred() == (isa == "avx2"));
+      for (int64_t mm : {int64_t{1}, int64_t{2}, int64_t{5}, m}) {
+        // whole range, a split at a group boundary and one inside a group
+        for (int64_t split : {int64_t{0}, std::min<int64_t>(8, n), n / 2}) {
+          std::vector<float> y(mm * n, -1.0f);
+          gemm_q4_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
+          gemm_q4_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
+          for (int64_t c = 0; c < mm; ++c)
+            for (int64_t r = 0; r < n; ++r) {
+              INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "
+                       << r);
+              CHECK(bits(y[c * n + r]) == bits(want[c * n + r]));
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("repacked Q4_0 gemm is batch-invariant: each column equals its own GEMV bit for bit", "[kernels]") {
+  std::mt19937 g(77);
+  const int64_t n = 21;
+  for (int64_t k : {32, 352, 896}) {
+    const int64_t m = 11, nb = k / 32;
+    auto w = rand_q4(g, n * nb);
+    auto xq = rand_q8(g, m * nb);
+    const auto p = repack(w, n, k);
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      std::vector<float> all(m * n), one(n);
+      gemm_q4_0x8_q8_0(p.data(), xq.data(), all.data(), k, m, n, 0, n);
+      for (int64_t c = 0; c < m; ++c) {
+        gemm_q4_0x8_q8_0(p.data(), xq.data() + c * nb, one.data(), k, 1, n, 0, n);
+        for (int64_t r = 0; r < n; ++r) {
+          INFO(isa << " k " << k << " column " << c << " row " << r);
+          CHECK(bits(all[c * n + r]) == bits(one[r]));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("attention row kernels equal the per-row calls bit for bit", "[kernels]") {
   std::mt19937 g(123);
   const int64_t n = 64, stride = 256, rows = 13;

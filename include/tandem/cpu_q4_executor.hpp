@@ -1,8 +1,12 @@
 // CpuQ4Executor: the transformer forward pass on the CPU.
 //
-// Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32). Activations entering a
-// Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with integer dot products
-// (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
+// Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32), except that when the
+// dispatched kernels prefer it (AVX2: kernels::q4_0x8_preferred()) the executor keeps a
+// copy of every Q4_0 weight matrix repacked 8 rows at a time (kernels::BlockQ4_0x8, made
+// once at construction on the pool; the same bytes again in memory) and multiplies with
+// kernels::gemm_q4_0x8_q8_0. TANDEM_CPU_REPACK=0 in the environment turns that off.
+// Activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with
+// integer dot products (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
 // cache through each sequence's block table, tiled (kernels::attn_tiled): one task per
 // (sequence, KV head, query tile) over the thread pool, each K/V row read once per task
 // for all query heads sharing it (GQA). The numerics follow llama.cpp's CPU backend
@@ -59,11 +63,16 @@ class CpuQ4Executor final : public Executor {
   void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override;
 
  public:
-  struct Scratch;  ///< opaque: per-step buffers, reused between steps
+  struct Scratch;   ///< opaque: per-step buffers, reused between steps
+  struct Repacked;  ///< opaque: the repacked Q4_0 weights (empty when not used)
+  /// Whether this executor computes Q4_0 matmuls on repacked weights (fixed at construction).
+  bool repacked_weights() const noexcept;
 
  private:
+  void repack_weights();
   std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> s_;
+  std::unique_ptr<Repacked> repacked_;
 };
 
 }  // namespace tandem

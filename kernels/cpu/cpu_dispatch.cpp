@@ -148,6 +148,33 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
   K().gemm_bf16_f32(w, x, y, k, m, ldy, r0, r1);
 }
 
+void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, int64_t g0, int64_t g1) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ4_0x8& o = out[g * nb + b];
+      for (int r = 0; r < 8; ++r) {
+        const int64_t row = g * 8 + r;
+        if (row < n) {
+          const BlockQ4_0& src = w[row * nb + b];
+          o.d[r] = src.d;
+          for (int j = 0; j < 4; ++j) std::memcpy(o.qs + 32 * j + 4 * r, src.qs + 4 * j, 4);
+        } else {  // padding row: scale 0, every weight q = 8 (value 0)
+          o.d[r] = 0;
+          for (int j = 0; j < 4; ++j) std::memset(o.qs + 32 * j + 4 * r, 0x88, 4);
+        }
+      }
+    }
+  }
+}
+bool q4_0x8_preferred() noexcept {
+  return K().q4_0x8_preferred;
+}
+void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  K().gemm_q4_0x8_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   K().axpy_f16(a, x, y, n);
 }

@@ -69,6 +69,42 @@ void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k,
                     int64_t r1) noexcept;
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
+/// Q4_0 weights repacked 8 rows at a time for the AVX2 kernel below (the interleaving
+/// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and
+/// nb = k / 32 blocks per row becomes ceil(n / 8) groups of nb records, group g's record b
+/// at index g * nb + b, holding block b of rows 8g .. 8g + 7:
+///   d[r]              fp16 scale of row 8g + r;
+///   qs[32j + 4r + i]  Q4_0 byte qs[4j + i] of row 8g + r (j, i < 4): 32-bit lane r of
+///                     32-byte chunk j holds row r's weights 4j..4j+3 (low nibbles) and
+///                     16+4j..16+4j+3 (high nibbles).
+/// Rows past n (the last group's padding) have d = 0 and all weights 0 (q = 8).
+struct BlockQ4_0x8 {
+  uint16_t d[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_0x8) == 144, "8 Q4_0 blocks: 8 scales + 128 bytes");
+
+/// Number of records repack_q4_0x8 writes for n rows of k elements.
+inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
+  return (n + 7) / 8 * (k / kQK);
+}
+/// Repacks groups [g0, g1) of the n x k Q4_0 matrix w (row-major GGUF blocks) into out
+/// (q4_0x8_records(n, k) records in all; a pool splits the groups). k % 32 == 0.
+void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, int64_t g0, int64_t g1) noexcept;
+/// True when the active ISA computes Q4_0 matmuls faster on the repacked layout (avx2),
+/// i.e. when an executor should repack. Other ISAs run gemm_q4_0x8_q8_0 correctly (same
+/// results) but slower than gemm_q4_0_q8_0 on the GGUF blocks.
+bool q4_0x8_preferred() noexcept;
+/// Y[i, r] for i < m, r0 <= r < r1 over repacked weights (w: all groups of the matrix).
+/// Per (row, column) the arithmetic is fixed, whatever m, r0, r1, the thread or the ISA:
+/// acc = 0; for each block b in order: acc = fma(f32(d_w) * f32(d_x), f32(S_b), acc),
+/// with S_b = sum_j (q_j - 8) * x_j the exact integer block dot; y = acc. So results are
+/// bit-identical across ISAs and batch-invariant (column i equals the m == 1 call on it).
+/// They differ in the last bits from gemm_q4_0_q8_0 (which sums 8 lanes per block).
+/// Any r0 works; r0 % 8 == 0 avoids recomputing a shared group. Does not allocate once
+/// cpu_thread_prepare() ran (for k up to 2^20). Thread-safe for disjoint outputs.
+void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                   int64_t r1) noexcept;

@@ -247,6 +247,32 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   (void)hp;
 }
 
+// The reference arithmetic of gemm_q4_0x8_q8_0 (cpu_kernels.hpp), one (row, column) at a
+// time: exact integer block dots, one f32 product and one fma per block.
+void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t c = 0; c < m; ++c) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const BlockQ4_0x8* wg = w + (r / 8) * nb;
+      const int lane = static_cast<int>(r % 8);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ8_0& xb = x[c * nb + b];
+        int32_t s = 0;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const int q = wg[b].qs[32 * j + 4 * lane + i];
+            s += ((q & 0x0F) - 8) * xb.qs[4 * j + i] + ((q >> 4) - 8) * xb.qs[16 + 4 * j + i];
+          }
+        const float d = fp16_bits_to_fp32(wg[b].d[lane]) * fp16_bits_to_fp32(xb.d);
+        acc = std::fma(d, static_cast<float>(s), acc);
+      }
+      y[c * ldy + r] = acc;
+    }
+  }
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -275,7 +301,9 @@ const KernelTable& table_scalar() noexcept {
                                  s_axpy_f16_rows,
                                  s_thread_prepare,
                                  s_flash_attn,
-                                 s_attn_tiled};
+                                 s_attn_tiled,
+                                 s_gemm_q4_0x8_q8_0,
+                                 false};
   return t;
 }
 

@@ -587,6 +587,161 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
   return out;
 }
 #endif
+
+// ---------------------------------------------------------------- repacked Q4_0 (x8) ----
+//
+// gemm_q4_0x8_q8_0 (cpu_kernels.hpp): one 256-bit register holds 4 weights of each of 8
+// rows (32-bit lane r = row r), so the activation's 4 matching bytes, broadcast to every
+// lane, serve all 8 rows in one maddubs. Per (group of 8 rows, block, column): 8 maddubs
+// (chunk j: low nibbles x bytes 4j..4j+3, high nibbles x bytes 16+4j..16+4j+3) summed in
+// i16 (|sum| <= 8 * 2 * 15 * 128 = 30720: exact), one madd with ones -> the 8 rows' block
+// dots of q (0..15) in i32, minus 8 * sum(x) -> exact S_b, then acc = fma(d_w * d_x, f32(S_b),
+// acc) per lane. No horizontal sums; every (row, column) sees the same operations in the
+// same order whatever the tile shape, so GEMV and GEMM agree bit for bit.
+
+constexpr int kX8Cols = 4;        // columns per prefill tile (4 f32 + 4 i16 accumulators)
+constexpr int kX8GemvGroups = 2;  // row groups per GEMV tile (16 rows share the broadcasts)
+
+inline std::vector<XAux>& aux_buffer() noexcept {
+  static thread_local std::vector<XAux> buf;
+  return buf;
+}
+inline constexpr int64_t kPreparedAux = int64_t{1} << 15;  // 256 KiB: thread_prepare sizes it
+inline XAux* aux_scratch(int64_t n) noexcept {             // grows only past the prepared size
+  std::vector<XAux>& buf = aux_buffer();
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+  return buf.data();
+}
+
+inline void x8_aux(const BlockQ8_0* x, int64_t n, XAux* aux) noexcept {
+  const __m256i eight = _mm256_set1_epi8(8), ones16 = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs));
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, q), ones16);  // exact
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    aux[i].dx = h2f(x[i].d);
+    aux[i].corr = _mm_cvtsi128_si32(t);
+  }
+}
+
+inline __m256i bcast4(const int8_t* p) noexcept {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// y[c * ldy + 8g + r] for g < G, c < C, r < 8, except rows below row_lo of the first group
+// and from row_hi on of the last (outside the caller's row range).
+// w: G groups (stride nb records); x / aux: C columns (stride nb).
+template <int G, int C>
+void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
+               int row_hi, const char* pf) noexcept {
+  __m256 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (pf != nullptr) {
+      const char* p = pf + b * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+      for (int g = 0; g < G; ++g) {
+        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+        _mm_prefetch(pg, _MM_HINT_T0);
+        _mm_prefetch(pg + 64, _MM_HINT_T0);
+        _mm_prefetch(pg + 128, _MM_HINT_T0);
+      }
+    }
+    __m256i s16[G][C];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < C; ++c) s16[g][c] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i lo[G], hi[G];
+      for (int g = 0; g < G; ++g) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[g * nb + b].qs + 32 * j));
+        lo[g] = _mm256_and_si256(raw, m4);
+        hi[g] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      }
+      for (int c = 0; c < C; ++c) {
+        const int8_t* q = x[c * nb + b].qs;
+        const __m256i bl = bcast4(q + 4 * j), bh = bcast4(q + 16 + 4 * j);
+        for (int g = 0; g < G; ++g) {
+          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], bl), _mm256_maddubs_epi16(hi[g], bh));
+          s16[g][c] = _mm256_add_epi16(s16[g][c], p);
+        }
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[g * nb + b].d)));
+      for (int c = 0; c < C; ++c) {
+        const XAux& a = aux[c * nb + b];
+        const __m256i sb = _mm256_sub_epi32(_mm256_madd_epi16(s16[g][c], ones16), _mm256_set1_epi32(a.corr));
+        acc[g][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.dx)), _mm256_cvtepi32_ps(sb), acc[g][c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int g = 0; g < G; ++g) {
+      float* yo = y + c * ldy + 8 * g;
+      const int lo = g == 0 ? row_lo : 0;
+      const int hi = g == G - 1 ? row_hi : 8;
+      if (lo == 0 && hi == 8) {
+        _mm256_storeu_ps(yo, acc[g][c]);
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, acc[g][c]);
+        for (int r = lo; r < hi; ++r) yo[r] = t[r];
+      }
+    }
+}
+
+using TileX8Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
+                          const char*) noexcept;
+template <int GB, int CB, size_t... I>
+constexpr std::array<TileX8Fn, GB * CB> make_x8_tiles(std::index_sequence<I...>) {
+  return {&tile_q4x8<static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+}
+
+void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  const int64_t nb = k / kQK;
+  if (m <= 0 || r1 <= r0 || nb <= 0) return;
+  const int64_t g0 = r0 / 8, g1 = (r1 + 7) / 8;
+  // Rows [lo, hi) of group g that belong to [r0, r1).
+  auto lo_of = [&](int64_t g) { return static_cast<int>(std::max<int64_t>(r0 - 8 * g, 0)); };
+  auto hi_of = [&](int64_t g) { return static_cast<int>(std::min<int64_t>(r1 - 8 * g, 8)); };
+  if (m == 1) {  // decode GEMV: kX8GemvGroups groups per step, prefetching the next ones
+    static constexpr auto gemv = make_x8_tiles<kX8GemvGroups, 1>(std::make_index_sequence<kX8GemvGroups>{});
+    XAux* aux = aux_scratch(nb);
+    x8_aux(x, nb, aux);
+    for (int64_t g = g0; g < g1; g += kX8GemvGroups) {
+      const int64_t gg = std::min<int64_t>(kX8GemvGroups, g1 - g);
+      const int64_t gn = g + kX8GemvGroups;
+      const char* pf = gn < g1 ? reinterpret_cast<const char*>(w + gn * nb) : nullptr;
+      gemv[static_cast<size_t>(gg - 1)](w + g * nb, nb, x, aux, y + 8 * g, ldy, lo_of(g), hi_of(g + gg - 1), pf);
+    }
+    return;
+  }
+  static constexpr auto tiles = make_x8_tiles<1, kX8Cols>(std::make_index_sequence<kX8Cols>{});
+  // Column chunk: its activations (~512 KiB) stay in L2 while every row group passes;
+  // its aux records fit the prepared buffer.
+  const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
+  int64_t nc = std::max<int64_t>(kX8Cols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kX8Cols * kX8Cols);
+  nc = std::min(nc, std::max<int64_t>(kX8Cols, kPreparedAux / nb / kX8Cols * kX8Cols));
+  XAux* aux = aux_scratch(std::min(m, nc) * nb);
+  for (int64_t c0 = 0; c0 < m; c0 += nc) {
+    const int64_t c1 = std::min(m, c0 + nc);
+    x8_aux(x + c0 * nb, (c1 - c0) * nb, aux);
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t c = c0; c < c1; c += kX8Cols) {
+        const int64_t cc = std::min<int64_t>(kX8Cols, c1 - c);
+        tiles[static_cast<size_t>(cc - 1)](w + g * nb, nb, x + c * nb, aux + (c - c0) * nb, y + c * ldy + 8 * g, ldy,
+                                           lo_of(g), hi_of(g), nullptr);
+      }
+    }
+  }
+}
+
 void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   gemm_q<BlockQ4_0>(w, x, y, k, m, ldy, r0, r1);
@@ -701,14 +856,16 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
 }
 
 bool thread_prepare() noexcept {
-#if TANDEM_ISA_AVX512
   try {
+#if TANDEM_ISA_AVX512
     std::vector<XGroup>& buf = x_buffer();
     if (static_cast<int64_t>(buf.size()) < kPreparedGroups) buf.resize(static_cast<size_t>(kPreparedGroups));
+#endif
+    std::vector<XAux>& aux = aux_buffer();
+    if (static_cast<int64_t>(aux.size()) < kPreparedAux) aux.resize(static_cast<size_t>(kPreparedAux));
   } catch (...) {
     return false;
   }
-#endif
   return true;
 }
 
@@ -1021,7 +1178,7 @@ inline const KernelTable& table() noexcept {
       dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled};
+      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  !TANDEM_ISA_AVX512};
   return t;
 }
 
