@@ -65,6 +65,10 @@ struct GpuExecutorOptions {
   /// Run each step whose KV pages are all in VRAM as a CUDA graph (captured, then updated
   /// in place or re-instantiated when the batch's shape changes). Same results either way.
   bool cuda_graphs = true;
+  /// Fused kernels on the per-token path: RMSNorm + Q8_0 quantisation, SwiGLU + Q8_0 and
+  /// RoPE + KV store each in one launch (kernels/cuda/cuda_kernels.hpp). Bit-identical
+  /// results either way; off = the separate launches (tests compare the two).
+  bool fused_kernels = true;
 };
 
 class GpuQ4Executor final : public Executor {
@@ -136,6 +140,24 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
                       int32_t part, int device = 0);
+/// Fused-kernel harnesses (tests/gpu/test_gpu_fused.cpp): with `fused` the one-launch
+/// kernel, else the separate launches it replaces; device outputs are NaN- or 0x5A-filled
+/// first. Throw Error(kInvalidArgument) without a device.
+/// RMSNorm of rows of x ([n_x_rows][n]; row i of the output is x row rows[i], or i when
+/// `rows` is empty) times w [n], then Q8_0 of the result (n % 32 == 0): y [m][n] floats,
+/// blocks_out [m][n/32] GGUF Q8_0 blocks, m = rows.empty() ? n_x_rows : rows.size().
+void rms_norm_q8_0(const float* x, const float* w, int64_t n_x_rows, int64_t n, float eps,
+                   const std::vector<int32_t>& rows, bool fused, float* y, void* blocks_out, int device = 0);
+/// h = silu(gate) * up over n values (n % 32 == 0), then Q8_0: h [n], blocks_out [n/32].
+void swiglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device = 0);
+/// RoPE of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim] (in place, by cs [T][n_rot]:
+/// cos of the n_rot/2 angles then their sin) and the K/V rows stored at each token's slot:
+/// token t is position pos[t] of sequence seq[t] (seq non-decreasing from 0); sequence s owns
+/// ceil((max pos of s + 1) / page_size) pages of two layers, rows written to layer 1.
+/// pages_out: every page's bytes (pages 0x5A-filled first), sequence by sequence.
+void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_rot, bool neox, int32_t page_size,
+                   bool f16, const std::vector<int32_t>& seq, const std::vector<int32_t>& pos, float* q, float* k,
+                   const float* v, const float* cs, std::vector<uint8_t>& pages_out, bool fused, int device = 0);
 }  // namespace gpu_testing
 
 }  // namespace tandem

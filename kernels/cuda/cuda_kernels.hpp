@@ -42,6 +42,13 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps, const int32_t* rows,
               cudaStream_t stream);
 
+/// rms_norm() then quantize_q8_0() of its output in one launch (n % 32 == 0): y as
+/// rms_norm() writes it, yq [n_rows][n] and yd [n_rows][n/32] as quantize_q8_0(y, n_rows, n)
+/// writes them, bit for bit (the same float operations in the same order; tested in
+/// tests/gpu/test_gpu_fused.cpp). Not in place (y != x).
+void rms_norm_q8_0(const float* x, const float* w, float* y, int8_t* yq, uint16_t* yd, int64_t n_rows, int64_t n,
+                   float eps, const int32_t* rows, cudaStream_t stream);
+
 /// y[r][i] += b[i] for r < n_rows, i < n.
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t n, cudaStream_t stream);
 
@@ -53,6 +60,11 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 
 /// gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
+
+/// swiglu() then quantize_q8_0() of gate in one launch (n % 32 == 0; for m rows of k
+/// values, n = m * k with k % 32 == 0): gate, hq [n] and hd [n/32] bit for bit as the two
+/// launches write them.
+void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* hd, cudaStream_t stream);
 
 /// Where a step's tokens read and write KV: token t's sequence has its page pointers at
 /// pages[page_off[t]...] (one per page_size positions), t is at position pos[t] and
@@ -71,6 +83,12 @@ struct KvArgs {
 /// Write K and V rows ([T][n_head_kv * head_dim] floats) of layer kv.layer at each token's
 /// position (f16 round-to-nearest-even, or f32).
 void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, cudaStream_t stream);
+
+/// rope(q, cs, T, n_head, kv.head_dim, n_rot, neox), rope(k, cs, T, kv.n_head_kv, ...) and
+/// kv_store_rows(kv, k, v, T) in one launch (one thread block per token): q, k and the KV
+/// rows bit for bit as the three launches leave them.
+void rope_kv_store(const KvArgs& kv, float* q, float* k, const float* v, const float* cs, int64_t T, int32_t n_head,
+                   int32_t n_rot, bool neox, cudaStream_t stream);
 
 /// Once per device, before any attention launch on it (the current device must be
 /// `device`): raises the attention kernels' dynamic shared-memory limit to the device's

@@ -12,6 +12,7 @@
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
+#include "q8_warp.cuh"
 
 namespace tandem::kernels::cuda {
 
@@ -31,15 +32,7 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int64_t n_bloc
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
-  const float v = x[blk * kQK + lane];
-  float amax = fabsf(v);
-  for (int o = kWarp / 2; o > 0; o /= 2) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, amax, o);
-    amax = other > amax ? other : amax;
-  }
-  const Q8Scale s = q8_scale_from_amax(amax);
-  xq[blk * kQK + lane] = q8_quantize_value(v, s.id);
-  if (lane == 0) xd[blk] = s.d;
+  warp_quantize_q8_0(x[blk * kQK + lane], lane, xq + blk * kQK, xd + blk);
 }
 
 // The weight block's words, loaded once per block and reused for every activation row.
@@ -103,6 +96,68 @@ __global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* _
   }
 }
 
+// Decode GEMV (m == 1) of quantised weights: each warp takes R consecutive weight rows, and
+// each lane the blocks lane, lane + 32, ... of all R rows, kU blocks per row at a time: the
+// activation block is read once for the R rows, and R * kU weight blocks (16-byte loads for
+// Q4_0) are loaded before any of them is used, so more bytes are in flight per warp than with
+// gemm_quant_kernel's one row. Every row still adds its lane's blocks in the same order
+// (ascending), starting from the same 0.0f, with the same block_contribution, then the same
+// shuffle tree: each output is bit-identical to gemm_quant_kernel<W, MT>'s for that row.
+// grid: ceil(n / (kRowsPerBlock * R)); block: kRowsPerBlock warps.
+template <WType W, int R>
+__global__ void gemv_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
+                                  const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, float* __restrict__ y,
+                                  bool accumulate) {
+  constexpr int kU = 2;  // blocks per row loaded ahead
+  const int64_t r0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp) * R;
+  const int lane = threadIdx.x % kWarp;
+  if (r0 >= n) return;  // a whole warp leaves together
+  float acc[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) acc[j] = 0.0f;
+  for (int64_t b0 = lane; b0 < nb; b0 += kU * kWarp) {
+    int32_t xv[kU][8] = {};
+    uint16_t dx[kU] = {};
+    WeightWords<W> ww[kU][R] = {};
+    uint16_t dw[kU][R] = {};
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t b = b0 + int64_t(u) * kWarp;
+      if (b < nb) {
+        const int4* xp = reinterpret_cast<const int4*>(xq + b * kQK);
+        const int4 x0 = xp[0], x1 = xp[1];
+        xv[u][0] = x0.x, xv[u][1] = x0.y, xv[u][2] = x0.z, xv[u][3] = x0.w;
+        xv[u][4] = x1.x, xv[u][5] = x1.y, xv[u][6] = x1.z, xv[u][7] = x1.w;
+        dx[u] = xd[b];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          if (r0 + j < n) {
+            dw[u][j] = wd[(r0 + j) * nb + b];
+            ww[u][j].load(wq, (r0 + j) * nb + b);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (b0 + int64_t(u) * kWarp < nb) {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          if (r0 + j < n) acc[j] += block_contribution(dw[u][j], dx[u], ww[u][j].dot(xv[u]));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const float s = warp_sum(acc[j]);  // every lane takes part, also for rows past n
+    if (lane == 0 && r0 + j < n) {
+      float* out = y + r0 + j;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+}
+
 template <WType W>
 __device__ __forceinline__ float load_w(const void* w, int64_t i) {
   if constexpr (W == WType::kF32) return static_cast<const float*>(w)[i];
@@ -140,6 +195,22 @@ __global__ void gemm_float_kernel(const void* __restrict__ w, int64_t n, int64_t
       float* out = y + (c0 + c) * ldy + r;
       *out = accumulate ? *out + s : s;
     }
+  }
+}
+
+// Weight rows per warp of the decode GEMV.
+constexpr int kGemvRows = 2;
+
+void launch_gemv_quant(const DevWeight& w, const int8_t* xq, const uint16_t* xd, float* y, bool accumulate,
+                       cudaStream_t stream) {
+  constexpr int64_t kRows = int64_t{kRowsPerBlock} * kGemvRows;
+  const dim3 grid(static_cast<unsigned>((w.n + kRows - 1) / kRows));
+  const dim3 block(kRowsPerBlock * kWarp);
+  const int64_t nb = w.k / kQK;
+  if (w.type == WType::kQ4_0) {
+    gemv_quant_kernel<WType::kQ4_0, kGemvRows><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, y, accumulate);
+  } else {
+    gemv_quant_kernel<WType::kQ8_0, kGemvRows><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, y, accumulate);
   }
 }
 
@@ -183,7 +254,11 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
           bool accumulate, cudaStream_t stream) {
   if (m <= 0 || w.n <= 0) return;
   if (m == 1) {
-    launch_gemm<1>(w, x, xq, xd, m, y, ldy, accumulate, stream);
+    if (w.quantized()) {
+      launch_gemv_quant(w, xq, xd, y, accumulate, stream);
+    } else {
+      launch_gemm<1>(w, x, xq, xd, m, y, ldy, accumulate, stream);
+    }
     return;
   }
   // grid.y is limited to 65535 tiles: very tall activations go in slices.

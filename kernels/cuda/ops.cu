@@ -8,6 +8,7 @@
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
+#include "q8_warp.cuh"
 
 namespace tandem::kernels::cuda {
 
@@ -42,23 +43,71 @@ struct MaxF {
   __device__ float operator()(float a, float b) const { return b > a ? b : a; }
 };
 
+// Threads per block of the RMSNorm kernels: the sum of squares is split over this many
+// threads, so the plain and the fused kernel must use the same count to agree bit for bit.
+constexpr int kRmsThreads = 256;
+
+// 1 / sqrt(mean(x^2) + eps) of the row xr [n], every thread of the block striding over it,
+// squares summed in double; every thread gets the result (block_reduce ends with a barrier,
+// so the row may be overwritten afterwards).
+__device__ __forceinline__ float rms_inv_scale(const float* xr, int64_t n, float eps, double* red) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
+  sum = block_reduce(sum, red, SumD{});
+  const float mean = static_cast<float>(sum / double(n));
+  return 1.0f / sqrtf(mean + eps);
+}
+
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* y, int64_t n, float eps,
                                 const int32_t* __restrict__ rows) {
   __shared__ double red[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + (rows ? int64_t(rows[row]) : row) * n;
   float* yr = y + row * n;
-  double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
-  sum = block_reduce(sum, red, SumD{});
-  const float mean = static_cast<float>(sum / double(n));
-  const float scale = 1.0f / sqrtf(mean + eps);
+  const float scale = rms_inv_scale(xr, n, eps, red);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+// rms_norm_kernel's row (the same scale, the same products), then its Q8_0 blocks: warp j of
+// the block takes blocks j, j + n_warps, ... (n % 32 == 0); lane i computes element i of the
+// block, stores it and quantises it with the warp (q8_warp.cuh, as quantize_q8_0_kernel).
+__global__ void rms_norm_q8_0_kernel(const float* x, const float* __restrict__ w, float* y, int8_t* __restrict__ yq,
+                                     uint16_t* __restrict__ yd, int64_t n, float eps,
+                                     const int32_t* __restrict__ rows) {
+  __shared__ double red[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + (rows ? int64_t(rows[row]) : row) * n;
+  float* yr = y + row * n;
+  const float scale = rms_inv_scale(xr, n, eps, red);
+  const int64_t nb = n / kQK;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (int64_t b = threadIdx.x / kWarp; b < nb; b += blockDim.x / kWarp) {  // whole warps iterate together
+    const int64_t i = b * kQK + lane;
+    const float v = (xr[i] * scale) * w[i];
+    yr[i] = v;
+    warp_quantize_q8_0(v, lane, yq + row * n + b * kQK, yd + row * nb + b);
+  }
 }
 
 __global__ void add_bias_kernel(float* y, const float* __restrict__ b, int64_t total, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < total) y[i] += b[i % n];
+}
+
+// Pair i (< n_rot / 2) of one head rotated in place by the token's cos/sin row cs_t
+// [n_rot]: neox pairs (i, i + n_rot/2), else (2i, 2i+1). Returns the two element indices.
+struct RopePair {
+  int32_t i0, i1;
+};
+__device__ __forceinline__ RopePair rope_pair(float* head, const float* cs_t, int32_t i, int32_t n_rot, bool neox) {
+  const int32_t half = n_rot / 2;
+  const float c = cs_t[i];
+  const float s = cs_t[half + i];
+  const RopePair p{neox ? i : 2 * i, neox ? i + half : 2 * i + 1};
+  const float x0 = head[p.i0], x1 = head[p.i1];
+  head[p.i0] = x0 * c - x1 * s;
+  head[p.i1] = x0 * s + x1 * c;
+  return p;
 }
 
 // One thread per rotated pair.
@@ -67,24 +116,32 @@ __global__ void rope_kernel(float* x, const float* __restrict__ cs, int64_t tota
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= total_pairs) return;
   const int32_t half = n_rot / 2;
-  const int64_t i = idx % half;
   const int64_t th = idx / half;  // token * n_heads + head
   const int64_t t = th / n_heads;
-  const float c = cs[t * n_rot + i];
-  const float s = cs[t * n_rot + half + i];
-  float* v = x + th * head_dim;
-  const int64_t i0 = neox ? i : 2 * i;
-  const int64_t i1 = neox ? i + half : 2 * i + 1;
-  const float x0 = v[i0], x1 = v[i1];
-  v[i0] = x0 * c - x1 * s;
-  v[i1] = x0 * s + x1 * c;
+  rope_pair(x + th * head_dim, cs + t * n_rot, static_cast<int32_t>(idx % half), n_rot, neox);
+}
+
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
 }
 
 __global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float g = gate[i];
-  gate[i] = g / (1.0f + expf(-g)) * up[i];
+  gate[i] = swiglu_value(gate[i], up[i]);
+}
+
+// swiglu_kernel's values, quantised as they are made: one warp per Q8_0 block of 32
+// consecutive values (the blocks of quantize_q8_0 over rows of a multiple of 32).
+__global__ void swiglu_q8_0_kernel(float* gate, const float* __restrict__ up, int64_t n_blocks, int8_t* __restrict__ hq,
+                                   uint16_t* __restrict__ hd) {
+  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
+  const int64_t i = blk * kQK + lane;
+  const float h = swiglu_value(gate[i], up[i]);
+  gate[i] = h;
+  warp_quantize_q8_0(h, lane, hq + blk * kQK, hd + blk);
 }
 
 __global__ void fill_nan_kernel(float* y, int64_t n) {
@@ -99,6 +156,15 @@ __device__ __forceinline__ char* kv_row(const KvArgs& kv, int64_t t, int32_t p, 
   return page + off * (kv.f16 ? 2 : 4);
 }
 
+// Element e of a KV row: f16 (round to nearest even) or f32.
+__device__ __forceinline__ void kv_put(bool f16, char* row, int32_t e, float x) {
+  if (f16) {
+    reinterpret_cast<uint16_t*>(row)[e] = fp32_to_fp16_bits(x);
+  } else {
+    reinterpret_cast<float*>(row)[e] = x;
+  }
+}
+
 // grid: T tokens; threads over the row's elements.
 __global__ void kv_store_kernel(KvArgs kv, const float* __restrict__ k, const float* __restrict__ v) {
   const int64_t t = blockIdx.x;
@@ -107,15 +173,43 @@ __global__ void kv_store_kernel(KvArgs kv, const float* __restrict__ k, const fl
   char* krow = kv_row(kv, t, p, 0);
   char* vrow = kv_row(kv, t, p, 1);
   for (int32_t e = threadIdx.x; e < row_elems; e += blockDim.x) {
-    const float kv_k = k[t * row_elems + e], kv_v = v[t * row_elems + e];
-    if (kv.f16) {
-      reinterpret_cast<uint16_t*>(krow)[e] = fp32_to_fp16_bits(kv_k);
-      reinterpret_cast<uint16_t*>(vrow)[e] = fp32_to_fp16_bits(kv_v);
-    } else {
-      reinterpret_cast<float*>(krow)[e] = kv_k;
-      reinterpret_cast<float*>(vrow)[e] = kv_v;
-    }
+    kv_put(kv.f16, krow, e, k[t * row_elems + e]);
+    kv_put(kv.f16, vrow, e, v[t * row_elems + e]);
   }
+}
+
+// rope_kernel on q and on k, then kv_store_kernel, for one token per block: Q pairs rotated
+// in place; each K pair rotated in place (rope_pair, the same operations) and its two
+// values stored to the token's K row by the thread that made them; then the K dims past
+// the rotated ones (partial rotary) and the V row stored as they are. Nothing is read that
+// another thread writes, so no barrier is needed.
+__global__ void rope_kv_store_kernel(KvArgs kv, float* __restrict__ q, float* __restrict__ k,
+                                     const float* __restrict__ v, const float* __restrict__ cs, int32_t n_head,
+                                     int32_t n_rot, bool neox) {
+  const int64_t t = blockIdx.x;
+  const int32_t hd = kv.head_dim;
+  const int32_t half = n_rot / 2;
+  const int32_t row_elems = kv.n_head_kv * hd;
+  const float* cs_t = cs + t * n_rot;
+  for (int32_t idx = threadIdx.x; idx < n_head * half; idx += blockDim.x) {
+    rope_pair(q + (t * n_head + idx / half) * hd, cs_t, idx % half, n_rot, neox);
+  }
+  const int32_t p = kv.pos[t];
+  char* krow = kv_row(kv, t, p, 0);
+  char* vrow = kv_row(kv, t, p, 1);
+  float* kt = k + t * row_elems;
+  for (int32_t idx = threadIdx.x; idx < kv.n_head_kv * half; idx += blockDim.x) {
+    const int32_t h0 = (idx / half) * hd;
+    const RopePair r = rope_pair(kt + h0, cs_t, idx % half, n_rot, neox);
+    kv_put(kv.f16, krow, h0 + r.i0, kt[h0 + r.i0]);
+    kv_put(kv.f16, krow, h0 + r.i1, kt[h0 + r.i1]);
+  }
+  const int32_t tail = hd - 2 * half;  // K dims left unrotated
+  for (int32_t idx = threadIdx.x; idx < kv.n_head_kv * tail; idx += blockDim.x) {
+    const int32_t e = (idx / tail) * hd + 2 * half + idx % tail;
+    kv_put(kv.f16, krow, e, kt[e]);
+  }
+  for (int32_t e = threadIdx.x; e < row_elems; e += blockDim.x) kv_put(kv.f16, vrow, e, v[t * row_elems + e]);
 }
 
 template <bool F16>
@@ -345,7 +439,13 @@ int attention_threads(int32_t head_dim) {
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps, const int32_t* rows,
               cudaStream_t stream) {
   if (n_rows <= 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, w, y, n, eps, rows);
+  rms_norm_kernel<<<static_cast<unsigned>(n_rows), kRmsThreads, 0, stream>>>(x, w, y, n, eps, rows);
+}
+
+void rms_norm_q8_0(const float* x, const float* w, float* y, int8_t* yq, uint16_t* yd, int64_t n_rows, int64_t n,
+                   float eps, const int32_t* rows, cudaStream_t stream) {
+  if (n_rows <= 0) return;
+  rms_norm_q8_0_kernel<<<static_cast<unsigned>(n_rows), kRmsThreads, 0, stream>>>(x, w, y, yq, yd, n, eps, rows);
 }
 
 void add_bias(float* y, const float* b, int64_t n_rows, int64_t n, cudaStream_t stream) {
@@ -364,6 +464,12 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+}
+
+void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* hd, cudaStream_t stream) {
+  const int64_t n_blocks = n / kQK;
+  if (n_blocks <= 0) return;
+  swiglu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, hq, hd);
 }
 
 size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {
@@ -406,6 +512,12 @@ void fill_nan(float* y, int64_t n, cudaStream_t stream) {
 void kv_store_rows(const KvArgs& kv, const float* k, const float* v, int64_t T, cudaStream_t stream) {
   if (T <= 0) return;
   kv_store_kernel<<<static_cast<unsigned>(T), 128, 0, stream>>>(kv, k, v);
+}
+
+void rope_kv_store(const KvArgs& kv, float* q, float* k, const float* v, const float* cs, int64_t T, int32_t n_head,
+                   int32_t n_rot, bool neox, cudaStream_t stream) {
+  if (T <= 0) return;
+  rope_kv_store_kernel<<<static_cast<unsigned>(T), 256, 0, stream>>>(kv, q, k, v, cs, n_head, n_rot, neox);
 }
 
 cudaError_t attention_setup(int device, int32_t* score_capacity) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -381,6 +382,7 @@ struct GpuQ4Executor::Impl {
   PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
+  bool fused = true;  // GpuExecutorOptions::fused_kernels
   cudaGraphExec_t graph_exec = nullptr;
   int64_t graph_instantiations = 0;
   struct StagedPage {
@@ -390,11 +392,12 @@ struct GpuQ4Executor::Impl {
   std::vector<StagedPage> write_back;
 
   // The caller makes `dev` current (the stream is created on it).
-  Impl(const std::shared_ptr<const Model>& model, int dev, bool graphs)
+  Impl(const std::shared_ptr<const Model>& model, int dev, bool graphs, bool fused_kernels)
       : device(dev),
         weights(device_weights(model, dev)),
         score_capacity(attention_setup_once(dev)),
-        use_graphs(graphs) {}
+        use_graphs(graphs),
+        fused(fused_kernels) {}
   ~Impl() {
     (void)cudaStreamSynchronize(stream.get());
     if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
@@ -488,7 +491,7 @@ GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecut
                             hp.n_rot));
   }
   const DeviceGuard guard(options.device);
-  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options.cuda_graphs);
+  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options.cuda_graphs, options.fused_kernels);
 }
 
 GpuQ4Executor::~GpuQ4Executor() = default;
@@ -739,6 +742,20 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
     ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st);
   };
+  // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
+  // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
+  // quantize_q8_0, bit for bit) and marked prepared.
+  auto norm = [&](const float* in, const float* weight, float* out, int64_t m, const int32_t* gather,
+                  std::initializer_list<const ck::DevWeight*> users) {
+    const bool quant = std::any_of(users.begin(), users.end(), [](const ck::DevWeight* u) { return u->quantized(); });
+    if (im.fused && quant) {
+      ck::rms_norm_q8_0(in, weight, out, xq, xd, m, n_embd, hp.rms_eps, gather, st);
+      prepared = out;
+    } else {
+      ck::rms_norm(in, weight, out, m, n_embd, hp.rms_eps, gather, st);
+      prepared = nullptr;
+    }
+  };
 
   ck::KvArgs kv;
   kv.pages = d_pages;
@@ -753,8 +770,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const DevLayer& L = im.weights->layers[size_t(il)];
-    ck::rms_norm(x, L.attn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
-    prepared = nullptr;
+    norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
     matmul(L.wq, xn, T, q, false);
     matmul(L.wk, xn, T, kk, false);
     matmul(L.wv, xn, T, v, false);
@@ -765,26 +781,33 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
     if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
     if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
-    ck::rope(q, rope, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
-    ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
     kv.layer = il;
-    ck::kv_store_rows(kv, kk, v, T, st);
+    if (im.fused) {
+      ck::rope_kv_store(kv, q, kk, v, rope, T, hp.n_head, hp.n_rot, neox, st);
+    } else {
+      ck::rope(q, rope, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
+      ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
+      ck::kv_store_rows(kv, kk, v, T, st);
+    }
     ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st);
     ck::attention(kv, q, attn, T - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st, d_attn_tokens + n_dec);
     prepared = nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
-    ck::rms_norm(x, L.ffn_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
-    prepared = nullptr;
+    norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
     matmul(L.gate, xn, T, gate, false);
     matmul(L.up, xn, T, up, false);
-    ck::swiglu(gate, up, T * n_ff, st);
-    prepared = nullptr;
+    if (im.fused && L.down.quantized()) {
+      ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);  // the down projection's Q8_0 input
+      prepared = gate;
+    } else {
+      ck::swiglu(gate, up, T * n_ff, st);
+      prepared = nullptr;
+    }
     matmul(L.down, gate, T, x, true);  // residual: x += W_down h
   }
 
   if (n_out > 0) {
-    ck::rms_norm(x, im.weights->output_norm, rows, n_out, n_embd, hp.rms_eps, d_out_index, st);
-    prepared = nullptr;
+    norm(x, im.weights->output_norm, rows, n_out, d_out_index, {&im.weights->output});
     matmul(im.weights->output, rows, n_out, d_logits, false);
     TANDEM_CUDA(cudaMemcpyAsync(h_logits, d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
@@ -832,6 +855,153 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
     out[b].d = d[b];
     std::memcpy(out[b].qs, &q[b * kernels::kQK], kernels::kQK);
   }
+}
+
+namespace {
+
+void require_device(int device) {
+  if (device < 0 || device >= GpuQ4Executor::device_count()) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
+  }
+}
+
+template <class T>
+void to_device(DevBuf& b, const T* src, size_t n) {
+  b.alloc(std::max<size_t>(n, 1) * sizeof(T));
+  if (n) TANDEM_CUDA(cudaMemcpy(b.as<void>(), src, n * sizeof(T), cudaMemcpyHostToDevice));
+}
+
+template <class T>
+void to_host(T* dst, const DevBuf& b, size_t n) {
+  if (n) TANDEM_CUDA(cudaMemcpy(dst, b.as<void>(), n * sizeof(T), cudaMemcpyDeviceToHost));
+}
+
+// Device Q8_0 data (qs [n_blocks][32], d [n_blocks]) -> GGUF Q8_0 blocks.
+void q8_blocks_to_host(const DevBuf& dq, const DevBuf& dd, size_t n_blocks, void* blocks_out) {
+  std::vector<int8_t> q(n_blocks * kernels::kQK);
+  std::vector<uint16_t> d(n_blocks);
+  to_host(q.data(), dq, q.size());
+  to_host(d.data(), dd, d.size());
+  auto* out = static_cast<kernels::BlockQ8_0*>(blocks_out);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    out[b].d = d[b];
+    std::memcpy(out[b].qs, &q[b * kernels::kQK], kernels::kQK);
+  }
+}
+
+}  // namespace
+
+void rms_norm_q8_0(const float* x, const float* w, int64_t n_x_rows, int64_t n, float eps,
+                   const std::vector<int32_t>& rows, bool fused, float* y, void* blocks_out, int device) {
+  require_device(device);
+  const DeviceGuard guard(device);
+  const int64_t m = rows.empty() ? n_x_rows : static_cast<int64_t>(rows.size());
+  const size_t nb = size_t(m) * size_t(n) / kernels::kQK;
+  DevBuf dx, dw, drows, dy(std::max<size_t>(size_t(m * n), 1) * sizeof(float)), dq(std::max<size_t>(nb, 1) * 32),
+      dd(std::max<size_t>(nb, 1) * sizeof(uint16_t));
+  to_device(dx, x, size_t(n_x_rows * n));
+  to_device(dw, w, size_t(n));
+  to_device(drows, rows.data(), rows.size());
+  const int32_t* r = rows.empty() ? nullptr : drows.as<int32_t>();
+  ck::fill_nan(dy.as<float>(), m * n, nullptr);
+  TANDEM_CUDA(cudaMemset(dq.as<void>(), 0x5A, dq.bytes()));
+  TANDEM_CUDA(cudaMemset(dd.as<void>(), 0x5A, dd.bytes()));
+  if (fused) {
+    ck::rms_norm_q8_0(dx.as<float>(), dw.as<float>(), dy.as<float>(), dq.as<int8_t>(), dd.as<uint16_t>(), m, n, eps, r,
+                      nullptr);
+  } else {
+    ck::rms_norm(dx.as<float>(), dw.as<float>(), dy.as<float>(), m, n, eps, r, nullptr);
+    ck::quantize_q8_0(dy.as<float>(), m, n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
+  }
+  TANDEM_CUDA(cudaGetLastError());
+  to_host(y, dy, size_t(m * n));
+  q8_blocks_to_host(dq, dd, nb, blocks_out);
+}
+
+void swiglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device) {
+  require_device(device);
+  const DeviceGuard guard(device);
+  const size_t nb = size_t(n) / kernels::kQK;
+  DevBuf dg, du, dq(std::max<size_t>(nb, 1) * 32), dd(std::max<size_t>(nb, 1) * sizeof(uint16_t));
+  to_device(dg, gate, size_t(n));
+  to_device(du, up, size_t(n));
+  TANDEM_CUDA(cudaMemset(dq.as<void>(), 0x5A, dq.bytes()));
+  TANDEM_CUDA(cudaMemset(dd.as<void>(), 0x5A, dd.bytes()));
+  if (fused) {
+    ck::swiglu_q8_0(dg.as<float>(), du.as<float>(), n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
+  } else {
+    ck::swiglu(dg.as<float>(), du.as<float>(), n, nullptr);
+    ck::quantize_q8_0(dg.as<float>(), 1, n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
+  }
+  TANDEM_CUDA(cudaGetLastError());
+  to_host(h, dg, size_t(n));
+  q8_blocks_to_host(dq, dd, nb, blocks_out);
+}
+
+void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_rot, bool neox, int32_t page_size,
+                   bool f16, const std::vector<int32_t>& seq, const std::vector<int32_t>& pos, float* q, float* k,
+                   const float* v, const float* cs, std::vector<uint8_t>& pages_out, bool fused, int device) {
+  require_device(device);
+  if (seq.size() != pos.size() || seq.empty() || seq.front() != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: seq and pos must list the same tokens, from sequence 0");
+  }
+  const DeviceGuard guard(device);
+  const auto T = static_cast<int64_t>(seq.size());
+  const int32_t row = n_head_kv * head_dim;
+  const size_t page_bytes = size_t(2) * 2 * size_t(page_size) * size_t(row) * (f16 ? 2 : 4);  // 2 layers, K and V
+  // Pages per sequence, from the largest position of each.
+  std::vector<int32_t> seq_pages;
+  for (int64_t t = 0; t < T; ++t) {
+    const auto s = static_cast<size_t>(seq[size_t(t)]);
+    if (s + 1 < seq_pages.size() || s > seq_pages.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "gpu_testing: seq must be non-decreasing without gaps");
+    }
+    if (s == seq_pages.size()) seq_pages.push_back(0);
+    seq_pages[s] = std::max(seq_pages[s], pos[size_t(t)] / page_size + 1);
+  }
+  std::vector<int32_t> seq_off(seq_pages.size());
+  int32_t n_pages = 0;
+  for (size_t s = 0; s < seq_pages.size(); ++s) {
+    seq_off[s] = n_pages;
+    n_pages += seq_pages[s];
+  }
+  std::vector<int32_t> page_off(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) page_off[size_t(t)] = seq_off[size_t(seq[size_t(t)])];
+  DevBuf dpages(size_t(n_pages) * page_bytes);
+  TANDEM_CUDA(cudaMemset(dpages.as<void>(), 0x5A, dpages.bytes()));
+  std::vector<void*> table(static_cast<size_t>(n_pages));
+  for (int32_t j = 0; j < n_pages; ++j) table[size_t(j)] = dpages.as<std::byte>() + size_t(j) * page_bytes;
+  const size_t q_elems = size_t(T) * size_t(n_head) * size_t(head_dim), k_elems = size_t(T) * size_t(row);
+  DevBuf dtable, doff, dpos, dq, dk, dv, dcs;
+  to_device(dtable, table.data(), table.size());
+  to_device(doff, page_off.data(), page_off.size());
+  to_device(dpos, pos.data(), pos.size());
+  to_device(dq, q, q_elems);
+  to_device(dk, k, k_elems);
+  to_device(dv, v, k_elems);
+  to_device(dcs, cs, size_t(T) * size_t(n_rot));
+  ck::KvArgs kv;
+  kv.pages = dtable.as<void*>();
+  kv.page_off = doff.as<int32_t>();
+  kv.pos = dpos.as<int32_t>();
+  kv.page_size = page_size;
+  kv.n_head_kv = n_head_kv;
+  kv.head_dim = head_dim;
+  kv.layer = 1;
+  kv.f16 = f16;
+  if (fused) {
+    ck::rope_kv_store(kv, dq.as<float>(), dk.as<float>(), dv.as<float>(), dcs.as<float>(), T, n_head, n_rot, neox,
+                      nullptr);
+  } else {
+    ck::rope(dq.as<float>(), dcs.as<float>(), T, n_head, head_dim, n_rot, neox, nullptr);
+    ck::rope(dk.as<float>(), dcs.as<float>(), T, n_head_kv, head_dim, n_rot, neox, nullptr);
+    ck::kv_store_rows(kv, dk.as<float>(), dv.as<float>(), T, nullptr);
+  }
+  TANDEM_CUDA(cudaGetLastError());
+  to_host(q, dq, q_elems);
+  to_host(k, dk, k_elems);
+  pages_out.resize(dpages.bytes());
+  to_host(pages_out.data(), dpages, pages_out.size());
 }
 
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device) {
