@@ -97,16 +97,12 @@ std::shared_ptr<ThreadPool> CpuQ4Executor::node_pool() {
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
     : Executor(std::move(model)),
       pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
-      s_(std::make_unique<Scratch>()),
-      repacked_(std::make_unique<Repacked>()) {
+      s_(std::make_unique<Scratch>()) {
   repack_weights();
 }
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
-    : Executor(std::move(model)),
-      pool_(std::move(pool)),
-      s_(std::make_unique<Scratch>()),
-      repacked_(std::make_unique<Repacked>()) {
+    : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
   if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
   repack_weights();
 }
@@ -117,12 +113,29 @@ bool CpuQ4Executor::repacked_weights() const noexcept {
   return !repacked_->by_data.empty();
 }
 
+const void* CpuQ4Executor::repacked_weights_id() const noexcept {
+  return repacked_->by_data.empty() ? nullptr : repacked_.get();
+}
+
 void CpuQ4Executor::repack_weights() {
+  static const auto kEmpty = std::make_shared<const Repacked>();
+  repacked_ = kEmpty;
   if (!k::q4_0x8_preferred()) return;
   if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr && std::strcmp(env, "0") == 0) return;
+  // One copy per Model: an executor of a Model already repacked shares that copy. The
+  // registry's lock is held while repacking, so two executors built at once repack once.
+  static std::mutex registry_mu;
+  static std::unordered_map<const Model*, std::weak_ptr<const Repacked>> registry;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  std::erase_if(registry, [](const auto& e) { return e.second.expired(); });
+  if (auto it = registry.find(model_ptr().get()); it != registry.end()) {
+    repacked_ = it->second.lock();
+    return;
+  }
+  auto repacked = std::make_shared<Repacked>();
   const Model& m = model();
   auto add = [&](const TensorView& W) {
-    if (!W || W.type != GgmlType::kQ4_0 || W.k % k::kQK != 0 || repacked_->by_data.count(W.data) != 0) return;
+    if (!W || W.type != GgmlType::kQ4_0 || W.k % k::kQK != 0 || repacked->by_data.count(W.data) != 0) return;
     std::vector<k::BlockQ4_0x8> packed;
     try {
       packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)));
@@ -132,11 +145,13 @@ void CpuQ4Executor::repack_weights() {
     const auto* src = reinterpret_cast<const k::BlockQ4_0*>(W.data);
     pool_->parallel_for((W.n + 7) / 8, 4,
                         [&](int64_t b, int64_t e, int) { k::repack_q4_0x8(src, W.n, W.k, packed.data(), b, e); });
-    repacked_->by_data.emplace(W.data, std::move(packed));
+    repacked->by_data.emplace(W.data, std::move(packed));
   };
   for (const LayerWeights& L : m.layers())
     for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);
   add(m.output());
+  registry[model_ptr().get()] = repacked;
+  repacked_ = std::move(repacked);
 }
 
 namespace {

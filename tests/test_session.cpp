@@ -317,6 +317,42 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
   CHECK(got_b == solo_b);
 }
 
+// The AVX2 repack of the Q4_0 weights is made once per Model: executors of one model alive
+// together share it and another model gets its own. Skipped where the dispatched kernels
+// do not repack.
+TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", "[executor][repack]") {
+  auto model = aidreams();
+  auto a = std::make_unique<CpuQ4Executor>(model);
+  if (!a->repacked_weights()) {
+    WARN("the dispatched kernels do not repack Q4_0 (not AVX2, or TANDEM_CPU_REPACK=0): nothing to share");
+    CHECK(a->repacked_weights_id() == nullptr);
+    return;
+  }
+  CpuQ4Executor b(model, CpuExecutorOptions{1});
+  REQUIRE(a->repacked_weights_id() != nullptr);
+  CHECK(b.repacked_weights_id() == a->repacked_weights_id());
+  auto other = Model::load(test::model_path("stories260K-q4_0"));
+  CpuQ4Executor c(other);
+  CHECK(c.repacked_weights_id() != nullptr);
+  CHECK(c.repacked_weights_id() != a->repacked_weights_id());
+  // b alone keeps the shared copy alive; it computes what a fresh executor computes.
+  a.reset();
+  auto run = [&](Executor& ex) {
+    SessionOptions so;
+    so.n_ctx = 64;
+    Session s(model, ex, so);
+    GenerateOptions go;
+    go.sampling = SamplingParams::greedy();
+    go.ignore_eos = true;
+    go.max_tokens = 16;
+    auto ids = some_ids(12);
+    return s.generate(std::span<const int32_t>(ids), go).tokens;
+  };
+  CpuQ4Executor d(model);
+  CHECK(d.repacked_weights_id() == b.repacked_weights_id());
+  CHECK(run(b) == run(d));
+}
+
 // Issue 15 item 8 (prompt cache): truncate() returns exactly the pages past the cut, and a
 // session reusing a prefix generates what a fresh session given the whole prompt does.
 // Fails on main before this change: Session had no truncate() / reuse_prefix().

@@ -2,9 +2,11 @@
 //
 // Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32), except that when the
 // dispatched kernels prefer it (AVX2: kernels::q4_0x8_preferred()) the executor keeps a
-// copy of every Q4_0 weight matrix repacked 8 rows at a time (kernels::BlockQ4_0x8, made
-// once at construction on the pool; the same bytes again in memory) and multiplies with
-// kernels::gemm_q4_0x8_q8_0. TANDEM_CPU_REPACK=0 in the environment turns that off.
+// copy of every Q4_0 weight matrix repacked 8 rows at a time (kernels::BlockQ4_0x8; the
+// same bytes again in memory) and multiplies with kernels::gemm_q4_0x8_q8_0. The copy is
+// made by the first executor of a Model (on its pool) and shared by every executor of that
+// Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
+// TANDEM_CPU_REPACK=0 in the environment turns repacking off.
 // Activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with
 // integer dot products (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
 // cache through each sequence's block table, tiled (kernels::attn_tiled): one task per
@@ -67,12 +69,15 @@ class CpuQ4Executor final : public Executor {
   struct Repacked;  ///< opaque: the repacked Q4_0 weights (empty when not used)
   /// Whether this executor computes Q4_0 matmuls on repacked weights (fixed at construction).
   bool repacked_weights() const noexcept;
+  /// Identity of the repacked weights: equal for executors that share one copy (those of
+  /// one Model alive together), null when this executor does not repack.
+  const void* repacked_weights_id() const noexcept;
 
  private:
   void repack_weights();
   std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> s_;
-  std::unique_ptr<Repacked> repacked_;
+  std::shared_ptr<const Repacked> repacked_;  ///< never null (empty when not repacking)
 };
 
 }  // namespace tandem
