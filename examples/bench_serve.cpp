@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -775,7 +776,10 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--batch-host-tpot-fraction", o.batch_host_tpot_fraction,
                 "routing: a batch decode leaves an accelerator with room only for a host TPOT <= this x target "
                 "(1 = any host meeting it; default 0.5)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(CLI::Range(0.0, 1.0))
+      ->check(CLI::Validator(
+          [](std::string& v) { return std::isnan(std::strtod(v.c_str(), nullptr)) ? "not a number: " + v : ""; },
+          "NUMBER", "not NaN"));
   c->add_option("--looser-prefill", o.looser_class_prefill_tokens,
                 "prompt tokens per step left to looser SLA classes while a tighter one prefills (-1 = prefill chunk / "
                 "4; the step budget = class order only)")

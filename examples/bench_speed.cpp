@@ -333,7 +333,8 @@ int run_speed(const SpeedOptions& opt) {
     for (const auto& t : model->gguf().tensors()) mi.n_params += t.n_elements;
     mi.type = fmt::format("{} {} {}", arch_name(hp.arch), params_label(mi.n_params), file_type_name(model->gguf()));
     mi.decode_bytes = model->decode_bytes_per_token();
-    const std::string cpu = cpu_model_name(), isa(kernels::cpu_isa_name()), commit = build_commit();
+    const std::string cpu = cpu_model_name(), commit = build_commit();
+    std::string isa(kernels::cpu_isa_name());  // + "+repack" once an executor says it repacks Q4_0
 
     const int max_depth = depths.empty() ? 0 : *std::max_element(depths.begin(), depths.end());
     int max_timed = 1;
@@ -350,7 +351,7 @@ int run_speed(const SpeedOptions& opt) {
     std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
     std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
 
-    const Env env{cpu, isa, commit, kv_type};
+    Env env{cpu, isa, commit, kv_type};
     std::vector<TestRun> done;
     if (format == "md") {
       // As llama-bench: type_k / type_v columns only when the KV type is not the default f16.
@@ -394,6 +395,8 @@ int run_speed(const SpeedOptions& opt) {
 
     for (int nt : threads) {
       CpuQ4Executor exec(model, CpuExecutorOptions{nt});
+      isa = std::string(kernels::cpu_isa_name()) + (exec.repacked_weights() ? "+repack" : "");
+      env.isa = isa;
       const double bw = opt.no_bandwidth || gens.empty() ? 0.0 : measure_read_bandwidth(exec.n_threads());
       for (int d : depths) {
         if (prompts.empty() && gens.empty()) break;

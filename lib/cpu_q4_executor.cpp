@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <strings.h>
+
 #include "cpu/cpu_kernels.hpp"
 
 namespace tandem {
@@ -121,7 +123,10 @@ void CpuQ4Executor::repack_weights() {
   static const auto kEmpty = std::make_shared<const Repacked>();
   repacked_ = kEmpty;
   if (!k::q4_0x8_preferred()) return;
-  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr && std::strcmp(env, "0") == 0) return;
+  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {
+    for (const char* off : {"0", "false", "off", "no"})
+      if (strcasecmp(env, off) == 0) return;
+  }
   // One copy per Model: an executor of a Model already repacked shares that copy. The
   // registry's lock is held while repacking, so two executors built at once repack once.
   static std::mutex registry_mu;
