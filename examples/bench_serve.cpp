@@ -734,6 +734,14 @@ void check_serve_options(const ServeOptions& o) {
     sum += w;
   }
   if (sum <= 0) throw CLI::ValidationError("--mix", "at least one weight must be above 0");
+  if (o.cmd != nullptr && o.cmd->count("--simulate") > 0) {  // a bad node is a bad flag (exit 2), before any run
+    try {
+      (void)parse_sim_node(o);
+    } catch (const std::exception& e) {
+      throw CLI::ValidationError("--simulate", e.what());
+    }
+    for (double l : o.loads) finite_positive("--loads", l);
+  }
   for (const auto* p : {&o.prompt_p, &o.output_p}) {
     for (double v : *p) {
       if (!std::isfinite(v) || v < 1 || v > 1 << 24) {

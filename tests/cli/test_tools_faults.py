@@ -42,6 +42,12 @@ usage = [
     (serve + ["--mix", "0", "0", "0"], b"--mix"),
     (serve + ["--mix", "1", "-1", "0"], b"--mix"),
     (serve + ["--max-running", "0"], b"--max-running"),
+    (serve + ["--simulate", "bogus+epyc32"], b"unknown processor profile 'bogus'"),
+    (serve + ["--simulate", "l40s+"], b"--simulate"),
+    (serve + ["--simulate", ""], b"--simulate"),
+    (serve + ["--simulate", "l40s", "--loads", "nan"], b"--loads"),
+    (serve + ["--simulate", "l40s", "--time-scale", "0"], b"--time-scale"),
+    (serve + ["--batch-host-tpot-fraction", "nan"], b"--batch-host-tpot-fraction"),
     ([synth, "--preset", "no-such-preset", "-o", os.path.join(tmp, "x.gguf")], b"--preset"),
 ]
 for args, named in usage:
