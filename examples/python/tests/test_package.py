@@ -6,6 +6,7 @@ running rules as test_tandem.py."""
 import _thread
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -196,10 +197,16 @@ class TestAbortAndInterrupt(PackageTestCase):
                 threading.Thread(target=_thread.interrupt_main).start()
             return False
 
-        with self.assertRaises(KeyboardInterrupt):
-            consume(on_piece)
-            for _ in range(100000):  # the interrupt is delivered at the next bytecode boundary
-                pass
+        # A process started with SIGINT ignored (a background job of a script, nohup) has
+        # no Python handler, and interrupt_main() then does nothing: install Python's own.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                consume(on_piece)
+                for _ in range(100000):  # the interrupt is delivered at the next bytecode boundary
+                    pass
+        finally:
+            signal.signal(signal.SIGINT, previous)
         return count[0]
 
     def test_keyboard_interrupt_during_generate_leaves_the_session_usable(self):
