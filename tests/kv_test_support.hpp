@@ -1,8 +1,13 @@
-// Helpers for KV tests: stores, greedy continuations, page checksums.
+// Helpers for KV tests: models (loaded once per process), stores, greedy continuations,
+// page checksums, and the batch-invariance check every KV dtype and executor must pass.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "tandem/cpu_q4_executor.hpp"
@@ -11,6 +16,15 @@
 #include "test_support.hpp"
 
 namespace tandem::test {
+
+/// The test model `name` (models_dir()/name.gguf), loaded on first use and kept for the
+/// process. Not thread-safe: call from the test thread.
+inline std::shared_ptr<const Model> load_model(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const Model>> cache;
+  auto& m = cache[name];
+  if (!m) m = Model::load(model_path(name));
+  return m;
+}
 
 inline std::shared_ptr<KvStore> make_store(const HParams& hp, int32_t host_pages, int32_t file_pages = 0,
                                            int32_t page_size = 16, KvDtype dtype = KvDtype::kF16) {
@@ -48,6 +62,47 @@ inline std::vector<uint64_t> page_checksums(const KvSequence& seq, const Model& 
   h.lease->begin_read();
   h.lease->confirm();
   return h.descriptor.page_checksums;
+}
+
+/// Batch invariance of `exec` on `ids` (at least 25 tokens): one whole-prompt eval with
+/// `one` is the reference; a chunked eval (n_batch 7, page size 5) must give the same logits
+/// bit for bit; then two sequences `a` (ids[0, 25), all rows) and `b` (ids[3, 14), last row)
+/// of `pool` prefilled in one step, and one decode token each in a second step, must equal
+/// each run alone. CHECKs each; `a` and `b` keep their KV for the caller's further checks.
+inline void check_batch_invariance(const std::shared_ptr<const Model>& model, Executor& exec,
+                                   std::span<const int32_t> ids, const SessionOptions& one, KvSequence& a,
+                                   KvSequence& b) {
+  const int32_t n_vocab = model->hparams().n_vocab;
+  REQUIRE(ids.size() >= 25);
+  Session whole(model, exec, one);
+  std::vector<float> ref(ids.size() * size_t(n_vocab));
+  whole.eval(ids, ref);
+
+  SessionOptions chunked = one;
+  chunked.n_batch = 7;
+  chunked.page_size = 5;
+  Session parts(model, exec, chunked);
+  std::vector<float> got(ref.size());
+  parts.eval(ids, got);
+  CHECK(got == ref);
+
+  // Two sequences of different lengths in one step, against each run alone.
+  const std::span<const int32_t> ia = ids.first(25), ib = ids.subspan(3, 11);
+  SequenceStep batch[2] = {{&a, ia, 0, LogitsRows::kAll}, {&b, ib, 0, LogitsRows::kLast}};
+  std::vector<float> both(size_t(25 + 1) * size_t(n_vocab));
+  exec.step(batch, both);
+  CHECK(std::equal(both.begin(), both.begin() + 25 * n_vocab, ref.begin()));
+  Session alone(model, exec, one);
+  alone.eval(ib);
+  CHECK(std::equal(both.begin() + 25 * n_vocab, both.end(), alone.logits().begin()));
+  // Then one decode token for each, together, against the same alone.
+  const int32_t na = 7, nb = 9;
+  SequenceStep dec[2] = {{&a, std::span<const int32_t>(&na, 1), 25, LogitsRows::kLast},
+                         {&b, std::span<const int32_t>(&nb, 1), 11, LogitsRows::kLast}};
+  std::vector<float> two(2 * size_t(n_vocab));
+  exec.step(dec, two);
+  alone.eval(std::span<const int32_t>(&nb, 1));
+  CHECK(std::equal(two.begin() + n_vocab, two.end(), alone.logits().begin()));
 }
 
 }  // namespace tandem::test

@@ -17,31 +17,16 @@
 #endif
 
 #include "cpu/cpu_kernels.hpp"
+#include "cpu_test_support.hpp"
 
 using namespace tandem::kernels;
+using tandem::test::isas;
+using tandem::test::IsaScope;
+using tandem::test::rand_f32;
+using tandem::test::rand_q4;
+using tandem::test::rand_q8;
 
 namespace {
-
-std::vector<std::string> isas() {
-  std::vector<std::string> out;
-  for (const char* n : {"avx512vnni", "avx512", "avx2", "scalar"})
-    if (cpu_isa_supported(n)) out.emplace_back(n);
-  return out;
-}
-
-/// Selects one ISA for the scope; restores the automatic choice afterwards.
-struct IsaScope {
-  explicit IsaScope(const std::string& isa) {
-    if (isa == "scalar")
-      cpu_force_scalar(true);
-    else
-      REQUIRE(cpu_set_isa(isa));
-    REQUIRE(cpu_isa_name() == isa);
-  }
-  ~IsaScope() { cpu_force_scalar(false); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-};
 
 uint32_t bits(float f) {
   uint32_t u;
@@ -52,34 +37,6 @@ float from_bits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
-}
-
-std::vector<float> rand_f32(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-std::vector<BlockQ4_0> rand_q4(std::mt19937& g, size_t nblocks) {
-  std::uniform_int_distribution<int> byte(0, 255);
-  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
-  std::vector<BlockQ4_0> v(nblocks);
-  for (auto& b : v) {
-    b.d = fp32_to_fp16(sc(g));
-    for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
-  }
-  return v;
-}
-std::vector<BlockQ8_0> rand_q8(std::mt19937& g, size_t nblocks) {
-  std::uniform_int_distribution<int> q8(-127, 127);
-  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
-  std::vector<BlockQ8_0> v(nblocks);
-  for (auto& b : v) {
-    b.d = fp32_to_fp16(sc(g));
-    for (auto& q : b.qs) q = static_cast<int8_t>(q8(g));
-  }
-  return v;
 }
 
 // ---- double-precision references ----
@@ -774,21 +731,9 @@ std::vector<uint16_t> rand_f16(std::mt19937& g, size_t n, float lo, float hi) {
 /// `online`: flash_attn (online softmax), else attn_tiled (the executor's kernel).
 void run_flash(const TestKv& kv, int64_t h, int32_t group, const float* q, float* out, int64_t q_stride, int32_t pos0,
                int32_t n_pos, bool online = true) {
-  FlashAttnArgs a;
-  a.k_pages = kv.kp.data();
-  a.v_pages = kv.vp.data();
-  a.page_size = kv.page_size;
-  a.row_stride = kv.stride();
-  a.head_offset = h * kv.hd;
+  FlashAttnArgs a = tandem::test::attn_args(kv.kp.data(), kv.vp.data(), kv.page_size, kv.stride(), kv.hd, h, group, q,
+                                            out, q_stride, pos0, n_pos);
   a.kv_f16 = kv.f16;
-  a.head_dim = kv.hd;
-  a.q = q + pos0 * q_stride + h * group * kv.hd;
-  a.out = out + pos0 * q_stride + h * group * kv.hd;
-  a.q_stride = q_stride;
-  a.pos0 = pos0;
-  a.n_pos = n_pos;
-  a.group = group;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(kv.hd));
   const int64_t rows = int64_t{n_pos} * group;
   std::vector<float> scratch(
       online ? flash_attn_scratch_floats(kv.hd, rows) : attn_tiled_scratch_floats(kv.hd, rows, int64_t{pos0} + n_pos),

@@ -3,7 +3,6 @@
 // (moves at page boundaries).
 #include <catch2/catch.hpp>
 
-#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -14,32 +13,13 @@
 #include "kv_test_support.hpp"
 
 using namespace tandem;
-using tandem::test::make_store;
-
-namespace {
-
-std::shared_ptr<const Model> load(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const Model>> cache;
-  auto& m = cache[name];
-  if (!m) m = Model::load(test::model_path(name));
-  return m;
-}
-
-template <class Fn>
-std::pair<ErrorCode, std::string> error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  return {ErrorCode::kOk, ""};
-}
-
-}  // namespace
+using test::error_of;
+using test::load_model;
+using test::make_store;
 
 TEST_CASE("migration between executors continues exactly as without the move", "[kv][migration][parity]") {
   const auto model_name = GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0");
-  auto model = load(model_name);
+  auto model = load_model(model_name);
   CpuQ4Executor a(model, CpuExecutorOptions{2}), b(model, CpuExecutorOptions{1});
   const auto ids = test::prompt_ids(21, model->hparams().n_vocab);
   SessionOptions so;
@@ -65,7 +45,7 @@ TEST_CASE("migration between executors continues exactly as without the move", "
 }
 
 TEST_CASE("page size, dtype and layer-split conversions are explicit and verified", "[kv][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   CpuQ4Executor ex(model, CpuExecutorOptions{2});
   const auto& hp = model->hparams();
   const auto ids = test::prompt_ids(29, hp.n_vocab);
@@ -127,7 +107,7 @@ TEST_CASE("page size, dtype and layer-split conversions are explicit and verifie
 }
 
 TEST_CASE("every contract violation is refused precisely and leaks nothing", "[kv][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   CpuQ4Executor ex(model, CpuExecutorOptions{2});
   const auto& hp = model->hparams();
   const auto ids = test::prompt_ids(40, hp.n_vocab);
@@ -155,10 +135,10 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
   auto handoff = [&] { return kv_export(s.kv(), *model, s.tokens()); };
 
   SECTION("wrong model (same shapes, other weights)") {
-    refused(handoff(), *load("aidreams260K-f32"), ErrorCode::kKvMismatch, "model identity");
+    refused(handoff(), *load_model("aidreams260K-f32"), ErrorCode::kKvMismatch, "model identity");
   }
   SECTION("wrong model (other shapes)") {
-    refused(handoff(), *load("synth-llama-small-q4_0"), ErrorCode::kKvMismatch, "model identity");
+    refused(handoff(), *load_model("synth-llama-small-q4_0"), ErrorCode::kKvMismatch, "model identity");
   }
   SECTION("wrong tokenizer") {
     auto h = handoff();
@@ -212,7 +192,7 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
 }
 
 TEST_CASE("leases: the sender keeps pages until confirmed or expired", "[kv][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   CpuQ4Executor ex(model, CpuExecutorOptions{1});
   const auto& hp = model->hparams();
   auto src = make_store(hp, 8);
@@ -246,7 +226,7 @@ TEST_CASE("leases: the sender keeps pages until confirmed or expired", "[kv][con
 }
 
 TEST_CASE("B17: moves at page boundaries continue like the unmoved baseline", "[kv][field-case][parity]") {
-  auto model = load("synth-qwen3-small-q4_0");
+  auto model = load_model("synth-qwen3-small-q4_0");
   const auto& hp = model->hparams();
   CpuQ4Executor a(model, CpuExecutorOptions{2}), b(model, CpuExecutorOptions{1});
   constexpr int32_t P = 16;
@@ -294,7 +274,7 @@ TEST_CASE("B17: moves at page boundaries continue like the unmoved baseline", "[
 
 TEST_CASE("a sender that keeps generating during a pending hand-off does not change the leased pages",
           "[kv][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   CpuQ4Executor ex(model, CpuExecutorOptions{1});
   const auto& hp = model->hparams();
   auto src = make_store(hp, 8), dst = make_store(hp, 8);

@@ -7,55 +7,20 @@
 
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <random>
 
 #include "cpu/cpu_kernels.hpp"
+#include "cpu_test_support.hpp"
 #include "kv_test_support.hpp"
 
 using namespace tandem;
 using namespace tandem::kernels;
 
-namespace {
-
-std::shared_ptr<const Model> load(const std::string& name) {
-  static std::map<std::string, std::shared_ptr<const Model>> cache;
-  auto& m = cache[name];
-  if (!m) m = Model::load(test::model_path(name));
-  return m;
-}
-
-template <class Fn>
-ErrorCode code_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode::kOk;
-}
-
-std::vector<std::string> isas() {
-  std::vector<std::string> out;
-  for (const char* n : {"avx512vnni", "avx512", "avx2", "scalar"})
-    if (cpu_isa_supported(n)) out.emplace_back(n);
-  return out;
-}
-
-struct IsaScope {
-  explicit IsaScope(const std::string& isa) {
-    if (isa == "scalar")
-      cpu_force_scalar(true);
-    else
-      REQUIRE(cpu_set_isa(isa));
-    REQUIRE(cpu_isa_name() == isa);
-  }
-  ~IsaScope() { cpu_force_scalar(false); }
-  IsaScope(const IsaScope&) = delete;
-  IsaScope& operator=(const IsaScope&) = delete;
-};
-
-}  // namespace
+using test::code_of;
+using test::isas;
+using test::IsaScope;
+using test::load_model;
+using test::rand_f32;
 
 TEST_CASE("q8_0 KV rows: quantise and dequantise against hand-computed blocks", "[kv][q8_0]") {
   // Block 0: max |x| = 127, so d = 1 (fp16 0x3C00) and q = round-half-even(x).
@@ -103,7 +68,7 @@ TEST_CASE("q8_0 KV rows: quantise and dequantise against hand-computed blocks", 
 TEST_CASE("q8_0 KV layout: bytes per token are 34/64 of f16's; rows that are not whole blocks are refused",
           "[kv][q8_0]") {
   for (const char* name : {"aidreams260K-q4_0", "stories260K-q4_0", "synth-qwen3-hd64-small-q4_0"}) {
-    const HParams& hp = load(name)->hparams();
+    const HParams& hp = load_model(name)->hparams();
     INFO(name);
     const KvLayout f16 = KvLayout::for_model(hp, 16, KvDtype::kF16);
     const KvLayout q8 = KvLayout::for_model(hp, 16, KvDtype::kQ8_0);
@@ -144,11 +109,8 @@ struct Q8Kv {
   int64_t stride() const { return nkv * hd; }
   Q8Kv(std::mt19937& g, int64_t hd_, int64_t nkv_, int64_t ps, int64_t n_ctx_)
       : hd(hd_), nkv(nkv_), page_size(ps), n_ctx(n_ctx_) {
-    std::uniform_real_distribution<float> u(-2.f, 2.f);
-    k_orig.resize(size_t(n_ctx * stride()));
-    v_orig.resize(k_orig.size());
-    for (auto& x : k_orig) x = u(g);
-    for (auto& x : v_orig) x = u(g);
+    k_orig = rand_f32(g, size_t(n_ctx * stride()), -2.f, 2.f);
+    v_orig = rand_f32(g, k_orig.size(), -2.f, 2.f);
     const int64_t n_pages = (n_ctx + ps - 1) / ps;
     const size_t page_elems = size_t(ps * stride());
     for (int64_t pg = 0; pg < n_pages; ++pg) {
@@ -183,22 +145,10 @@ struct Q8Kv {
 
 void run_tiled(const Q8Kv& kv, bool q8, int64_t h, int32_t group, const float* q, float* out, int64_t q_stride,
                int32_t pos0, int32_t n_pos) {
-  FlashAttnArgs a;
-  a.k_pages = q8 ? kv.kq_p.data() : kv.kd_p.data();
-  a.v_pages = q8 ? kv.vq_p.data() : kv.vd_p.data();
-  a.page_size = kv.page_size;
-  a.row_stride = kv.stride();
-  a.head_offset = h * kv.hd;
+  FlashAttnArgs a = test::attn_args(q8 ? kv.kq_p.data() : kv.kd_p.data(), q8 ? kv.vq_p.data() : kv.vd_p.data(),
+                                    kv.page_size, kv.stride(), kv.hd, h, group, q, out, q_stride, pos0, n_pos);
   a.kv_f16 = false;
   a.kv_q8_0 = q8;
-  a.head_dim = kv.hd;
-  a.q = q + pos0 * q_stride + h * group * kv.hd;
-  a.out = out + pos0 * q_stride + h * group * kv.hd;
-  a.q_stride = q_stride;
-  a.pos0 = pos0;
-  a.n_pos = n_pos;
-  a.group = group;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(kv.hd));
   std::vector<float> scratch(attn_tiled_scratch_floats(kv.hd, int64_t{n_pos} * group, int64_t{pos0} + n_pos),
                              std::nanf(""));
   attn_tiled(a, scratch.data());
@@ -228,9 +178,7 @@ TEST_CASE(
   for (const auto& sh : shapes) {
     const Q8Kv kv(g, sh.hd, sh.nkv, sh.page_size, sh.n_ctx);
     const int64_t q_stride = sh.nkv * sh.group * sh.hd;
-    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-    std::vector<float> q(size_t(sh.n_ctx * q_stride));
-    for (auto& x : q) x = u(g);
+    const std::vector<float> q = rand_f32(g, size_t(sh.n_ctx * q_stride), -0.5f, 0.5f);
     const double scale = 1.0 / std::sqrt(double(static_cast<float>(sh.hd)));
     // The Q8_0 rounding bound per element (amax <= 2 here): ggml quantises with d = amax / 127
     // and stores fp16(d), so |dequant(x) - x| <= d * |q - x / d| (rounding q: 1/2, plus
@@ -304,45 +252,17 @@ TEST_CASE(
 TEST_CASE("q8_0 KV: chunked prefill and multi-sequence batches give bit-identical logits", "[kv][q8_0][parity]") {
   const auto model_name =
       GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
-  auto model = load(model_name);
+  auto model = load_model(model_name);
   CpuQ4Executor exec(model, CpuExecutorOptions{2});
-  const int32_t n_vocab = model->hparams().n_vocab;
-  const auto ids = test::prompt_ids(40, n_vocab);
+  const auto ids = test::prompt_ids(40, model->hparams().n_vocab);
   INFO(model_name);
 
   SessionOptions one;
   one.kv_dtype = KvDtype::kQ8_0;
-  Session whole(model, exec, one);
-  CHECK(whole.kv_store()->layout().dtype == KvDtype::kQ8_0);
-  std::vector<float> ref(ids.size() * size_t(n_vocab));
-  whole.eval(ids, ref);
-
-  SessionOptions chunked = one;
-  chunked.n_batch = 7;
-  chunked.page_size = 5;
-  Session parts(model, exec, chunked);
-  std::vector<float> got(ref.size());
-  parts.eval(ids, got);
-  CHECK(got == ref);
-
-  // Two sequences of different lengths in one step, against each run alone.
+  CHECK(Session(model, exec, one).kv_store()->layout().dtype == KvDtype::kQ8_0);
   auto pool = test::make_store(model->hparams(), 16, 0, 16, KvDtype::kQ8_0);
   KvSequence a(*pool, 64), b(*pool, 64);
-  const std::span<const int32_t> ia(ids.data(), 25), ib(ids.data() + 3, 11);
-  SequenceStep batch[2] = {{&a, ia, 0, LogitsRows::kAll}, {&b, ib, 0, LogitsRows::kLast}};
-  std::vector<float> both(size_t(25 + 1) * size_t(n_vocab));
-  exec.step(batch, both);
-  CHECK(std::equal(both.begin(), both.begin() + 25 * n_vocab, ref.begin()));
-  Session alone(model, exec, one);
-  alone.eval(ib);
-  CHECK(std::equal(both.begin() + 25 * n_vocab, both.end(), alone.logits().begin()));
-  const int32_t na = 7, nb = 9;
-  SequenceStep dec[2] = {{&a, std::span<const int32_t>(&na, 1), 25, LogitsRows::kLast},
-                         {&b, std::span<const int32_t>(&nb, 1), 11, LogitsRows::kLast}};
-  std::vector<float> two(2 * size_t(n_vocab));
-  exec.step(dec, two);
-  alone.eval(std::span<const int32_t>(&nb, 1));
-  CHECK(std::equal(two.begin() + n_vocab, two.end(), alone.logits().begin()));
+  test::check_batch_invariance(model, exec, ids, one, a, b);
 
   // The executor wrote Q8_0 rows: each K row of the store equals quantize_row_q8_0 of
   // some f32 row, so dequantising and quantising it again gives the same bytes.
@@ -357,7 +277,7 @@ TEST_CASE("q8_0 KV: chunked prefill and multi-sequence batches give bit-identica
 
 TEST_CASE("q8_0 KV vs f16 KV: greedy tokens of the tiny real models (agreement reported)", "[kv][q8_0]") {
   for (const char* name : {"aidreams260K-q4_0", "stories260K-q4_0"}) {
-    auto model = load(name);
+    auto model = load_model(name);
     CpuQ4Executor exec(model, CpuExecutorOptions{2});
     const auto ids = test::prompt_ids(12, model->hparams().n_vocab);
     std::vector<int32_t> out[2];
@@ -381,7 +301,7 @@ TEST_CASE("q8_0 KV vs f16 KV: greedy tokens of the tiny real models (agreement r
 
 TEST_CASE("q8_0 KV pages round-trip byte for byte: tiers, export/import, save/restore, migration",
           "[kv][q8_0][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   const HParams& hp = model->hparams();
   CpuQ4Executor a(model, CpuExecutorOptions{2}), b(model, CpuExecutorOptions{1});
   const auto ids = test::prompt_ids(29, hp.n_vocab);
@@ -475,7 +395,7 @@ TEST_CASE(
     "f16 -> q8_0 happens only when the receiving store asks for it, and a q8_0 descriptor is never read as "
     "f16",
     "[kv][q8_0][contract]") {
-  auto model = load("aidreams260K-q4_0");
+  auto model = load_model("aidreams260K-q4_0");
   const HParams& hp = model->hparams();
   CpuQ4Executor ex(model, CpuExecutorOptions{2});
   const auto ids = test::prompt_ids(21, hp.n_vocab);

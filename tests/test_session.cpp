@@ -9,10 +9,11 @@
 #include <thread>
 
 #include "executor_factories.hpp"
+#include "kv_test_support.hpp"
 #include "tandem/session.hpp"
-#include "test_support.hpp"
 
 using namespace tandem;
+using test::code_of;
 
 namespace {
 
@@ -32,16 +33,6 @@ std::shared_ptr<KvStore> host_store(const HParams& hp, int32_t pages, int32_t pa
   o.layout = KvLayout::for_model(hp, page_size);
   o.host_pages = pages;
   return std::make_shared<KvStore>(std::move(o));
-}
-
-template <class Fn>
-ErrorCode code_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return ErrorCode::kOk;
 }
 
 }  // namespace
@@ -150,42 +141,12 @@ TEST_CASE("chunked prefill and multi-sequence batches give the same logits as on
       GENERATE(as<std::string>{}, "aidreams260K-q4_0", "synth-qwen2-small-q4_0", "synth-qwen3-hd64-small-q4_0");
   auto model = Model::load(test::model_path(model_name));
   auto exec = test::make_executor(exec_name, model);
-  const int32_t n_vocab = model->hparams().n_vocab;
   const auto ids = some_ids(40);
   INFO(exec_name << " / " << model_name);
 
-  SessionOptions one;
-  Session whole(model, *exec, one);
-  std::vector<float> ref(ids.size() * size_t(n_vocab));
-  whole.eval(ids, ref);
-
-  SessionOptions chunked;
-  chunked.n_batch = 7;
-  chunked.page_size = 5;
-  Session parts(model, *exec, chunked);
-  std::vector<float> got(ref.size());
-  parts.eval(ids, got);
-  CHECK(got == ref);
-
-  // Two sequences of different lengths in one step, against each run alone.
   auto pool = host_store(model->hparams(), 16);
   KvSequence a(*pool, 64), b(*pool, 64);
-  const std::span<const int32_t> ia(ids.data(), 25), ib(ids.data() + 3, 11);
-  SequenceStep batch[2] = {{&a, ia, 0, LogitsRows::kAll}, {&b, ib, 0, LogitsRows::kLast}};
-  std::vector<float> both(size_t(25 + 1) * size_t(n_vocab));
-  exec->step(batch, both);
-  CHECK(std::equal(both.begin(), both.begin() + 25 * n_vocab, ref.begin()));
-  Session alone(model, *exec, one);
-  alone.eval(ib);
-  CHECK(std::equal(both.begin() + 25 * n_vocab, both.end(), alone.logits().begin()));
-  // Then one decode token for each, together, against the same alone.
-  const int32_t na = 7, nb = 9;
-  SequenceStep dec[2] = {{&a, std::span<const int32_t>(&na, 1), 25, LogitsRows::kLast},
-                         {&b, std::span<const int32_t>(&nb, 1), 11, LogitsRows::kLast}};
-  std::vector<float> two(2 * size_t(n_vocab));
-  exec->step(dec, two);
-  alone.eval(std::span<const int32_t>(&nb, 1));
-  CHECK(std::equal(two.begin() + n_vocab, two.end(), alone.logits().begin()));
+  test::check_batch_invariance(model, *exec, ids, SessionOptions{}, a, b);
 }
 
 TEST_CASE("stop strings cut the text and the stream holds back a possible stop", "[session]") {

@@ -1,4 +1,5 @@
-// Helpers shared by every test: where the shared data lives, and golden-file reading.
+// Helpers shared by every test: where the shared data lives, golden-file reading, scratch
+// directories, and the ErrorCode a call throws.
 #pragma once
 
 #include <cstdlib>
@@ -7,10 +8,13 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 #include <nlohmann/json.hpp>
+
+#include "tandem/error.hpp"
 
 namespace tandem::test {
 
@@ -89,6 +93,29 @@ inline std::filesystem::path scratch_dir(const std::string& name) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p;
+}
+
+/// The ErrorCode that `fn()` throws as a tandem::Error; kOk when it returns normally.
+/// Any other exception propagates (a test failure, not a code).
+template <class Fn>
+ErrorCode code_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kOk;
+}
+
+/// As code_of, with the error's message (empty for kOk).
+template <class Fn>
+std::pair<ErrorCode, std::string> error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {ErrorCode::kOk, ""};
 }
 
 }  // namespace tandem::test
