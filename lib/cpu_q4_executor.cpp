@@ -73,10 +73,18 @@ struct CpuQ4Executor::Scratch {
 };
 
 struct CpuQ4Executor::Repacked {
-  // Keyed by the GGUF data of the matrix (tied embeddings share one entry).
+  // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry).
   std::unordered_map<const std::byte*, std::vector<k::BlockQ4_0x8>> by_data;
+  // Per layer, the repacked copy of each matrix (null: not Q4_0 or not repackable), looked
+  // up once at construction so that a step indexes instead of hashing.
+  struct Layer {
+    const k::BlockQ4_0x8 *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+    const k::BlockQ4_0x8 *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;
+  };
+  std::vector<Layer> layers;  // empty when not repacking
+  const k::BlockQ4_0x8* output = nullptr;
   const k::BlockQ4_0x8* find(const TensorView& W) const {
-    if (W.type != GgmlType::kQ4_0 || by_data.empty() || !k::q4_0x8_preferred()) return nullptr;
+    if (!W || W.type != GgmlType::kQ4_0) return nullptr;
     const auto it = by_data.find(W.data);
     return it == by_data.end() ? nullptr : it->second.data();
   }
@@ -155,6 +163,14 @@ void CpuQ4Executor::repack_weights() {
   for (const LayerWeights& L : m.layers())
     for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);
   add(m.output());
+  if (!repacked->by_data.empty()) {
+    repacked->layers.reserve(m.layers().size());
+    for (const LayerWeights& L : m.layers())
+      repacked->layers.push_back({repacked->find(L.wq), repacked->find(L.wk), repacked->find(L.wv),
+                                  repacked->find(L.wo), repacked->find(L.ffn_gate), repacked->find(L.ffn_up),
+                                  repacked->find(L.ffn_down)});
+    repacked->output = repacked->find(m.output());
+  }
   registry[model_ptr().get()] = repacked;
   repacked_ = std::move(repacked);
 }
@@ -295,14 +311,19 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
+  // The repacked copies, when this ISA computes on them (a test may change the ISA after
+  // construction): indexed per layer, no lookup.
+  const bool packed = k::q4_0x8_preferred() && !repacked_->layers.empty();
+  static constexpr Repacked::Layer kNotPacked{};
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];
+    const Repacked::Layer& RL = packed ? repacked_->layers[size_t(il)] : kNotPacked;
     for (int64_t t = 0; t < T; ++t)
       rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(*pool_, s, L.wq, xn, T, q, repacked_->find(L.wq));
-    matmul(*pool_, s, L.wk, xn, T, kk, repacked_->find(L.wk));
-    matmul(*pool_, s, L.wv, xn, T, v, repacked_->find(L.wv));
+    matmul(*pool_, s, L.wq, xn, T, q, RL.wq);
+    matmul(*pool_, s, L.wk, xn, T, kk, RL.wk);
+    matmul(*pool_, s, L.wv, xn, T, v, RL.wv);
 
     pool_->parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
@@ -392,14 +413,14 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     });
 
     s.prepared = {};
-    matmul(*pool_, s, L.wo, attn, T, tmp, repacked_->find(L.wo));
+    matmul(*pool_, s, L.wo, attn, T, tmp, RL.wo);
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
 
     for (int64_t t = 0; t < T; ++t)
       rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
-    matmul(*pool_, s, L.ffn_gate, xn, T, gate, repacked_->find(L.ffn_gate));
-    matmul(*pool_, s, L.ffn_up, xn, T, up, repacked_->find(L.ffn_up));
+    matmul(*pool_, s, L.ffn_gate, xn, T, gate, RL.ffn_gate);
+    matmul(*pool_, s, L.ffn_up, xn, T, up, RL.ffn_up);
     const int64_t n_ff_total = T * hp.n_ff;
     pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
       for (int64_t i = b; i < e; ++i) {
@@ -408,7 +429,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
     });
     s.prepared = {};
-    matmul(*pool_, s, L.ffn_down, gate, T, tmp, repacked_->find(L.ffn_down));
+    matmul(*pool_, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
   }
 
@@ -426,7 +447,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
     }
     s.prepared = {};
-    matmul(*pool_, s, model.output(), rows, n_out, logits.data(), repacked_->find(model.output()));
+    matmul(*pool_, s, model.output(), rows, n_out, logits.data(), packed ? repacked_->output : nullptr);
   }
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }

@@ -6,6 +6,7 @@
 // same bytes again in memory) and multiplies with kernels::gemm_q4_0x8_q8_0. The copy is
 // made by the first executor of a Model (on its pool) and shared by every executor of that
 // Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
+// Each matrix's copy is found once, at construction (a per-layer table): a step indexes it.
 // TANDEM_CPU_REPACK=0 (or false, off, no) in the environment turns repacking off.
 // Activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with
 // integer dot products (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
