@@ -309,8 +309,13 @@ int main(int argc, char** argv) {
     const bool prompt_given = !prompt.empty() || !prompt_ids.empty();
     const bool prompt_cache = prompt_given && !chat;
     if (session_lock && session_lock->has_saved_state()) {
-      session.restore(session_path);
+      const auto restored = session.restore(session_path);
       std::fprintf(stderr, "tandem-cli: restored %zu tokens from %s\n", session.tokens().size(), session_path.c_str());
+      if (restored.kv_converted()) {  // -ctk/-ctv other than the saved session's: converted on load
+        std::fprintf(stderr, "tandem-cli: the session's KV cache was converted from %s to %s (-ctk/-ctv)\n",
+                     std::string(tandem::kv_dtype_name(restored.saved_kv_dtype)).c_str(),
+                     std::string(tandem::kv_dtype_name(restored.kv_dtype)).c_str());
+      }
       if (prompt_cache) {
         session.reseed(static_cast<uint64_t>(seed));  // as a fresh run: the seed applies
       } else if (seed_given) {

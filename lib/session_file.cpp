@@ -232,7 +232,7 @@ SavedState read_state(Reader& r, const HParams& hp, const std::filesystem::path&
 
 }  // namespace
 
-void Session::restore(const std::filesystem::path& path) {
+Session::RestoreReport Session::restore(const std::filesystem::path& path) {
   const std::vector<std::byte> data = read_verified(path);
   Reader r(data.data() + kHeaderBytes, data.size() - kHeaderBytes - 8);
   KvDescriptor d = read_descriptor(r, *model_, path);
@@ -259,6 +259,7 @@ void Session::restore(const std::filesystem::path& path) {
     }
     throw;
   }
+  const KvDtype saved_dtype = d.dtype;
   // Everything verified: replace the state (nothing below can fail).
   kv_ = std::move(seq);
   tokens_ = std::move(d.tokens);
@@ -268,6 +269,7 @@ void Session::restore(const std::filesystem::path& path) {
   if (have_logits_) std::memcpy(logits_.data(), st.logits, size_t(st.n_logits) * sizeof(float));
   rng_ = st.rng;
   gen_->discard_held();  // text held back from before the restore belongs to the old conversation
+  return {saved_dtype, store_->layout().dtype};
 }
 
 }  // namespace tandem

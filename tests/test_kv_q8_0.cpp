@@ -355,11 +355,27 @@ TEST_CASE("q8_0 KV pages round-trip byte for byte: tiers, export/import, save/re
     const auto dir = test::scratch_dir("q8kv-save");
     s.save(dir / "q8.session");
     Session r(model, b, own);
-    r.restore(dir / "q8.session");
+    const auto report = r.restore(dir / "q8.session");
+    CHECK(report.saved_kv_dtype == KvDtype::kQ8_0);
+    CHECK(report.kv_dtype == KvDtype::kQ8_0);
+    CHECK_FALSE(report.kv_converted());
     CHECK(r.kv_store()->layout().dtype == KvDtype::kQ8_0);
     CHECK(r.tokens() == s.tokens());
     CHECK(test::page_checksums(r.kv(), *model, r.tokens()) == sums);
     CHECK(test::greedy(r, 12) == expect);
+  }
+  SECTION("restore into an f32 session converts, and the report says from what") {
+    const auto dir = test::scratch_dir("q8kv-save-f32");
+    s.save(dir / "q8.session");
+    SessionOptions f32 = own;
+    f32.kv_dtype = KvDtype::kF32;
+    Session r(model, b, f32);
+    const auto report = r.restore(dir / "q8.session");
+    CHECK(report.saved_kv_dtype == KvDtype::kQ8_0);
+    CHECK(report.kv_dtype == KvDtype::kF32);
+    CHECK(report.kv_converted());
+    CHECK(r.kv_store()->layout().dtype == KvDtype::kF32);
+    CHECK(r.tokens() == s.tokens());
   }
   SECTION("migration to another executor keeps q8_0 and continues exactly") {
     const auto report = s.migrate(b);

@@ -141,12 +141,22 @@ class Session {
   /// it (lib/session_file.cpp). Errors: kIo (the old file is then intact), kInvalidArgument
   /// (the path is a directory, device, FIFO or socket: refused, nothing written).
   void save(const std::filesystem::path& path) const;
+  /// What restore() found: the KV dtype the file was saved with and this session's, which
+  /// the restored pages now hold (converted when the two differ).
+  struct RestoreReport {
+    KvDtype saved_kv_dtype = KvDtype::kF16;
+    KvDtype kv_dtype = KvDtype::kF16;
+    bool kv_converted() const noexcept { return saved_kv_dtype != kv_dtype; }
+  };
+
   /// Replace this session's state with the one saved in `path`. Refused, with the session
   /// left exactly as it was: kIo (unreadable), kSessionCorrupt (not a session file,
   /// truncated, any flipped byte, inconsistent fields), kSessionVersion (a newer format),
   /// kSessionModelMismatch (saved with other weights, hyper-parameters or tokenizer),
   /// kContextOverflow (more positions than this session's n_ctx), kOutOfMemory.
-  void restore(const std::filesystem::path& path);
+  /// A file saved with another KV dtype (f16, f32, q8_0) than this session's store is
+  /// converted on the way in (kv_import, include/tandem/kv_contract.hpp); the report says so.
+  RestoreReport restore(const std::filesystem::path& path);
 
   struct MoveReport {
     int32_t pages = 0;
