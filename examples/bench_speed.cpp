@@ -160,6 +160,7 @@ struct ModelInfo {
 
 struct TestRun {
   int n_prompt = 0, n_gen = 0, n_depth = 0, n_threads = 0;
+  std::string kv_type;  // the store's KV type, for K and V (f16, f32, q8_0)
   std::string test_time;
   std::vector<uint64_t> samples_ns;
   std::array<double, 3> load_before{}, load_after{};
@@ -180,7 +181,7 @@ std::vector<double> samples_ts(const TestRun& t) {
 }
 
 struct Env {
-  std::string cpu, isa, commit, kv_type;
+  std::string cpu, isa, commit;
 };
 
 OrderedJson record(const TestRun& t, const ModelInfo& m, const Env& env) {
@@ -197,8 +198,8 @@ OrderedJson record(const TestRun& t, const ModelInfo& m, const Env& env) {
   j["model_size"] = m.size;
   j["model_n_params"] = m.n_params;
   j["n_threads"] = t.n_threads;
-  j["type_k"] = env.kv_type;
-  j["type_v"] = env.kv_type;
+  j["type_k"] = t.kv_type;
+  j["type_v"] = t.kv_type;
   j["n_prompt"] = t.n_prompt;
   j["n_gen"] = t.n_gen;
   j["n_depth"] = t.n_depth;
@@ -239,6 +240,50 @@ std::vector<int> parse_flag(const std::vector<std::string>& lists, const char* f
     }
     out.insert(out.end(), v.begin(), v.end());
     if (out.size() > kMaxListValues) throw FlagError(fmt::format("{}: more than {} values", flag, kMaxListValues));
+  }
+  return out;
+}
+
+// The KV types of -ctk and -ctv lists (comma-separated items; the flags may repeat), paired
+// item by item: a Tandem store holds one type for K and V, so the i-th K type must equal the
+// i-th V type (cli::resolve_cache_types), and the lists must be as long.
+std::vector<KvDtype> parse_cache_types(const std::vector<std::string>& k_lists,
+                                       const std::vector<std::string>& v_lists) {
+  auto split = [](const std::vector<std::string>& lists, const char* flag) {
+    std::vector<std::string> out;
+    for (const auto& l : lists) {
+      size_t start = 0;
+      for (;;) {
+        const size_t comma = l.find(',', start);
+        out.push_back(l.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (out.back().empty()) throw FlagError(fmt::format("{}: '{}': empty item", flag, l));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    }
+    return out;
+  };
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
+  };
+  const std::vector<std::string> ks = split(k_lists, "--cache-type-k"), vs = split(v_lists, "--cache-type-v");
+  if (ks.size() > kMaxListValues || vs.size() > kMaxListValues) {
+    throw FlagError(fmt::format("--cache-type-k/-v: more than {} values", kMaxListValues));
+  }
+  std::vector<KvDtype> out;
+  for (size_t i = 0; i < std::max(ks.size(), vs.size()); ++i) {
+    KvDtype d{};
+    const std::string bad = i < ks.size() && i < vs.size() ? cli::resolve_cache_types(ks[i], vs[i], d) : "";
+    if (!bad.empty()) throw FlagError(bad);
+    if (i >= ks.size() || i >= vs.size()) {
+      throw FlagError(
+          fmt::format("--cache-type-k {} and --cache-type-v {} differ: Tandem's KV store holds one type for K and V "
+                      "(give both the same list)",
+                      join(ks), join(vs)));
+    }
+    out.push_back(d);
   }
   return out;
 }
@@ -297,7 +342,7 @@ std::vector<int> parse_int_list(const std::string& text, int lo, int hi) {
 
 int run_speed(const SpeedOptions& opt) {
   std::vector<int> prompts, gens, depths, threads;
-  KvDtype kv_dtype = KvDtype::kF16;
+  std::vector<KvDtype> kv_dtypes;
   std::string format = opt.output.empty() ? (opt.json ? "json" : "md") : opt.output;
   try {
     if (format != "md" && format != "json" && format != "jsonl") {
@@ -309,8 +354,7 @@ int run_speed(const SpeedOptions& opt) {
     depths = parse_flag(opt.depth, "--n-depth", 0, kMaxTokens);
     threads = parse_flag(opt.threads, "--threads", 0, 512);
     if (opt.reps < 1) throw FlagError("--repetitions: must be at least 1");
-    if (const std::string bad = cli::resolve_cache_types(opt.cache_type_k, opt.cache_type_v, kv_dtype); !bad.empty())
-      throw FlagError(bad);
+    kv_dtypes = parse_cache_types(opt.cache_type_k, opt.cache_type_v);
   } catch (const FlagError& e) {
     std::cerr << "tandem-bench: error: " << e.what() << "\n";
     return 2;
@@ -341,20 +385,15 @@ int run_speed(const SpeedOptions& opt) {
     for (int p : prompts) max_timed = std::max(max_timed, p);
     for (int n : gens) max_timed = std::max(max_timed, n);
     const int32_t n_ctx = max_depth + max_timed + 1;
-    KvStoreOptions so;
-    so.layout = KvLayout::for_model(hp, 16, kv_dtype);
-    so.host_pages = (n_ctx + so.layout.page_size - 1) / so.layout.page_size + 1;
-    const std::string kv_type(kv_dtype_name(so.layout.dtype));
-    const bool kv_f16 = so.layout.dtype == KvDtype::kF16;
-    KvStore store(std::move(so));
+    // As llama-bench: type_k / type_v columns only when a KV type is not the default f16.
+    const bool kv_f16 = std::all_of(kv_dtypes.begin(), kv_dtypes.end(), [](KvDtype d) { return d == KvDtype::kF16; });
     std::mt19937 rng(42);
     std::uniform_int_distribution<int32_t> tok(0, hp.n_vocab - 1);
     std::vector<float> logits(static_cast<size_t>(hp.n_vocab));
 
-    Env env{cpu, isa, commit, kv_type};
+    Env env{cpu, isa, commit};
     std::vector<TestRun> done;
     if (format == "md") {
-      // As llama-bench: type_k / type_v columns only when the KV type is not the default f16.
       fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} |{} {:>15} | {:>20} | {:>17} |\n", "model", "size",
                  "params", "backend", "threads", "isa", kv_f16 ? "" : " type_k | type_v |", "test", "t/s",
                  "load before/after");
@@ -375,7 +414,7 @@ int run_speed(const SpeedOptions& opt) {
                                                                : fmt::format("{:.2f} B", double(mi.n_params) / 1e9);
         const auto ts = samples_ts(t);
         fmt::print("| {:<30} | {:>10} | {:>10} | {:<7} | {:>7} | {:<7} |{} {:>15} | {:>20} | {:>17} |\n", mi.type, size,
-                   params, "CPU", t.n_threads, isa, kv_f16 ? "" : fmt::format(" {:>6} | {:>6} |", kv_type, kv_type),
+                   params, "CPU", t.n_threads, isa, kv_f16 ? "" : fmt::format(" {:>6} | {:>6} |", t.kv_type, t.kv_type),
                    test_name(t), fmt::format("{:.2f} ± {:.2f}", mean(ts), sample_stddev(ts)),
                    fmt::format("{:.2f}/{:.2f}", t.load_before[0], t.load_after[0]));
       } else if (format == "json") {
@@ -393,53 +432,60 @@ int run_speed(const SpeedOptions& opt) {
       std::cout.flush();
     };
 
-    for (int nt : threads) {
-      CpuQ4Executor exec(model, CpuExecutorOptions{nt});
-      isa = std::string(kernels::cpu_isa_name()) + (exec.repacked_weights() ? "+repack" : "");
-      env.isa = isa;
-      const double bw = opt.no_bandwidth || gens.empty() ? 0.0 : measure_read_bandwidth(exec.n_threads());
-      for (int d : depths) {
-        if (prompts.empty() && gens.empty()) break;
-        KvSequence seq(store, n_ctx);
-        for (int32_t pos = 0; pos < d; pos += kDepthChunk) {  // the depth: untimed
-          std::vector<int32_t> ids(static_cast<size_t>(std::min(kDepthChunk, d - pos)));
-          for (auto& id : ids) id = tok(rng);
-          SequenceStep st{&seq, ids, pos, LogitsRows::kLast};
-          exec.step(std::span<const SequenceStep>(&st, 1), logits);
+    for (const KvDtype kv_dtype : kv_dtypes) {  // llama-bench's order: KV types outside threads
+      KvStoreOptions so;
+      so.layout = KvLayout::for_model(hp, 16, kv_dtype);
+      so.host_pages = (n_ctx + so.layout.page_size - 1) / so.layout.page_size + 1;
+      KvStore store(std::move(so));
+      for (int nt : threads) {
+        CpuQ4Executor exec(model, CpuExecutorOptions{nt});
+        isa = std::string(kernels::cpu_isa_name()) + (exec.repacked_weights() ? "+repack" : "");
+        env.isa = isa;
+        const double bw = opt.no_bandwidth || gens.empty() ? 0.0 : measure_read_bandwidth(exec.n_threads());
+        for (int d : depths) {
+          if (prompts.empty() && gens.empty()) break;
+          KvSequence seq(store, n_ctx);
+          for (int32_t pos = 0; pos < d; pos += kDepthChunk) {  // the depth: untimed
+            std::vector<int32_t> ids(static_cast<size_t>(std::min(kDepthChunk, d - pos)));
+            for (auto& id : ids) id = tok(rng);
+            SequenceStep st{&seq, ids, pos, LogitsRows::kLast};
+            exec.step(std::span<const SequenceStep>(&st, 1), logits);
+          }
+          auto run_once = [&](int p, int n) -> uint64_t {
+            seq.truncate(d);
+            std::vector<int32_t> ids(static_cast<size_t>(p));
+            for (auto& id : ids) id = tok(rng);
+            const auto t0 = Clock::now();
+            if (p > 0) {
+              SequenceStep st{&seq, ids, d, LogitsRows::kLast};
+              exec.step(std::span<const SequenceStep>(&st, 1), logits);
+            }
+            for (int i = 0; i < n; ++i) {
+              const int32_t id = tok(rng);
+              SequenceStep st{&seq, std::span<const int32_t>(&id, 1), d + i, LogitsRows::kLast};
+              exec.step(std::span<const SequenceStep>(&st, 1), logits);
+            }
+            return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+          };
+          auto run_test = [&](int p, int n) {
+            TestRun t;
+            t.n_prompt = p;
+            t.n_gen = n;
+            t.n_depth = d;
+            t.n_threads = exec.n_threads();
+            t.kv_type = std::string(kv_dtype_name(kv_dtype));
+            t.test_time = utc_now_rfc3339();
+            t.read_bandwidth = n > 0 ? bw : 0.0;
+            t.load_before = load_average();
+            run_once(p, n);  // warm-up
+            for (int r = 0; r < opt.reps; ++r) t.samples_ns.push_back(std::max<uint64_t>(1, run_once(p, n)));
+            t.load_after = load_average();
+            emit(t);
+            done.push_back(std::move(t));
+          };
+          for (int p : prompts) run_test(p, 0);
+          for (int n : gens) run_test(0, n);
         }
-        auto run_once = [&](int p, int n) -> uint64_t {
-          seq.truncate(d);
-          std::vector<int32_t> ids(static_cast<size_t>(p));
-          for (auto& id : ids) id = tok(rng);
-          const auto t0 = Clock::now();
-          if (p > 0) {
-            SequenceStep st{&seq, ids, d, LogitsRows::kLast};
-            exec.step(std::span<const SequenceStep>(&st, 1), logits);
-          }
-          for (int i = 0; i < n; ++i) {
-            const int32_t id = tok(rng);
-            SequenceStep st{&seq, std::span<const int32_t>(&id, 1), d + i, LogitsRows::kLast};
-            exec.step(std::span<const SequenceStep>(&st, 1), logits);
-          }
-          return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-        };
-        auto run_test = [&](int p, int n) {
-          TestRun t;
-          t.n_prompt = p;
-          t.n_gen = n;
-          t.n_depth = d;
-          t.n_threads = exec.n_threads();
-          t.test_time = utc_now_rfc3339();
-          t.read_bandwidth = n > 0 ? bw : 0.0;
-          t.load_before = load_average();
-          run_once(p, n);  // warm-up
-          for (int r = 0; r < opt.reps; ++r) t.samples_ns.push_back(std::max<uint64_t>(1, run_once(p, n)));
-          t.load_after = load_average();
-          emit(t);
-          done.push_back(std::move(t));
-        };
-        for (int p : prompts) run_test(p, 0);
-        for (int n : gens) run_test(0, n);
       }
     }
     close_json();

@@ -2,9 +2,10 @@
 //
 // Flags, list syntax, test definitions and output records follow llama.cpp's llama-bench
 // (tools/llama-bench), so the two programs' outputs can be read side by side:
-//   -p/-n/-d/-t take comma lists of "first[-last[(+|*)step]]" items (and may repeat);
+//   -p/-n/-d/-t take comma lists of "first[-last[(+|*)step]]" items (and may repeat),
+//   -ctk/-ctv comma lists of KV types (and may repeat);
 //   one pp test per non-zero prompt size and one tg test per non-zero generation size,
-//   for every thread count x depth; -r runs each after one warm-up run;
+//   for every KV type x thread count x depth; -r runs each after one warm-up run;
 //   -o md (table), json (array of records) or jsonl (one record per line).
 #pragma once
 
@@ -23,8 +24,11 @@ struct SpeedOptions {
   std::string output;                      ///< -o: md, json or jsonl ("" = md, or json with --json)
   bool json = false;                       ///< --json: same as -o json
   bool no_bandwidth = false;               ///< skip the read-bandwidth measurement
-  std::string cache_type_k = "f16";        ///< -ctk: KV cache type of K (f16, f32, q8_0)
-  std::string cache_type_v = "f16";        ///< -ctv: of V; must equal -ctk (one dtype per store)
+  /// -ctk lists: KV cache types of K (f16, f32, q8_0), comma-separated, the flag may repeat;
+  /// every test runs once per type.
+  std::vector<std::string> cache_type_k{"f16"};
+  /// -ctv lists: of V; item by item the same types as -ctk (one dtype per store).
+  std::vector<std::string> cache_type_v{"f16"};
 };
 
 /// Parse one llama-bench list: comma-separated items "first[-last[(+|*)step]]" (a range

@@ -2,8 +2,8 @@
 // flags, test definitions and output records (bench_speed.hpp / bench_speed.cpp).
 //
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-t 0] [-r 5] [-o md|json|jsonl]
-//                [-ctk f16|f32|q8_0 -ctv f16|f32|q8_0]
-//   tandem-bench kv -m MODEL.gguf [-c 4096] [-t 2] [--kv-dir DIR] [--json]
+//                [-ctk f16|f32|q8_0[,...] -ctv f16|f32|q8_0[,...]]
+//   tandem-bench kv -m MODEL.gguf [-c 4096] [-t 2] [--kv-dir DIR] [--json] [-ctk T -ctv T]
 //   tandem-bench serve ...   (bench_serve.hpp)
 //
 // kv: KV tier moves. A session of c prompt tokens is moved Host -> File -> Host (GB/s),
@@ -105,14 +105,15 @@ struct RemovedOnExit {
   }
 };
 
-int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::string& kv_dir, bool json_out) {
+int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::string& kv_dir, bool json_out,
+           tandem::KvDtype kv_dtype) {
   auto model = tandem::Model::load(model_path);
   const auto& hp = model->hparams();
   tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
   const char* tmpdir = std::getenv("TMPDIR");
   const std::filesystem::path dir = !kv_dir.empty() ? kv_dir : tmpdir && *tmpdir ? tmpdir : "/tmp";
   tandem::KvStoreOptions so;
-  so.layout = tandem::KvLayout::for_model(hp);
+  so.layout = tandem::KvLayout::for_model(hp, 16, kv_dtype);
   so.host_pages = n_ctx / 16 + 2;
   so.file_pages = n_ctx / 16 + 2;
   so.file_dir = dir;
@@ -139,6 +140,7 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   const double save_s = seconds_of([&] { s.save(path); });
   tandem::SessionOptions fresh_opts;
   fresh_opts.n_ctx = n_ctx + 2;
+  fresh_opts.kv_dtype = kv_dtype;
   tandem::Session fresh(model, exec, fresh_opts);
   const double resume_saved_s = seconds_of([&] {
     fresh.restore(path);
@@ -148,6 +150,8 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
     nlohmann::json j;
     j["model"] = model->name();
     j["tokens"] = n_ctx - 1;
+    j["type_k"] = tandem::kv_dtype_name(kv_dtype);
+    j["type_v"] = tandem::kv_dtype_name(kv_dtype);
     j["kv_bytes"] = down.bytes;
     j["host_to_file_bytes_per_s"] = double(down.bytes) / down.seconds;
     j["host_to_file_first_bytes_per_s"] = double(cold.bytes) / cold.seconds;
@@ -160,8 +164,8 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
     j["resume_from_saved_session_s"] = resume_saved_s;
     std::cout << j.dump(2) << "\n";
   } else {
-    fmt::print("model {}, {} tokens of KV = {:.1f} MB, {} threads, directory {}\n", model->name(), n_ctx - 1,
-               double(down.bytes) / 1e6, exec.n_threads(), dir.string());
+    fmt::print("model {}, {} tokens of {} KV = {:.1f} MB, {} threads, directory {}\n", model->name(), n_ctx - 1,
+               tandem::kv_dtype_name(kv_dtype), double(down.bytes) / 1e6, exec.n_threads(), dir.string());
     fmt::print("| move | GB/s | sequential file I/O, same size, same dir | GB/s | ratio |\n|---|---:|---|---:|---:|\n");
     const double down_bw = double(down.bytes) / down.seconds, up_bw = double(up.bytes) / up.seconds;
     fmt::print("| Host -> File | {:.2f} | write | {:.2f} | {:.2f} |\n", down_bw / 1e9, seq_w / 1e9, down_bw / seq_w);
@@ -195,12 +199,17 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", speed.output, "md (default), json or jsonl: llama-bench's records");
   app.add_flag("--json", speed.json, "same as -o json");
   app.add_flag("--no-bandwidth", speed.no_bandwidth, "skip the memory bandwidth measurement");
-  app.add_option("--cache-type-k", speed.cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
-  app.add_option("--cache-type-v", speed.cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
+  app.add_option("--cache-type-k", speed.cache_type_k,
+                 "KV cache types of K, list: f16, f32 or q8_0 (also -ctk; item by item the same as V)")
+      ->multi_option_policy(list);
+  app.add_option("--cache-type-v", speed.cache_type_v,
+                 "KV cache types of V, list: f16, f32 or q8_0 (also -ctv; item by item the same as K)")
+      ->multi_option_policy(list);
   app.footer(
       "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
-      "-d 0-4096*2; a flag may repeat. One pp test per prompt size and one tg test per generation size, for "
-      "every thread count and depth.");
+      "-d 0-4096*2; a flag may repeat. -ctk/-ctv take comma lists of types, e.g. -ctk f16,q8_0 -ctv f16,q8_0. "
+      "One pp test per prompt size and one tg test per generation size, for every KV type, thread count and "
+      "depth.");
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
   std::string kv_model, kv_dir;
   int kv_ctx = 4096, kv_threads = 0;
@@ -210,6 +219,9 @@ int main(int argc, char** argv) {
   kv_cmd->add_option("-t,--threads", kv_threads, "threads, 1..512 (0 = physical cores)")->check(CLI::Range(0, 512));
   kv_cmd->add_option("--kv-dir", kv_dir, "directory of the File tier");
   kv_cmd->add_flag("--json", kv_json, "print JSON");
+  std::string kv_ctk = "f16", kv_ctv = "f16";
+  kv_cmd->add_option("--cache-type-k", kv_ctk, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
+  kv_cmd->add_option("--cache-type-v", kv_ctv, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   tandem::bench::ServeOptions serve_opt;
   tandem::bench::add_serve_options(app, serve_opt);
   app.get_option("--model")->required(false);
@@ -224,8 +236,13 @@ int main(int argc, char** argv) {
   std::signal(SIGXFSZ, SIG_IGN);  // a file size limit is an EFBIG error, reported
   if (serve_opt.cmd->parsed()) return finish_stdout(tandem::bench::run_serve(serve_opt));
   if (kv_cmd->parsed()) {
+    tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;
+    if (const std::string bad = tandem::cli::resolve_cache_types(kv_ctk, kv_ctv, kv_dtype); !bad.empty()) {
+      std::cerr << "tandem-bench: error: " << bad << "\n";
+      return 2;
+    }
     try {
-      return finish_stdout(run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json));
+      return finish_stdout(run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json, kv_dtype));
     } catch (const std::exception& e) {
       std::cerr << "tandem-bench: error: " << e.what() << "\n";
       return 1;

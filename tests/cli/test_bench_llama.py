@@ -234,6 +234,20 @@ check("md with q8_0 KV has type_k and type_v columns", p.returncode == 0 and
       re.search(r"^\| model .*\| type_k \| type_v \|", out, re.M) is not None and
       re.search(r"^\| llama .*\|\s+q8_0 \|\s+q8_0 \|", out, re.M) is not None, out[:600])
 
+# -ctk/-ctv lists (comma-separated, repeatable, as llama-bench's): every test once per KV
+# type, the types in the order given; K and V item by item the same.
+for args in (["-ctk", "f16,q8_0", "-ctv", "f16,q8_0"], ["-ctk", "f16", "-ctk", "q8_0", "-ctv", "f16,q8_0"]):
+    p = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth", *args)
+    rs = [json.loads(line) for line in p.stdout.decode().splitlines()] if p.returncode == 0 else []
+    got = [(r["type_k"], r["type_v"], r["n_prompt"], r["n_gen"]) for r in rs]
+    want = [("f16", "f16", 8, 0), ("f16", "f16", 0, 2), ("q8_0", "q8_0", 8, 0), ("q8_0", "q8_0", 0, 2)]
+    check(f"{args}: one record per KV type and test", got == want, f"{got!r} {p.stderr[-300:]!r}")
+p = run("-m", model, "-p", "8", "-n", "0", "-r", "1", "--no-bandwidth", "-ctk", "q8_0,f32", "-ctv", "q8_0,f32")
+rows = re.findall(r"^\| llama .*$", p.stdout.decode(), re.M)
+kv_cols = [tuple(re.split(r"\s*\|\s*", r)[7:9]) for r in rows]
+check("md: a row per KV type with its type_k/type_v", p.returncode == 0 and kv_cols == [("q8_0", "q8_0"), ("f32", "f32")],
+      repr(rows))
+
 # Bad values: exit 2, the flag named, nothing on stdout.
 for args, flag in [
     (["-p", "8,"], b"--n-prompt"),
@@ -253,6 +267,11 @@ for args, flag in [
     (["--json", "-o", "jsonl"], b"--json"),
     (["-ctk", "f16", "-ctv", "q8_0"], b"--cache-type-k"),
     (["-ctk", "q4_0", "-ctv", "q4_0"], b"--cache-type-k"),
+    (["-ctk", "f16,q8_0"], b"--cache-type-k"),  # -ctv is f16 alone: the second pair differs
+    (["-ctk", "f16,q8_0", "-ctv", "f16,f32"], b"--cache-type-k"),
+    (["-ctk", "f16", "-ctv", "f16,q8_0"], b"--cache-type-k"),
+    (["-ctk", "f16,", "-ctv", "f16,"], b"--cache-type-k"),
+    (["-ctk", "f16,q4_0", "-ctv", "f16,q4_0"], b"--cache-type-k"),
 ]:
     p = run("-m", model, *args)
     check(f"bad {args}: exit 2", p.returncode == 2, f"rc {p.returncode}")

@@ -6,6 +6,7 @@ own input and bad flags with exit 2.
 
 Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR TANDEM_QUANTIZE   (TANDEM_SHARED wins)
 """
+import json
 import os
 import subprocess
 import sys
@@ -34,6 +35,9 @@ usage = [
     ([bench, "-m", model, "-t", "-1"], b"--threads"),
     ([bench, "-m", model, "-p", "2147483647"], b"--n-prompt"),
     ([bench, "kv", "-m", model, "-t", "-1"], b"--threads"),
+    ([bench, "kv", "-m", model, "-ctk", "f16", "-ctv", "q8_0"], b"--cache-type-k"),
+    ([bench, "kv", "-m", model, "-ctk", "q4_0", "-ctv", "q4_0"], b"--cache-type-k"),
+    ([bench, "kv", "-m", model, "--cache-type-k", "q8_0"], b"--cache-type-k"),
     (serve + ["-t", "-1"], b"--threads"),
     (serve + ["--rate", "-2"], b"--rate"),
     (serve + ["--rate", "nan"], b"--rate"),
@@ -54,6 +58,21 @@ for args, named in usage:
     p = run(*args)
     check(f"usage {args[1:]!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
     check(f"usage {args[1:]!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
+
+# bench kv -ctk/-ctv: the store holds that type; its bytes per token follow the type's row
+# size (f16 2 bytes a value, f32 4, q8_0 34 bytes a block of 32).
+kv_bytes = {}
+for t in ("f16", "f32", "q8_0"):
+    p = run(bench, "kv", "-m", model, "-c", "64", "-ctk", t, "-ctv", t, "--json")
+    try:
+        j = json.loads(p.stdout)
+    except ValueError:
+        j = {}
+    check(f"bench kv -ctk {t} -ctv {t}: types in the record", p.returncode == 0 and j.get("type_k") == t
+          and j.get("type_v") == t, f"rc {p.returncode} {p.stderr[-200:]!r}")
+    kv_bytes[t] = j.get("kv_bytes", 0)
+check("bench kv: f32 KV twice f16, q8_0 34/64 of f16", kv_bytes["f16"] > 0 and kv_bytes["f32"] == 2 * kv_bytes["f16"]
+      and kv_bytes["q8_0"] * 64 == kv_bytes["f16"] * 34, repr(kv_bytes))
 
 bad_traces = [
     (tmp, b"is a directory"),
