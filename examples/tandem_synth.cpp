@@ -99,8 +99,17 @@ int main(int argc, char** argv) {
   for (const auto& c : kPresets) {
     if (preset_name == c.name) p = &c;
   }
-  if (!p || out.empty()) {
-    std::cerr << "tandem-synth: error: give --preset NAME (one of --list) and -o FILE\n";
+  if (!p) {
+    std::string names;
+    for (const auto& c : kPresets) names += (names.empty() ? "" : ", ") + std::string(c.name);
+    if (preset_name.empty())
+      std::cerr << "tandem-synth: error: give --preset NAME (one of " << names << ") and -o FILE\n";
+    else
+      std::cerr << "tandem-synth: error: --preset '" << preset_name << "' is not one of " << names << "\n";
+    return 2;
+  }
+  if (out.empty()) {
+    std::cerr << "tandem-synth: error: give -o FILE\n";
     return 2;
   }
   try {

@@ -59,6 +59,18 @@ for args, named in usage:
     check(f"usage {args[1:]!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
     check(f"usage {args[1:]!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
 
+# tandem-synth with an unknown (or no) preset names every valid one, as --list prints them.
+presets = [line.split()[0] for line in run(synth, "--list").stdout.decode().splitlines() if line.strip()]
+check("synth --list prints presets", len(presets) >= 2, repr(presets))
+for args in (["--preset", "bogus"], []):
+    p = run(synth, *args, "-o", os.path.join(tmp, "x.gguf"))
+    err = p.stderr.decode(errors="replace")
+    check(f"synth {args}: exit 2 naming every preset", p.returncode == 2 and all(n in err for n in presets),
+          repr(err[-300:]))
+    check(f"synth {args}: nothing written", not os.path.exists(os.path.join(tmp, "x.gguf")))
+p = run(synth, "--preset", "bogus", "-o", os.path.join(tmp, "x.gguf"))
+check("synth --preset bogus: names the value", b"'bogus'" in p.stderr, repr(p.stderr[-300:]))
+
 # bench kv -ctk/-ctv: the store holds that type; its bytes per token follow the type's row
 # size (f16 2 bytes a value, f32 4, q8_0 34 bytes a block of 32).
 kv_bytes = {}
