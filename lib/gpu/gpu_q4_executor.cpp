@@ -891,6 +891,22 @@ void q8_blocks_to_host(const DevBuf& dq, const DevBuf& dd, size_t n_blocks, void
   }
 }
 
+// The KvArgs of a harness: page table, page offsets and positions in device buffers, rows
+// in layer 1 of two-layer pages.
+ck::KvArgs layer1_kv_args(const DevBuf& table, const DevBuf& page_off, const DevBuf& pos, int32_t page_size,
+                          int32_t n_head_kv, int32_t head_dim, bool f16) {
+  ck::KvArgs kv;
+  kv.pages = table.as<void*>();
+  kv.page_off = page_off.as<int32_t>();
+  kv.pos = pos.as<int32_t>();
+  kv.page_size = page_size;
+  kv.n_head_kv = n_head_kv;
+  kv.head_dim = head_dim;
+  kv.layer = 1;
+  kv.f16 = f16;
+  return kv;
+}
+
 // GGUF Q4_0 / Q8_0 blocks [n][nb] -> the device layout (block_math.cuh) in qs and d.
 ck::DevWeight upload_quant_weight(bool q8, const void* blocks, int64_t n, int64_t k, DevBuf& qs, DevBuf& d) {
   const size_t nb = size_t(k) / kernels::kQK, count = size_t(n) * nb;
@@ -1005,15 +1021,7 @@ void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t 
   to_device(dk, k, k_elems);
   to_device(dv, v, k_elems);
   to_device(dcs, cs, size_t(T) * size_t(n_rot));
-  ck::KvArgs kv;
-  kv.pages = dtable.as<void*>();
-  kv.page_off = doff.as<int32_t>();
-  kv.pos = dpos.as<int32_t>();
-  kv.page_size = page_size;
-  kv.n_head_kv = n_head_kv;
-  kv.head_dim = head_dim;
-  kv.layer = 1;
-  kv.f16 = f16;
+  const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
   if (fused) {
     ck::rope_kv_store(kv, dq.as<float>(), dk.as<float>(), dv.as<float>(), dcs.as<float>(), T, n_head, n_rot, neox,
                       nullptr);
@@ -1117,15 +1125,7 @@ void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32
   TANDEM_CUDA(cudaMemcpy(dtok.as<void>(), tokens.data(), dtok.bytes(), cudaMemcpyHostToDevice));
   TANDEM_CUDA(cudaMemcpy(dq.as<void>(), q, dq.bytes(), cudaMemcpyHostToDevice));
   ck::fill_nan(dout.as<float>(), int64_t(q_elems), nullptr);
-  ck::KvArgs kv;
-  kv.pages = dtable.as<void*>();
-  kv.page_off = doff.as<int32_t>();
-  kv.pos = dpos.as<int32_t>();
-  kv.page_size = page_size;
-  kv.n_head_kv = n_head_kv;
-  kv.head_dim = head_dim;
-  kv.layer = 1;
-  kv.f16 = f16;
+  const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (part > 0) {
     const int32_t max_parts = (max_pos + part - 1) / part;
