@@ -14,7 +14,9 @@
 //
 // Numerics: activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 on the device
 // bit-identically to kernels/cpu (amax / 127, round-half-even), each block's integer dot
-// is exact (dp4a), so CPU and GPU differ only in the order of float accumulation. RMSNorm
+// is exact (dp4a, or int8 Tensor Core MMA for prefill steps of 16+ tokens, with the same
+// float operations in the same order as dp4a), so CPU and GPU differ only in the order of
+// float accumulation, and a token's GPU logits do not depend on its batch. RMSNorm
 // sums in double; RoPE uses the CPU's cos/sin table (computed on the host the same way);
 // with an f16 KV cache q is rounded to f16; softmax subtracts the max and sums in double.
 // Attention rounds the probabilities to f16 as the CPU does: multi-token steps (prefill)
@@ -69,6 +71,11 @@ struct GpuExecutorOptions {
   /// RoPE + KV store each in one launch (kernels/cuda/cuda_kernels.hpp). Bit-identical
   /// results either way; off = the separate launches (tests compare the two).
   bool fused_kernels = true;
+  /// Multiply Q4_0/Q8_0 weights by the Q8_0 activations of steps with at least 16 token
+  /// rows (prefill) on the Tensor Cores (int8 WMMA, sm_72+) instead of the dp4a kernel.
+  /// Bit-identical results either way (kernels/cuda/cuda_kernels.hpp gemm()); off = dp4a
+  /// only (tests compare the two).
+  bool tensor_cores = true;
 };
 
 class GpuQ4Executor final : public Executor {
@@ -125,6 +132,13 @@ namespace gpu_testing {
 /// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
 /// Throws Error(kInvalidArgument) without a device.
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
+/// Quantised GEMM on given blocks: W [n][k/32] GGUF Q4_0 blocks (or Q8_0 with
+/// `q8_weights`), X [m][k/32] GGUF Q8_0 blocks taken as they are (any int8, -128
+/// included); y [m][n] floats from kernels/cuda gemm() with `tensor_cores` as passed (the
+/// Tensor Core kernel for m >= 16 when true, the dp4a kernels otherwise). The device output
+/// is NaN-filled first. Throws Error(kInvalidArgument) without a device or for k % 32 != 0.
+void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
+                    bool tensor_cores, float* y, int device = 0);
 /// The calling thread's current CUDA device (cudaGetDevice), and setting it.
 int current_device();
 void set_current_device(int device);

@@ -7,9 +7,10 @@
 //       packed bytes, 16-byte aligned so a block is one 128-bit load), d: [n][nb] fp16 bits.
 //   Q8_0 weights and Q8_0 activations [m][nb] -> qs: [m][nb][32] int8, d: [m][nb] fp16 bits.
 // The integer dot of one block is computed with dp4a (four int8 products per
-// instruction); the result is the exact integer sum_j (q_w[j] - 8) * q_x[j] that
-// kernels/quant_blocks.hpp's dot_block_q4_0_q8_0 gives, so CPU and GPU agree on every
-// block's integer dot and only the float accumulation order differs.
+// instruction), or with int8 WMMA in the prefill GEMM (gemm.cu); the result is the
+// exact integer sum_j (q_w[j] - 8) * q_x[j] that kernels/quant_blocks.hpp's
+// dot_block_q4_0_q8_0 gives, so CPU and GPU agree on every block's integer dot and only
+// the float accumulation order differs.
 #pragma once
 
 #include <cmath>

@@ -30,12 +30,22 @@ struct DevWeight {
 /// bit-identical to kernels/cpu quantize_row_q8_0 on the same floats.
 void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* xd, cudaStream_t stream);
 
+/// Activation rows from which gemm() multiplies quantised weights on the Tensor Cores.
+inline constexpr int64_t kGemmTensorCoreMinRows = 16;
+
 /// Y[c * ldy + r] (= or, with `accumulate`, +=) W[r] . X[c] for r < w.n, c < m.
 /// Quantised weights read xq/xd (from quantize_q8_0 of X); float weights read x (rounded to
 /// f16 first for F16 weights, as the CPU does). Any m >= 1 and any n; k % 32 == 0 for
-/// quantised weights.
+/// quantised weights (any number of blocks, field case B09). Kernels for quantised weights:
+/// m == 1 the decode GEMV (two weight rows per warp), m < kGemmTensorCoreMinRows or
+/// !tensor_cores the dp4a GEMM (a warp per weight row, 8 activation rows), else the Tensor
+/// Core GEMM (int8 WMMA block dots in 16 x 16 output tiles, sm_72+). All three give every
+/// output bit for bit the same value (same exact integer block dots, same f32 operations in
+/// the same order; tests/gpu/test_gpu_gemv.cpp, test_gpu_tensor_core.cpp), so results do not
+/// depend on the batch a row is in. Errors surface as launch errors (cudaGetLastError).
+/// Thread-safe: no state beyond what is enqueued on `stream`.
 void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
-          bool accumulate, cudaStream_t stream);
+          bool accumulate, cudaStream_t stream, bool tensor_cores = true);
 
 /// y row i = RMSNorm(x row src_i) * w, src_i = rows ? rows[i] : i; n elements per row,
 /// x and y rows strided by n. Sum of squares in double. In place allowed (y == x, rows null).

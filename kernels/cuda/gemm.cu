@@ -8,7 +8,13 @@
 // 32 lane sums are then added with a shuffle tree. Every index is bounds-checked: any m,
 // any n, and any number of blocks per row (field case B09: no assumption that k is a
 // multiple of 64 or 128).
+//
+// Prefill with m >= kGemmTensorCoreMinRows activation rows takes the Tensor Core kernel
+// (gemm_quant_tc_kernel below) instead: the exact integer block dots come from int8 WMMA
+// (16x16x16 mma_sync, int32 accumulators), and the float side repeats the dp4a kernel's
+// operations in its order, so every output is bit-identical to gemm_quant_kernel's.
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
@@ -158,6 +164,147 @@ __global__ void gemv_quant_kernel(const void* __restrict__ wq, const uint16_t* _
   }
 }
 
+// ---- Tensor Core prefill GEMM (int8 WMMA) -------------------------------------------------
+//
+// Technique: per 32-value block, the weight tile's values are unpacked to int8 (Q4_0: q - 8)
+// in shared memory next to the Q8_0 activation tile, and two 16x16x16 int8 mma_sync (the
+// block's values 0..15, then 16..31) give the exact int32 block dot of every (weight row,
+// activation row) pair of a 16 x 16 output tile; each dot is then scaled by
+// fp16(d_w) * fp16(d_x) and added in f32. Sources: the WMMA API of the CUDA C++ Programming
+// Guide (section "Warp Matrix Functions": fragments, load/store/mma_sync, int8 inputs with
+// int accumulators from sm_72); llama.cpp's mmq kernels use the same idea (integer MMA per
+// quant block, float scaling per block).
+//
+// Bit-identity with gemm_quant_kernel: there, output (r, c) is the shuffle-tree sum of 32
+// lane sums, lane l adding block_contribution() of blocks l, l + 32, l + 64, ... in that
+// order, starting from 0.0f. Here thread (r, c) of the tile keeps those 32 lane sums itself
+// (acc[l]: block b goes to acc[b % 32], blocks ascending), with the same block_contribution
+// of the same exact integer dot, then adds them in the tree's pairs (level o: acc[l] +=
+// acc[l + o], o = 16, 8, 4, 2, 1; float addition is commutative, so lane l's v + shfl(v, o)
+// is the same value). No FMA contraction (--fmad=false), as the rest of the kernels. So the
+// executor stays batch-invariant: a token's logits do not depend on whether its rows went
+// through this kernel (prefill) or the dp4a GEMV/GEMM (decode, small batches).
+//
+// Tile: kTcTile weight rows x kTcTile activation rows per thread block of 256 threads (one
+// output each); kTcStage blocks of the row are staged at a time, warp w multiplying block w.
+// Shared memory (static): 4 + 4 KiB int8 tiles, 8 KiB int32 dots, 512 B scales. Every
+// global index is bounds-checked (rows past n, activation rows past m and blocks past nb
+// are staged as zeros and never written), so any n, m >= 1 and nb >= 1 are taken.
+constexpr int kTcTile = 16;
+constexpr int kTcStage = 8;
+constexpr int kTcThreads = kTcStage * kWarp;
+static_assert(kTcThreads == kTcTile * kTcTile, "one output per thread");
+static_assert(kWarp % kTcStage == 0, "a stage's blocks map to consecutive lane sums");
+
+// Half h (values 16h .. 16h + 15) of weight block `blk` as 16 int8 (Q4_0: nibble - 8).
+template <WType W>
+__device__ __forceinline__ uint4 tc_weight_half(const void* wq, int64_t blk, int h) {
+  if constexpr (W == WType::kQ4_0) {
+    const uint4 w = reinterpret_cast<const uint4*>(wq)[blk];
+    return make_uint4(
+        static_cast<uint32_t>(q4_nibbles_minus8(w.x, h != 0)), static_cast<uint32_t>(q4_nibbles_minus8(w.y, h != 0)),
+        static_cast<uint32_t>(q4_nibbles_minus8(w.z, h != 0)), static_cast<uint32_t>(q4_nibbles_minus8(w.w, h != 0)));
+  } else {
+    return reinterpret_cast<const uint4*>(static_cast<const int8_t*>(wq) + blk * kQK)[h];
+  }
+}
+
+// warp_sum's shuffle tree on 32 lane sums held by one thread: at level O (16, 8, 4, 2, 1)
+// v[l] = v[l] + v[l + O] for l < O (lane l's v + shfl_xor(v, O)); v[0] ends as lane 0's sum.
+// Compile-time indices, so v stays in registers.
+template <int O>
+__device__ __forceinline__ void lane_sum_tree(float (&v)[kWarp]) {
+#pragma unroll
+  for (int l = 0; l < O; ++l) v[l] = v[l] + v[l + O];
+  if constexpr (O > 1) lane_sum_tree<O / 2>(v);
+}
+
+// grid: (ceil(n / kTcTile), ceil(m / kTcTile)); block: kTcThreads.
+template <WType W>
+__global__ void __launch_bounds__(kTcThreads)
+    gemm_quant_tc_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
+                         const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, int64_t m,
+                         float* __restrict__ y, int64_t ldy, bool accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 720
+  __trap();  // int8 WMMA needs sm_72+; the build targets sm_89/sm_90
+#else
+  namespace wmma = nvcuda::wmma;
+  // [stage block][half: values 0..15 | 16..31][tile row (weights) or column (activations)][16]
+  __shared__ __align__(256) signed char sw[kTcStage][2][kTcTile][16];
+  __shared__ __align__(256) signed char sx[kTcStage][2][kTcTile][16];
+  __shared__ __align__(256) int32_t sdot[kTcStage][kTcTile][kTcTile];  // [block][column][row]
+  __shared__ uint16_t sdw[kTcStage][kTcTile], sdx[kTcStage][kTcTile];
+  const int t = threadIdx.x, warp = t / kWarp;
+  const int64_t r0 = int64_t(blockIdx.x) * kTcTile, c0 = int64_t(blockIdx.y) * kTcTile;
+  const int rl = t % kTcTile, cl = t / kTcTile;  // this thread's output (r0 + rl, c0 + cl)
+  // Staging: thread t fills half h of stage block bl of tile row/column i; the 16 threads of
+  // one row read its kTcStage consecutive blocks (coalesced).
+  const int h = t % 2, bl = (t / 2) % kTcStage, i = (t / 2) / kTcStage;
+  const bool w_in = r0 + i < n, x_in = c0 + i < m;
+  float acc[kWarp];
+#pragma unroll
+  for (int l = 0; l < kWarp; ++l) acc[l] = 0.0f;
+  for (int64_t g = 0; g < nb; g += kWarp) {
+#pragma unroll
+    for (int s = 0; s < kWarp / kTcStage; ++s) {
+      const int64_t b0 = g + s * kTcStage;
+      if (b0 >= nb) continue;  // the same for every thread of the block
+      {
+        const int64_t b = b0 + bl;
+        uint4 wv = make_uint4(0, 0, 0, 0), xv = make_uint4(0, 0, 0, 0);
+        uint16_t dv = 0;
+        if (b < nb && w_in) wv = tc_weight_half<W>(wq, (r0 + i) * nb + b, h);
+        if (b < nb && x_in) xv = reinterpret_cast<const uint4*>(xq + ((c0 + i) * nb + b) * kQK)[h];
+        if (h == 0 && b < nb && w_in) dv = wd[(r0 + i) * nb + b];
+        if (h == 1 && b < nb && x_in) dv = xd[(c0 + i) * nb + b];
+        *reinterpret_cast<uint4*>(sw[bl][h][i]) = wv;
+        *reinterpret_cast<uint4*>(sx[bl][h][i]) = xv;
+        (h == 0 ? sdw : sdx)[bl][i] = dv;
+      }
+      __syncthreads();
+      if (b0 + warp < nb) {  // whole warps: warp w multiplies stage block w
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, signed char, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, signed char, wmma::col_major> fb;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, int> fd;
+        wmma::fill_fragment(fd, 0);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          wmma::load_matrix_sync(fa, &sw[warp][hh][0][0], 16);  // A[row][k], row-major
+          wmma::load_matrix_sync(fb, &sx[warp][hh][0][0], 16);  // B[k][column], column-major
+          wmma::mma_sync(fd, fa, fb, fd);
+        }
+        wmma::store_matrix_sync(&sdot[warp][0][0], fd, kTcTile, wmma::mem_col_major);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int l = 0; l < kTcStage; ++l) {
+        if (b0 + l < nb) acc[s * kTcStage + l] += block_contribution(sdw[l][rl], sdx[l][cl], sdot[l][cl][rl]);
+      }
+      __syncthreads();  // the stage buffers are refilled next
+    }
+  }
+  // gemm_quant_kernel's warp_sum tree, on the 32 lane sums held here.
+  lane_sum_tree<kWarp / 2>(acc);
+  if (r0 + rl < n && c0 + cl < m) {
+    float* out = y + (c0 + cl) * ldy + r0 + rl;
+    *out = accumulate ? *out + acc[0] : acc[0];
+  }
+#endif
+}
+
+void launch_gemm_tc(const DevWeight& w, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
+                    bool accumulate, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((w.n + kTcTile - 1) / kTcTile),
+                  static_cast<unsigned>((m + kTcTile - 1) / kTcTile));
+  const dim3 block(kTcThreads);
+  const int64_t nb = w.k / kQK;
+  if (w.type == WType::kQ4_0) {
+    gemm_quant_tc_kernel<WType::kQ4_0><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
+  } else {
+    gemm_quant_tc_kernel<WType::kQ8_0><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
+  }
+}
+
 template <WType W>
 __device__ __forceinline__ float load_w(const void* w, int64_t i) {
   if constexpr (W == WType::kF32) return static_cast<const float*>(w)[i];
@@ -251,8 +398,18 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* x
 }
 
 void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
-          bool accumulate, cudaStream_t stream) {
+          bool accumulate, cudaStream_t stream, bool tensor_cores) {
   if (m <= 0 || w.n <= 0) return;
+  if (tensor_cores && w.quantized() && m >= kGemmTensorCoreMinRows && w.k >= kQK) {
+    // grid.y is limited to 65535 tiles: very tall activations go in slices.
+    constexpr int64_t kSlice = int64_t{65535} * kTcTile;
+    const int64_t nb = w.k / kQK;
+    for (int64_t c = 0; c < m; c += kSlice) {
+      const int64_t mc = m - c < kSlice ? m - c : kSlice;
+      launch_gemm_tc(w, xq + c * w.k, xd + c * nb, mc, y + c * ldy, ldy, accumulate, stream);
+    }
+    return;
+  }
   if (m == 1) {
     if (w.quantized()) {
       launch_gemv_quant(w, xq, xd, y, accumulate, stream);

@@ -382,7 +382,8 @@ struct GpuQ4Executor::Impl {
   PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
-  bool fused = true;  // GpuExecutorOptions::fused_kernels
+  bool fused = true;         // GpuExecutorOptions::fused_kernels
+  bool tensor_cores = true;  // GpuExecutorOptions::tensor_cores
   cudaGraphExec_t graph_exec = nullptr;
   int64_t graph_instantiations = 0;
   struct StagedPage {
@@ -392,12 +393,13 @@ struct GpuQ4Executor::Impl {
   std::vector<StagedPage> write_back;
 
   // The caller makes `dev` current (the stream is created on it).
-  Impl(const std::shared_ptr<const Model>& model, int dev, bool graphs, bool fused_kernels)
+  Impl(const std::shared_ptr<const Model>& model, int dev, const GpuExecutorOptions& o)
       : device(dev),
         weights(device_weights(model, dev)),
         score_capacity(attention_setup_once(dev)),
-        use_graphs(graphs),
-        fused(fused_kernels) {}
+        use_graphs(o.cuda_graphs),
+        fused(o.fused_kernels),
+        tensor_cores(o.tensor_cores) {}
   ~Impl() {
     (void)cudaStreamSynchronize(stream.get());
     if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
@@ -491,7 +493,7 @@ GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecut
                             hp.n_rot));
   }
   const DeviceGuard guard(options.device);
-  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options.cuda_graphs, options.fused_kernels);
+  impl_ = std::make_unique<Impl>(model_ptr(), options.device, options);
 }
 
 GpuQ4Executor::~GpuQ4Executor() = default;
@@ -740,7 +742,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       ck::quantize_q8_0(in, m, w.k, xq, xd, st);
       prepared = in;
     }
-    ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st);
+    ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st, im.tensor_cores);
   };
   // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
   // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
@@ -889,6 +891,45 @@ void q8_blocks_to_host(const DevBuf& dq, const DevBuf& dd, size_t n_blocks, void
   }
 }
 
+// The KvArgs of a harness: page table, page offsets and positions in device buffers, rows
+// in layer 1 of two-layer pages.
+ck::KvArgs layer1_kv_args(const DevBuf& table, const DevBuf& page_off, const DevBuf& pos, int32_t page_size,
+                          int32_t n_head_kv, int32_t head_dim, bool f16) {
+  ck::KvArgs kv;
+  kv.pages = table.as<void*>();
+  kv.page_off = page_off.as<int32_t>();
+  kv.pos = pos.as<int32_t>();
+  kv.page_size = page_size;
+  kv.n_head_kv = n_head_kv;
+  kv.head_dim = head_dim;
+  kv.layer = 1;
+  kv.f16 = f16;
+  return kv;
+}
+
+// GGUF Q4_0 / Q8_0 blocks [n][nb] -> the device layout (block_math.cuh) in qs and d.
+ck::DevWeight upload_quant_weight(bool q8, const void* blocks, int64_t n, int64_t k, DevBuf& qs, DevBuf& d) {
+  const size_t nb = size_t(k) / kernels::kQK, count = size_t(n) * nb;
+  const size_t qbytes = q8 ? kernels::kQK : kernels::kQK / 2;
+  const size_t bbytes = q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_0);
+  std::vector<uint8_t> hq(count * qbytes);
+  std::vector<uint16_t> hd(count);
+  const auto* src = static_cast<const std::byte*>(blocks);
+  for (size_t b = 0; b < count; ++b) {
+    std::memcpy(&hd[b], src + b * bbytes, sizeof(uint16_t));
+    std::memcpy(&hq[b * qbytes], src + b * bbytes + sizeof(uint16_t), qbytes);
+  }
+  to_device(qs, hq.data(), hq.size());
+  to_device(d, hd.data(), hd.size());
+  ck::DevWeight w;
+  w.type = q8 ? ck::WType::kQ8_0 : ck::WType::kQ4_0;
+  w.n = n;
+  w.k = k;
+  w.q = qs.as<void>();
+  w.d = d.as<uint16_t>();
+  return w;
+}
+
 }  // namespace
 
 void rms_norm_q8_0(const float* x, const float* w, int64_t n_x_rows, int64_t n, float eps,
@@ -980,15 +1021,7 @@ void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t 
   to_device(dk, k, k_elems);
   to_device(dv, v, k_elems);
   to_device(dcs, cs, size_t(T) * size_t(n_rot));
-  ck::KvArgs kv;
-  kv.pages = dtable.as<void*>();
-  kv.page_off = doff.as<int32_t>();
-  kv.pos = dpos.as<int32_t>();
-  kv.page_size = page_size;
-  kv.n_head_kv = n_head_kv;
-  kv.head_dim = head_dim;
-  kv.layer = 1;
-  kv.f16 = f16;
+  const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
   if (fused) {
     ck::rope_kv_store(kv, dq.as<float>(), dk.as<float>(), dv.as<float>(), dcs.as<float>(), T, n_head, n_rot, neox,
                       nullptr);
@@ -1005,34 +1038,34 @@ void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t 
 }
 
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device) {
-  if (device < 0 || device >= GpuQ4Executor::device_count()) {
-    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
-  }
+  require_device(device);
   const DeviceGuard guard(device);
   const size_t nb = size_t(k) / kernels::kQK;
-  const auto* blocks = static_cast<const kernels::BlockQ4_0*>(w_blocks);
-  std::vector<uint8_t> qs(size_t(n) * nb * 16);
-  std::vector<uint16_t> d(size_t(n) * nb);
-  for (size_t b = 0; b < size_t(n) * nb; ++b) {
-    d[b] = blocks[b].d;
-    std::memcpy(&qs[b * 16], blocks[b].qs, 16);
-  }
-  DevBuf dqs(qs.size()), dd(d.size() * sizeof(uint16_t)), dx(size_t(m * k) * sizeof(float)), dxq(size_t(m * k)),
-      dxd(size_t(m) * nb * sizeof(uint16_t)), dy(size_t(m * n) * sizeof(float));
-  TANDEM_CUDA(cudaMemcpy(dqs.as<void>(), qs.data(), qs.size(), cudaMemcpyHostToDevice));
-  TANDEM_CUDA(cudaMemcpy(dd.as<void>(), d.data(), d.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-  TANDEM_CUDA(cudaMemcpy(dx.as<void>(), x, dx.bytes(), cudaMemcpyHostToDevice));
-  ck::DevWeight w;
-  w.type = ck::WType::kQ4_0;
-  w.n = n;
-  w.k = k;
-  w.q = dqs.as<void>();
-  w.d = dd.as<uint16_t>();
+  DevBuf dqs, dd, dx, dxq(std::max<size_t>(size_t(m * k), 1)), dxd(std::max<size_t>(size_t(m) * nb, 1) * 2),
+      dy(std::max<size_t>(size_t(m * n), 1) * sizeof(float));
+  const ck::DevWeight w = upload_quant_weight(false, w_blocks, n, k, dqs, dd);
+  to_device(dx, x, size_t(m * k));
   ck::fill_nan(dy.as<float>(), m * n, nullptr);
   ck::quantize_q8_0(dx.as<float>(), m, k, dxq.as<int8_t>(), dxd.as<uint16_t>(), nullptr);
   ck::gemm(w, dx.as<float>(), dxq.as<int8_t>(), dxd.as<uint16_t>(), m, dy.as<float>(), n, false, nullptr);
   TANDEM_CUDA(cudaGetLastError());
-  TANDEM_CUDA(cudaMemcpy(y, dy.as<void>(), dy.bytes(), cudaMemcpyDeviceToHost));
+  to_host(y, dy, size_t(m * n));
+}
+
+void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
+                    bool tensor_cores, float* y, int device) {
+  require_device(device);
+  if (k <= 0 || k % kernels::kQK != 0 || n <= 0 || m <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: gemm_q8_blocks needs n, m >= 1 and k a multiple of 32");
+  }
+  const DeviceGuard guard(device);
+  DevBuf dqs, dd, dxq, dxd, dy(size_t(m * n) * sizeof(float));
+  const ck::DevWeight w = upload_quant_weight(q8_weights, w_blocks, n, k, dqs, dd);
+  const ck::DevWeight x = upload_quant_weight(true, x_blocks, m, k, dxq, dxd);
+  ck::fill_nan(dy.as<float>(), m * n, nullptr);
+  ck::gemm(w, nullptr, static_cast<const int8_t*>(x.q), x.d, m, dy.as<float>(), n, false, nullptr, tensor_cores);
+  TANDEM_CUDA(cudaGetLastError());
+  to_host(y, dy, size_t(m * n));
 }
 
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
@@ -1092,15 +1125,7 @@ void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32
   TANDEM_CUDA(cudaMemcpy(dtok.as<void>(), tokens.data(), dtok.bytes(), cudaMemcpyHostToDevice));
   TANDEM_CUDA(cudaMemcpy(dq.as<void>(), q, dq.bytes(), cudaMemcpyHostToDevice));
   ck::fill_nan(dout.as<float>(), int64_t(q_elems), nullptr);
-  ck::KvArgs kv;
-  kv.pages = dtable.as<void*>();
-  kv.page_off = doff.as<int32_t>();
-  kv.pos = dpos.as<int32_t>();
-  kv.page_size = page_size;
-  kv.n_head_kv = n_head_kv;
-  kv.head_dim = head_dim;
-  kv.layer = 1;
-  kv.f16 = f16;
+  const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (part > 0) {
     const int32_t max_parts = (max_pos + part - 1) / part;

@@ -1,0 +1,183 @@
+// The Tensor Core prefill GEMM (kernels/cuda gemm() with m >= 16: int8 WMMA block dots)
+// against the dp4a GEMM and against a host replica of the dp4a kernel's float order, bit for
+// bit: odd weight-row counts (edge tiles), m = 16, 17, 33, 64 (edge activation tiles), 1, 3
+// and 70 blocks per row (a partial stage, a partial group of 32 lane sums), Q4_0 nibble
+// extremes (-8, +7), Q8_0 activations of -128 and 127, Q8_0 weights. Then the executor's
+// logits with and without Tensor Cores (GpuExecutorOptions::tensor_cores), bit for bit.
+// Needs a CUDA device, real or emulated (cuemu); skipped without one.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gpu_test_support.hpp"
+#include "kv_test_support.hpp"
+#include "quant_blocks.hpp"
+#include "test_support.hpp"
+
+using namespace tandem;
+namespace k = tandem::kernels;
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Weight value j of a Q4_0 or Q8_0 block (Q4_0: low nibbles are values 0..15, high 16..31).
+int weight_value(const k::BlockQ4_0& b, int j) {
+  return (j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4)) - 8;
+}
+int weight_value(const k::BlockQ8_0& b, int j) {
+  return b.qs[j];
+}
+
+// The dp4a kernel's arithmetic, written out on the host (independent of both GPU kernels):
+// 32 lane sums, lane l adding (fp16(d_w) * fp16(d_x)) * float(block dot) for blocks l, l+32,
+// ... from 0.0f, then the shuffle tree's pairs (o = 16, 8, 4, 2, 1). volatile keeps a host
+// compiler from contracting the multiply-add into an FMA.
+template <class WB>
+std::vector<float> host_replica(const std::vector<WB>& w, int64_t n, int64_t nb, const std::vector<k::BlockQ8_0>& x,
+                                int64_t m) {
+  std::vector<float> y(size_t(m * n));
+  for (int64_t c = 0; c < m; ++c) {
+    for (int64_t r = 0; r < n; ++r) {
+      float lane[32] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const WB& wb = w[size_t(r * nb + b)];
+        const k::BlockQ8_0& xb = x[size_t(c * nb + b)];
+        int32_t dot = 0;
+        for (int j = 0; j < 32; ++j) dot += weight_value(wb, j) * int32_t{xb.qs[j]};
+        volatile float contribution = (k::fp16_bits_to_fp32(wb.d) * k::fp16_bits_to_fp32(xb.d)) * float(dot);
+        lane[b % 32] = lane[b % 32] + contribution;
+      }
+      for (int o = 16; o > 0; o /= 2) {
+        for (int l = 0; l < o; ++l) lane[l] = lane[l] + lane[l + o];
+      }
+      y[size_t(c * n + r)] = lane[0];
+    }
+  }
+  return y;
+}
+
+uint16_t random_scale(std::mt19937& g) {
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  return k::fp32_to_fp16_bits(u(g));
+}
+
+// Activation blocks: random int8 over the full range, with every 5th block all -128 and
+// every 7th all 127 (the extremes no float quantiser produces, e.g. a hand-made input).
+std::vector<k::BlockQ8_0> random_activations(std::mt19937& g, int64_t m, int64_t nb) {
+  std::uniform_int_distribution<int> q(-128, 127);
+  std::vector<k::BlockQ8_0> x(size_t(m * nb));
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i].d = random_scale(g);
+    for (auto& v : x[i].qs) v = static_cast<int8_t>(i % 5 == 0 ? -128 : i % 7 == 0 ? 127 : q(g));
+  }
+  return x;
+}
+
+
+// A prefill of 30 + 17 tokens (every matmul then has m = 47 rows), then two decode steps, on
+// `model_name` with and without Tensor Cores: logits bit for bit.
+void check_tensor_core_parity(const char* model_name) {
+  auto model = Model::load(test::model_path(model_name));
+  const int32_t n_vocab = model->hparams().n_vocab;
+  GpuExecutorOptions on_opts, off_opts;
+  off_opts.tensor_cores = false;
+  GpuQ4Executor on(model, on_opts), off(model, off_opts);
+  auto s_on = on.make_kv_store(16), s_off = off.make_kv_store(16);
+  KvSequence a_on(*s_on, 128, KvTier::kDevice), b_on(*s_on, 128, KvTier::kDevice);
+  KvSequence a_off(*s_off, 128, KvTier::kDevice), b_off(*s_off, 128, KvTier::kDevice);
+  const auto ids = test::prompt_ids(30, n_vocab);
+  const std::span<const int32_t> ia(ids.data(), 30), ib(ids.data() + 3, 17);
+  SequenceStep p_on[2] = {{&a_on, ia, 0, LogitsRows::kAll}, {&b_on, ib, 0, LogitsRows::kLast}};
+  SequenceStep p_off[2] = {{&a_off, ia, 0, LogitsRows::kAll}, {&b_off, ib, 0, LogitsRows::kLast}};
+  std::vector<float> l_on(31 * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN()), l_off(l_on.size());
+  on.step(p_on, l_on);
+  off.step(p_off, l_off);
+  CHECK(same_bits(l_on, l_off));
+  for (int step = 0; step < 2; ++step) {
+    INFO("decode step " << step);
+    const int32_t t = ids[size_t(step)];
+    SequenceStep d_on[1] = {{&a_on, std::span<const int32_t>(&t, 1), a_on.n_tokens(), LogitsRows::kLast}};
+    SequenceStep d_off[1] = {{&a_off, std::span<const int32_t>(&t, 1), a_off.n_tokens(), LogitsRows::kLast}};
+    std::vector<float> o1(static_cast<size_t>(n_vocab)), o2(o1.size());
+    on.step(d_on, o1);
+    off.step(d_off, o2);
+    CHECK(same_bits(o1, o2));
+  }
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("Tensor Core GEMM outputs are the dp4a GEMM's and the host replica's bit for bit",
+          "[gpu][kernels][tensor-core]") {
+#if TANDEM_HAVE_CUDA
+  struct Shape {
+    int64_t n, nb, m;
+  };
+  // n: one tile, an odd count (a partial tile), 33 (a tile with one row); nb: 1 and 3 (a
+  // partial stage of 8 blocks), 70 (two full groups of 32 lane sums, then 6 blocks); m: the
+  // threshold, one row past it, a partial second/third tile, four full tiles.
+  const Shape shapes[] = {{16, 1, 16}, {37, 3, 17}, {5, 70, 33}, {33, 70, 64}, {1, 2, 16}, {20, 9, 15}};
+  std::mt19937 g(41);
+  std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127);
+  for (const Shape& s : shapes) {
+    INFO("n " << s.n << " k " << s.nb * 32 << " m " << s.m);
+    const auto x = random_activations(g, s.m, s.nb);
+    {
+      // Q4_0 weights: random bytes, with every 3rd block all 0x00 (-8s), every 4th all 0xFF
+      // (+7s) and every 11th alternating 0x0F / 0xF0 (+7 low, -8 high and back).
+      std::vector<k::BlockQ4_0> w(size_t(s.n * s.nb));
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i].d = random_scale(g);
+        for (int j = 0; j < 16; ++j) {
+          w[i].qs[j] = static_cast<uint8_t>(i % 3 == 0    ? 0x00
+                                            : i % 4 == 0  ? 0xFF
+                                            : i % 11 == 0 ? (j % 2 ? 0xF0 : 0x0F)
+                                                          : byte(g));
+        }
+      }
+      std::vector<float> tc(size_t(s.m * s.n)), dp(tc.size());
+      gpu_testing::gemm_q8_blocks(false, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
+      gpu_testing::gemm_q8_blocks(false, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
+      const auto want = host_replica(w, s.n, s.nb, x, s.m);
+      INFO("Q4_0 weights");
+      CHECK(same_bits(dp, want));
+      CHECK(same_bits(tc, want));
+    }
+    {
+      std::vector<k::BlockQ8_0> w(size_t(s.n * s.nb));
+      for (size_t i = 0; i < w.size(); ++i) {
+        w[i].d = random_scale(g);
+        for (auto& v : w[i].qs) v = static_cast<int8_t>(i % 6 == 0 ? -128 : q8(g));
+      }
+      std::vector<float> tc(size_t(s.m * s.n)), dp(tc.size());
+      gpu_testing::gemm_q8_blocks(true, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
+      gpu_testing::gemm_q8_blocks(true, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
+      const auto want = host_replica(w, s.n, s.nb, x, s.m);
+      INFO("Q8_0 weights");
+      CHECK(same_bits(dp, want));
+      CHECK(same_bits(tc, want));
+    }
+  }
+#endif
+}
+
+TEST_CASE("the executor's logits with and without Tensor Core prefill are the same bit for bit",
+          "[gpu][tensor-core][parity]") {
+#if TANDEM_HAVE_CUDA
+  // stories260K (k = 64: two blocks per row) and synth-qwen2-small (k = 256 and 768: 8 and 24
+  // blocks, so the order of the lane sums' tree matters; biases, GQA, a tied output head).
+  for (const char* name : {"stories260K-q4_0", "synth-qwen2-small-q4_0"}) {
+    INFO(name);
+    check_tensor_core_parity(name);
+  }
+#endif
+}
