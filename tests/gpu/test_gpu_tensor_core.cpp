@@ -81,7 +81,6 @@ std::vector<k::BlockQ8_0> random_activations(std::mt19937& g, int64_t m, int64_t
   return x;
 }
 
-
 // A prefill of 30 + 17 tokens (every matmul then has m = 47 rows), then two decode steps, on
 // `model_name` with and without Tensor Cores: logits bit for bit.
 void check_tensor_core_parity(const char* model_name) {
