@@ -491,14 +491,16 @@ int run_speed(const SpeedOptions& opt) {
     close_json();
     if (format == "md") {
       fmt::print("\nbuild: {} | cpu: {} | isa: {} | model: {}\n", commit, cpu, isa, mi.filename);
+      // The KV type is named as in the table: whenever it has type_k / type_v columns.
+      const bool name_kv = !kv_f16 || kv_dtypes.size() > 1;
       for (const auto& t : done) {
         if (t.n_gen == 0 || t.read_bandwidth <= 0) continue;
         const double limit = t.read_bandwidth / double(mi.decode_bytes), avg = mean(samples_ts(t));
         fmt::print(
-            "{}, {} threads: read bandwidth {:.2f} GB/s; decode reads {:.2f} MB/token -> limit {:.2f} t/s; "
+            "{}, {} threads{}: read bandwidth {:.2f} GB/s; decode reads {:.2f} MB/token -> limit {:.2f} t/s; "
             "tg reaches {:.0f}% of it\n",
-            test_name(t), t.n_threads, t.read_bandwidth / 1e9, double(mi.decode_bytes) / 1e6, limit,
-            100.0 * avg / limit);
+            test_name(t), t.n_threads, name_kv ? fmt::format(", type_k {}", t.kv_type) : std::string(),
+            t.read_bandwidth / 1e9, double(mi.decode_bytes) / 1e6, limit, 100.0 * avg / limit);
       }
     }
     return 0;

@@ -247,6 +247,17 @@ rows = re.findall(r"^\| llama .*$", p.stdout.decode(), re.M)
 kv_cols = [tuple(re.split(r"\s*\|\s*", r)[7:9]) for r in rows]
 check("md: a row per KV type with its type_k/type_v", p.returncode == 0 and kv_cols == [("q8_0", "q8_0"), ("f32", "f32")],
       repr(rows))
+# The bandwidth footer names the KV type of each line when the run has more than one (or a
+# non-default one), so that the lines of -ctk f32,q8_0 are told apart.
+p = run("-m", model, "-p", "0", "-n", "2", "-r", "1", "-ctk", "f32,q8_0", "-ctv", "f32,q8_0")
+foot = re.findall(r"^tg2, \d+ threads.*read bandwidth.*$", p.stdout.decode(), re.M)
+check("md footer: one bandwidth line per KV type, each named",
+      p.returncode == 0 and len(foot) == 2 and ", type_k f32:" in foot[0] and ", type_k q8_0:" in foot[1],
+      repr(foot) + repr(p.stderr[-300:]))
+p = run("-m", model, "-p", "0", "-n", "2", "-r", "1")
+foot = re.findall(r"^tg2, \d+ threads.*read bandwidth.*$", p.stdout.decode(), re.M)
+check("md footer: the default f16 alone is not named", p.returncode == 0 and len(foot) == 1 and "type_k" not in foot[0],
+      repr(foot))
 
 # Bad values: exit 2, the flag named, nothing on stdout.
 for args, flag in [
