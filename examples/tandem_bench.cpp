@@ -205,11 +205,6 @@ int main(int argc, char** argv) {
   app.add_option("--cache-type-v", speed.cache_type_v,
                  "KV cache types of V, list: f16, f32 or q8_0 (also -ctv; item by item the same as K)")
       ->multi_option_policy(list);
-  app.footer(
-      "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
-      "-d 0-4096*2; a flag may repeat. -ctk/-ctv take comma lists of types, e.g. -ctk f16,q8_0 -ctv f16,q8_0. "
-      "One pp test per prompt size and one tg test per generation size, for every KV type, thread count and "
-      "depth.");
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
   std::string kv_model, kv_dir;
   int kv_ctx = 4096, kv_threads = 0;
@@ -224,6 +219,13 @@ int main(int argc, char** argv) {
   kv_cmd->add_option("--cache-type-v", kv_ctv, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   tandem::bench::ServeOptions serve_opt;
   tandem::bench::add_serve_options(app, serve_opt);
+  // Set after the subcommands exist (CLI11 copies a parent's footer into each subcommand made
+  // later): the lists it describes are the speed mode's, kv and serve take none of them.
+  app.footer(
+      "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
+      "-d 0-4096*2; a flag may repeat. -ctk/-ctv take comma lists of types, e.g. -ctk f16,q8_0 -ctv f16,q8_0. "
+      "One pp test per prompt size and one tg test per generation size, for every KV type, thread count and "
+      "depth.");
   app.get_option("--model")->required(false);
   try {
     std::vector<std::string> args;  // CLI11 parses a reversed vector; -ctk / -ctv become long options

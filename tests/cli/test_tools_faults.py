@@ -70,6 +70,15 @@ for args in (["--preset", "bogus"], []):
     check(f"synth {args}: nothing written", not os.path.exists(os.path.join(tmp, "x.gguf")))
 p = run(synth, "--preset", "bogus", "-o", os.path.join(tmp, "x.gguf"))
 check("synth --preset bogus: names the value", b"'bogus'" in p.stderr, repr(p.stderr[-300:]))
+# The help footer on -p/-n/-d/-t and -ctk/-ctv lists belongs to the speed mode only: kv takes
+# one KV type and serve no -ctk at all.
+LISTS = b"Lists (-p -n -d -t)"
+p = run(bench, "--help")
+check("bench --help: the lists footer", p.returncode == 0 and LISTS in p.stdout, repr(p.stdout[-300:]))
+for sub in ("kv", "serve"):
+    p = run(bench, sub, "--help")
+    check(f"bench {sub} --help: no lists footer", p.returncode == 0 and LISTS not in p.stdout and b"comma lists"
+          not in p.stdout, repr(p.stdout[-300:]))
 
 # bench kv -ctk/-ctv: the store holds that type; its bytes per token follow the type's row
 # size (f16 2 bytes a value, f32 4, q8_0 34 bytes a block of 32).
