@@ -21,15 +21,15 @@ inline std::string expand_cache_type_flag(const std::string& arg) {
 
 /// The one KvDtype for K and V named `k` and `v` ("f16", "f32" or "q8_0"). A Tandem KV
 /// store holds one dtype for K and V, so different names are refused rather than one of
-/// them silently used. Returns "" and sets `out`, or the usage error to print (the tools
-/// exit with status 2 on it).
+/// them silently used. Returns "" and sets `out`, or the usage error to print, the values
+/// quoted so that stray spaces show (the tools exit with status 2 on it).
 inline std::string resolve_cache_types(std::string_view k, std::string_view v, KvDtype& out) {
   KvDtype dk{}, dv{};
-  if (!kv_dtype_from_name(k, dk)) return fmt::format("--cache-type-k {} is not one of f16, f32, q8_0", k);
-  if (!kv_dtype_from_name(v, dv)) return fmt::format("--cache-type-v {} is not one of f16, f32, q8_0", v);
+  if (!kv_dtype_from_name(k, dk)) return fmt::format("--cache-type-k '{}' is not one of f16, f32, q8_0", k);
+  if (!kv_dtype_from_name(v, dv)) return fmt::format("--cache-type-v '{}' is not one of f16, f32, q8_0", v);
   if (dk != dv) {
     return fmt::format(
-        "--cache-type-k {} and --cache-type-v {} differ: Tandem's KV store holds one type for K and V "
+        "--cache-type-k '{}' and --cache-type-v '{}' differ: Tandem's KV store holds one type for K and V "
         "(give both the same)",
         k, v);
   }

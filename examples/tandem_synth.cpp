@@ -102,8 +102,9 @@ int main(int argc, char** argv) {
   if (!p) {
     std::string names;
     for (const auto& c : kPresets) names += (names.empty() ? "" : ", ") + std::string(c.name);
-    if (preset_name.empty())
-      std::cerr << "tandem-synth: error: give --preset NAME (one of " << names << ") and -o FILE\n";
+    if (preset_name.empty())  // -o is named only when it is missing too
+      std::cerr << "tandem-synth: error: give --preset NAME (one of " << names << ")"
+                << (out.empty() ? " and -o FILE" : "") << "\n";
     else
       std::cerr << "tandem-synth: error: --preset '" << preset_name << "' is not one of " << names << "\n";
     return 2;

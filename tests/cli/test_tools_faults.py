@@ -80,6 +80,23 @@ for sub in ("kv", "serve"):
     check(f"bench {sub} --help: no lists footer", p.returncode == 0 and LISTS not in p.stdout and b"comma lists"
           not in p.stdout, repr(p.stdout[-300:]))
 
+# Only what is missing is asked for: -o given, no preset -> no "-o FILE" in the message; neither
+# given -> both named.
+p = run(synth, "-o", os.path.join(tmp, "x.gguf"))
+check("synth -o without --preset: asks for --preset only",
+      p.returncode == 2 and b"--preset NAME" in p.stderr and b"-o FILE" not in p.stderr, repr(p.stderr[-300:]))
+p = run(synth)
+check("synth with neither: asks for --preset and -o", p.returncode == 2 and b"--preset NAME" in p.stderr
+      and b"-o FILE" in p.stderr, repr(p.stderr[-300:]))
+
+# A bad -ctk/-ctv value is quoted in the message, so that stray spaces show.
+for args, want in ((["-ctk", "f16 ", "-ctv", "f16"], b"--cache-type-k 'f16 ' is not one of"),
+                   (["-ctk", "f16", "-ctv", " q8_0"], b"--cache-type-v ' q8_0' is not one of")):
+    for mode, tool in (("kv", [bench, "kv", "-m", model]), ("speed", [bench, "-m", model, "-p", "8", "-n", "0"])):
+        p = run(*tool, *args)
+        check(f"bench {mode} {args}: exit 2, the value quoted", p.returncode == 2 and want in p.stderr,
+              repr(p.stderr[-300:]))
+
 # bench kv -ctk/-ctv: the store holds that type; its bytes per token follow the type's row
 # size (f16 2 bytes a value, f32 4, q8_0 34 bytes a block of 32).
 kv_bytes = {}
