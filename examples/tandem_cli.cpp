@@ -435,6 +435,19 @@ int main(int argc, char** argv) {
         const std::string shown = model->tokenizer().detokenize(full_prompt, true, false);
         std::fwrite(shown.data(), 1, shown.size(), stdout);
       }
+      // Continuing a session saved with its context full: its last sampled token has no
+      // position left (the library refuses with kContextOverflow); stop as a live run that
+      // reaches n_ctx does, the session unchanged.
+      auto generate = [&](std::span<const int32_t> p, const tandem::GenerateOptions& o) {
+        try {
+          return session.generate(p, o);
+        } catch (const tandem::Error& e) {
+          if (e.code() != tandem::ErrorCode::kContextOverflow || !ids.empty()) throw;
+          tandem::GenerateResult full;
+          full.finish = tandem::FinishReason::kLength;
+          return full;
+        }
+      };
       // A long prompt (over 4 batches) is evaluated first, with progress on stderr.
       std::span<const int32_t> rest(ids);
       double long_prompt_s = 0.0;
@@ -450,7 +463,7 @@ int main(int argc, char** argv) {
         tandem::GenerateOptions first = go;
         first.max_tokens = migrate_after;
         first.flush_text = false;
-        r = session.generate(rest, first);
+        r = generate(rest, first);
         if (r.finish == tandem::FinishReason::kLength && static_cast<int>(r.tokens.size()) == migrate_after) {
           const auto m = session.migrate(*second);
           std::fprintf(stderr, "\ntandem-cli: migrated after %d tokens: %d pages, %llu bytes, %.0f us\n", migrate_after,
@@ -463,7 +476,7 @@ int main(int argc, char** argv) {
           r.generate_seconds += after.generate_seconds;
         }
       } else if (!tandem::cli::interrupted()) {
-        r = session.generate(rest, go);
+        r = generate(rest, go);
       }
       if (rest.empty()) {
         r.n_prompt = static_cast<int32_t>(long_prompt_done);

@@ -237,10 +237,13 @@ Session::RestoreReport Session::restore(const std::filesystem::path& path) {
   Reader r(data.data() + kHeaderBytes, data.size() - kHeaderBytes - 8);
   KvDescriptor d = read_descriptor(r, *model_, path);
   const SavedState st = read_state(r, model_->hparams(), path);
-  const int64_t need = int64_t(d.token_end) + (st.pending >= 0 ? 1 : 0);
-  if (need > n_ctx_) {
+  // Only the evaluated tokens hold KV positions. A pending token with no position left
+  // (saved when the context was full) is restored as it was saved: the overflow surfaces
+  // when something needs that position, as in the live session (generate() refuses to
+  // continue; truncate() / reuse_prefix() / reset() make room).
+  if (int64_t(d.token_end) > n_ctx_) {
     throw Error(ErrorCode::kContextOverflow,
-                fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), need, n_ctx_));
+                fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), d.token_end, n_ctx_));
   }
   if (uint64_t(d.n_pages()) * d.page_payload_bytes() != r.left()) {
     throw Error(ErrorCode::kSessionCorrupt,

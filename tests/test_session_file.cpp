@@ -243,3 +243,64 @@ TEST_CASE("a session file stores the KV descriptor in the contract's one byte fo
     }
   }
 }
+
+TEST_CASE("a session saved at a full context restores and continues as the live one", "[session][kv]") {
+  auto model = Model::load(test::model_path("aidreams260K-q4_0"));
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  const auto dir = test::scratch_dir("full-ctx");
+  SessionOptions so;
+  so.n_ctx = 40;
+  Session s(model, ex, so);
+  GenerateOptions go;
+  go.max_tokens = 500;
+  go.ignore_eos = true;
+  go.sampling.temperature = 0.0f;
+  const auto first = s.generate("Once upon a time", go);
+  REQUIRE(first.finish == FinishReason::kLength);
+  REQUIRE(s.tokens().size() == size_t(so.n_ctx));  // full, the last sampled token pending
+  s.save(dir / "full.session");
+
+  Session r(model, ex, so);
+  r.restore(dir / "full.session");  // was kContextOverflow: 41 positions for n_ctx 40
+  CHECK(r.tokens() == s.tokens());
+  CHECK(std::equal(r.logits().begin(), r.logits().end(), s.logits().begin(), s.logits().end()));
+  CHECK(r.kv_store()->used_pages() == s.kv_store()->used_pages());
+  // The whole state (pending token, logits, random engine, pages) saves to the same bytes,
+  // but for the KV sequence's id (the u64 before the token count) and so the checksum.
+  auto state = [](std::vector<char> d) {
+    std::fill_n(d.begin() + std::ptrdiff_t(kTokenCountAt - 8), 8, char{0});
+    d.resize(d.size() - 8);
+    return d;
+  };
+  r.save(dir / "again.session");
+  CHECK(state(read_all(dir / "again.session")) == state(read_all(dir / "full.session")));
+  // Continuing needs a position for the pending token: refused as in the live session,
+  // both left as they were.
+  CHECK(test::code_of([&] { s.generate(std::span<const int32_t>(), go); }) == ErrorCode::kContextOverflow);
+  CHECK(test::code_of([&] { r.generate(std::span<const int32_t>(), go); }) == ErrorCode::kContextOverflow);
+  CHECK(r.tokens() == s.tokens());
+  CHECK(r.kv_store()->used_pages() == s.kv_store()->used_pages());
+  // A prompt needs positions: refused, nothing changed.
+  const std::vector<int32_t> extra = {r.tokens()[1]};
+  CHECK(test::code_of([&] { r.generate(std::span<const int32_t>(extra), go); }) == ErrorCode::kContextOverflow);
+  CHECK(r.tokens() == s.tokens());
+  // The prompt cache makes room: same tokens as a fresh session given the whole prompt.
+  const std::vector<int32_t> prompt(s.tokens().begin(), s.tokens().begin() + 12);
+  const size_t kept = r.reuse_prefix(prompt);
+  CHECK(kept == prompt.size() - 1);
+  go.max_tokens = 10;
+  const auto cached = r.generate(std::span<const int32_t>(prompt).subspan(kept), go);
+  Session fresh(model, ex, so);
+  const auto expect = fresh.generate(std::span<const int32_t>(prompt), go);
+  CHECK(cached.tokens == expect.tokens);
+  CHECK(r.tokens() == fresh.tokens());
+  CHECK(r.kv_store()->used_pages() == fresh.kv_store()->used_pages());
+
+  // The evaluated tokens alone must fit: one position short is refused, nothing taken.
+  SessionOptions tight_o = so;
+  tight_o.n_ctx = so.n_ctx - 1;
+  Session tight(model, ex, tight_o);
+  CHECK(restore_error(tight, dir / "full.session").first == ErrorCode::kContextOverflow);
+  CHECK(tight.tokens().empty());
+  CHECK(tight.kv_store()->used_pages() == 0);
+}

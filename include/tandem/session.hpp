@@ -153,7 +153,10 @@ class Session {
   /// left exactly as it was: kIo (unreadable), kSessionCorrupt (not a session file,
   /// truncated, any flipped byte, inconsistent fields), kSessionVersion (a newer format),
   /// kSessionModelMismatch (saved with other weights, hyper-parameters or tokenizer),
-  /// kContextOverflow (more positions than this session's n_ctx), kOutOfMemory.
+  /// kContextOverflow (more evaluated tokens than this session's n_ctx), kOutOfMemory. A file
+  /// saved with the context full restores as saved: its last sampled token, which has no
+  /// position left, stays pending, so continuing gives kContextOverflow as in the live
+  /// session, while truncate() / reuse_prefix() / reset() make room.
   /// A file saved with another KV dtype (f16, f32, q8_0) than this session's store is
   /// converted on the way in (kv_import, include/tandem/kv_contract.hpp); the report says so.
   RestoreReport restore(const std::filesystem::path& path);

@@ -300,6 +300,24 @@ class TestSaveRestore(TandemTestCase):
             self.assertEqual(b.tokens(), before)
             self.assertEqual(b.complete([], max_tokens=12, temperature=0, ignore_eos=True).tokens, ref)
 
+    def test_saved_at_a_full_context(self):
+        # A session saved with its context full (the last sampled token has no position)
+        # restores (it was E_CONTEXT_OVERFLOW) and behaves as the live one.
+        import tempfile
+        with tempfile.TemporaryDirectory() as d, self.session(n_ctx=32) as a, self.session(n_ctx=32) as b:
+            path = os.path.join(d, "full.tss")
+            a.complete(self.case["prompt_text"], max_tokens=100, temperature=0, ignore_eos=True)
+            self.assertEqual(len(a.tokens()), 32)
+            a.save(path)
+            b.restore(path)
+            self.assertEqual(b.tokens(), a.tokens())
+            # Continuing needs a position for the last sampled token: refused in both.
+            for s in (a, b):
+                with self.assertRaises(tandem.TandemError) as cm:
+                    s.complete([], max_tokens=8, temperature=0, ignore_eos=True)
+                self.assertEqual(cm.exception.status, tandem.E_CONTEXT_OVERFLOW)
+            self.assertEqual(b.tokens(), a.tokens())
+
 
 class TestScheduler(TandemTestCase):
     def cpu_cpu(self, **kw):
