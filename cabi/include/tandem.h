@@ -436,7 +436,8 @@ TANDEM_API tandem_status tandem_generate_result_init(tandem_generate_result* res
  * may produce no call and a call may carry the text of several tokens; `token` is the id
  * that completed the piece (-1 for a final flush with no token). The concatenation of all
  * pieces is the generated text. Return 0 to continue, nonzero to stop (finish reason
- * TANDEM_FINISH_CANCELLED; the call still returns TANDEM_OK). */
+ * TANDEM_FINISH_CANCELLED; the call still returns TANDEM_OK) -- the opposite sense of the
+ * C++ GenerateOptions::on_text (include/tandem/session.hpp), whose true means continue. */
 typedef int (*tandem_token_callback)(const char* piece, size_t len, int32_t token, void* user_data);
 
 /* Tokenize prompt_utf8 (NUL-terminated; BOS added when the session is empty and the
