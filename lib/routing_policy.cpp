@@ -27,9 +27,16 @@ std::optional<SlaClass> parse_sla_class(std::string_view s) noexcept {
 }
 
 double DefaultRoutingPolicy::est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept {
-  const double tps = std::max(e.prefill_tps, 1e-6);
+  double tps = e.prefill_tps;
+  if (e.decoding > 0 && e.token_tps > 0 && e.prefill_chunk > 0) {
+    const double c = double(e.prefill_chunk);
+    tps = std::min(tps, e.token_tps * c / (c + double(e.decoding)));
+  }
+  tps = std::max(tps, 1e-6);
   const double fresh = double(std::max<int64_t>(0, int64_t{prompt_tokens} - e.prefix_tokens));
-  return (double(e.queued_tokens) + fresh) / tps;
+  const double ahead =
+      double(std::max<int64_t>(0, e.queued_tokens)) + double(std::max<int64_t>(0, e.running_prompt_tokens));
+  return (ahead + fresh) / tps;
 }
 
 double DefaultRoutingPolicy::est_decode_s(const ExecutorView& e, int32_t n) noexcept {
@@ -43,10 +50,12 @@ namespace {
 
 std::string view_numbers(const ExecutorView& e, int32_t prompt, int32_t out) {
   return fmt::format(
-      "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
+      "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{} ({} prompt tok, {} decoding), kv free {}, "
+      "prefix {}, "
       "est prefill {:.3f}s decode {:.3f}s{}]",
-      e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.kv_free_pages,
-      e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt), DefaultRoutingPolicy::est_decode_s(e, out),
+      e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.running_prompt_tokens,
+      e.decoding, e.kv_free_pages, e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt),
+      DefaultRoutingPolicy::est_decode_s(e, out),
       e.model_tpot_s > 0 ? fmt::format(", model TPOT {:.4f}s", e.model_tpot_s) : std::string());
 }
 

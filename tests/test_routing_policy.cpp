@@ -283,3 +283,62 @@ TEST_CASE("a replacement policy object is honoured", "[routing]") {
   CHECK(!parse_sla_class("gold"));
   CHECK(sla_class_name(SlaClass::kInteractive) == "interactive");
 }
+
+// Fails on main (issue 16): R7's TTFT estimate on the host was (queued prompt tokens +
+// prompt) / prefill_tps, blind to the prompts the host had already admitted and to the
+// decodes that share each of its steps; the host took prompts it could not prefill in time.
+TEST_CASE("R7's host TTFT estimate counts admitted prompts and the decode share", "[routing]") {
+  DefaultRoutingOptions o;
+  o.ttft_target_s[int(SlaClass::kStandard)] = 0.5;
+  DefaultRoutingPolicy slo(o);
+  auto ex = gpu_cpu();
+  // A busy GPU (est 150 / 20000 + 10 / 80 x (1 + 24 / 8) = 0.51 s), so that the overload
+  // rule (3 x 0.51 s) never keeps the request off the CPU here, and a CPU with free slots.
+  ex[0].running = 8;
+  ex[0].queued = 16;
+  ex[1].max_running = 16;
+  const auto req = input(SlaClass::kStandard, 150, 10);
+  // Idle CPU: 150 / 400 = 0.375 s <= 0.5 s: the CPU.
+  CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+  CHECK(slo.route(req, ex).prefill == 1);
+
+  SECTION("admitted prompts go first") {
+    // 60 prompt tokens of an admitted sequence still to prefill: (60 + 150) / 400 = 0.525 s.
+    ex[1].running = 1;
+    ex[1].running_prompt_tokens = 60;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.525));
+    const auto d = slo.route(req, ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("est TTFT 0.525s"));
+    ex[1].running_prompt_tokens = 40;  // (40 + 150) / 400 = 0.475 s: met
+    CHECK(slo.route(req, ex).prefill == 1);
+  }
+  SECTION("decodes share every step of the prompt") {
+    // Measured: 400 tokens/s in steps carrying prompt tokens. With 3 sequences decoding
+    // and chunks of 16 prompt tokens, a step carries 16 prompt + 3 decode tokens: prompt
+    // speed 400 x 16 / 19 = 336.8 t/s, 150 tokens take 0.445 s: met.
+    ex[1].running = ex[1].decoding = 3;
+    ex[1].token_tps = 400;
+    ex[1].prefill_chunk = 16;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(150.0 / (400.0 * 16 / 19)));
+    CHECK(slo.route(req, ex).prefill == 1);
+    // 4 decoding (a hand-off on its way included): 400 x 16 / 20 = 320 t/s, 0.469 s: met.
+    ex[1].running = ex[1].decoding = 4;
+    CHECK(slo.route(req, ex).prefill == 1);
+    // 6 decoding: 400 x 16 / 22 = 290.9 t/s, 150 tokens take 0.516 s > 0.5 s: the GPU.
+    ex[1].running = ex[1].decoding = 6;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.515625));
+    const auto d = slo.route(req, ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("est TTFT 0.516s"));
+    // The measured prefill speed still bounds the estimate: a token rate above it at this
+    // decode share (1000 x 16 / 22 = 727 t/s) leaves 400 t/s, 0.375 s.
+    ex[1].token_tps = 1000;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+    // Without a measured token rate or a known chunk, the decode share is not applied.
+    ex[1].token_tps = 0;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+  }
+}

@@ -42,6 +42,17 @@ struct ExecutorView {
   /// still running elsewhere (they will want a decode slot here)
   int32_t queued = 0;
   int64_t queued_tokens = 0;  ///< prompt tokens of requests waiting for admission
+  /// prompt tokens the admitted sequences still have to prefill (they go before a new
+  /// request's prompt, which is admitted behind them)
+  int64_t running_prompt_tokens = 0;
+  /// admitted sequences decoding (one token each per step), plus decode hand-offs routed
+  /// here whose KV has not arrived yet: each step of a new prompt's prefill carries them
+  int32_t decoding = 0;
+  /// measured tokens/s of the steps that carry prompt tokens, their decode tokens included
+  /// (EWMA; 0 = not measured). With `decoding` and `prefill_chunk` it gives the prompt
+  /// speed at the current decode share (est_prefill_s).
+  double token_tps = 0.0;
+  int32_t prefill_chunk = 0;  ///< most prompt tokens of one sequence per step (0 = unknown)
   int32_t running = 0;        ///< admitted sequences
   int32_t max_running = 1;    ///< decode slots
   int32_t kv_free_pages = 0;  ///< free pages in its compute tier
@@ -118,7 +129,12 @@ class DefaultRoutingPolicy final : public RoutingPolicy {
   const DefaultRoutingOptions& options() const noexcept { return o_; }
 
   /// Estimated seconds until executor `e` has prefilled `prompt_tokens` new tokens of a
-  /// request (its queue first): (queued_tokens + prompt - prefix) / prefill_tps.
+  /// request (the admitted prompts and its queue first):
+  /// (running_prompt_tokens + queued_tokens + prompt - prefix) / rate, where rate is
+  /// prefill_tps, or, when `decoding` sequences share every step and token_tps and
+  /// prefill_chunk are known, the smaller of prefill_tps and
+  /// token_tps x prefill_chunk / (prefill_chunk + decoding) (a step of c prompt tokens
+  /// also carries one token of each decoding sequence; step time ~ tokens in it).
   static double est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept;
   /// Estimated seconds to decode `n` tokens there: n / decode_tps, slowed by a full batch.
   static double est_decode_s(const ExecutorView& e, int32_t n) noexcept;
