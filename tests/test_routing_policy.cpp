@@ -216,6 +216,7 @@ TEST_CASE("routing policy table", "[routing]") {
     o.tpot_target_s[int(SlaClass::kBatch)] = 0.1;
     DefaultRoutingPolicy slo(o);
     const auto batch = input(SlaClass::kBatch, 2000, 100);  // 132 pages of 16 tokens
+    ex[0].running = 4;  // the GPU decodes more sequences than the CPU (the balance below)
     // Idle CPU: TPOT 1 / 40 = 0.025 s <= 0.5 x 0.1 s: to the CPU.
     auto d = slo.route(batch, ex);
     CHECK(d.rule == "R5");
@@ -341,4 +342,47 @@ TEST_CASE("R7's host TTFT estimate counts admitted prompts and the decode share"
     ex[1].token_tps = 0;
     CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
   }
+}
+
+// Fails on main (issue 16): with room on the GPU, the split gave a batch decode to any host
+// with TPOT to spare, however idle the GPU; on the long-context trace 11 of 17 batch
+// decodes went to the EPYC while the L40S ran 0-2 sequences, and the EPYC's slots were
+// full when the L40S's KV was short.
+TEST_CASE("batch decode split: a host with room on the GPU takes a batch decode only while it runs fewer sequences",
+          "[routing]") {
+  DefaultRoutingOptions o;
+  o.tpot_target_s[int(SlaClass::kBatch)] = 0.1;
+  DefaultRoutingPolicy slo(o);
+  auto ex = gpu_cpu();
+  ex[1].max_running = 16;
+  const auto batch = input(SlaClass::kBatch, 2000, 100);  // 132 pages; the GPU has 1000 free: room
+  // Both idle: the CPU's TPOT 1 / 40 = 0.025 s <= 0.05 s, but it would run 1 sequence to
+  // the GPU's 0: the GPU keeps it.
+  auto d = slo.route(batch, ex);
+  CHECK(d.rule == "R4");
+  CHECK(d.decode == 0);
+  CHECK_THAT(d.reason, Catch::Contains("host cpu has 0 sequences >= its 0"));
+  // GPU 2 running, CPU 1 running + 1 hand-off on its way (queued): 2 >= 2, the GPU.
+  ex[0].running = 2;
+  ex[1].running = 1;
+  ex[1].queued = 1;  // TPOT 0.025 x (1 + 2 / 16) = 0.028 s: still to spare
+  CHECK(slo.route(batch, ex).decode == 0);
+  // GPU 3: the CPU (2) runs fewer: to the CPU.
+  ex[0].running = 3;
+  d = slo.route(batch, ex);
+  CHECK(d.rule == "R5");
+  CHECK(d.decode == 1);
+  CHECK_THAT(d.reason, Catch::Contains("host 2 < accelerator 3 sequences"));
+  // Without room on the GPU the balance does not apply: a CPU busier than the GPU takes it.
+  ex[0].running = 0;
+  ex[0].kv_free_pages = 200;  // < 2 x 132
+  d = slo.route(batch, ex);
+  CHECK(d.rule == "R5");
+  CHECK(d.decode == 1);
+  CHECK_THAT(d.reason, Catch::Contains("no room to spare"));
+  // batch_host_balance = false: the TPOT fraction alone (the rule before this change).
+  ex[0].kv_free_pages = 1000;
+  CHECK(slo.route(batch, ex).decode == 0);
+  o.batch_host_balance = false;
+  CHECK(DefaultRoutingPolicy(o).route(batch, ex).decode == 1);
 }

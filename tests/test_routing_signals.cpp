@@ -283,7 +283,8 @@ TEST_CASE("with a batch TPOT target a long batch decode goes to a host that meet
   DefaultRoutingOptions o;
   o.tpot_target_s[int(SlaClass::kBatch)] = 1.0;
   DefaultRoutingPolicy pol(o);
-  auto v = gpu_cpu();  // idle accelerator: neither slots nor KV are short
+  auto v = gpu_cpu();  // neither slots nor KV are short on the accelerator ...
+  v[0].running = 1;    // ... which decodes more sequences than the idle host (batch_host_balance)
   const auto d = pol.route(input(SlaClass::kBatch, 400, 64), v);
   CHECK(d.rule == "R5");
   CHECK(d.prefill == 0);

@@ -105,6 +105,14 @@ struct DefaultRoutingOptions {
   /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0: every
   /// long batch decode goes to a host that meets the target (the rule before the split).
   double batch_host_tpot_fraction = 0.5;
+  /// ... and, with room on the accelerator, only while the host has fewer sequences
+  /// (running + queued, hand-offs on their way included) than the accelerator: one more
+  /// decode costs an accelerator almost nothing (its steps read the weights anyway), so a
+  /// host busier than an accelerator with room would spend the slots that decodes the
+  /// accelerator cannot hold need later (issue 16: on the long-context trace 11 of 17
+  /// batch decodes went to the EPYC while the L40S ran 0-2 sequences). false: the TPOT
+  /// fraction alone decides.
+  bool batch_host_balance = true;
   double prefix_fraction = 0.5;  ///< a holder of >= this fraction of the prompt is preferred ...
   double prefix_slack = 1.5;     ///< ... unless its estimated time exceeds the best by this factor
   double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this
