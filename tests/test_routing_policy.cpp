@@ -257,7 +257,7 @@ TEST_CASE("routing policy table", "[routing]") {
     CHECK(d.rule == "R4");
     CHECK(d.decode == 0);
     CHECK_THAT(d.reason, Catch::Contains("no free decode slot"));
-    // Fraction 1.0 is the rule before the split: any host meeting the target takes it.
+    // Fraction 1.0 is the rule before the split (here the GPU runs more sequences, so the balance holds).
     ex[1].running = 0;
     ex[0].kv_free_pages = 1000;
     o.batch_host_tpot_fraction = 1.0;

@@ -102,8 +102,9 @@ struct DefaultRoutingOptions {
   /// batch decode goes to the host only when the host's predicted TPOT (the larger of
   /// est_decode_s(h, 1) and model_tpot_s, i.e. at its batch with this request) is at most
   /// this fraction of the target. The host's remaining slots are kept for decodes the
-  /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0: every
-  /// long batch decode goes to a host that meets the target (the rule before the split).
+  /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0 (with
+  /// batch_host_balance off): every long batch decode goes to a host that meets the target
+  /// (the rule before the split).
   double batch_host_tpot_fraction = 0.5;
   /// ... and, with room on the accelerator, only while the host has fewer sequences
   /// (running + queued, hand-offs on their way included) than the accelerator: one more
