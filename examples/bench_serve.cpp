@@ -783,7 +783,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   c->add_option("--slo-scale", o.slo_scale, "multiply the per-class TTFT/TPOT SLOs");
   c->add_option("--batch-host-tpot-fraction", o.batch_host_tpot_fraction,
                 "routing: a batch decode leaves an accelerator with room only for a host TPOT <= this x target "
-                "(1 = any host meeting it; default 0.5)")
+                "and fewer sequences on the host (1 = any such host meeting it; default 0.5)")
       ->check(CLI::Range(0.0, 1.0))
       ->check(CLI::Validator(
           [](std::string& v) { return std::isnan(std::strtod(v.c_str(), nullptr)) ? "not a number: " + v : ""; },

@@ -27,9 +27,16 @@ std::optional<SlaClass> parse_sla_class(std::string_view s) noexcept {
 }
 
 double DefaultRoutingPolicy::est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept {
-  const double tps = std::max(e.prefill_tps, 1e-6);
+  double tps = e.prefill_tps;
+  if (e.decoding > 0 && e.token_tps > 0 && e.prefill_chunk > 0) {
+    const double c = double(e.prefill_chunk);
+    tps = std::min(tps, e.token_tps * c / (c + double(e.decoding)));
+  }
+  tps = std::max(tps, 1e-6);
   const double fresh = double(std::max<int64_t>(0, int64_t{prompt_tokens} - e.prefix_tokens));
-  return (double(e.queued_tokens) + fresh) / tps;
+  const double ahead =
+      double(std::max<int64_t>(0, e.queued_tokens)) + double(std::max<int64_t>(0, e.running_prompt_tokens));
+  return (ahead + fresh) / tps;
 }
 
 double DefaultRoutingPolicy::est_decode_s(const ExecutorView& e, int32_t n) noexcept {
@@ -43,10 +50,12 @@ namespace {
 
 std::string view_numbers(const ExecutorView& e, int32_t prompt, int32_t out) {
   return fmt::format(
-      "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{}, kv free {}, prefix {}, "
+      "{}[pf {:.0f} t/s, dec {:.0f} t/s, queued {} ({} tok), running {}/{} ({} prompt tok, {} decoding), kv free {}, "
+      "prefix {}, "
       "est prefill {:.3f}s decode {:.3f}s{}]",
-      e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.kv_free_pages,
-      e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt), DefaultRoutingPolicy::est_decode_s(e, out),
+      e.name, e.prefill_tps, e.decode_tps, e.queued, e.queued_tokens, e.running, e.max_running, e.running_prompt_tokens,
+      e.decoding, e.kv_free_pages, e.prefix_tokens, DefaultRoutingPolicy::est_prefill_s(e, prompt),
+      DefaultRoutingPolicy::est_decode_s(e, out),
       e.model_tpot_s > 0 ? fmt::format(", model TPOT {:.4f}s", e.model_tpot_s) : std::string());
 }
 
@@ -173,7 +182,9 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     const bool accel_room =
         !kv_short && 2 * need_pages + queued_pages <= int64_t{av.kv_free_pages} && av.model_tpot_s <= tpot_t;
     const double host_tpot = std::max(est_decode_s(at(h), 1), at(h).model_tpot_s);
-    const bool host_spare = host_tpot <= o_.batch_host_tpot_fraction * tpot_t;
+    const int32_t host_load = at(h).running + at(h).queued, accel_load = av.running + av.queued;
+    const bool host_spare =
+        host_tpot <= o_.batch_host_tpot_fraction * tpot_t && (!o_.batch_host_balance || host_load < accel_load);
     const bool batch_off =
         o_.handoff_batch_decode && in.sla == SlaClass::kBatch && tpot_t > 0 && (!accel_room || host_spare);
     const bool scarce = slots_scarce || kv_short || batch_off;
@@ -190,8 +201,10 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
           "TPOT {:.3f}s vs {:.3f}s)",
           need_pages, queued_pages, av.kv_free_pages, av.model_tpot_s, tpot_t);
     } else if (batch_off) {
-      short_of = fmt::format("batch decode fits the host with TPOT to spare ({:.3f}s <= {:.2f} x {:.3f}s)", host_tpot,
-                             o_.batch_host_tpot_fraction, tpot_t);
+      short_of = fmt::format(
+          "batch decode fits the host with TPOT to spare ({:.3f}s <= {:.2f} x {:.3f}s; host {} < accelerator {} "
+          "sequences)",
+          host_tpot, o_.batch_host_tpot_fraction, tpot_t, host_load, accel_load);
     }
     std::string miss;
     if (in.sla != SlaClass::kInteractive && scarce && !host_meets_slo(at(h), false, miss)) {
@@ -212,8 +225,11 @@ RouteDecision DefaultRoutingPolicy::route(const RouteInput& in, std::span<const 
     }
     std::string why = in.sla == SlaClass::kInteractive ? "interactive decode stays" : "decode slots free";
     if (in.sla == SlaClass::kBatch && o_.handoff_batch_decode && tpot_t > 0) {
-      why = fmt::format("batch decode split: {} has room and host {} TPOT {:.3f}s > {:.2f} x target {:.3f}s", av.name,
-                        at(h).name, host_tpot, o_.batch_host_tpot_fraction, tpot_t);
+      why = host_tpot > o_.batch_host_tpot_fraction * tpot_t
+                ? fmt::format("batch decode split: {} has room and host {} TPOT {:.3f}s > {:.2f} x target {:.3f}s",
+                              av.name, at(h).name, host_tpot, o_.batch_host_tpot_fraction, tpot_t)
+                : fmt::format("batch decode split: {} has room and host {} has {} sequences >= its {}", av.name,
+                              at(h).name, host_load, accel_load);
     }
     return whole(a, "R4",
                  fmt::format("long prompt ({} >= {}) prefills and decodes on {} ({})", fresh, o_.long_prompt_tokens,

@@ -107,6 +107,10 @@ int Scheduler::Impl::route(Seq& seq) {
     v.queued = L->n_queued.load(std::memory_order_relaxed) + L->handoffs_pending.load(std::memory_order_relaxed);
     v.queued_tokens = std::max<int64_t>(0, L->queued_tokens.load(std::memory_order_relaxed));
     v.running = L->n_running.load(std::memory_order_relaxed);
+    v.running_prompt_tokens = L->running_prompt_tokens.load(std::memory_order_relaxed);
+    v.decoding = L->n_decoding.load(std::memory_order_relaxed) + L->handoffs_pending.load(std::memory_order_relaxed);
+    v.token_tps = L->token_tps.load(std::memory_order_relaxed);
+    v.prefill_chunk = L->cfg.prefill_chunk;
     v.max_running = L->cfg.max_running;
     v.kv_free_pages = L->store->usage(L->tier).free();
     v.page_size = L->ps;

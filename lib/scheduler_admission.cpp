@@ -190,7 +190,7 @@ void Loop::admit() {
     running.push_back(std::move(waiting.front()));
     waiting.pop_front();
   }
-  n_running.store(int32_t(running.size()), std::memory_order_relaxed);
+  publish_running();
 }
 
 void Loop::preempt_youngest() {
@@ -219,7 +219,7 @@ void Loop::preempt_youngest() {
   queued_tokens.fetch_add(s->charge, std::memory_order_relaxed);
   waiting.push_front(std::move(s));
   admission_paused = true;
-  n_running.store(int32_t(running.size()), std::memory_order_relaxed);
+  publish_running();
 }
 
 }  // namespace tandem

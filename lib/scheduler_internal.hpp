@@ -248,7 +248,11 @@ struct Scheduler::Impl::Loop {
   /// want a decode slot, so the router counts them as queued here (ExecutorView::queued).
   std::atomic<int32_t> handoffs_pending{0};
   std::atomic<int64_t> queued_tokens{0};
-  std::atomic<double> prefill_tps{0}, decode_tps{0};
+  /// Admitted sequences' prompt tokens still to prefill, and admitted sequences decoding
+  /// (publish_running(), after admission and after each step).
+  std::atomic<int64_t> running_prompt_tokens{0};
+  std::atomic<int32_t> n_decoding{0};
+  std::atomic<double> prefill_tps{0}, decode_tps{0}, token_tps{0};
   // Prefix index for routing: key -> page-boundary hashes (under idx_mu; changed per request).
   std::mutex idx_mu;
   std::unordered_map<uint64_t, std::vector<uint64_t>> prefix_index;
@@ -304,6 +308,9 @@ struct Scheduler::Impl::Loop {
   void idle_wait();
   bool build_plan();
   void do_step();
+  /// Stores n_running, running_prompt_tokens and n_decoding from `running` (loop thread;
+  /// no allocation).
+  void publish_running() noexcept;
   void run_plan();
   void sample_plan(Clock::time_point now);
   void fail_plan(ErrorCode ec, const std::string& what);

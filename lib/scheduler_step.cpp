@@ -253,8 +253,26 @@ void Loop::do_step() {
   occupancy_milli.fetch_add(uint64_t(1000.0 * double(running.size()) / double(cfg.max_running)),
                             std::memory_order_relaxed);
   update_speed_signals(prefill_tps, decode_tps, plan.n_prefill, plan.n_decode, dt);
+  update_token_rate(token_tps, plan.n_prefill, plan.n_decode, dt);
   sample_plan(t1);
   std::erase_if(running, [](const auto& q) { return !q; });
+  publish_running();
+}
+
+void Loop::publish_running() noexcept {
+  int64_t prompt = 0;
+  int32_t decoding = 0;
+  for (const auto& p : running) {
+    if (!p || !p->kv) continue;
+    const int32_t pend = p->pending();
+    if (pend > 1) {
+      prompt += pend;
+    } else {
+      ++decoding;
+    }
+  }
+  running_prompt_tokens.store(prompt, std::memory_order_relaxed);
+  n_decoding.store(decoding, std::memory_order_relaxed);
   n_running.store(int32_t(running.size()), std::memory_order_relaxed);
 }
 
@@ -269,7 +287,7 @@ void Loop::fail_all(const std::string& what) {
   }
   running.clear();
   plan.clear();
-  n_running.store(0, std::memory_order_relaxed);
+  publish_running();
 }
 
 void Loop::stop_all() {
@@ -287,7 +305,7 @@ void Loop::stop_all() {
   running.clear();
   drop_cache();
   leases_out.clear();  // dropping a pending lease expires it: its pages return
-  n_running.store(0);
+  publish_running();
 }
 
 void Loop::idle_wait() {

@@ -6,7 +6,10 @@
 // share of decodes in its steps and sent it prompts it could not prefill in time), and
 // charging the step's decode time to the prompt errs on the slow side.
 // decode_tps: one token per sequence per pure-decode step (1 / step seconds).
-// Both are EWMAs (weight 0.2 on the new step; the first measurement replaces a
+// token_tps (update_token_rate): prompt + decode tokens per wall second of the steps that
+// carry prompt tokens — the executor's token rate when prefilling, from which the router
+// predicts the prompt speed at another decode share (DefaultRoutingPolicy::est_prefill_s).
+// All are EWMAs (weight 0.2 on the new step; the first measurement replaces a
 // non-positive value). Thread-safety: one writer (the loop), any readers (relaxed).
 #pragma once
 
@@ -24,6 +27,14 @@ inline void update_speed_signals(std::atomic<double>& prefill_tps, std::atomic<d
   };
   if (n_prefill > 0) ewma(prefill_tps, double(n_prefill) / step_s);
   if (n_prefill == 0 && n_decode > 0) ewma(decode_tps, 1.0 / step_s);
+}
+
+inline void update_token_rate(std::atomic<double>& token_tps, int32_t n_prefill, int32_t n_decode,
+                              double step_s) noexcept {
+  if (!(step_s > 0.0) || n_prefill <= 0) return;
+  const double v = double(n_prefill + n_decode) / step_s;
+  const double old = token_tps.load(std::memory_order_relaxed);
+  token_tps.store(old <= 0 ? v : 0.8 * old + 0.2 * v, std::memory_order_relaxed);
 }
 
 }  // namespace tandem

@@ -216,6 +216,7 @@ TEST_CASE("routing policy table", "[routing]") {
     o.tpot_target_s[int(SlaClass::kBatch)] = 0.1;
     DefaultRoutingPolicy slo(o);
     const auto batch = input(SlaClass::kBatch, 2000, 100);  // 132 pages of 16 tokens
+    ex[0].running = 4;  // the GPU decodes more sequences than the CPU (the balance below)
     // Idle CPU: TPOT 1 / 40 = 0.025 s <= 0.5 x 0.1 s: to the CPU.
     auto d = slo.route(batch, ex);
     CHECK(d.rule == "R5");
@@ -256,7 +257,7 @@ TEST_CASE("routing policy table", "[routing]") {
     CHECK(d.rule == "R4");
     CHECK(d.decode == 0);
     CHECK_THAT(d.reason, Catch::Contains("no free decode slot"));
-    // Fraction 1.0 is the rule before the split: any host meeting the target takes it.
+    // Fraction 1.0 is the rule before the split (here the GPU runs more sequences, so the balance holds).
     ex[1].running = 0;
     ex[0].kv_free_pages = 1000;
     o.batch_host_tpot_fraction = 1.0;
@@ -282,4 +283,106 @@ TEST_CASE("a replacement policy object is honoured", "[routing]") {
   CHECK(parse_sla_class("batch") == SlaClass::kBatch);
   CHECK(!parse_sla_class("gold"));
   CHECK(sla_class_name(SlaClass::kInteractive) == "interactive");
+}
+
+// Fails on main (issue 16): R7's TTFT estimate on the host was (queued prompt tokens +
+// prompt) / prefill_tps, blind to the prompts the host had already admitted and to the
+// decodes that share each of its steps; the host took prompts it could not prefill in time.
+TEST_CASE("R7's host TTFT estimate counts admitted prompts and the decode share", "[routing]") {
+  DefaultRoutingOptions o;
+  o.ttft_target_s[int(SlaClass::kStandard)] = 0.5;
+  DefaultRoutingPolicy slo(o);
+  auto ex = gpu_cpu();
+  // A busy GPU (est 150 / 20000 + 10 / 80 x (1 + 24 / 8) = 0.51 s), so that the overload
+  // rule (3 x 0.51 s) never keeps the request off the CPU here, and a CPU with free slots.
+  ex[0].running = 8;
+  ex[0].queued = 16;
+  ex[1].max_running = 16;
+  const auto req = input(SlaClass::kStandard, 150, 10);
+  // Idle CPU: 150 / 400 = 0.375 s <= 0.5 s: the CPU.
+  CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+  CHECK(slo.route(req, ex).prefill == 1);
+
+  SECTION("admitted prompts go first") {
+    // 60 prompt tokens of an admitted sequence still to prefill: (60 + 150) / 400 = 0.525 s.
+    ex[1].running = 1;
+    ex[1].running_prompt_tokens = 60;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.525));
+    const auto d = slo.route(req, ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("est TTFT 0.525s"));
+    ex[1].running_prompt_tokens = 40;  // (40 + 150) / 400 = 0.475 s: met
+    CHECK(slo.route(req, ex).prefill == 1);
+  }
+  SECTION("decodes share every step of the prompt") {
+    // Measured: 400 tokens/s in steps carrying prompt tokens. With 3 sequences decoding
+    // and chunks of 16 prompt tokens, a step carries 16 prompt + 3 decode tokens: prompt
+    // speed 400 x 16 / 19 = 336.8 t/s, 150 tokens take 0.445 s: met.
+    ex[1].running = ex[1].decoding = 3;
+    ex[1].token_tps = 400;
+    ex[1].prefill_chunk = 16;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(150.0 / (400.0 * 16 / 19)));
+    CHECK(slo.route(req, ex).prefill == 1);
+    // 4 decoding (a hand-off on its way included): 400 x 16 / 20 = 320 t/s, 0.469 s: met.
+    ex[1].running = ex[1].decoding = 4;
+    CHECK(slo.route(req, ex).prefill == 1);
+    // 6 decoding: 400 x 16 / 22 = 290.9 t/s, 150 tokens take 0.516 s > 0.5 s: the GPU.
+    ex[1].running = ex[1].decoding = 6;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.515625));
+    const auto d = slo.route(req, ex);
+    CHECK(d.rule == "R7");
+    CHECK(d.prefill == 0);
+    CHECK_THAT(d.reason, Catch::Contains("est TTFT 0.516s"));
+    // The measured prefill speed still bounds the estimate: a token rate above it at this
+    // decode share (1000 x 16 / 22 = 727 t/s) leaves 400 t/s, 0.375 s.
+    ex[1].token_tps = 1000;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+    // Without a measured token rate or a known chunk, the decode share is not applied.
+    ex[1].token_tps = 0;
+    CHECK(DefaultRoutingPolicy::est_prefill_s(ex[1], 150) == Approx(0.375));
+  }
+}
+
+// Fails on main (issue 16): with room on the GPU, the split gave a batch decode to any host
+// with TPOT to spare, however idle the GPU; on the long-context trace 11 of 17 batch
+// decodes went to the EPYC while the L40S ran 0-2 sequences, and the EPYC's slots were
+// full when the L40S's KV was short.
+TEST_CASE("batch decode split: a host with room on the GPU takes a batch decode only while it runs fewer sequences",
+          "[routing]") {
+  DefaultRoutingOptions o;
+  o.tpot_target_s[int(SlaClass::kBatch)] = 0.1;
+  DefaultRoutingPolicy slo(o);
+  auto ex = gpu_cpu();
+  ex[1].max_running = 16;
+  const auto batch = input(SlaClass::kBatch, 2000, 100);  // 132 pages; the GPU has 1000 free: room
+  // Both idle: the CPU's TPOT 1 / 40 = 0.025 s <= 0.05 s, but it would run 1 sequence to
+  // the GPU's 0: the GPU keeps it.
+  auto d = slo.route(batch, ex);
+  CHECK(d.rule == "R4");
+  CHECK(d.decode == 0);
+  CHECK_THAT(d.reason, Catch::Contains("host cpu has 0 sequences >= its 0"));
+  // GPU 2 running, CPU 1 running + 1 hand-off on its way (queued): 2 >= 2, the GPU.
+  ex[0].running = 2;
+  ex[1].running = 1;
+  ex[1].queued = 1;  // TPOT 0.025 x (1 + 2 / 16) = 0.028 s: still to spare
+  CHECK(slo.route(batch, ex).decode == 0);
+  // GPU 3: the CPU (2) runs fewer: to the CPU.
+  ex[0].running = 3;
+  d = slo.route(batch, ex);
+  CHECK(d.rule == "R5");
+  CHECK(d.decode == 1);
+  CHECK_THAT(d.reason, Catch::Contains("host 2 < accelerator 3 sequences"));
+  // Without room on the GPU the balance does not apply: a CPU busier than the GPU takes it.
+  ex[0].running = 0;
+  ex[0].kv_free_pages = 200;  // < 2 x 132
+  d = slo.route(batch, ex);
+  CHECK(d.rule == "R5");
+  CHECK(d.decode == 1);
+  CHECK_THAT(d.reason, Catch::Contains("no room to spare"));
+  // batch_host_balance = false: the TPOT fraction alone (the rule before this change).
+  ex[0].kv_free_pages = 1000;
+  CHECK(slo.route(batch, ex).decode == 0);
+  o.batch_host_balance = false;
+  CHECK(DefaultRoutingPolicy(o).route(batch, ex).decode == 1);
 }

@@ -69,6 +69,20 @@ TEST_CASE("prefill speed counts only the prompt tokens of a step", "[routing][si
   CHECK(pf.load() == Approx(0.8 * 64.0 + 0.2 * 128.0));
 }
 
+// The token rate of prefilling steps (issue 16): prompt and decode tokens over the step
+// time, measured only in steps that carry prompt tokens.
+TEST_CASE("token rate counts a prefilling step's prompt and decode tokens", "[routing][signals]") {
+  std::atomic<double> tok{0.0};
+  update_token_rate(tok, 0, 16, 0.05);  // a pure decode step: no measurement
+  CHECK(tok.load() == 0.0);
+  update_token_rate(tok, 64, 16, 1.0);  // 80 tokens in 1 s
+  CHECK(tok.load() == Approx(80.0));
+  update_token_rate(tok, 100, 0, 0.5);  // 200 t/s; EWMA 0.8 x 80 + 0.2 x 200
+  CHECK(tok.load() == Approx(104.0));
+  update_token_rate(tok, 10, 0, 0.0);  // no time: no measurement
+  CHECK(tok.load() == Approx(104.0));
+}
+
 // Fails before issue 16's fix: R5 handed the decode to a host whose slots were all taken.
 TEST_CASE("a host without a free decode slot gets neither a hand-off nor a whole request", "[routing][signals]") {
   DefaultRoutingOptions o;
@@ -269,7 +283,8 @@ TEST_CASE("with a batch TPOT target a long batch decode goes to a host that meet
   DefaultRoutingOptions o;
   o.tpot_target_s[int(SlaClass::kBatch)] = 1.0;
   DefaultRoutingPolicy pol(o);
-  auto v = gpu_cpu();  // idle accelerator: neither slots nor KV are short
+  auto v = gpu_cpu();  // neither slots nor KV are short on the accelerator ...
+  v[0].running = 1;    // ... which decodes more sequences than the idle host (batch_host_balance)
   const auto d = pol.route(input(SlaClass::kBatch, 400, 64), v);
   CHECK(d.rule == "R5");
   CHECK(d.prefill == 0);

@@ -42,6 +42,17 @@ struct ExecutorView {
   /// still running elsewhere (they will want a decode slot here)
   int32_t queued = 0;
   int64_t queued_tokens = 0;  ///< prompt tokens of requests waiting for admission
+  /// prompt tokens the admitted sequences still have to prefill (they go before a new
+  /// request's prompt, which is admitted behind them)
+  int64_t running_prompt_tokens = 0;
+  /// admitted sequences decoding (one token each per step), plus decode hand-offs routed
+  /// here whose KV has not arrived yet: each step of a new prompt's prefill carries them
+  int32_t decoding = 0;
+  /// measured tokens/s of the steps that carry prompt tokens, their decode tokens included
+  /// (EWMA; 0 = not measured). With `decoding` and `prefill_chunk` it gives the prompt
+  /// speed at the current decode share (est_prefill_s).
+  double token_tps = 0.0;
+  int32_t prefill_chunk = 0;  ///< most prompt tokens of one sequence per step (0 = unknown)
   int32_t running = 0;        ///< admitted sequences
   int32_t max_running = 1;    ///< decode slots
   int32_t kv_free_pages = 0;  ///< free pages in its compute tier
@@ -91,9 +102,18 @@ struct DefaultRoutingOptions {
   /// batch decode goes to the host only when the host's predicted TPOT (the larger of
   /// est_decode_s(h, 1) and model_tpot_s, i.e. at its batch with this request) is at most
   /// this fraction of the target. The host's remaining slots are kept for decodes the
-  /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0: every
-  /// long batch decode goes to a host that meets the target (the rule before the split).
+  /// accelerator cannot hold, and the accelerator's spare steps take the rest. 1.0 (with
+  /// batch_host_balance off): every long batch decode goes to a host that meets the target
+  /// (the rule before the split).
   double batch_host_tpot_fraction = 0.5;
+  /// ... and, with room on the accelerator, only while the host has fewer sequences
+  /// (running + queued, hand-offs on their way included) than the accelerator: one more
+  /// decode costs an accelerator almost nothing (its steps read the weights anyway), so a
+  /// host busier than an accelerator with room would spend the slots that decodes the
+  /// accelerator cannot hold need later (issue 16: on the long-context trace 11 of 17
+  /// batch decodes went to the EPYC while the L40S ran 0-2 sequences). false: the TPOT
+  /// fraction alone decides.
+  bool batch_host_balance = true;
   double prefix_fraction = 0.5;  ///< a holder of >= this fraction of the prompt is preferred ...
   double prefix_slack = 1.5;     ///< ... unless its estimated time exceeds the best by this factor
   double overload_factor = 3.0;  ///< a preferred executor is skipped when its estimate exceeds the best's by this
@@ -118,7 +138,12 @@ class DefaultRoutingPolicy final : public RoutingPolicy {
   const DefaultRoutingOptions& options() const noexcept { return o_; }
 
   /// Estimated seconds until executor `e` has prefilled `prompt_tokens` new tokens of a
-  /// request (its queue first): (queued_tokens + prompt - prefix) / prefill_tps.
+  /// request (the admitted prompts and its queue first):
+  /// (running_prompt_tokens + queued_tokens + prompt - prefix) / rate, where rate is
+  /// prefill_tps, or, when `decoding` sequences share every step and token_tps and
+  /// prefill_chunk are known, the smaller of prefill_tps and
+  /// token_tps x prefill_chunk / (prefill_chunk + decoding) (a step of c prompt tokens
+  /// also carries one token of each decoding sequence; step time ~ tokens in it).
   static double est_prefill_s(const ExecutorView& e, int32_t prompt_tokens) noexcept;
   /// Estimated seconds to decode `n` tokens there: n / decode_tps, slowed by a full batch.
   static double est_decode_s(const ExecutorView& e, int32_t n) noexcept;
