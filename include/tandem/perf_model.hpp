@@ -184,6 +184,7 @@ struct CpuCalibration {
   double int8_ops_per_cycle = 0;  ///< achieved per core in pp512 (2 * params * tokens / CPU-seconds / clock)
   double clock_hz = 0;            ///< reported core clock
   int32_t cores = 0;
+  double step_overhead_s = 0;  ///< fixed seconds per decode step, fitted with the bandwidth (vm2 only)
 };
 extern const CpuCalibration kVm2Calibration;
 
