@@ -18,23 +18,23 @@
 
 namespace tandem {
 
+/// The signals' EWMA step: weight 0.2 on `v`; a non-positive old value is replaced.
+inline void ewma_update(std::atomic<double>& a, double v) noexcept {
+  const double old = a.load(std::memory_order_relaxed);
+  a.store(old <= 0 ? v : 0.8 * old + 0.2 * v, std::memory_order_relaxed);
+}
+
 inline void update_speed_signals(std::atomic<double>& prefill_tps, std::atomic<double>& decode_tps, int32_t n_prefill,
                                  int32_t n_decode, double step_s) noexcept {
   if (!(step_s > 0.0)) return;
-  auto ewma = [](std::atomic<double>& a, double v) {
-    const double old = a.load(std::memory_order_relaxed);
-    a.store(old <= 0 ? v : 0.8 * old + 0.2 * v, std::memory_order_relaxed);
-  };
-  if (n_prefill > 0) ewma(prefill_tps, double(n_prefill) / step_s);
-  if (n_prefill == 0 && n_decode > 0) ewma(decode_tps, 1.0 / step_s);
+  if (n_prefill > 0) ewma_update(prefill_tps, double(n_prefill) / step_s);
+  if (n_prefill == 0 && n_decode > 0) ewma_update(decode_tps, 1.0 / step_s);
 }
 
 inline void update_token_rate(std::atomic<double>& token_tps, int32_t n_prefill, int32_t n_decode,
                               double step_s) noexcept {
   if (!(step_s > 0.0) || n_prefill <= 0) return;
-  const double v = double(n_prefill + n_decode) / step_s;
-  const double old = token_tps.load(std::memory_order_relaxed);
-  token_tps.store(old <= 0 ? v : 0.8 * old + 0.2 * v, std::memory_order_relaxed);
+  ewma_update(token_tps, double(n_prefill + n_decode) / step_s);
 }
 
 }  // namespace tandem
