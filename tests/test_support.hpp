@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,6 +18,11 @@
 #include "tandem/error.hpp"
 
 namespace tandem::test {
+
+/// Same length and the same bytes (bit-identical floats, NaN payloads and -0.0 included).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 /// ../shared (models/, golden/), overridable by TANDEM_SHARED.
 inline std::filesystem::path shared_dir() {

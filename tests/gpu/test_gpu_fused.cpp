@@ -24,9 +24,7 @@ namespace k = tandem::kernels;
 #if TANDEM_HAVE_CUDA
 namespace {
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::same_bits;
 
 bool same_blocks(const std::vector<k::BlockQ8_0>& a, const std::vector<k::BlockQ8_0>& b) {
   if (a.size() != b.size()) return false;

@@ -24,9 +24,7 @@ namespace k = tandem::kernels;
 #if TANDEM_HAVE_CUDA
 namespace {
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test::same_bits;
 
 // Weight value j of a Q4_0 or Q8_0 block (Q4_0: low nibbles are values 0..15, high 16..31).
 int weight_value(const k::BlockQ4_0& b, int j) {
