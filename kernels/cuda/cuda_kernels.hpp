@@ -157,7 +157,7 @@ inline constexpr int32_t kAttentionPrefillMaxTile = 16;
 
 /// Tile shape of attention_prefill() for a head_dim and GQA group: bq query tokens (times
 /// `group` query heads) per block, bk K/V positions per shared-memory tile, and the block's
-/// dynamic shared memory in bytes, (2 * bk * head_dim + bq * group * (2 * head_dim + bk + 4))
+/// dynamic shared memory in bytes, (bk * (2 * head_dim + 1) + bq * group * (2 * head_dim + bk + 4))
 /// floats, at most 48 KiB (the default limit: no attribute needed). bq is the largest
 /// that fits, capped at kAttentionPrefillMaxTile; bq == 0 when not even one token fits (the
 /// caller then uses attention()). Pure function of its arguments; thread-safe.

@@ -434,8 +434,9 @@ __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const 
 // One block per (tile of bq consecutive query tokens of one sequence, KV head), with the
 // group's query heads: rows r = i * group + g (token t0 + i, head hk * group + g). K/V tiles
 // of bk positions are staged in shared memory. Shared memory: S [R] doubles | q [R][hd] |
-// O [R][hd] | K [bk][hd] | V [bk][hd] | scores [R][bk] | m [R] | inv [R] floats,
-// R = bq * group.
+// O [R][hd] | K [bk][hd + 1] | V [bk][hd] | scores [R][bk] | m [R] | inv [R] floats,
+// R = bq * group. K rows are padded by one float so the threads of a warp, each scoring
+// another position against the same q row, read distinct banks.
 
 // Stage rows [kb, kb + n) of the K (and with `with_v` the V) cache of head hk as floats.
 template <bool F16>
@@ -445,7 +446,7 @@ __device__ __forceinline__ void prefill_stage(const KvArgs& kv, int64_t t0, int3
   const int64_t head_off = int64_t(hk) * hd * (F16 ? 2 : 4);
   for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
     const int32_t j = e / hd, d = e % hd;
-    ks[e] = kv_load<F16>(kv_row(kv, t0, kb + j, 0) + head_off, d);
+    ks[j * (hd + 1) + d] = kv_load<F16>(kv_row(kv, t0, kb + j, 0) + head_off, d);
     if (with_v) vs[e] = kv_load<F16>(kv_row(kv, t0, kb + j, 1) + head_off, d);
   }
 }
@@ -460,7 +461,7 @@ __device__ __forceinline__ void prefill_scores(const KvArgs& kv, int64_t t0, int
     const int32_t r = e / bk, j = e % bk;
     if (j >= n || kb + j > kv.pos[t0 + r / group]) continue;
     const float* qr = qs + r * hd;
-    const float* kj = ks + j * hd;
+    const float* kj = ks + j * (hd + 1);
     float s = 0.0f;
     for (int32_t d = 0; d < hd; ++d) s += qr[d] * kj[d];
     ss[e] = s * scale;
@@ -488,7 +489,7 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
   float* qs = sh + 2 * R_cap;
   float* os = qs + R_cap * hd;
   float* ks = os + R_cap * hd;
-  float* vs = ks + bk * hd;
+  float* vs = ks + bk * (hd + 1);
   float* ss = vs + bk * hd;
   float* ms = ss + R_cap * bk;
   float* inv = ms + R_cap;
@@ -643,9 +644,9 @@ AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group) {
   AttentionPrefillPlan plan;
   if (head_dim <= 0 || group <= 0) return plan;
   const int32_t bk = 16;
-  const int64_t budget = 48 * 1024 / 4;                    // floats of the default dynamic limit
-  const int64_t fixed = 2 * int64_t(bk) * head_dim;        // K and V tiles
-  const int64_t per_row = 2 * int64_t(head_dim) + bk + 4;  // q, O, scores, m, inv, S (a double)
+  const int64_t budget = 48 * 1024 / 4;                             // floats of the default dynamic limit
+  const int64_t fixed = int64_t(bk) * (2 * int64_t(head_dim) + 1);  // K (rows padded) and V tiles
+  const int64_t per_row = 2 * int64_t(head_dim) + bk + 4;           // q, O, scores, m, inv, S (a double)
   const int64_t rows = budget > fixed ? (budget - fixed) / per_row : 0;
   const int64_t bq = std::min<int64_t>(kAttentionPrefillMaxTile, rows / group);
   if (bq < 1) return plan;
