@@ -76,6 +76,15 @@ struct GpuExecutorOptions {
   /// Bit-identical results either way (kernels/cuda/cuda_kernels.hpp gemm()); off = dp4a
   /// only (tests compare the two).
   bool tensor_cores = true;
+  /// Attention of multi-token steps (prefill chunks) through the tiled flash-attention
+  /// kernel (kernels/cuda/cuda_kernels.hpp attention_prefill: one block per tile of up to
+  /// 16 query tokens and KV head, with the GQA group's heads; K/V tiles in shared memory;
+  /// online-softmax statistics) instead of one block per (token, head). Not bit-identical
+  /// (the softmax sum's order; both within the float64 bounds of
+  /// tests/gpu/test_gpu_attention.cpp); off = attention() for prefill tokens. Shapes whose
+  /// tile does not fit 48 KiB of shared memory use attention() either way; decode tokens
+  /// use the split-KV kernels either way.
+  bool flash_prefill = true;
 };
 
 class GpuQ4Executor final : public Executor {
@@ -154,6 +163,17 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
                       int32_t part, int device = 0);
+/// Prefill attention harness: sequence s holds positions [0, lens[s]) (k, v as in
+/// attention_decode) and queries with its last chunks[s] positions, [lens[s] - chunks[s],
+/// lens[s]) (a later chunk of a prompt when chunks[s] < lens[s]); q, out: [sum chunks][n_head]
+/// [head_dim], sequence by sequence, all in one launch. tiled: the tiled flash-attention
+/// kernel (attention_prefill, tiles of its plan's bq tokens, the last one partial); else
+/// attention(). Pages as in attention_decode. Output NaN-filled first. Throws
+/// Error(kInvalidArgument) without a device, for chunks outside [1, lens[s]], or (tiled)
+/// when no tile fits the shape.
+void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                       const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
+                       const float* k, const float* v, float* out, bool tiled, int device = 0);
 /// Fused-kernel harnesses (tests/gpu/test_gpu_fused.cpp): with `fused` the one-launch
 /// kernel, else the separate launches it replaces; device outputs are NaN- or 0x5A-filled
 /// first. Throw Error(kInvalidArgument) without a device.

@@ -152,6 +152,46 @@ void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t
                      int32_t n_head, float scale, int32_t max_pos, const AttentionSplitScratch& scratch,
                      cudaStream_t stream);
 
+/// Most query tokens per tile of attention_prefill().
+inline constexpr int32_t kAttentionPrefillMaxTile = 16;
+
+/// Tile shape of attention_prefill() for a head_dim and GQA group: bq query tokens (times
+/// `group` query heads) per block, bk K/V positions per shared-memory tile, and the block's
+/// dynamic shared memory in bytes, (bk * (2 * head_dim + 1) + bq * group * (2 * head_dim + bk + 4))
+/// floats, at most 48 KiB (the default limit: no attribute needed). bq is the largest
+/// that fits, capped at kAttentionPrefillMaxTile; bq == 0 when not even one token fits (the
+/// caller then uses attention()). Pure function of its arguments; thread-safe.
+struct AttentionPrefillPlan {
+  int32_t bq = 0;
+  int32_t bk = 0;
+  size_t shmem = 0;
+};
+AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group);
+
+/// Tiled flash-attention prefill: for each tile i of `tiles` (device, n_tiles pairs
+/// (t0, nq), 1 <= nq <= attention_prefill_plan(kv.head_dim, n_head / kv.n_head_kv).bq), the
+/// rows t0 .. t0 + nq - 1 of q/out ([step tokens][n_head][head_dim] floats), which must be
+/// tokens of one sequence (same page_off); token t attends to positions [0, pos[t]] of its
+/// sequence's pages (causal mask per query token). One thread block per (tile, KV head)
+/// with all query heads of its GQA group, so each K/V row is read from memory by one block
+/// per tile and group instead of once per (token, head) as in attention(): O(T^2 / bq) row
+/// reads per KV head for a T-token prompt instead of O(T^2 * group). K/V tiles of bk
+/// positions are staged in shared memory as floats (see attention_prefill_plan). Two
+/// passes over the tiles: (1) K only: per query row the running max and the sum of
+/// exp(s - max) (online softmax: each tile's partial sum against the tile's max, the running
+/// sum rescaled by exp(m_old - m_new), in double); (2) K and V: the CPU's probabilities
+/// prob = exp(s - max) * (1 / sum), rounded to f16 with f16 KV, times V, added in f32 in
+/// position order. The second pass replaces FlashAttention-2's rescaled accumulator: the
+/// f16 rounding of the normalised probability (the CPU's convention) needs the final
+/// normaliser before V is weighed, as in attention_split(); one pass with rescaling moved
+/// the tiny test models' logits 2-11% (parity tolerance 4%). Scores as the CPU's (q rounded
+/// to f16 with f16 KV, the dot in order over d, times `scale`). Not bit-identical to
+/// attention() (the sum's order); tests/gpu/test_gpu_attention.cpp bounds both against
+/// float64. Source: FlashAttention-2 (Dao, 2023): tiling of queries and K/V, online softmax
+/// over K/V tiles (Milakov & Gimelshein, 2018). Asynchronous on `stream`; no host state.
+void attention_prefill(const KvArgs& kv, const float* q, float* out, const int32_t* tiles, int64_t n_tiles,
+                       int32_t n_head, float scale, cudaStream_t stream);
+
 /// Fill n floats with quiet NaN (tests).
 void fill_nan(float* y, int64_t n, cudaStream_t stream);
 

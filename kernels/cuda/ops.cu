@@ -4,6 +4,7 @@
 // arithmetic does.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 
 #include "block_math.cuh"
@@ -429,6 +430,141 @@ __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const 
   out[(t * n_head + h) * head_dim + d] = r;
 }
 
+// ---- tiled flash-attention prefill ---------------------------------------------------------
+// One block per (tile of bq consecutive query tokens of one sequence, KV head), with the
+// group's query heads: rows r = i * group + g (token t0 + i, head hk * group + g). K/V tiles
+// of bk positions are staged in shared memory. Shared memory: S [R] doubles | q [R][hd] |
+// O [R][hd] | K [bk][hd + 1] | V [bk][hd] | scores [R][bk] | m [R] | inv [R] floats,
+// R = bq * group. K rows are padded by one float so the threads of a warp, each scoring
+// another position against the same q row, read distinct banks.
+
+// Stage rows [kb, kb + n) of the K (and with `with_v` the V) cache of head hk as floats.
+template <bool F16>
+__device__ __forceinline__ void prefill_stage(const KvArgs& kv, int64_t t0, int32_t hk, int32_t kb, int32_t n,
+                                              bool with_v, float* ks, float* vs) {
+  const int32_t hd = kv.head_dim;
+  const int64_t head_off = int64_t(hk) * hd * (F16 ? 2 : 4);
+  for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
+    const int32_t j = e / hd, d = e % hd;
+    ks[j * (hd + 1) + d] = kv_load<F16>(kv_row(kv, t0, kb + j, 0) + head_off, d);
+    if (with_v) vs[e] = kv_load<F16>(kv_row(kv, t0, kb + j, 1) + head_off, d);
+  }
+}
+
+// Scores of the staged K tile for every row, the CPU's order over d, times the scale;
+// positions past the row's own (the causal mask) are not written.
+__device__ __forceinline__ void prefill_scores(const KvArgs& kv, int64_t t0, int32_t group, int32_t R, int32_t bk,
+                                               int32_t kb, int32_t n, float scale, const float* qs, const float* ks,
+                                               float* ss) {
+  const int32_t hd = kv.head_dim;
+  for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
+    const int32_t r = e / bk, j = e % bk;
+    if (j >= n || kb + j > kv.pos[t0 + r / group]) continue;
+    const float* qr = qs + r * hd;
+    const float* kj = ks + j * (hd + 1);
+    float s = 0.0f;
+    for (int32_t d = 0; d < hd; ++d) s += qr[d] * kj[d];
+    ss[e] = s * scale;
+  }
+}
+
+// Pass 1 over K tiles: per row the running max m and sum S = sum_p exp(s_p - m) (double),
+// each tile's partial sum taken against the tile's own max and the running sum rescaled by
+// exp(m_old - m_new) when the max grows (online softmax). Pass 2 over K/V tiles: the CPU's
+// probabilities e * (1 / S) (f16-rounded with f16 KV) times V, accumulated in f32 in
+// position order; no rescaling is left to do as the max is final.
+template <bool F16>
+__global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q, float* __restrict__ out,
+                                         int32_t n_head, int32_t group, float scale, int32_t bq, int32_t bk,
+                                         const int32_t* __restrict__ tiles) {
+  extern __shared__ float sh[];
+  const int32_t hd = kv.head_dim;
+  const int32_t tile = static_cast<int32_t>(blockIdx.x) / kv.n_head_kv;
+  const int32_t hk = static_cast<int32_t>(blockIdx.x) % kv.n_head_kv;
+  const int64_t t0 = tiles[2 * tile];
+  const int32_t nq = tiles[2 * tile + 1];
+  const int32_t R = nq * group;  // rows in use (<= bq * group)
+  const int32_t R_cap = bq * group;
+  double* sd = reinterpret_cast<double*>(sh);
+  float* qs = sh + 2 * R_cap;
+  float* os = qs + R_cap * hd;
+  float* ks = os + R_cap * hd;
+  float* vs = ks + bk * (hd + 1);
+  float* ss = vs + bk * hd;
+  float* ms = ss + R_cap * bk;
+  float* inv = ms + R_cap;
+  for (int32_t e = threadIdx.x; e < R * hd; e += blockDim.x) {
+    const int32_t r = e / hd, d = e % hd;
+    const float x = q[((t0 + r / group) * n_head + hk * group + r % group) * hd + d];
+    qs[e] = F16 ? round_f16(x) : x;
+    os[e] = 0.0f;
+  }
+  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
+    ms[r] = -FLT_MAX;
+    sd[r] = 0.0;
+  }
+  int32_t last = 0;  // the tile's largest position: its K/V rows are [0, last]
+  for (int32_t i = 0; i < nq; ++i) last = kv.pos[t0 + i] > last ? kv.pos[t0 + i] : last;
+
+  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 1: max and sum
+    const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
+    __syncthreads();  // the previous tile's K and scores are no longer read
+    prefill_stage<F16>(kv, t0, hk, kb, n, false, ks, vs);
+    __syncthreads();
+    prefill_scores(kv, t0, group, R, bk, kb, n, scale, qs, ks, ss);
+    __syncthreads();
+    for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
+      const int32_t nr = kv.pos[t0 + r / group] - kb + 1;  // valid positions of the row here
+      const int32_t nv = nr < n ? nr : n;
+      if (nv <= 0) continue;
+      const float* sr = ss + r * bk;
+      float mt = -FLT_MAX;
+      for (int32_t j = 0; j < nv; ++j) mt = sr[j] > mt ? sr[j] : mt;
+      double st = 0.0;
+      for (int32_t j = 0; j < nv; ++j) st += expf(sr[j] - mt);
+      if (mt > ms[r]) {
+        sd[r] = sd[r] * exp(double(ms[r]) - double(mt)) + st;
+        ms[r] = mt;
+      } else {
+        sd[r] += exp(double(mt) - double(ms[r])) * st;
+      }
+    }
+  }
+  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) inv[r] = static_cast<float>(1.0 / sd[r]);
+
+  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 2: probabilities times V
+    const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
+    __syncthreads();  // the previous tile's K, V and probabilities are no longer read
+    prefill_stage<F16>(kv, t0, hk, kb, n, true, ks, vs);
+    __syncthreads();
+    prefill_scores(kv, t0, group, R, bk, kb, n, scale, qs, ks, ss);
+    __syncthreads();
+    for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
+      const int32_t r = e / bk, j = e % bk;
+      if (j >= n) continue;
+      if (kb + j > kv.pos[t0 + r / group]) {
+        ss[e] = 0.0f;
+        continue;
+      }
+      const float prob = expf(ss[e] - ms[r]) * inv[r];
+      ss[e] = F16 ? round_f16(prob) : prob;
+    }
+    __syncthreads();
+    for (int32_t e = threadIdx.x; e < R * hd; e += blockDim.x) {
+      const int32_t r = e / hd, d = e % hd;
+      const float* pr = ss + r * bk;
+      float acc = os[e];
+      for (int32_t j = 0; j < n; ++j) acc += pr[j] * vs[j * hd + d];
+      os[e] = acc;
+    }
+  }
+  __syncthreads();
+  for (int32_t e = threadIdx.x; e < R * hd; e += blockDim.x) {
+    const int32_t r = e / hd, d = e % hd;
+    out[((t0 + r / group) * n_head + hk * group + r % group) * hd + d] = os[e];
+  }
+}
+
 int attention_threads(int32_t head_dim) {
   const int need = ((head_dim + kWarp - 1) / kWarp) * kWarp;
   return need > 128 ? need : 128;
@@ -502,6 +638,33 @@ void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t
   const int combine_threads = ((kv.head_dim + kWarp - 1) / kWarp) * kWarp;
   attention_combine_kernel<<<static_cast<unsigned>(n_tokens * n_head), combine_threads, 0, stream>>>(
       kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out);
+}
+
+AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group) {
+  AttentionPrefillPlan plan;
+  if (head_dim <= 0 || group <= 0) return plan;
+  const int32_t bk = 16;
+  const int64_t budget = 48 * 1024 / 4;                             // floats of the default dynamic limit
+  const int64_t fixed = int64_t(bk) * (2 * int64_t(head_dim) + 1);  // K (rows padded) and V tiles
+  const int64_t per_row = 2 * int64_t(head_dim) + bk + 4;           // q, O, scores, m, inv, S (a double)
+  const int64_t rows = budget > fixed ? (budget - fixed) / per_row : 0;
+  const int64_t bq = std::min<int64_t>(kAttentionPrefillMaxTile, rows / group);
+  if (bq < 1) return plan;
+  plan.bq = static_cast<int32_t>(bq);
+  plan.bk = bk;
+  plan.shmem = size_t(fixed + per_row * bq * group) * sizeof(float);
+  return plan;
+}
+
+void attention_prefill(const KvArgs& kv, const float* q, float* out, const int32_t* tiles, int64_t n_tiles,
+                       int32_t n_head, float scale, cudaStream_t stream) {
+  if (n_tiles <= 0) return;
+  const int32_t group = n_head / kv.n_head_kv;
+  const AttentionPrefillPlan plan = attention_prefill_plan(kv.head_dim, group);
+  const int threads = attention_threads(kv.head_dim);
+  const unsigned grid = static_cast<unsigned>(n_tiles * kv.n_head_kv);
+  const auto kernel = kv.f16 ? attention_prefill_kernel<true> : attention_prefill_kernel<false>;
+  kernel<<<grid, threads, plan.shmem, stream>>>(kv, q, out, n_head, group, scale, plan.bq, plan.bk, tiles);
 }
 
 void fill_nan(float* y, int64_t n, cudaStream_t stream) {

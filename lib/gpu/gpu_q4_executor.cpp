@@ -382,8 +382,9 @@ struct GpuQ4Executor::Impl {
   PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
-  bool fused = true;         // GpuExecutorOptions::fused_kernels
-  bool tensor_cores = true;  // GpuExecutorOptions::tensor_cores
+  bool fused = true;          // GpuExecutorOptions::fused_kernels
+  bool tensor_cores = true;   // GpuExecutorOptions::tensor_cores
+  bool flash_prefill = true;  // GpuExecutorOptions::flash_prefill
   cudaGraphExec_t graph_exec = nullptr;
   int64_t graph_instantiations = 0;
   struct StagedPage {
@@ -399,7 +400,8 @@ struct GpuQ4Executor::Impl {
         score_capacity(attention_setup_once(dev)),
         use_graphs(o.cuda_graphs),
         fused(o.fused_kernels),
-        tensor_cores(o.tensor_cores) {}
+        tensor_cores(o.tensor_cores),
+        flash_prefill(o.flash_prefill) {}
   ~Impl() {
     (void)cudaStreamSynchronize(stream.get());
     if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
@@ -607,13 +609,16 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* h_rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
   // Attention routing: with kSplitDecodeAttention, the single token of a sequence's step
   // (decode) goes through split-KV attention (attention_split) when its shared-memory tile
-  // fits the default 48 KiB; the tokens of multi-token steps (prefill) through attention().
-  // Listed decode first.
-  auto* h_attn_tokens = pinned<int32_t>(im.h_attn_tokens, size_t(T));
+  // fits the default 48 KiB; the tokens of multi-token steps (prefill) through the tiled
+  // flash-attention kernel (attention_prefill, GpuExecutorOptions::flash_prefill) when one
+  // tile fits, else through attention(). h_attn_tokens: the token list, decode first, then
+  // attention()'s; from index T, the prefill tiles as (first token, count) pairs.
+  auto* h_attn_tokens = pinned<int32_t>(im.h_attn_tokens, size_t(3 * T));
   const int32_t group = hp.n_head / hp.n_head_kv;
   const bool split_fits = kSplitDecodeAttention &&
                           ck::attention_split_shmem(hp.head_dim, group, ck::kAttentionPartition) <= size_t(47) * 1024;
-  int64_t n_dec = 0;
+  const int32_t tile_q = im.flash_prefill ? ck::attention_prefill_plan(hp.head_dim, group).bq : 0;
+  int64_t n_dec = 0, n_tiles = 0, n_listed = 0;
   for (const auto& s : batch) {
     if (split_fits && s.tokens.size() == 1) ++n_dec;
   }
@@ -621,10 +626,20 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     int64_t t = 0, di = 0, pi = 0;
     for (const auto& s : batch) {
       const bool dec = split_fits && s.tokens.size() == 1;
-      for (size_t j = 0; j < s.tokens.size(); ++j, ++t) {
+      const auto n = static_cast<int32_t>(s.tokens.size());
+      if (!dec && tile_q > 0 && n > 1) {
+        for (int32_t j = 0; j < n; j += tile_q, ++n_tiles) {
+          h_attn_tokens[T + 2 * n_tiles] = static_cast<int32_t>(t + j);
+          h_attn_tokens[T + 2 * n_tiles + 1] = std::min(tile_q, n - j);
+        }
+        t += n;
+        continue;
+      }
+      for (int32_t j = 0; j < n; ++j, ++t) {
         h_attn_tokens[dec ? di++ : n_dec + pi++] = static_cast<int32_t>(t);
       }
     }
+    n_listed = n_dec + pi;
   }
 
   size_t n_staged = 0;
@@ -702,7 +717,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* d_pages = im.scratch<void*>(im.pages, n_pages);
   auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
   auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
-  auto* d_attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(T));
+  auto* d_attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(3 * T));
   ck::AttentionSplitScratch split;
   if (n_dec > 0) {
     const int32_t max_parts = (max_pos + split.part - 1) / split.part;
@@ -727,7 +742,8 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  TANDEM_CUDA(cudaMemcpyAsync(d_attn_tokens, h_attn_tokens, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d_attn_tokens, h_attn_tokens, size_t(T + 2 * n_tiles) * sizeof(int32_t),
+                              cudaMemcpyHostToDevice, st));
   if (n_out > 0) {
     TANDEM_CUDA(cudaMemcpyAsync(d_out_index, h_out_index, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   }
@@ -792,7 +808,9 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       ck::kv_store_rows(kv, kk, v, T, st);
     }
     ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st);
-    ck::attention(kv, q, attn, T - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st, d_attn_tokens + n_dec);
+    ck::attention(kv, q, attn, n_listed - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st,
+                  d_attn_tokens + n_dec);
+    ck::attention_prefill(kv, q, attn, d_attn_tokens + T, n_tiles, hp.n_head, kq_scale, st);
     prepared = nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
     norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
@@ -1068,30 +1086,48 @@ void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k,
   to_host(y, dy, size_t(m * n));
 }
 
-void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
-                      const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int device) {
+namespace {
+
+// Shared body of the attention harnesses: sequence s holds positions [0, lens[s]) and its
+// chunk[s] query tokens sit at positions [lens[s] - chunk[s], lens[s]), step rows in order.
+// mode: 0 attention(), 1 attention_prefill() (tiles of the plan's bq), 2 attention_split().
+void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                       const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
+                       const float* k, const float* v, float* out, int mode, int32_t part, int device) {
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
+  }
+  if (lens.size() != chunks.size() || lens.empty() || head_dim <= 0 || n_head_kv <= 0 || n_head % n_head_kv != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: bad attention harness shape");
+  }
+  for (size_t s = 0; s < lens.size(); ++s) {
+    if (chunks[s] < 1 || chunks[s] > lens[s]) {
+      throw Error(ErrorCode::kInvalidArgument, "gpu_testing: chunk must be in [1, len]");
+    }
   }
   const DeviceGuard guard(device);
   const auto n_seq = static_cast<int64_t>(lens.size());
   const int32_t row = n_head_kv * head_dim;
   const size_t es = f16 ? 2 : 4;
   const size_t page_bytes = size_t(2) * 2 * size_t(page_size) * size_t(row) * es;  // 2 layers, K and V
-  std::vector<int32_t> page_off(static_cast<size_t>(n_seq)), pos(static_cast<size_t>(n_seq));
+  std::vector<int32_t> seq_off(static_cast<size_t>(n_seq)), page_off, pos, tokens;
   int32_t n_pages = 0, max_pos = 1;
   for (int64_t s = 0; s < n_seq; ++s) {
-    page_off[size_t(s)] = n_pages;
-    pos[size_t(s)] = lens[size_t(s)] - 1;
+    seq_off[size_t(s)] = n_pages;
+    for (int32_t j = 0; j < chunks[size_t(s)]; ++j) {
+      tokens.push_back(static_cast<int32_t>(pos.size()));
+      page_off.push_back(n_pages);
+      pos.push_back(lens[size_t(s)] - chunks[size_t(s)] + j);
+    }
     n_pages += (lens[size_t(s)] + page_size - 1) / page_size;
     max_pos = std::max(max_pos, lens[size_t(s)]);
   }
+  const auto T = static_cast<int64_t>(pos.size());
   std::vector<std::byte> host(size_t(n_pages) * page_bytes);
   int64_t r = 0;
   for (int64_t s = 0; s < n_seq; ++s) {
     for (int32_t p = 0; p < lens[size_t(s)]; ++p, ++r) {
-      std::byte* page = host.data() + size_t(page_off[size_t(s)] + p / page_size) * page_bytes;
+      std::byte* page = host.data() + size_t(seq_off[size_t(s)] + p / page_size) * page_bytes;
       for (int kind = 0; kind < 2; ++kind) {
         const float* src = (kind == 0 ? k : v) + r * row;
         const int64_t off = ((int64_t{1} * 2 + kind) * page_size + p % page_size) * int64_t{row};  // layer 1
@@ -1114,11 +1150,9 @@ void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32
     TANDEM_CUDA(cudaMemcpy(slot, host.data() + size_t(j) * page_bytes, page_bytes, cudaMemcpyHostToDevice));
     table[size_t(j)] = slot;
   }
-  const size_t q_elems = size_t(n_seq) * size_t(n_head) * size_t(head_dim);
-  std::vector<int32_t> tokens(static_cast<size_t>(n_seq));
-  for (int64_t s = 0; s < n_seq; ++s) tokens[size_t(s)] = static_cast<int32_t>(s);
-  DevBuf dtable(table.size() * sizeof(void*)), doff(size_t(n_seq) * 4), dpos(size_t(n_seq) * 4),
-      dtok(size_t(n_seq) * 4), dq(q_elems * 4), dout(q_elems * 4);
+  const size_t q_elems = size_t(T) * size_t(n_head) * size_t(head_dim);
+  DevBuf dtable(table.size() * sizeof(void*)), doff(size_t(T) * 4), dpos(size_t(T) * 4), dtok(size_t(T) * 4),
+      dq(q_elems * 4), dout(q_elems * 4);
   TANDEM_CUDA(cudaMemcpy(dtable.as<void>(), table.data(), dtable.bytes(), cudaMemcpyHostToDevice));
   TANDEM_CUDA(cudaMemcpy(doff.as<void>(), page_off.data(), doff.bytes(), cudaMemcpyHostToDevice));
   TANDEM_CUDA(cudaMemcpy(dpos.as<void>(), pos.data(), dpos.bytes(), cudaMemcpyHostToDevice));
@@ -1127,27 +1161,61 @@ void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32
   ck::fill_nan(dout.as<float>(), int64_t(q_elems), nullptr);
   const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  if (part > 0) {
+  if (mode == 2) {
     const int32_t max_parts = (max_pos + part - 1) / part;
-    const size_t slots = size_t(n_seq) * size_t(n_head) * size_t(max_parts);
+    const size_t slots = size_t(T) * size_t(n_head) * size_t(max_parts);
     DevBuf acc(slots * size_t(head_dim) * 4), mx(slots * 4), sum(slots * 8),
-        score(size_t(n_seq) * size_t(n_head) * size_t(max_pos) * 4);
+        score(size_t(T) * size_t(n_head) * size_t(max_pos) * 4);
     ck::AttentionSplitScratch sc;
     sc.acc = acc.as<float>();
     sc.max = mx.as<float>();
     sc.sum = sum.as<double>();
     sc.score = score.as<float>();
     sc.part = part;
-    ck::attention_split(kv, dq.as<float>(), dout.as<float>(), dtok.as<int32_t>(), n_seq, n_head, scale, max_pos, sc,
+    ck::attention_split(kv, dq.as<float>(), dout.as<float>(), dtok.as<int32_t>(), T, n_head, scale, max_pos, sc,
                         nullptr);
     TANDEM_CUDA(cudaGetLastError());
     TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
+  } else if (mode == 1) {
+    const ck::AttentionPrefillPlan plan = ck::attention_prefill_plan(head_dim, n_head / n_head_kv);
+    if (plan.bq < 1) throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no prefill tile fits this shape");
+    std::vector<int32_t> tiles;
+    int32_t t0 = 0;
+    for (int64_t s = 0; s < n_seq; ++s) {
+      for (int32_t j = 0; j < chunks[size_t(s)]; j += plan.bq) {
+        tiles.push_back(t0 + j);
+        tiles.push_back(std::min(plan.bq, chunks[size_t(s)] - j));
+      }
+      t0 += chunks[size_t(s)];
+    }
+    DevBuf dtiles(tiles.size() * 4);
+    TANDEM_CUDA(cudaMemcpy(dtiles.as<void>(), tiles.data(), dtiles.bytes(), cudaMemcpyHostToDevice));
+    ck::attention_prefill(kv, dq.as<float>(), dout.as<float>(), dtiles.as<int32_t>(), int64_t(tiles.size() / 2), n_head,
+                          scale, nullptr);
+    TANDEM_CUDA(cudaGetLastError());
+    TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
   } else {
-    ck::attention(kv, dq.as<float>(), dout.as<float>(), n_seq, n_head, scale, max_pos, attention_setup_once(device),
+    ck::attention(kv, dq.as<float>(), dout.as<float>(), T, n_head, scale, max_pos, attention_setup_once(device),
                   nullptr);
     TANDEM_CUDA(cudaGetLastError());
     TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
   }
+}
+
+}  // namespace
+
+void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                      const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
+                      int32_t part, int device) {
+  const std::vector<int32_t> chunks(lens.size(), 1);
+  attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, part > 0 ? 2 : 0, part,
+                    device);
+}
+
+void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                       const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
+                       const float* k, const float* v, float* out, bool tiled, int device) {
+  attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, tiled ? 1 : 0, 0, device);
 }
 
 }  // namespace gpu_testing

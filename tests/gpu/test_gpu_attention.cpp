@@ -167,3 +167,128 @@ TEST_CASE("flash-decoding attention of a sequence does not depend on the batch a
   CHECK(std::equal(solo.begin(), solo.end(), batch.begin() + long(q_row)));
 }
 #endif
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+// Prefill: sequence s holds positions [0, lens[s]) and queries with its last chunks[s] (a
+// later chunk of a prompt when shorter than lens[s]); q rows sequence by sequence.
+struct Prefill {
+  std::vector<int32_t> lens, chunks;
+  std::vector<float> q, k, v;
+};
+
+Prefill make_prefill(const Case& c, const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks,
+                     uint32_t seed) {
+  Prefill d;
+  d.lens = lens;
+  d.chunks = chunks;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  int64_t rows = 0, toks = 0;
+  for (size_t s = 0; s < lens.size(); ++s) rows += lens[s], toks += chunks[s];
+  const int64_t row = int64_t{c.n_head_kv} * c.head_dim;
+  d.q.resize(size_t(toks) * size_t(c.n_head) * size_t(c.head_dim));
+  d.k.resize(size_t(rows * row));
+  d.v.resize(size_t(rows * row));
+  for (float& x : d.q) x = 2.0f * u(rng);
+  for (float& x : d.k) x = u(rng);
+  for (float& x : d.v) x = u(rng);
+  return d;
+}
+
+// Float64 causal attention of every query token over positions [0, pos] of its sequence, as
+// reference() does for one token, with reference()'s bound for n = pos + 1 positions. It
+// holds for both kernels: attention() forms the CPU's sum S = sum_p exp(s_p - max) directly;
+// attention_prefill() forms it per K tile against the tile's max m_t and rescales the running
+// sum by exp(m_old - m_new) in double (each rescale within 2^-50, negligible next to the
+// 8 ulp allowed per term), so each term exp(s_p - m_t) exp(m_t - max) still carries twice the
+// score error plus a few ulp of expf, the sums of n terms gamma(n + 2) (per-tile partials and
+// the running sum are in double, below that); both then weigh V with e * (1 / S) and add the
+// n products in f32.
+void prefill_reference(const Case& c, const Prefill& d, std::vector<double>& out, std::vector<double>& bound) {
+  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv, row = c.n_head_kv * hd;
+  const double scale = 1.0 / std::sqrt(double(float(hd)));
+  out.assign(d.q.size(), 0.0);
+  bound.clear();
+  int64_t r0 = 0, tok = 0;
+  for (size_t s = 0; s < d.lens.size(); ++s) {
+    for (int32_t j = 0; j < d.chunks[s]; ++j, ++tok) {
+      const int32_t n = d.lens[s] - d.chunks[s] + j + 1;  // positions [0, pos]
+      for (int32_t h = 0; h < c.n_head; ++h) {
+        const int32_t hk = h / group;
+        const float* q = &d.q[(size_t(tok) * size_t(c.n_head) + size_t(h)) * size_t(hd)];
+        std::vector<double> sc(static_cast<size_t>(n));
+        double mx = -1e300, abs_dot = 0.0, max_v = 0.0;
+        for (int32_t p = 0; p < n; ++p) {
+          const float* kr = &d.k[size_t((r0 + p) * row + hk * hd)];
+          double dot = 0.0, ad = 0.0;
+          for (int32_t e = 0; e < hd; ++e) {
+            const double qe = stored(q[e], c.f16), ke = stored(kr[e], c.f16);
+            dot += qe * ke;
+            ad += std::fabs(qe * ke);
+          }
+          sc[size_t(p)] = dot * double(float(scale));
+          mx = std::max(mx, sc[size_t(p)]);
+          abs_dot = std::max(abs_dot, ad);
+        }
+        double sum = 0.0;
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        double* o = &out[(size_t(tok) * size_t(c.n_head) + size_t(h)) * size_t(hd)];
+        for (int32_t p = 0; p < n; ++p) {
+          const float* vr = &d.v[size_t((r0 + p) * row + hk * hd)];
+          for (int32_t e = 0; e < hd; ++e) {
+            const double ve = stored(vr[e], c.f16);
+            o[e] += sc[size_t(p)] / sum * ve;
+            max_v = std::max(max_v, std::fabs(ve));
+          }
+        }
+        const double score_err = gamma(hd + 1) * scale * abs_dot;
+        bound.push_back(2.0 * (2.0 * score_err + 8.0 * kU + gamma(n + 2)) * max_v);
+      }
+    }
+    r0 += d.lens[s];
+  }
+}
+
+}  // namespace
+
+TEST_CASE("tiled flash-attention prefill matches float64 and the per-head kernel", "[gpu][kernels][attention]") {
+  // One launch per case: chunks of 1, 15, 16, 17 and 70 tokens from position 0 and as later
+  // chunks of a prompt (starting at 5, 16, 3, 30, 9), pages of 16 in reverse order.
+  const std::vector<int32_t> lens = {1, 15, 16, 17, 70, 6, 31, 19, 47, 79};
+  const std::vector<int32_t> chunks = {1, 15, 16, 17, 70, 1, 15, 16, 17, 70};
+  int64_t n_tok = 0, n_pos_max = 0;
+  for (size_t s = 0; s < lens.size(); ++s) n_tok += chunks[s], n_pos_max = std::max<int64_t>(n_pos_max, lens[s]);
+  for (const Case c : {Case{4, 4, 64, true}, Case{8, 2, 64, false}, Case{7, 1, 64, true}, Case{4, 4, 128, false},
+                       Case{8, 2, 128, true}, Case{14, 2, 128, false}, Case{7, 1, 128, true}, Case{4, 2, 16, true},
+                       Case{8, 4, 8, true}}) {
+    INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
+    const Prefill d = make_prefill(c, lens, chunks, uint32_t(c.n_head * 1000 + c.n_head_kv * 10 + c.head_dim));
+    std::vector<double> ref, bound;
+    prefill_reference(c, d, ref, bound);
+    std::vector<float> tiled(d.q.size()), per_head(d.q.size());
+    gpu_testing::attention_prefill(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, d.lens, d.chunks, d.q.data(),
+                                   d.k.data(), d.v.data(), tiled.data(), true);
+    gpu_testing::attention_prefill(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, d.lens, d.chunks, d.q.data(),
+                                   d.k.data(), d.v.data(), per_head.data(), false);
+    double max_v = 0.0;
+    for (float x : d.v) max_v = std::max(max_v, std::fabs(double(stored(x, c.f16))));
+    // f16 KV: both kernels round each probability to f16 as the CPU does (2^-11 of it); one
+    // below f16's normal range (2^-14) is off by up to 2^-25 absolute: (2^-11 + n 2^-25) max|V|.
+    const double prob_rounding = c.f16 ? (0x1p-11 + double(n_pos_max) * 0x1p-25) * max_v : 0.0;
+    const double tiled_worst = worst_over_bound(c, tiled, ref, bound, prob_rounding);
+    const double per_head_worst = worst_over_bound(c, per_head, ref, bound, prob_rounding);
+    // The two kernels against each other: within the sum of their bounds.
+    std::vector<double> head_as_ref(per_head.begin(), per_head.end()), both(bound.size());
+    for (size_t r = 0; r < both.size(); ++r) both[r] = 2.0 * bound[r];
+    const double cross_worst = worst_over_bound(c, tiled, head_as_ref, both, 2.0 * prob_rounding);
+    INFO("tiled: worst |err| / bound " << tiled_worst << ", per-head: " << per_head_worst << ", tiled vs per-head "
+                                       << cross_worst);
+    CHECK(tiled_worst <= 1.0);
+    CHECK(per_head_worst <= 1.0);
+    CHECK(cross_worst <= 1.0);
+    CHECK(int64_t(tiled.size()) == n_tok * c.n_head * c.head_dim);
+  }
+}
+#endif

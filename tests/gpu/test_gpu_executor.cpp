@@ -103,6 +103,51 @@ void check_logits_parity(const std::string& model_name) {
   }
 }
 
+// Chunked prefill mixed with decode in one step, with the tiled flash-attention prefill
+// (GpuExecutorOptions::flash_prefill, the default) and without it: step 1 prefills a (20
+// tokens) and b (9); step 2 carries a's later chunk (17 tokens from position 20), b's decode
+// token and c's whole prompt (5 tokens). Every logit row of both GPU runs against the CPU's.
+void check_chunked_prefill_parity(const std::string& model_name) {
+  auto model = load(model_name);
+  const auto& hp = model->hparams();
+  const int32_t n_vocab = hp.n_vocab;
+  const double tol = logit_tol(model_name);
+  CpuQ4Executor cpu(model, CpuExecutorOptions{2});
+  const auto ids = test::prompt_ids(37, n_vocab);
+  std::vector<float> ref1, ref2;
+  for (bool flash : {true, false}) {
+    INFO(model_name << (flash ? ": flash prefill" : ": per-head prefill"));
+    GpuExecutorOptions opts;
+    opts.flash_prefill = flash;
+    GpuQ4Executor gpu(model, opts);
+    for (bool on_gpu : {false, true}) {
+      if (!on_gpu && !ref1.empty()) continue;  // the CPU's logits once
+      Executor& ex = on_gpu ? static_cast<Executor&>(gpu) : static_cast<Executor&>(cpu);
+      auto store = on_gpu ? gpu.make_kv_store(32) : test::make_store(hp, 32);
+      const KvTier tier = on_gpu ? KvTier::kDevice : KvTier::kHost;
+      KvSequence a(*store, 128, tier), b(*store, 128, tier), c(*store, 128, tier);
+      const std::span<const int32_t> a1(ids.data(), 20), b1(ids.data() + 11, 9), a2(ids.data() + 20, 17),
+          b2(ids.data() + 3, 1), c1(ids.data() + 30, 5);
+      SequenceStep s1[2] = {{&a, a1, 0, LogitsRows::kAll}, {&b, b1, 0, LogitsRows::kAll}};
+      std::vector<float> l1(size_t(29) * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN());
+      ex.step(s1, l1);
+      SequenceStep s2[3] = {
+          {&a, a2, 20, LogitsRows::kAll}, {&b, b2, 9, LogitsRows::kLast}, {&c, c1, 0, LogitsRows::kAll}};
+      std::vector<float> l2(size_t(23) * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN());
+      ex.step(s2, l2);
+      if (!on_gpu) {
+        ref1 = l1;
+        ref2 = l2;
+        continue;
+      }
+      const double r1 = worst_ratio(ref1, l1, n_vocab), r2 = worst_ratio(ref2, l2, n_vocab);
+      INFO("step 1 worst |diff| / max|logit| = " << r1 << ", step 2 " << r2);
+      CHECK(r1 <= tol);
+      CHECK(r2 <= tol);
+    }
+  }
+}
+
 // Teacher forcing on the CPU's tokens: the GPU's argmax must match wherever the CPU's
 // top-1 margin exceeds the same tolerance as the logits (the margin rule).
 void check_greedy_parity(const std::string& model_name) {
@@ -220,6 +265,12 @@ TEST_CASE("GPU Q8_0 activation quantisation is bit-identical to the CPU's", "[gp
 TEST_CASE("GPU logits agree with the CPU's: prefill, decode, mixed batches, both KV tiers", "[gpu][parity]") {
 #if TANDEM_HAVE_CUDA
   check_logits_parity(GENERATE(from_range(kQuickParityModels)));
+#endif
+}
+
+TEST_CASE("GPU chunked prefill mixed with decode agrees with the CPU's, flash prefill on and off", "[gpu][parity]") {
+#if TANDEM_HAVE_CUDA
+  check_chunked_prefill_parity(GENERATE(from_range(kQuickParityModels)));
 #endif
 }
 
