@@ -292,11 +292,16 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   // even) or quantised to Q8_0 (kernels::quantize_row_q8_0) — lossy, so only when the
   // receiving store's layout asks for another dtype.
   std::vector<float> wide(n_elem);
-  auto convert = [&](const std::byte* src, std::byte* out) {
+  // A payload may sit at any byte offset (a session file's pages follow its header), so a
+  // row is staged in an aligned buffer before it is read as uint16_t / BlockQ8_0 / float.
+  std::vector<std::byte> staged(size_t(first.row_bytes));
+  auto convert = [&](const std::byte* row, std::byte* out) {
     if (first.dtype == dl.dtype) {
-      std::memcpy(out, src, size_t(first.row_bytes));
+      std::memcpy(out, row, size_t(first.row_bytes));
       return;
     }
+    std::memcpy(staged.data(), row, staged.size());
+    const std::byte* src = staged.data();
     float* f = dl.dtype == KvDtype::kF32 ? reinterpret_cast<float*>(out) : wide.data();
     switch (first.dtype) {
       case KvDtype::kF16:

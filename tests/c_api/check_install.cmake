@@ -1,7 +1,8 @@
 # `cmake --install` into a fresh prefix, then: the tools are in bin/ (tandem-server too when
 # it was built: docs/deploy.md runs it), and README.md's C program compiles as C99 with
 # warnings as errors against the installed tandem.h and libtandem.so, runs, and streams text.
-# Usage: cmake -DBUILD=dir -DSOURCE=dir -DCC=compiler -DSERVER=0|1 -DMODEL=gguf -P check_install.cmake
+# Usage: cmake -DBUILD=dir -DSOURCE=dir -DCC=compiler [-DSANITIZE=address,undefined] -DSERVER=0|1 -DMODEL=gguf
+#        -P check_install.cmake
 string(RANDOM LENGTH 10 tag)
 set(work "${BUILD}/install-check-${tag}")
 set(prefix "${work}/prefix")
@@ -37,7 +38,11 @@ string(SUBSTRING "${readme}" ${start} -1 rest)
 string(FIND "${rest}" "\n```" stop)
 string(SUBSTRING "${rest}" 0 ${stop} program)
 file(WRITE "${work}/app.c" "${program}\n")
-execute_process(COMMAND "${CC}" -std=c99 -Wall -Wextra -Wpedantic -Werror -pedantic-errors "${work}/app.c"
+set(sanitize_flags "")
+if(SANITIZE)
+  set(sanitize_flags "-fsanitize=${SANITIZE}")
+endif()
+execute_process(COMMAND "${CC}" -std=c99 -Wall -Wextra -Wpedantic -Werror -pedantic-errors ${sanitize_flags} "${work}/app.c"
                         -I "${prefix}/include" -L "${prefix}/lib" -ltandem "-Wl,-rpath,${prefix}/lib"
                         -o "${work}/app"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
