@@ -616,6 +616,14 @@ int run_simulation(const ServeOptions& so, const std::shared_ptr<const Model>& m
     }
   }
   if (base.empty()) throw std::runtime_error("the workload has no requests");
+  const auto too_long =
+      std::count_if(base.begin(), base.end(), [&](const Item& it) { return it.prompt_tokens >= o.n_ctx; });
+  if (too_long > 0) {
+    fmt::print(stderr,
+               "tandem-bench serve: warning: {} of {} requests have prompts of >= -c {} tokens; they will be refused "
+               "and count as missed (raise -c)\n",
+               too_long, base.size(), so.n_ctx);
+  }
   const double span = base.back().t > 0 ? base.back().t : 1.0;
   const double base_rate = double(base.size()) / span;
   const bool compare = node.has_host() && node.processors.front()->accelerator;
@@ -703,11 +711,13 @@ int run_simulation(const ServeOptions& so, const std::shared_ptr<const Model>& m
   if (o.json) {
     std::cout << out.dump(2) << "\n";
   } else {
-    fmt::print("\ncapacity at {:.0f}% attainment (highest offered rate that met it): {} {:.2f} req/s", 100 * o.target,
+    fmt::print("\ncapacity at {:.0f}% attainment (highest offered rate that met it): {} {:.4g} req/s", 100 * o.target,
                compare ? "GPU-only" : node.name, cap_gpu);
     if (compare) {
-      fmt::print(", CPU+GPU {:.2f} req/s ({})", cap_both,
-                 cap_gpu > 0 ? fmt::format("{:.2f}x", cap_both / cap_gpu) : std::string("GPU-only met it at no load"));
+      fmt::print(", CPU+GPU {:.4g} req/s ({})", cap_both,
+                 cap_gpu > 0    ? fmt::format("{:.2f}x", cap_both / cap_gpu)
+                 : cap_both > 0 ? std::string("GPU-only met it at no load")
+                                : std::string("neither met it at any load"));
     }
     fmt::print(
         "\n(times in simulated seconds; overruns = steps the host computed slower than the model: > 0 means "

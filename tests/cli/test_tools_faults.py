@@ -170,4 +170,14 @@ p = run(quantize, src, os.path.join(tmp, "out.gguf"), "q5_k")
 check("quantize to an unknown type: exit 2", p.returncode == 2 and not os.path.exists(os.path.join(tmp, "out.gguf")),
       f"rc {p.returncode}")
 
+# A simulated trace whose prompts do not fit -c: a warning up front (every request would be
+# refused and count as missed), and the capacity line says neither configuration met the
+# target instead of blaming GPU-only alone.
+t = trace("too-long.jsonl", "".join(f'{{"t": {i}, "prompt_tokens": 2000, "output_tokens": 4, "sla": "batch"}}\n'
+                                    for i in range(3)))
+p = run(*serve, "--simulate", "l40s+epyc32", "--trace", t, "-c", "1000", "--time-scale", "200", "--loads", "1")
+err, out = p.stderr.decode(errors="replace"), p.stdout.decode(errors="replace")
+check("serve: prompts >= -c warn", p.returncode == 0 and "3 of 3 requests have prompts of >= -c 1000" in err,
+      f"rc {p.returncode} {err[-300:]!r}")
+check("serve: nobody met the target is said so", "neither met it at any load" in out, repr(out[-300:]))
 check.finish()
