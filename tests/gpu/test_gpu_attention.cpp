@@ -61,45 +61,51 @@ float stored(float x, bool f16) {
 // ulp of expf, and the sums of n_pos terms gamma(n_pos); the normalised output moves by at
 // most twice the relative error of its terms times max|V| (Higham, Accuracy and Stability
 // of Numerical Algorithms, 2nd ed., section 3.1).
-void reference(const Case& c, const Data& d, std::vector<double>& out, std::vector<double>& bound) {
-  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv, row = c.n_head_kv * hd;
+// Float64 attention of one query head `q` over the K/V rows [r0, r0 + n) of KV head `hk`:
+// adds the head_dim outputs into `o` (zeroed by the caller) and returns their bound (above).
+double reference_head(const Case& c, const float* q, const std::vector<float>& k, const std::vector<float>& v,
+                      int64_t r0, int32_t n, int32_t hk, double* o) {
+  const int32_t hd = c.head_dim, row = c.n_head_kv * hd;
   const double scale = 1.0 / std::sqrt(double(float(hd)));
+  std::vector<double> sc(static_cast<size_t>(n));
+  double mx = -1e300, abs_dot = 0.0, max_v = 0.0;
+  for (int32_t p = 0; p < n; ++p) {
+    const float* kr = &k[size_t((r0 + p) * row + hk * hd)];
+    double dot = 0.0, ad = 0.0;
+    for (int32_t e = 0; e < hd; ++e) {
+      const double qe = stored(q[e], c.f16), ke = stored(kr[e], c.f16);
+      dot += qe * ke;
+      ad += std::fabs(qe * ke);
+    }
+    sc[size_t(p)] = dot * double(float(scale));
+    mx = std::max(mx, sc[size_t(p)]);
+    abs_dot = std::max(abs_dot, ad);
+  }
+  double sum = 0.0;
+  for (auto& x : sc) sum += (x = std::exp(x - mx));
+  for (int32_t p = 0; p < n; ++p) {
+    const float* vr = &v[size_t((r0 + p) * row + hk * hd)];
+    for (int32_t e = 0; e < hd; ++e) {
+      const double ve = stored(vr[e], c.f16);
+      o[e] += sc[size_t(p)] / sum * ve;
+      max_v = std::max(max_v, std::fabs(ve));
+    }
+  }
+  const double score_err = gamma(hd + 1) * scale * abs_dot;
+  const double term_err = 2.0 * score_err + 8.0 * kU + gamma(n + 2);
+  return 2.0 * term_err * max_v;
+}
+
+void reference(const Case& c, const Data& d, std::vector<double>& out, std::vector<double>& bound) {
+  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
   out.assign(d.q.size(), 0.0);
   bound.assign(d.lens.size() * size_t(c.n_head), 0.0);
   int64_t r0 = 0;
   for (size_t s = 0; s < d.lens.size(); ++s) {
     const int32_t n = d.lens[s];
     for (int32_t h = 0; h < c.n_head; ++h) {
-      const int32_t hk = h / group;
-      const float* q = &d.q[(s * size_t(c.n_head) + size_t(h)) * size_t(hd)];
-      std::vector<double> sc(static_cast<size_t>(n));
-      double mx = -1e300, abs_dot = 0.0, max_v = 0.0;
-      for (int32_t p = 0; p < n; ++p) {
-        const float* kr = &d.k[size_t((r0 + p) * row + hk * hd)];
-        double dot = 0.0, ad = 0.0;
-        for (int32_t e = 0; e < hd; ++e) {
-          const double qe = stored(q[e], c.f16), ke = stored(kr[e], c.f16);
-          dot += qe * ke;
-          ad += std::fabs(qe * ke);
-        }
-        sc[size_t(p)] = dot * double(float(scale));
-        mx = std::max(mx, sc[size_t(p)]);
-        abs_dot = std::max(abs_dot, ad);
-      }
-      double sum = 0.0;
-      for (auto& x : sc) sum += (x = std::exp(x - mx));
-      double* o = &out[(s * size_t(c.n_head) + size_t(h)) * size_t(hd)];
-      for (int32_t p = 0; p < n; ++p) {
-        const float* vr = &d.v[size_t((r0 + p) * row + hk * hd)];
-        for (int32_t e = 0; e < hd; ++e) {
-          const double ve = stored(vr[e], c.f16);
-          o[e] += sc[size_t(p)] / sum * ve;
-          max_v = std::max(max_v, std::fabs(ve));
-        }
-      }
-      const double score_err = gamma(hd + 1) * scale * abs_dot;
-      const double term_err = 2.0 * score_err + 8.0 * kU + gamma(n + 2);
-      bound[s * size_t(c.n_head) + size_t(h)] = 2.0 * term_err * max_v;
+      const size_t qi = s * size_t(c.n_head) + size_t(h);
+      bound[qi] = reference_head(c, &d.q[qi * size_t(hd)], d.k, d.v, r0, n, h / group, &out[qi * size_t(hd)]);
     }
     r0 += n;
   }
@@ -207,8 +213,7 @@ Prefill make_prefill(const Case& c, const std::vector<int32_t>& lens, const std:
 // the running sum are in double, below that); both then weigh V with e * (1 / S) and add the
 // n products in f32.
 void prefill_reference(const Case& c, const Prefill& d, std::vector<double>& out, std::vector<double>& bound) {
-  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv, row = c.n_head_kv * hd;
-  const double scale = 1.0 / std::sqrt(double(float(hd)));
+  const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
   out.assign(d.q.size(), 0.0);
   bound.clear();
   int64_t r0 = 0, tok = 0;
@@ -216,35 +221,8 @@ void prefill_reference(const Case& c, const Prefill& d, std::vector<double>& out
     for (int32_t j = 0; j < d.chunks[s]; ++j, ++tok) {
       const int32_t n = d.lens[s] - d.chunks[s] + j + 1;  // positions [0, pos]
       for (int32_t h = 0; h < c.n_head; ++h) {
-        const int32_t hk = h / group;
-        const float* q = &d.q[(size_t(tok) * size_t(c.n_head) + size_t(h)) * size_t(hd)];
-        std::vector<double> sc(static_cast<size_t>(n));
-        double mx = -1e300, abs_dot = 0.0, max_v = 0.0;
-        for (int32_t p = 0; p < n; ++p) {
-          const float* kr = &d.k[size_t((r0 + p) * row + hk * hd)];
-          double dot = 0.0, ad = 0.0;
-          for (int32_t e = 0; e < hd; ++e) {
-            const double qe = stored(q[e], c.f16), ke = stored(kr[e], c.f16);
-            dot += qe * ke;
-            ad += std::fabs(qe * ke);
-          }
-          sc[size_t(p)] = dot * double(float(scale));
-          mx = std::max(mx, sc[size_t(p)]);
-          abs_dot = std::max(abs_dot, ad);
-        }
-        double sum = 0.0;
-        for (auto& x : sc) sum += (x = std::exp(x - mx));
-        double* o = &out[(size_t(tok) * size_t(c.n_head) + size_t(h)) * size_t(hd)];
-        for (int32_t p = 0; p < n; ++p) {
-          const float* vr = &d.v[size_t((r0 + p) * row + hk * hd)];
-          for (int32_t e = 0; e < hd; ++e) {
-            const double ve = stored(vr[e], c.f16);
-            o[e] += sc[size_t(p)] / sum * ve;
-            max_v = std::max(max_v, std::fabs(ve));
-          }
-        }
-        const double score_err = gamma(hd + 1) * scale * abs_dot;
-        bound.push_back(2.0 * (2.0 * score_err + 8.0 * kU + gamma(n + 2)) * max_v);
+        const size_t qi = size_t(tok) * size_t(c.n_head) + size_t(h);
+        bound.push_back(reference_head(c, &d.q[qi * size_t(hd)], d.k, d.v, r0, n, h / group, &out[qi * size_t(hd)]));
       }
     }
     r0 += d.lens[s];
