@@ -108,13 +108,13 @@ CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecut
     : Executor(std::move(model)),
       pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
       s_(std::make_unique<Scratch>()) {
-  repack_weights();
+  repack_weights(options.repack_q4_0);
 }
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
     : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
   if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
-  repack_weights();
+  repack_weights(true);
 }
 
 CpuQ4Executor::~CpuQ4Executor() = default;
@@ -127,10 +127,10 @@ const void* CpuQ4Executor::repacked_weights_id() const noexcept {
   return repacked_->by_data.empty() ? nullptr : repacked_.get();
 }
 
-void CpuQ4Executor::repack_weights() {
+void CpuQ4Executor::repack_weights(bool wanted) {
   static const auto kEmpty = std::make_shared<const Repacked>();
   repacked_ = kEmpty;
-  if (!k::q4_0x8_preferred()) return;
+  if (!wanted || !k::q4_0x8_preferred()) return;
   if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {
     for (const char* off : {"0", "false", "off", "no"})
       if (strcasecmp(env, off) == 0) return;

@@ -279,8 +279,8 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
 }
 
 // The AVX2 repack of the Q4_0 weights is made once per Model: executors of one model alive
-// together share it and another model gets its own. Skipped where the dispatched kernels
-// do not repack.
+// together share it and another model gets its own; CpuExecutorOptions::repack_q4_0 = false
+// opts one executor out. Skipped where the dispatched kernels do not repack.
 TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", "[executor][repack]") {
   auto model = aidreams();
   auto a = std::make_unique<CpuQ4Executor>(model);
@@ -312,6 +312,13 @@ TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", 
   CpuQ4Executor d(model);
   CHECK(d.repacked_weights_id() == b.repacked_weights_id());
   CHECK(run(b) == run(d));
+  // repack_q4_0 = false: this executor multiplies the GGUF layout; the others keep theirs.
+  CpuExecutorOptions plain;
+  plain.repack_q4_0 = false;
+  CpuQ4Executor e(model, plain);
+  CHECK_FALSE(e.repacked_weights());
+  CHECK(e.repacked_weights_id() == nullptr);
+  CHECK(d.repacked_weights_id() == b.repacked_weights_id());
 }
 
 // Issue 15 item 8 (prompt cache): truncate() returns exactly the pages past the cut, and a

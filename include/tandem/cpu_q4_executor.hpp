@@ -7,7 +7,8 @@
 // made by the first executor of a Model (on its pool) and shared by every executor of that
 // Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
 // Each matrix's copy is found once, at construction (a per-layer table): a step indexes it.
-// TANDEM_CPU_REPACK=0 (or false, off, no) in the environment turns repacking off.
+// TANDEM_CPU_REPACK=0 (or false, off, no) in the environment, or
+// CpuExecutorOptions::repack_q4_0 = false, turns repacking off.
 // Activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 and multiplied with
 // integer dot products (kernels/cpu); F16 weights take f16-rounded activations; attention reads an f16 KV
 // cache through each sequence's block table, tiled (kernels::attn_tiled): one task per
@@ -37,6 +38,11 @@ namespace tandem {
 
 struct CpuExecutorOptions {
   int n_threads = 0;  ///< > 0: a pool of this many threads of its own; <= 0: the shared node_pool()
+  /// false: multiply Q4_0 weights in the GGUF layout even where the kernels prefer the
+  /// repacked copy (llama.cpp's --no-repack). The two add a dot product's blocks in
+  /// different orders, so logits differ in the last bits (and, through a rounding flip,
+  /// by more on random-weight models); the GPU kernels follow the unrepacked order.
+  bool repack_q4_0 = true;
 };
 
 class CpuQ4Executor final : public Executor {
@@ -75,7 +81,7 @@ class CpuQ4Executor final : public Executor {
   const void* repacked_weights_id() const noexcept;
 
  private:
-  void repack_weights();
+  void repack_weights(bool wanted);
   std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<Scratch> s_;
   std::shared_ptr<const Repacked> repacked_;  ///< never null (empty when not repacking)

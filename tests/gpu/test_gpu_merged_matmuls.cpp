@@ -1,0 +1,138 @@
+// Merged matmuls (kernels/cuda gemm_parts: the matrices that share an input, Q/K/V and
+// gate/up, in one launch of the dp4a kernels) against gemm() per matrix and the host replica
+// of the dp4a arithmetic, bit for bit: GQA-like row counts (64/16/16), odd ones (33/7/1: a
+// part of one row, a thread block with idle warps), gate/up pairs, 1-70 blocks per row, m = 1
+// (the decode GEMV), 2-15 (the dp4a GEMM), 16 and 40 (the Tensor Core path, where gemm_parts
+// launches per matrix, and the dp4a GEMM with Tensor Cores off), Q4_0 and Q8_0 weights, and
+// more matrices than one launch takes. Then the executor's logits with and without merging
+// (GpuExecutorOptions::merge_matmuls), bit for bit.
+// Needs a CUDA device, real or emulated (cuemu); skipped without one.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gemm_test_support.hpp"
+#include "gpu_test_support.hpp"
+#include "kv_test_support.hpp"
+#include "quant_blocks.hpp"
+#include "test_support.hpp"
+
+using namespace tandem;
+namespace k = tandem::kernels;
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+using test::same_bits;
+
+template <class WB>
+std::vector<WB> random_weights(std::mt19937& g, int64_t n, int64_t nb) {
+  std::uniform_int_distribution<int> byte(0, 255), q8(-128, 127);
+  std::vector<WB> w(size_t(n * nb));
+  for (auto& b : w) {
+    b.d = gemm_test::random_scale(g);
+    for (auto& v : b.qs) {
+      if constexpr (std::is_same_v<WB, k::BlockQ4_0>) {
+        v = static_cast<uint8_t>(byte(g));
+      } else {
+        v = static_cast<int8_t>(q8(g));
+      }
+    }
+  }
+  return w;
+}
+
+template <class WB>
+void check_parts(std::mt19937& g, const std::vector<int64_t>& n, int64_t nb, int64_t m, bool tensor_cores) {
+  constexpr bool kQ8 = std::is_same_v<WB, k::BlockQ8_0>;
+  std::vector<std::vector<WB>> w;
+  std::vector<const void*> ptrs;
+  for (int64_t rows : n) {
+    w.push_back(random_weights<WB>(g, rows, nb));
+    ptrs.push_back(w.back().data());
+  }
+  const auto x = gemm_test::random_activations(g, m, nb);
+  std::vector<std::vector<float>> merged, separate;
+  gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, true, tensor_cores, merged);
+  gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, false, tensor_cores, separate);
+  REQUIRE(merged.size() == n.size());
+  for (size_t i = 0; i < n.size(); ++i) {
+    INFO("matrix " << i << " of " << n[i] << " rows");
+    CHECK(same_bits(merged[i], separate[i]));
+    CHECK(same_bits(merged[i], gemm_test::host_replica(w[i], n[i], nb, x, m)));
+  }
+}
+
+// A prefill of 5 + 3 tokens (m = 8: dp4a GEMM, merged), then decode steps of one sequence
+// (m = 1: the GEMV, merged) and of both (m = 2), on `model_name` with and without merging.
+void check_merged_parity(const char* model_name) {
+  auto model = Model::load(test::model_path(model_name));
+  const int32_t n_vocab = model->hparams().n_vocab;
+  GpuExecutorOptions on_opts, off_opts;
+  off_opts.merge_matmuls = false;
+  GpuQ4Executor on(model, on_opts), off(model, off_opts);
+  auto s_on = on.make_kv_store(16), s_off = off.make_kv_store(16);
+  KvSequence a_on(*s_on, 64, KvTier::kDevice), b_on(*s_on, 64, KvTier::kDevice);
+  KvSequence a_off(*s_off, 64, KvTier::kDevice), b_off(*s_off, 64, KvTier::kDevice);
+  const auto ids = test::prompt_ids(20, n_vocab);
+  const std::span<const int32_t> ia(ids.data(), 5), ib(ids.data() + 7, 3);
+  SequenceStep p_on[2] = {{&a_on, ia, 0, LogitsRows::kAll}, {&b_on, ib, 0, LogitsRows::kLast}};
+  SequenceStep p_off[2] = {{&a_off, ia, 0, LogitsRows::kAll}, {&b_off, ib, 0, LogitsRows::kLast}};
+  std::vector<float> l_on(6 * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN()), l_off(l_on.size());
+  on.step(p_on, l_on);
+  off.step(p_off, l_off);
+  CHECK(same_bits(l_on, l_off));
+  for (int step = 0; step < 4; ++step) {
+    INFO("decode step " << step);
+    const int32_t ta = ids[size_t(10 + step)], tb = ids[size_t(15 - step)];
+    const bool both = step % 2 == 1;
+    SequenceStep d_on[2] = {{&a_on, std::span<const int32_t>(&ta, 1), a_on.n_tokens(), LogitsRows::kLast},
+                            {&b_on, std::span<const int32_t>(&tb, 1), b_on.n_tokens(), LogitsRows::kLast}};
+    SequenceStep d_off[2] = {{&a_off, std::span<const int32_t>(&ta, 1), a_off.n_tokens(), LogitsRows::kLast},
+                             {&b_off, std::span<const int32_t>(&tb, 1), b_off.n_tokens(), LogitsRows::kLast}};
+    const size_t rows = both ? 2 : 1;
+    std::vector<float> o1(rows * size_t(n_vocab)), o2(o1.size());
+    on.step(std::span<const SequenceStep>(d_on, rows), o1);
+    off.step(std::span<const SequenceStep>(d_off, rows), o2);
+    CHECK(same_bits(o1, o2));
+  }
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("merged matmuls give each matrix's own gemm() outputs bit for bit", "[gpu][kernels][gemv]") {
+#if TANDEM_HAVE_CUDA
+  struct Shape {
+    std::vector<int64_t> n;
+    int64_t nb;
+  };
+  const Shape shapes[] = {{{64, 16, 16}, 8}, {{33, 7, 1}, 3}, {{160, 160}, 65}, {{9, 5, 3, 2}, 2}, {{24}, 70}};
+  std::mt19937 g(51);
+  for (const Shape& s : shapes) {
+    for (const int64_t m : {1, 2, 9, 16, 40}) {
+      for (const bool tensor_cores : {true, false}) {
+        if (m < 16 && !tensor_cores) continue;  // the same kernels as with Tensor Cores on
+        INFO(s.n.size() << " matrices, first of " << s.n[0] << " rows, k " << s.nb * 32 << ", m " << m
+                        << (tensor_cores ? "" : ", Tensor Cores off"));
+        check_parts<k::BlockQ4_0>(g, s.n, s.nb, m, tensor_cores);
+        check_parts<k::BlockQ8_0>(g, s.n, s.nb, m, tensor_cores);
+      }
+    }
+  }
+#endif
+}
+
+TEST_CASE("the executor's logits with merged matmuls are the separate launches' bit for bit",
+          "[gpu][kernels][gemv][parity]") {
+#if TANDEM_HAVE_CUDA
+  // A llama (Q4_0; Q, K and V of equal rows) and a Qwen2 (GQA: K and V of fewer rows, biases).
+  for (const char* name : {"stories260K-q4_0", "synth-qwen2-small-q4_0"}) {
+    INFO(name);
+    check_merged_parity(name);
+  }
+#endif
+}
