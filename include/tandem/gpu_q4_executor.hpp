@@ -85,6 +85,11 @@ struct GpuExecutorOptions {
   /// tile does not fit 48 KiB of shared memory use attention() either way; decode tokens
   /// use the split-KV kernels either way.
   bool flash_prefill = true;
+  /// Matrices that share their input in one launch where the step takes the dp4a kernels
+  /// (decode and small batches): Q, K and V; gate and up (kernels/cuda/cuda_kernels.hpp
+  /// gemm_parts). Bit-identical results either way; off = a launch per matrix (tests
+  /// compare the two).
+  bool merge_matmuls = true;
 };
 
 class GpuQ4Executor final : public Executor {
@@ -148,6 +153,14 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
 /// is NaN-filled first. Throws Error(kInvalidArgument) without a device or for k % 32 != 0.
 void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
                     bool tensor_cores, float* y, int device = 0);
+/// Several weight matrices times the same activations, as gemm_q8_blocks: w_blocks[i] with
+/// n[i] rows (all Q4_0, or all Q8_0 with `q8_weights`), y[i] resized to [m][n[i]]. merged:
+/// one kernels/cuda gemm_parts() call; else gemm() per matrix. Device outputs NaN-filled
+/// first. Throws Error(kInvalidArgument) without a device, for k % 32 != 0, n[i] < 1, m < 1
+/// or w_blocks and n of different sizes.
+void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
+                          int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
+                          std::vector<std::vector<float>>& y, int device = 0);
 /// The calling thread's current CUDA device (cudaGetDevice), and setting it.
 int current_device();
 void set_current_device(int device);
@@ -159,21 +172,24 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 /// q, out: [lens.size()][n_head][head_dim]. Pages of page_size positions, two layers, rows in
 /// layer 1, page pointers in reverse allocation order. part > 0: flash-decoding
 /// (attention_split) with partitions of `part` positions; part == 0: attention().
-/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device.
+/// page_shift: bytes every page starts past a 16-byte aligned address (a multiple of the
+/// KV element size, below 16; non-zero exercises the kernels' element-wise loads).
+/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device or for a
+/// bad page_shift.
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int device = 0);
+                      int32_t part, int32_t page_shift = 0, int device = 0);
 /// Prefill attention harness: sequence s holds positions [0, lens[s]) (k, v as in
 /// attention_decode) and queries with its last chunks[s] positions, [lens[s] - chunks[s],
 /// lens[s]) (a later chunk of a prompt when chunks[s] < lens[s]); q, out: [sum chunks][n_head]
 /// [head_dim], sequence by sequence, all in one launch. tiled: the tiled flash-attention
 /// kernel (attention_prefill, tiles of its plan's bq tokens, the last one partial); else
-/// attention(). Pages as in attention_decode. Output NaN-filled first. Throws
-/// Error(kInvalidArgument) without a device, for chunks outside [1, lens[s]], or (tiled)
-/// when no tile fits the shape.
+/// attention(). Pages (and page_shift) as in attention_decode. Output NaN-filled first.
+/// Throws Error(kInvalidArgument) without a device, for chunks outside [1, lens[s]], a bad
+/// page_shift, or (tiled) when no tile fits the shape.
 void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
-                       const float* k, const float* v, float* out, bool tiled, int device = 0);
+                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift = 0, int device = 0);
 /// Fused-kernel harnesses (tests/gpu/test_gpu_fused.cpp): with `fused` the one-launch
 /// kernel, else the separate launches it replaces; device outputs are NaN- or 0x5A-filled
 /// first. Throw Error(kInvalidArgument) without a device.

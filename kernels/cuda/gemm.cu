@@ -64,12 +64,40 @@ struct WeightWords<WType::kQ8_0> {
   __device__ __forceinline__ int32_t dot(const int32_t x[8]) const { return dot_q8_0_q8_0_words(v, x); }
 };
 
-// grid: (ceil(n / kRowsPerBlock), ceil(m / MT)); block: kRowsPerBlock warps.
+// The weight matrices of one launch of the dp4a kernels: up to kGemmMaxParts matrices of
+// one type and k that multiply the same activations (Q, K and V; gate and up), part p
+// owning the thread blocks [first[p], first[p + 1]) along grid.x and writing its own
+// output (row stride ldy[p]). Merging them makes one launch of the few-row matrices (K
+// and V) and fills the device with more blocks; each part's rows are computed exactly as
+// alone (the part only picks the pointers).
+struct QuantParts {
+  const void* wq[kGemmMaxParts];
+  const uint16_t* wd[kGemmMaxParts];
+  int64_t n[kGemmMaxParts];
+  float* y[kGemmMaxParts];
+  int64_t ldy[kGemmMaxParts];
+  unsigned first[kGemmMaxParts + 1];
+  int count;
+};
+
+// The part that owns thread block `bx` along grid.x.
+__device__ __forceinline__ int part_of(const QuantParts& P, unsigned bx) {
+  int p = 0;
+#pragma unroll
+  for (int i = 1; i < kGemmMaxParts; ++i) p = (i < P.count && bx >= P.first[i]) ? i : p;
+  return p;
+}
+
+// grid: (sum over parts of ceil(n / kRowsPerBlock), ceil(m / MT)); block: kRowsPerBlock warps.
 template <WType W, int MT>
-__global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
-                                  const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, int64_t m,
-                                  float* __restrict__ y, int64_t ldy, bool accumulate) {
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+__global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __restrict__ xq,
+                                  const uint16_t* __restrict__ xd, int64_t m, bool accumulate) {
+  const int part = part_of(P, blockIdx.x);
+  const void* __restrict__ wq = P.wq[part];
+  const uint16_t* __restrict__ wd = P.wd[part];
+  const int64_t n = P.n[part], ldy = P.ldy[part];
+  float* __restrict__ y = P.y[part];
+  const int64_t r = int64_t(blockIdx.x - P.first[part]) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int64_t c0 = int64_t(blockIdx.y) * MT;
   if (r >= n) return;  // a whole warp leaves together
@@ -109,13 +137,17 @@ __global__ void gemm_quant_kernel(const void* __restrict__ wq, const uint16_t* _
 // gemm_quant_kernel's one row. Every row still adds its lane's blocks in the same order
 // (ascending), starting from the same 0.0f, with the same block_contribution, then the same
 // shuffle tree: each output is bit-identical to gemm_quant_kernel<W, MT>'s for that row.
-// grid: ceil(n / (kRowsPerBlock * R)); block: kRowsPerBlock warps.
+// grid: sum over parts of ceil(n / (kRowsPerBlock * R)); block: kRowsPerBlock warps.
 template <WType W, int R>
-__global__ void gemv_quant_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
-                                  const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, float* __restrict__ y,
-                                  bool accumulate) {
+__global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __restrict__ xq,
+                                  const uint16_t* __restrict__ xd, bool accumulate) {
   constexpr int kU = 2;  // blocks per row loaded ahead
-  const int64_t r0 = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp) * R;
+  const int part = part_of(P, blockIdx.x);
+  const void* __restrict__ wq = P.wq[part];
+  const uint16_t* __restrict__ wd = P.wd[part];
+  const int64_t n = P.n[part];
+  float* __restrict__ y = P.y[part];
+  const int64_t r0 = (int64_t(blockIdx.x - P.first[part]) * kRowsPerBlock + threadIdx.x / kWarp) * R;
   const int lane = threadIdx.x % kWarp;
   if (r0 >= n) return;  // a whole warp leaves together
   float acc[R];
@@ -348,33 +380,63 @@ __global__ void gemm_float_kernel(const void* __restrict__ w, int64_t n, int64_t
 // Weight rows per warp of the decode GEMV.
 constexpr int kGemvRows = 2;
 
-void launch_gemv_quant(const DevWeight& w, const int8_t* xq, const uint16_t* xd, float* y, bool accumulate,
-                       cudaStream_t stream) {
-  constexpr int64_t kRows = int64_t{kRowsPerBlock} * kGemvRows;
-  const dim3 grid(static_cast<unsigned>((w.n + kRows - 1) / kRows));
+// The launch's parts: ws[i] (all quantised, of one type and k) into ys[i] rows strided by
+// ldys[i], rows_per_block weight rows per thread block. Returns the blocks along grid.x.
+unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, int count,
+                    int64_t rows_per_block, QuantParts& P) {
+  P = QuantParts{};
+  P.count = count;
+  unsigned blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    P.wq[i] = ws[i]->q;
+    P.wd[i] = ws[i]->d;
+    P.n[i] = ws[i]->n;
+    P.y[i] = ys[i];
+    P.ldy[i] = ldys[i];
+    P.first[i] = blocks;
+    blocks += static_cast<unsigned>((ws[i]->n + rows_per_block - 1) / rows_per_block);
+  }
+  P.first[count] = blocks;
+  return blocks;
+}
+
+void launch_gemv_quant(const DevWeight* const* ws, float* const* ys, int count, const int8_t* xq, const uint16_t* xd,
+                       bool accumulate, cudaStream_t stream) {
+  QuantParts P;
+  const int64_t ldys[kGemmMaxParts] = {};
+  const dim3 grid(make_parts(ws, ys, ldys, count, int64_t{kRowsPerBlock} * kGemvRows, P));
   const dim3 block(kRowsPerBlock * kWarp);
-  const int64_t nb = w.k / kQK;
-  if (w.type == WType::kQ4_0) {
-    gemv_quant_kernel<WType::kQ4_0, kGemvRows><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, y, accumulate);
+  const int64_t nb = ws[0]->k / kQK;
+  if (ws[0]->type == WType::kQ4_0) {
+    gemv_quant_kernel<WType::kQ4_0, kGemvRows><<<grid, block, 0, stream>>>(P, nb, xq, xd, accumulate);
   } else {
-    gemv_quant_kernel<WType::kQ8_0, kGemvRows><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, y, accumulate);
+    gemv_quant_kernel<WType::kQ8_0, kGemvRows><<<grid, block, 0, stream>>>(P, nb, xq, xd, accumulate);
   }
 }
 
+// The dp4a GEMM of quantised parts over activation rows [0, m) (8 per block along grid.y).
+void launch_gemm_quant(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, int count, const int8_t* xq,
+                       const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream) {
+  constexpr int MT = 8;
+  QuantParts P;
+  const dim3 grid(make_parts(ws, ys, ldys, count, kRowsPerBlock, P), static_cast<unsigned>((m + MT - 1) / MT));
+  const dim3 block(kRowsPerBlock * kWarp);
+  const int64_t nb = ws[0]->k / kQK;
+  if (ws[0]->type == WType::kQ4_0) {
+    gemm_quant_kernel<WType::kQ4_0, MT><<<grid, block, 0, stream>>>(P, nb, xq, xd, m, accumulate);
+  } else {
+    gemm_quant_kernel<WType::kQ8_0, MT><<<grid, block, 0, stream>>>(P, nb, xq, xd, m, accumulate);
+  }
+}
+
+// Float weights (F32, F16, BF16): the 8-row float GEMM (MT == 8) or its m == 1 form.
 template <int MT>
-void launch_gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y,
-                 int64_t ldy, bool accumulate, cudaStream_t stream) {
+void launch_gemm_float(const DevWeight& w, const float* x, int64_t m, float* y, int64_t ldy, bool accumulate,
+                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((w.n + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>((m + MT - 1) / MT));
   const dim3 block(kRowsPerBlock * kWarp);
-  const int64_t nb = w.k / kQK;
   switch (w.type) {
-    case WType::kQ4_0:
-      gemm_quant_kernel<WType::kQ4_0, MT><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
-      break;
-    case WType::kQ8_0:
-      gemm_quant_kernel<WType::kQ8_0, MT><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
-      break;
     case WType::kF32:
       gemm_float_kernel<WType::kF32, MT><<<grid, block, 0, stream>>>(w.q, w.n, w.k, x, m, y, ldy, accumulate);
       break;
@@ -384,6 +446,9 @@ void launch_gemm(const DevWeight& w, const float* x, const int8_t* xq, const uin
     case WType::kBF16:
       gemm_float_kernel<WType::kBF16, MT><<<grid, block, 0, stream>>>(w.q, w.n, w.k, x, m, y, ldy, accumulate);
       break;
+    case WType::kQ4_0:
+    case WType::kQ8_0:
+      break;  // quantised weights take launch_gemv_quant / launch_gemm_quant
   }
 }
 
@@ -395,6 +460,34 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* x
   constexpr int kThreads = 256;
   const int64_t grid = (n_blocks * kWarp + kThreads - 1) / kThreads;
   quantize_q8_0_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, n_blocks, xq, xd);
+}
+
+void gemm_parts(const DevWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
+                const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream, bool tensor_cores) {
+  if (m <= 0 || count <= 0) return;
+  bool merged = count <= kGemmMaxParts;
+  for (int i = 0; i < count && merged; ++i) {
+    merged = w[i]->quantized() && w[i]->type == w[0]->type && w[i]->k == w[0]->k && w[i]->n > 0;
+  }
+  if (!merged || (tensor_cores && m >= kGemmTensorCoreMinRows && w[0]->k >= kQK)) {
+    for (int i = 0; i < count; ++i) gemm(*w[i], x, xq, xd, m, y[i], w[i]->n, accumulate, stream, tensor_cores);
+    return;
+  }
+  if (m == 1) {
+    launch_gemv_quant(w, y, count, xq, xd, accumulate, stream);
+    return;
+  }
+  // grid.y is limited to 65535 tiles: very tall activations go in slices.
+  constexpr int64_t kSlice = int64_t{65535} * 8;
+  const int64_t nb = w[0]->k / kQK;
+  int64_t ldys[kGemmMaxParts] = {};
+  for (int i = 0; i < count; ++i) ldys[i] = w[i]->n;
+  for (int64_t c = 0; c < m; c += kSlice) {
+    const int64_t mc = m - c < kSlice ? m - c : kSlice;
+    float* ys[kGemmMaxParts] = {};
+    for (int i = 0; i < count; ++i) ys[i] = y[i] + c * ldys[i];
+    launch_gemm_quant(w, ys, ldys, count, xq + c * w[0]->k, xd + c * nb, mc, accumulate, stream);
+  }
 }
 
 void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
@@ -410,11 +503,13 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
     }
     return;
   }
+  const DevWeight* ws[1] = {&w};
   if (m == 1) {
     if (w.quantized()) {
-      launch_gemv_quant(w, xq, xd, y, accumulate, stream);
+      float* ys[1] = {y};
+      launch_gemv_quant(ws, ys, 1, xq, xd, accumulate, stream);
     } else {
-      launch_gemm<1>(w, x, xq, xd, m, y, ldy, accumulate, stream);
+      launch_gemm_float<1>(w, x, m, y, ldy, accumulate, stream);
     }
     return;
   }
@@ -423,8 +518,13 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
   const int64_t nb = w.k / kQK;
   for (int64_t c = 0; c < m; c += kSlice) {
     const int64_t mc = m - c < kSlice ? m - c : kSlice;
-    launch_gemm<8>(w, x ? x + c * w.k : nullptr, xq ? xq + c * w.k : nullptr, xd ? xd + c * nb : nullptr, mc,
-                   y + c * ldy, ldy, accumulate, stream);
+    if (w.quantized()) {
+      float* ys[1] = {y + c * ldy};
+      const int64_t ldys[1] = {ldy};
+      launch_gemm_quant(ws, ys, ldys, 1, xq + c * w.k, xd + c * nb, mc, accumulate, stream);
+    } else {
+      launch_gemm_float<8>(w, x + c * w.k, mc, y + c * ldy, ldy, accumulate, stream);
+    }
   }
 }
 

@@ -219,16 +219,64 @@ __device__ __forceinline__ float kv_load(const char* row, int32_t d) {
   return reinterpret_cast<const float*>(row)[d];
 }
 
-// q . K[p] of one head, summed in order over the head's dims (the CPU's scalar order),
-// times the scale. The same function serves every pass, so a recomputed score equals the
-// stored one.
+// KV values per 16-byte load: 8 f16 or 4 f32.
+template <bool F16>
+constexpr int32_t kKvPerVec = F16 ? 8 : 4;
+
+// Whether values [d, d + kKvPerVec) of `row` can be read with one 16-byte load: the head
+// holds whole 16-byte chunks and the address is 16-byte aligned (page bases from
+// cudaMalloc are; the harness tests shift them to exercise the element-wise path).
+template <bool F16>
+__device__ __forceinline__ bool kv_vec_ok(const char* row, int32_t head_dim) {
+  return head_dim % kKvPerVec<F16> == 0 && (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
+}
+
+// Values [c * kKvPerVec, (c + 1) * kKvPerVec) of a 16-byte aligned row as floats.
+template <bool F16>
+__device__ __forceinline__ void kv_load_vec(const char* row, int32_t c, float* x) {
+  const uint4 w = reinterpret_cast<const uint4*>(row)[c];
+  if constexpr (F16) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = h2f(static_cast<uint16_t>(u[i] & 0xFFFFu));  // little-endian: the lower half first
+      x[2 * i + 1] = h2f(static_cast<uint16_t>(u[i] >> 16));
+    }
+  } else {
+    x[0] = __uint_as_float(w.x);
+    x[1] = __uint_as_float(w.y);
+    x[2] = __uint_as_float(w.z);
+    x[3] = __uint_as_float(w.w);
+  }
+}
+
+// q . K row of one head: sum_d q[d] * K[d], added in order over d (the CPU's scalar order).
+// The K row is read 16 bytes at a time where kv_vec_ok, else one value at a time; the
+// products and their order are the same, so is the result.
+template <bool F16>
+__device__ __forceinline__ float k_row_dot(const char* row, const float* qs, int32_t head_dim) {
+  float s = 0.0f;
+  if (kv_vec_ok<F16>(row, head_dim)) {
+    constexpr int32_t kV = kKvPerVec<F16>;
+    for (int32_t c = 0; c < head_dim / kV; ++c) {
+      float x[kV];
+      kv_load_vec<F16>(row, c, x);
+#pragma unroll
+      for (int32_t i = 0; i < kV; ++i) s += qs[c * kV + i] * x[i];
+    }
+    return s;
+  }
+  for (int32_t d = 0; d < head_dim; ++d) s += qs[d] * kv_load<F16>(row, d);
+  return s;
+}
+
+// q . K[p] of one head (k_row_dot) times the scale. The same function serves every pass,
+// so a recomputed score equals the stored one.
 template <bool F16>
 __device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t p, int32_t hk, const float* qs,
                                             float scale) {
   const char* row = kv_row(kv, t, p, 0) + int64_t(hk) * kv.head_dim * (F16 ? 2 : 4);
-  float s = 0.0f;
-  for (int32_t d = 0; d < kv.head_dim; ++d) s += qs[d] * kv_load<F16>(row, d);
-  return s * scale;
+  return k_row_dot<F16>(row, qs, kv.head_dim) * scale;
 }
 
 // One thread block per (token, head); blockDim >= head_dim (a multiple of 32).
@@ -332,10 +380,7 @@ __global__ void attention_split_scores_kernel(KvArgs kv, const float* __restrict
   for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {  // the K row once for all heads
     const char* row = kv_row(kv, t, p0 + j, 0) + int64_t(hk) * hd * (F16 ? 2 : 4);
     for (int32_t h = 0; h < group; ++h) {
-      const float* qh = qs + h * hd;
-      float sc = 0.0f;
-      for (int32_t d = 0; d < hd; ++d) sc += qh[d] * kv_load<F16>(row, d);
-      sc *= scale;
+      const float sc = k_row_dot<F16>(row, qs + h * hd, hd) * scale;
       es[h * part + j] = sc;
       score[(head0 + h) * max_pos + p0 + j] = sc;
     }
@@ -438,12 +483,33 @@ __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const 
 // R = bq * group. K rows are padded by one float so the threads of a warp, each scoring
 // another position against the same q row, read distinct banks.
 
-// Stage rows [kb, kb + n) of the K (and with `with_v` the V) cache of head hk as floats.
+// Stage rows [kb, kb + n) of the K (and with `with_v` the V) cache of head hk as floats,
+// 16 bytes per load where the head holds whole 16-byte chunks (kv_vec_ok).
 template <bool F16>
 __device__ __forceinline__ void prefill_stage(const KvArgs& kv, int64_t t0, int32_t hk, int32_t kb, int32_t n,
                                               bool with_v, float* ks, float* vs) {
   const int32_t hd = kv.head_dim;
   const int64_t head_off = int64_t(hk) * hd * (F16 ? 2 : 4);
+  if (hd % kKvPerVec<F16> == 0) {  // a thread per 16-byte chunk of a row
+    constexpr int32_t kV = kKvPerVec<F16>;
+    const int32_t chunks = hd / kV;
+    for (int32_t e = threadIdx.x; e < n * chunks; e += blockDim.x) {
+      const int32_t j = e / chunks, d0 = (e % chunks) * kV;
+      for (int kind = 0; kind < (with_v ? 2 : 1); ++kind) {
+        const char* row = kv_row(kv, t0, kb + j, kind) + head_off;
+        float* dst = kind == 0 ? ks + j * (hd + 1) + d0 : vs + j * hd + d0;
+        if (kv_vec_ok<F16>(row, hd)) {
+          float x[kV];
+          kv_load_vec<F16>(row, d0 / kV, x);
+#pragma unroll
+          for (int32_t i = 0; i < kV; ++i) dst[i] = x[i];
+        } else {
+          for (int32_t i = 0; i < kV; ++i) dst[i] = kv_load<F16>(row, d0 + i);
+        }
+      }
+    }
+    return;
+  }
   for (int32_t e = threadIdx.x; e < n * hd; e += blockDim.x) {
     const int32_t j = e / hd, d = e % hd;
     ks[j * (hd + 1) + d] = kv_load<F16>(kv_row(kv, t0, kb + j, 0) + head_off, d);

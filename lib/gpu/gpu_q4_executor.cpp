@@ -385,6 +385,7 @@ struct GpuQ4Executor::Impl {
   bool fused = true;          // GpuExecutorOptions::fused_kernels
   bool tensor_cores = true;   // GpuExecutorOptions::tensor_cores
   bool flash_prefill = true;  // GpuExecutorOptions::flash_prefill
+  bool merge_matmuls = true;  // GpuExecutorOptions::merge_matmuls
   cudaGraphExec_t graph_exec = nullptr;
   int64_t graph_instantiations = 0;
   struct StagedPage {
@@ -401,7 +402,8 @@ struct GpuQ4Executor::Impl {
         use_graphs(o.cuda_graphs),
         fused(o.fused_kernels),
         tensor_cores(o.tensor_cores),
-        flash_prefill(o.flash_prefill) {}
+        flash_prefill(o.flash_prefill),
+        merge_matmuls(o.merge_matmuls) {}
   ~Impl() {
     (void)cudaStreamSynchronize(stream.get());
     if (graph_exec) (void)cudaGraphExecDestroy(graph_exec);
@@ -760,6 +762,21 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
     ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st, im.tensor_cores);
   };
+  // out_i = W_i in for matrices sharing the input (Q, K, V; gate, up): one launch where
+  // gemm_parts can merge them (GpuExecutorOptions::merge_matmuls), else matmul() each.
+  auto matmuls = [&](std::initializer_list<const ck::DevWeight*> ws, const float* in, int64_t m,
+                     std::initializer_list<float*> outs) {
+    if (!im.merge_matmuls) {
+      for (size_t i = 0; i < ws.size(); ++i) matmul(*ws.begin()[i], in, m, outs.begin()[i], false);
+      return;
+    }
+    const bool quant = std::any_of(ws.begin(), ws.end(), [](const ck::DevWeight* w) { return w->quantized(); });
+    if (quant && prepared != in) {
+      ck::quantize_q8_0(in, m, (*ws.begin())->k, xq, xd, st);
+      prepared = in;
+    }
+    ck::gemm_parts(ws.begin(), outs.begin(), static_cast<int>(ws.size()), in, xq, xd, m, false, st, im.tensor_cores);
+  };
   // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
   // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
   // quantize_q8_0, bit for bit) and marked prepared.
@@ -789,9 +806,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const DevLayer& L = im.weights->layers[size_t(il)];
     norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
-    matmul(L.wq, xn, T, q, false);
-    matmul(L.wk, xn, T, kk, false);
-    matmul(L.wv, xn, T, v, false);
+    matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v});
     if (L.bq) {
       ck::add_bias(q, L.bq, T, q_w, st);
       ck::add_bias(kk, L.bk, T, kv_w, st);
@@ -814,8 +829,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     prepared = nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
     norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
-    matmul(L.gate, xn, T, gate, false);
-    matmul(L.up, xn, T, up, false);
+    matmuls({&L.gate, &L.up}, xn, T, {gate, up});
     if (im.fused && L.down.quantized()) {
       ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);  // the down projection's Q8_0 input
       prepared = gate;
@@ -1086,6 +1100,44 @@ void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k,
   to_host(y, dy, size_t(m * n));
 }
 
+void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
+                          int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
+                          std::vector<std::vector<float>>& y, int device) {
+  require_device(device);
+  if (k <= 0 || k % kernels::kQK != 0 || m <= 0 || w_blocks.size() != n.size() || n.empty() ||
+      std::any_of(n.begin(), n.end(), [](int64_t r) { return r < 1; })) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "gpu_testing: gemm_parts_q8_blocks needs matrices of n >= 1 rows, m >= 1 and k a multiple of 32");
+  }
+  const DeviceGuard guard(device);
+  const size_t count = n.size();
+  std::vector<DevBuf> dqs(count), dd(count), dy(count);
+  std::vector<ck::DevWeight> w(count);
+  std::vector<const ck::DevWeight*> wp(count);
+  std::vector<float*> yp(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i] = upload_quant_weight(q8_weights, w_blocks[i], n[i], k, dqs[i], dd[i]);
+    wp[i] = &w[i];
+    dy[i].alloc(size_t(m * n[i]) * sizeof(float));
+    yp[i] = dy[i].as<float>();
+    ck::fill_nan(yp[i], m * n[i], nullptr);
+  }
+  DevBuf dxq, dxd;
+  const ck::DevWeight x = upload_quant_weight(true, x_blocks, m, k, dxq, dxd);
+  const auto* xq = static_cast<const int8_t*>(x.q);
+  if (merged) {
+    ck::gemm_parts(wp.data(), yp.data(), static_cast<int>(count), nullptr, xq, x.d, m, false, nullptr, tensor_cores);
+  } else {
+    for (size_t i = 0; i < count; ++i) ck::gemm(w[i], nullptr, xq, x.d, m, yp[i], n[i], false, nullptr, tensor_cores);
+  }
+  TANDEM_CUDA(cudaGetLastError());
+  y.assign(count, {});
+  for (size_t i = 0; i < count; ++i) {
+    y[i].resize(size_t(m * n[i]));
+    to_host(y[i].data(), dy[i], y[i].size());
+  }
+}
+
 namespace {
 
 // Shared body of the attention harnesses: sequence s holds positions [0, lens[s]) and its
@@ -1093,7 +1145,8 @@ namespace {
 // mode: 0 attention(), 1 attention_prefill() (tiles of the plan's bq), 2 attention_split().
 void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
-                       const float* k, const float* v, float* out, int mode, int32_t part, int device) {
+                       const float* k, const float* v, float* out, int mode, int32_t part, int32_t page_shift,
+                       int device) {
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
   }
@@ -1104,6 +1157,10 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
     if (chunks[s] < 1 || chunks[s] > lens[s]) {
       throw Error(ErrorCode::kInvalidArgument, "gpu_testing: chunk must be in [1, len]");
     }
+  }
+  if (page_shift < 0 || page_shift >= 16 || page_shift % (f16 ? 2 : 4) != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "gpu_testing: page_shift must be a multiple of the KV element size in [0, 16)");
   }
   const DeviceGuard guard(device);
   const auto n_seq = static_cast<int64_t>(lens.size());
@@ -1143,10 +1200,10 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
     }
   }
   // Page j of the step lives in device slot n_pages - 1 - j.
-  DevBuf dpages(std::max<size_t>(host.size(), 1));
+  DevBuf dpages(host.size() + size_t(page_shift) + 1);
   std::vector<void*> table(size_t(std::max(n_pages, 1)));
   for (int32_t j = 0; j < n_pages; ++j) {
-    std::byte* slot = dpages.as<std::byte>() + size_t(n_pages - 1 - j) * page_bytes;
+    std::byte* slot = dpages.as<std::byte>() + size_t(page_shift) + size_t(n_pages - 1 - j) * page_bytes;
     TANDEM_CUDA(cudaMemcpy(slot, host.data() + size_t(j) * page_bytes, page_bytes, cudaMemcpyHostToDevice));
     table[size_t(j)] = slot;
   }
@@ -1206,16 +1263,17 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
 
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int device) {
+                      int32_t part, int32_t page_shift, int device) {
   const std::vector<int32_t> chunks(lens.size(), 1);
   attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, part > 0 ? 2 : 0, part,
-                    device);
+                    page_shift, device);
 }
 
 void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
-                       const float* k, const float* v, float* out, bool tiled, int device) {
-  attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, tiled ? 1 : 0, 0, device);
+                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift, int device) {
+  attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, tiled ? 1 : 0, 0,
+                    page_shift, device);
 }
 
 }  // namespace gpu_testing

@@ -12,6 +12,7 @@
 
 #include "gpu_test_support.hpp"
 #include "quant_blocks.hpp"
+#include "test_support.hpp"
 
 using namespace tandem;
 
@@ -267,6 +268,51 @@ TEST_CASE("tiled flash-attention prefill matches float64 and the per-head kernel
     CHECK(per_head_worst <= 1.0);
     CHECK(cross_worst <= 1.0);
     CHECK(int64_t(tiled.size()) == n_tok * c.n_head * c.head_dim);
+  }
+}
+#endif
+
+#if TANDEM_HAVE_CUDA
+// The kernels read a head's K (and in the tiled prefill V) rows 16 bytes at a time where the
+// row is 16-byte aligned and holds whole 16-byte chunks, one value at a time otherwise, with
+// the same products in the same order. Pages shifted off 16-byte alignment (by 2 and 8
+// bytes with f16, 4 and 8 with f32) take the element-wise path everywhere; every kernel's
+// output must be bit-identical to the aligned run's. Head dims 8-128, and 12 (f16: no
+// whole chunks, element-wise both times) as a control.
+TEST_CASE("16-byte KV loads give the bits of element-wise loads", "[gpu][kernels][attention]") {
+  const std::vector<int32_t> lens = {1, 17, 49, 70};
+  const std::vector<int32_t> chunks = {1, 9, 17, 70};
+  for (const Case c : {Case{8, 4, 8, true}, Case{8, 2, 64, true}, Case{4, 4, 64, false}, Case{8, 1, 128, true},
+                       Case{4, 2, 128, false}, Case{4, 2, 12, true}}) {
+    INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
+    const Data d = make_data(c, lens, uint32_t(c.head_dim * 7 + c.f16));
+    const Prefill p = make_prefill(c, lens, chunks, uint32_t(c.head_dim * 11 + c.f16));
+    auto run = [&](int32_t shift) {
+      std::vector<std::vector<float>> outs;
+      for (int32_t part : {24, 0}) {
+        outs.emplace_back(d.q.size());
+        gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, d.lens, d.q.data(), d.k.data(),
+                                      d.v.data(), outs.back().data(), part, shift);
+      }
+      for (bool tiled : {true, false}) {
+        outs.emplace_back(p.q.size());
+        gpu_testing::attention_prefill(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, p.lens, p.chunks, p.q.data(),
+                                       p.k.data(), p.v.data(), outs.back().data(), tiled, shift);
+      }
+      return outs;
+    };
+    const auto aligned = run(0);
+    for (int32_t shift : {c.f16 ? 2 : 4, 8}) {
+      const auto shifted = run(shift);
+      for (size_t i = 0; i < aligned.size(); ++i) {
+        INFO("page shift " << shift << ", kernel "
+                           << (i == 0   ? "split decode"
+                               : i == 1 ? "per-head decode"
+                               : i == 2 ? "tiled prefill"
+                                        : "per-head prefill"));
+        CHECK(test::same_bits(aligned[i], shifted[i]));
+      }
+    }
   }
 }
 #endif

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "gemm_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
 #include "quant_blocks.hpp"
@@ -24,60 +25,10 @@ namespace k = tandem::kernels;
 #if TANDEM_HAVE_CUDA
 namespace {
 
+using gemm_test::host_replica;
+using gemm_test::random_activations;
+using gemm_test::random_scale;
 using test::same_bits;
-
-// Weight value j of a Q4_0 or Q8_0 block (Q4_0: low nibbles are values 0..15, high 16..31).
-int weight_value(const k::BlockQ4_0& b, int j) {
-  return (j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4)) - 8;
-}
-int weight_value(const k::BlockQ8_0& b, int j) {
-  return b.qs[j];
-}
-
-// The dp4a kernel's arithmetic, written out on the host (independent of both GPU kernels):
-// 32 lane sums, lane l adding (fp16(d_w) * fp16(d_x)) * float(block dot) for blocks l, l+32,
-// ... from 0.0f, then the shuffle tree's pairs (o = 16, 8, 4, 2, 1). volatile keeps a host
-// compiler from contracting the multiply-add into an FMA.
-template <class WB>
-std::vector<float> host_replica(const std::vector<WB>& w, int64_t n, int64_t nb, const std::vector<k::BlockQ8_0>& x,
-                                int64_t m) {
-  std::vector<float> y(size_t(m * n));
-  for (int64_t c = 0; c < m; ++c) {
-    for (int64_t r = 0; r < n; ++r) {
-      float lane[32] = {};
-      for (int64_t b = 0; b < nb; ++b) {
-        const WB& wb = w[size_t(r * nb + b)];
-        const k::BlockQ8_0& xb = x[size_t(c * nb + b)];
-        int32_t dot = 0;
-        for (int j = 0; j < 32; ++j) dot += weight_value(wb, j) * int32_t{xb.qs[j]};
-        volatile float contribution = (k::fp16_bits_to_fp32(wb.d) * k::fp16_bits_to_fp32(xb.d)) * float(dot);
-        lane[b % 32] = lane[b % 32] + contribution;
-      }
-      for (int o = 16; o > 0; o /= 2) {
-        for (int l = 0; l < o; ++l) lane[l] = lane[l] + lane[l + o];
-      }
-      y[size_t(c * n + r)] = lane[0];
-    }
-  }
-  return y;
-}
-
-uint16_t random_scale(std::mt19937& g) {
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  return k::fp32_to_fp16_bits(u(g));
-}
-
-// Activation blocks: random int8 over the full range, with every 5th block all -128 and
-// every 7th all 127 (the extremes no float quantiser produces, e.g. a hand-made input).
-std::vector<k::BlockQ8_0> random_activations(std::mt19937& g, int64_t m, int64_t nb) {
-  std::uniform_int_distribution<int> q(-128, 127);
-  std::vector<k::BlockQ8_0> x(size_t(m * nb));
-  for (size_t i = 0; i < x.size(); ++i) {
-    x[i].d = random_scale(g);
-    for (auto& v : x[i].qs) v = static_cast<int8_t>(i % 5 == 0 ? -128 : i % 7 == 0 ? 127 : q(g));
-  }
-  return x;
-}
 
 // A prefill of 30 + 17 tokens (every matmul then has m = 47 rows), then two decode steps, on
 // `model_name` with and without Tensor Cores: logits bit for bit.
