@@ -86,9 +86,9 @@ struct GpuExecutorOptions {
   /// use the split-KV kernels either way.
   bool flash_prefill = true;
   /// Matrices that share their input in one launch where the step takes the dp4a kernels
-  /// (decode and small batches): Q, K and V; gate and up (kernels/cuda/cuda_kernels.hpp
-  /// gemm_parts). Bit-identical results either way; off = a launch per matrix (tests
-  /// compare the two).
+  /// (decode and small batches): Q, K and V with their biases added in the same launch;
+  /// gate and up (kernels/cuda/cuda_kernels.hpp gemm_parts). Bit-identical results either
+  /// way; off = a launch per matrix and per bias (tests compare the two).
   bool merge_matmuls = true;
 };
 
@@ -154,13 +154,15 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
 void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
                     bool tensor_cores, float* y, int device = 0);
 /// Several weight matrices times the same activations, as gemm_q8_blocks: w_blocks[i] with
-/// n[i] rows (all Q4_0, or all Q8_0 with `q8_weights`), y[i] resized to [m][n[i]]. merged:
-/// one kernels/cuda gemm_parts() call; else gemm() per matrix. Device outputs NaN-filled
-/// first. Throws Error(kInvalidArgument) without a device, for k % 32 != 0, n[i] < 1, m < 1
-/// or w_blocks and n of different sizes.
+/// n[i] rows (all Q4_0, or all Q8_0 with `q8_weights`), y[i] resized to [m][n[i]], plus
+/// bias[i] ([n[i]] floats; none when `bias` or bias[i] is empty) on every row. merged: one
+/// kernels/cuda gemm_parts() call; else gemm() then add_bias() per matrix. Device outputs
+/// NaN-filled first. Throws Error(kInvalidArgument) without a device, for k % 32 != 0,
+/// n[i] < 1, m < 1, w_blocks and n of different sizes, or biases of the wrong counts.
 void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
                           int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
-                          std::vector<std::vector<float>>& y, int device = 0);
+                          std::vector<std::vector<float>>& y, const std::vector<std::vector<float>>& bias = {},
+                          int device = 0);
 /// The calling thread's current CUDA device (cudaGetDevice), and setting it.
 int current_device();
 void set_current_device(int device);

@@ -50,16 +50,19 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
 /// The most weight matrices gemm_parts() merges into one launch.
 inline constexpr int kGemmMaxParts = 3;
 
-/// Y_i = (or, with `accumulate`, +=) W_i X for i < count, Y_i [m][w[i]->n] (row stride
-/// w[i]->n): matrices that share their input (Q, K and V; gate and up). When the matrices
-/// are quantised, of one type and k, count <= kGemmMaxParts and the step takes the dp4a
-/// kernels (m < kGemmTensorCoreMinRows or !tensor_cores), one launch computes them all: its
-/// thread blocks are split between the matrices, so the small ones (K, V under GQA) no
-/// longer run as launches of a few blocks. Otherwise gemm() per matrix. Each Y_i is bit for
-/// bit what gemm(*w[i], ...) writes (the same kernels; a block only picks its matrix's
-/// pointers; tests/gpu/test_gpu_gemv.cpp). Inputs and errors as gemm().
-void gemm_parts(const DevWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
-                const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream, bool tensor_cores = true);
+/// Y_i = (or, with `accumulate`, +=) W_i X, then + b_i per row when bias && bias[i] (the
+/// result of add_bias(Y_i, b_i) after the matmul, bit for bit), for i < count, Y_i
+/// [m][w[i]->n] (row stride w[i]->n): matrices that share their input (Q, K and V with
+/// their biases; gate and up). When the matrices are quantised, of one type and k,
+/// count <= kGemmMaxParts and the step takes the dp4a kernels (m < kGemmTensorCoreMinRows or
+/// !tensor_cores), one launch computes them all, biases included: its thread blocks are
+/// split between the matrices, so the small ones (K, V under GQA) no longer run as launches
+/// of a few blocks. Otherwise gemm() then add_bias() per matrix. Each Y_i is bit for bit
+/// what gemm(*w[i], ...) and add_bias write (the same kernels; a block only picks its
+/// matrix's pointers; tests/gpu/test_gpu_merged_matmuls.cpp). Inputs and errors as gemm().
+void gemm_parts(const DevWeight* const* w, float* const* y, const float* const* bias, int count, const float* x,
+                const int8_t* xq, const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream,
+                bool tensor_cores = true);
 
 /// y row i = RMSNorm(x row src_i) * w, src_i = rows ? rows[i] : i; n elements per row,
 /// x and y rows strided by n. Sum of squares in double. In place allowed (y == x, rows null).

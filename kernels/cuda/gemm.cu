@@ -76,9 +76,16 @@ struct QuantParts {
   int64_t n[kGemmMaxParts];
   float* y[kGemmMaxParts];
   int64_t ldy[kGemmMaxParts];
+  const float* bias[kGemmMaxParts];  // null, or [n] added to each output row (add_bias's y + b)
   unsigned first[kGemmMaxParts + 1];
   int count;
 };
+
+// The value stored at output row r: s, or *out + s with `accumulate`, then + bias[r].
+__device__ __forceinline__ float epilogue(const float* out, float s, bool accumulate, const float* bias, int64_t r) {
+  const float v = accumulate ? *out + s : s;
+  return bias != nullptr ? v + bias[r] : v;
+}
 
 // The part that owns thread block `bx` along grid.x.
 __device__ __forceinline__ int part_of(const QuantParts& P, unsigned bx) {
@@ -97,6 +104,7 @@ __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
   const uint16_t* __restrict__ wd = P.wd[part];
   const int64_t n = P.n[part], ldy = P.ldy[part];
   float* __restrict__ y = P.y[part];
+  const float* __restrict__ bias = P.bias[part];
   const int64_t r = int64_t(blockIdx.x - P.first[part]) * kRowsPerBlock + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int64_t c0 = int64_t(blockIdx.y) * MT;
@@ -125,7 +133,7 @@ __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
     const float s = warp_sum(acc[c]);
     if (lane == 0 && c0 + c < m) {
       float* out = y + (c0 + c) * ldy + r;
-      *out = accumulate ? *out + s : s;
+      *out = epilogue(out, s, accumulate, bias, r);
     }
   }
 }
@@ -147,6 +155,7 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
   const uint16_t* __restrict__ wd = P.wd[part];
   const int64_t n = P.n[part];
   float* __restrict__ y = P.y[part];
+  const float* __restrict__ bias = P.bias[part];
   const int64_t r0 = (int64_t(blockIdx.x - P.first[part]) * kRowsPerBlock + threadIdx.x / kWarp) * R;
   const int lane = threadIdx.x % kWarp;
   if (r0 >= n) return;  // a whole warp leaves together
@@ -191,7 +200,7 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
     const float s = warp_sum(acc[j]);  // every lane takes part, also for rows past n
     if (lane == 0 && r0 + j < n) {
       float* out = y + r0 + j;
-      *out = accumulate ? *out + s : s;
+      *out = epilogue(out, s, accumulate, bias, r0 + j);
     }
   }
 }
@@ -382,8 +391,8 @@ constexpr int kGemvRows = 2;
 
 // The launch's parts: ws[i] (all quantised, of one type and k) into ys[i] rows strided by
 // ldys[i], rows_per_block weight rows per thread block. Returns the blocks along grid.x.
-unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, int count,
-                    int64_t rows_per_block, QuantParts& P) {
+unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, const float* const* bias,
+                    int count, int64_t rows_per_block, QuantParts& P) {
   P = QuantParts{};
   P.count = count;
   unsigned blocks = 0;
@@ -393,6 +402,7 @@ unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t*
     P.n[i] = ws[i]->n;
     P.y[i] = ys[i];
     P.ldy[i] = ldys[i];
+    P.bias[i] = bias != nullptr ? bias[i] : nullptr;
     P.first[i] = blocks;
     blocks += static_cast<unsigned>((ws[i]->n + rows_per_block - 1) / rows_per_block);
   }
@@ -400,11 +410,11 @@ unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t*
   return blocks;
 }
 
-void launch_gemv_quant(const DevWeight* const* ws, float* const* ys, int count, const int8_t* xq, const uint16_t* xd,
-                       bool accumulate, cudaStream_t stream) {
+void launch_gemv_quant(const DevWeight* const* ws, float* const* ys, const float* const* bias, int count,
+                       const int8_t* xq, const uint16_t* xd, bool accumulate, cudaStream_t stream) {
   QuantParts P;
   const int64_t ldys[kGemmMaxParts] = {};
-  const dim3 grid(make_parts(ws, ys, ldys, count, int64_t{kRowsPerBlock} * kGemvRows, P));
+  const dim3 grid(make_parts(ws, ys, ldys, bias, count, int64_t{kRowsPerBlock} * kGemvRows, P));
   const dim3 block(kRowsPerBlock * kWarp);
   const int64_t nb = ws[0]->k / kQK;
   if (ws[0]->type == WType::kQ4_0) {
@@ -415,11 +425,12 @@ void launch_gemv_quant(const DevWeight* const* ws, float* const* ys, int count, 
 }
 
 // The dp4a GEMM of quantised parts over activation rows [0, m) (8 per block along grid.y).
-void launch_gemm_quant(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, int count, const int8_t* xq,
-                       const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream) {
+void launch_gemm_quant(const DevWeight* const* ws, float* const* ys, const int64_t* ldys, const float* const* bias,
+                       int count, const int8_t* xq, const uint16_t* xd, int64_t m, bool accumulate,
+                       cudaStream_t stream) {
   constexpr int MT = 8;
   QuantParts P;
-  const dim3 grid(make_parts(ws, ys, ldys, count, kRowsPerBlock, P), static_cast<unsigned>((m + MT - 1) / MT));
+  const dim3 grid(make_parts(ws, ys, ldys, bias, count, kRowsPerBlock, P), static_cast<unsigned>((m + MT - 1) / MT));
   const dim3 block(kRowsPerBlock * kWarp);
   const int64_t nb = ws[0]->k / kQK;
   if (ws[0]->type == WType::kQ4_0) {
@@ -462,19 +473,23 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, int8_t* xq, uint16_t* x
   quantize_q8_0_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(x, n_blocks, xq, xd);
 }
 
-void gemm_parts(const DevWeight* const* w, float* const* y, int count, const float* x, const int8_t* xq,
-                const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream, bool tensor_cores) {
+void gemm_parts(const DevWeight* const* w, float* const* y, const float* const* bias, int count, const float* x,
+                const int8_t* xq, const uint16_t* xd, int64_t m, bool accumulate, cudaStream_t stream,
+                bool tensor_cores) {
   if (m <= 0 || count <= 0) return;
   bool merged = count <= kGemmMaxParts;
   for (int i = 0; i < count && merged; ++i) {
     merged = w[i]->quantized() && w[i]->type == w[0]->type && w[i]->k == w[0]->k && w[i]->n > 0;
   }
   if (!merged || (tensor_cores && m >= kGemmTensorCoreMinRows && w[0]->k >= kQK)) {
-    for (int i = 0; i < count; ++i) gemm(*w[i], x, xq, xd, m, y[i], w[i]->n, accumulate, stream, tensor_cores);
+    for (int i = 0; i < count; ++i) {
+      gemm(*w[i], x, xq, xd, m, y[i], w[i]->n, accumulate, stream, tensor_cores);
+      if (bias != nullptr && bias[i] != nullptr) add_bias(y[i], bias[i], m, w[i]->n, stream);
+    }
     return;
   }
   if (m == 1) {
-    launch_gemv_quant(w, y, count, xq, xd, accumulate, stream);
+    launch_gemv_quant(w, y, bias, count, xq, xd, accumulate, stream);
     return;
   }
   // grid.y is limited to 65535 tiles: very tall activations go in slices.
@@ -486,7 +501,7 @@ void gemm_parts(const DevWeight* const* w, float* const* y, int count, const flo
     const int64_t mc = m - c < kSlice ? m - c : kSlice;
     float* ys[kGemmMaxParts] = {};
     for (int i = 0; i < count; ++i) ys[i] = y[i] + c * ldys[i];
-    launch_gemm_quant(w, ys, ldys, count, xq + c * w[0]->k, xd + c * nb, mc, accumulate, stream);
+    launch_gemm_quant(w, ys, ldys, bias, count, xq + c * w[0]->k, xd + c * nb, mc, accumulate, stream);
   }
 }
 
@@ -507,7 +522,7 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
   if (m == 1) {
     if (w.quantized()) {
       float* ys[1] = {y};
-      launch_gemv_quant(ws, ys, 1, xq, xd, accumulate, stream);
+      launch_gemv_quant(ws, ys, nullptr, 1, xq, xd, accumulate, stream);
     } else {
       launch_gemm_float<1>(w, x, m, y, ldy, accumulate, stream);
     }
@@ -521,7 +536,7 @@ void gemm(const DevWeight& w, const float* x, const int8_t* xq, const uint16_t* 
     if (w.quantized()) {
       float* ys[1] = {y + c * ldy};
       const int64_t ldys[1] = {ldy};
-      launch_gemm_quant(ws, ys, ldys, 1, xq + c * w.k, xd + c * nb, mc, accumulate, stream);
+      launch_gemm_quant(ws, ys, ldys, nullptr, 1, xq + c * w.k, xd + c * nb, mc, accumulate, stream);
     } else {
       launch_gemm_float<8>(w, x + c * w.k, mc, y + c * ldy, ldy, accumulate, stream);
     }

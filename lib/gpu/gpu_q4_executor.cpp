@@ -762,12 +762,19 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
     ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st, im.tensor_cores);
   };
-  // out_i = W_i in for matrices sharing the input (Q, K, V; gate, up): one launch where
-  // gemm_parts can merge them (GpuExecutorOptions::merge_matmuls), else matmul() each.
+  // out_i = W_i in (+ bias_i, when given) for matrices sharing the input (Q, K, V; gate,
+  // up): one launch, biases included, where gemm_parts can merge them
+  // (GpuExecutorOptions::merge_matmuls), else matmul() and add_bias() each.
   auto matmuls = [&](std::initializer_list<const ck::DevWeight*> ws, const float* in, int64_t m,
-                     std::initializer_list<float*> outs) {
+                     std::initializer_list<float*> outs, std::initializer_list<const float*> bias) {
+    const size_t count = ws.size();
     if (!im.merge_matmuls) {
-      for (size_t i = 0; i < ws.size(); ++i) matmul(*ws.begin()[i], in, m, outs.begin()[i], false);
+      for (size_t i = 0; i < count; ++i) {
+        matmul(*ws.begin()[i], in, m, outs.begin()[i], false);
+        if (bias.size() == count && bias.begin()[i] != nullptr) {
+          ck::add_bias(outs.begin()[i], bias.begin()[i], m, ws.begin()[i]->n, st);
+        }
+      }
       return;
     }
     const bool quant = std::any_of(ws.begin(), ws.end(), [](const ck::DevWeight* w) { return w->quantized(); });
@@ -775,7 +782,8 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       ck::quantize_q8_0(in, m, (*ws.begin())->k, xq, xd, st);
       prepared = in;
     }
-    ck::gemm_parts(ws.begin(), outs.begin(), static_cast<int>(ws.size()), in, xq, xd, m, false, st, im.tensor_cores);
+    ck::gemm_parts(ws.begin(), outs.begin(), bias.size() == count ? bias.begin() : nullptr, static_cast<int>(count), in,
+                   xq, xd, m, false, st, im.tensor_cores);
   };
   // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
   // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
@@ -806,12 +814,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const DevLayer& L = im.weights->layers[size_t(il)];
     norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
-    matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v});
-    if (L.bq) {
-      ck::add_bias(q, L.bq, T, q_w, st);
-      ck::add_bias(kk, L.bk, T, kv_w, st);
-      ck::add_bias(v, L.bv, T, kv_w, st);
-    }
+    matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {L.bq, L.bk, L.bv});
     if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
     if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
     kv.layer = il;
@@ -829,7 +832,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     prepared = nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
     norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
-    matmuls({&L.gate, &L.up}, xn, T, {gate, up});
+    matmuls({&L.gate, &L.up}, xn, T, {gate, up}, {});
     if (im.fused && L.down.quantized()) {
       ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);  // the down projection's Q8_0 input
       prepared = gate;
@@ -1102,12 +1105,18 @@ void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k,
 
 void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
                           int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
-                          std::vector<std::vector<float>>& y, int device) {
+                          std::vector<std::vector<float>>& y, const std::vector<std::vector<float>>& bias, int device) {
   require_device(device);
   if (k <= 0 || k % kernels::kQK != 0 || m <= 0 || w_blocks.size() != n.size() || n.empty() ||
-      std::any_of(n.begin(), n.end(), [](int64_t r) { return r < 1; })) {
+      std::any_of(n.begin(), n.end(), [](int64_t r) { return r < 1; }) || (!bias.empty() && bias.size() != n.size())) {
     throw Error(ErrorCode::kInvalidArgument,
-                "gpu_testing: gemm_parts_q8_blocks needs matrices of n >= 1 rows, m >= 1 and k a multiple of 32");
+                "gpu_testing: gemm_parts_q8_blocks needs matrices of n >= 1 rows, m >= 1, k a multiple of 32 and "
+                "no biases or one (maybe empty) per matrix");
+  }
+  for (size_t i = 0; i < bias.size(); ++i) {
+    if (!bias[i].empty() && int64_t(bias[i].size()) != n[i]) {
+      throw Error(ErrorCode::kInvalidArgument, "gpu_testing: gemm_parts_q8_blocks: a bias needs n values");
+    }
   }
   const DeviceGuard guard(device);
   const size_t count = n.size();
@@ -1122,13 +1131,24 @@ void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blo
     yp[i] = dy[i].as<float>();
     ck::fill_nan(yp[i], m * n[i], nullptr);
   }
+  std::vector<DevBuf> db(count);
+  std::vector<const float*> bp(count, nullptr);
+  for (size_t i = 0; i < bias.size(); ++i) {
+    if (bias[i].empty()) continue;
+    to_device(db[i], bias[i].data(), bias[i].size());
+    bp[i] = db[i].as<float>();
+  }
   DevBuf dxq, dxd;
   const ck::DevWeight x = upload_quant_weight(true, x_blocks, m, k, dxq, dxd);
   const auto* xq = static_cast<const int8_t*>(x.q);
   if (merged) {
-    ck::gemm_parts(wp.data(), yp.data(), static_cast<int>(count), nullptr, xq, x.d, m, false, nullptr, tensor_cores);
+    ck::gemm_parts(wp.data(), yp.data(), bp.data(), static_cast<int>(count), nullptr, xq, x.d, m, false, nullptr,
+                   tensor_cores);
   } else {
-    for (size_t i = 0; i < count; ++i) ck::gemm(w[i], nullptr, xq, x.d, m, yp[i], n[i], false, nullptr, tensor_cores);
+    for (size_t i = 0; i < count; ++i) {
+      ck::gemm(w[i], nullptr, xq, x.d, m, yp[i], n[i], false, nullptr, tensor_cores);
+      if (bp[i] != nullptr) ck::add_bias(yp[i], bp[i], m, n[i], nullptr);
+    }
   }
   TANDEM_CUDA(cudaGetLastError());
   y.assign(count, {});

@@ -1,6 +1,7 @@
 // Merged matmuls (kernels/cuda gemm_parts: the matrices that share an input, Q/K/V and
-// gate/up, in one launch of the dp4a kernels) against gemm() per matrix and the host replica
-// of the dp4a arithmetic, bit for bit: GQA-like row counts (64/16/16), odd ones (33/7/1: a
+// gate/up, in one launch of the dp4a kernels, biases added in it) against gemm() and
+// add_bias() per matrix and the host replica of the dp4a arithmetic plus the bias, bit for
+// bit, with and without biases: GQA-like row counts (64/16/16), odd ones (33/7/1: a
 // part of one row, a thread block with idle warps), gate/up pairs, 1-70 blocks per row, m = 1
 // (the decode GEMV), 2-15 (the dp4a GEMM), 16 and 40 (the Tensor Core path, where gemm_parts
 // launches per matrix, and the dp4a GEMM with Tensor Cores off), Q4_0 and Q8_0 weights, and
@@ -55,14 +56,33 @@ void check_parts(std::mt19937& g, const std::vector<int64_t>& n, int64_t nb, int
     ptrs.push_back(w.back().data());
   }
   const auto x = gemm_test::random_activations(g, m, nb);
-  std::vector<std::vector<float>> merged, separate;
-  gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, true, tensor_cores, merged);
-  gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, false, tensor_cores, separate);
-  REQUIRE(merged.size() == n.size());
+  // Biases on every matrix but the second (Qwen2's Q, K, V all have one; a part without
+  // one must stay bias-free in a launch with biases).
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> bias(n.size());
   for (size_t i = 0; i < n.size(); ++i) {
-    INFO("matrix " << i << " of " << n[i] << " rows");
-    CHECK(same_bits(merged[i], separate[i]));
-    CHECK(same_bits(merged[i], gemm_test::host_replica(w[i], n[i], nb, x, m)));
+    if (i == 1) continue;
+    bias[i].resize(size_t(n[i]));
+    for (float& b : bias[i]) b = nd(g);
+  }
+  for (const bool with_bias : {false, true}) {
+    const std::vector<std::vector<float>> no_bias;
+    const auto& b = with_bias ? bias : no_bias;
+    std::vector<std::vector<float>> merged, separate;
+    gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, true, tensor_cores, merged, b);
+    gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, false, tensor_cores, separate, b);
+    REQUIRE(merged.size() == n.size());
+    for (size_t i = 0; i < n.size(); ++i) {
+      INFO("matrix " << i << " of " << n[i] << " rows" << (with_bias ? ", with biases" : ""));
+      auto want = gemm_test::host_replica(w[i], n[i], nb, x, m);
+      if (with_bias && !bias[i].empty()) {
+        for (int64_t c = 0; c < m; ++c) {
+          for (int64_t r = 0; r < n[i]; ++r) want[size_t(c * n[i] + r)] += bias[i][size_t(r)];
+        }
+      }
+      CHECK(same_bits(merged[i], separate[i]));
+      CHECK(same_bits(merged[i], want));
+    }
   }
 }
 
