@@ -67,9 +67,11 @@ struct GpuExecutorOptions {
   /// Run each step whose KV pages are all in VRAM as a CUDA graph (captured, then updated
   /// in place or re-instantiated when the batch's shape changes). Same results either way.
   bool cuda_graphs = true;
-  /// Fused kernels on the per-token path: RMSNorm + Q8_0 quantisation, SwiGLU + Q8_0 and
-  /// RoPE + KV store each in one launch (kernels/cuda/cuda_kernels.hpp). Bit-identical
-  /// results either way; off = the separate launches (tests compare the two).
+  /// Fused kernels on the per-token path: RMSNorm + Q8_0 quantisation, SwiGLU + Q8_0,
+  /// RoPE + KV store, and (steps where every token decodes, head_dim % 32 == 0) the split
+  /// attention's last kernel + the Q8_0 input of Wo, each in one launch
+  /// (kernels/cuda/cuda_kernels.hpp). Bit-identical results either way; off = the separate
+  /// launches (tests compare the two).
   bool fused_kernels = true;
   /// Multiply Q4_0/Q8_0 weights by the Q8_0 activations of steps with at least 16 token
   /// rows (prefill) on the Tensor Cores (int8 WMMA, sm_72+) instead of the dp4a kernel.
@@ -176,11 +178,13 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 /// (attention_split) with partitions of `part` positions; part == 0: attention().
 /// page_shift: bytes every page starts past a 16-byte aligned address (a multiple of the
 /// KV element size, below 16; non-zero exercises the kernels' element-wise loads).
-/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device or for a
-/// bad page_shift.
+/// q8_blocks_out (part > 0, head_dim % 32 == 0): also the Q8_0 blocks the split kernels'
+/// fused quantisation writes for `out` ([lens.size()][n_head * head_dim / 32] GGUF blocks).
+/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device, for a
+/// bad page_shift or a q8_blocks_out the shape does not allow.
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int32_t page_shift = 0, int device = 0);
+                      int32_t part, int32_t page_shift = 0, void* q8_blocks_out = nullptr, int device = 0);
 /// Prefill attention harness: sequence s holds positions [0, lens[s]) (k, v as in
 /// attention_decode) and queries with its last chunks[s] positions, [lens[s] - chunks[s],
 /// lens[s]) (a later chunk of a prompt when chunks[s] < lens[s]); q, out: [sum chunks][n_head]

@@ -165,9 +165,14 @@ size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part);
 /// the normaliser is combined before V is read rather than after); then the partitions'
 /// shares added in order. Sources: FlashDecoding (Dao, Haziza, Massa, Sizov, 2023), online
 /// softmax (Milakov & Gimelshein, 2018). `max_pos` bounds pos[t] + 1.
+/// out_q/out_d (both non-null, head_dim % 32 == 0; otherwise ignored): the combining kernel
+/// also writes the Q8_0 quantisation of each written output row, xq [T][n_head * head_dim]
+/// int8 and xd [T][n_head * head_dim / 32] fp16 as quantize_q8_0(out, T, n_head * head_dim)
+/// writes those rows, bit for bit (one launch less before Wo when every token of the step
+/// decodes; tests/gpu/test_gpu_fused.cpp).
 void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t* tokens, int64_t n_tokens,
                      int32_t n_head, float scale, int32_t max_pos, const AttentionSplitScratch& scratch,
-                     cudaStream_t stream);
+                     cudaStream_t stream, int8_t* out_q = nullptr, uint16_t* out_d = nullptr);
 
 /// Most query tokens per tile of attention_prefill().
 inline constexpr int32_t kAttentionPrefillMaxTile = 16;

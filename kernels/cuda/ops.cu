@@ -460,19 +460,27 @@ __global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t
 }
 
 // Kernel 3, one block per (token, head), a thread per dim: out[d] = sum_c acc_c[d], in order.
+// With oq/od (head_dim % 32 == 0, blockDim == head_dim): each warp also quantises its 32
+// outputs, one Q8_0 block of the row, as quantize_q8_0_kernel does (warp_quantize_q8_0).
 __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const int32_t* __restrict__ tokens,
                                          int32_t n_head, int32_t head_dim, int32_t part, int32_t max_parts,
-                                         const float* __restrict__ p_acc, float* __restrict__ out) {
+                                         const float* __restrict__ p_acc, float* __restrict__ out,
+                                         int8_t* __restrict__ oq, uint16_t* __restrict__ od) {
   const int32_t i = static_cast<int32_t>(blockIdx.x) / n_head;
   const int32_t h = static_cast<int32_t>(blockIdx.x) % n_head;
   const int32_t d = static_cast<int32_t>(threadIdx.x);
-  if (d >= head_dim) return;
+  if (d >= head_dim) return;  // never a partial warp when quantising (head_dim % 32 == 0)
   const int64_t t = tokens[i];
   const int32_t n_parts = (pos[t] + 1 + part - 1) / part;
   const int64_t s0 = (int64_t(i) * n_head + h) * max_parts;
   float r = 0.0f;
   for (int32_t c = 0; c < n_parts; ++c) r += p_acc[(s0 + c) * head_dim + d];
-  out[(t * n_head + h) * head_dim + d] = r;
+  const int64_t e = (t * n_head + h) * head_dim + d;
+  out[e] = r;
+  if (oq != nullptr) {
+    const int64_t blk = e / kQK;
+    warp_quantize_q8_0(r, d % kWarp, oq + blk * kQK, od + blk);
+  }
 }
 
 // ---- tiled flash-attention prefill ---------------------------------------------------------
@@ -682,7 +690,7 @@ size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {
 
 void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t* tokens, int64_t n_tokens,
                      int32_t n_head, float scale, int32_t max_pos, const AttentionSplitScratch& scratch,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int8_t* out_q, uint16_t* out_d) {
   if (n_tokens <= 0) return;
   const int threads = attention_threads(kv.head_dim);
   const int32_t group = n_head / kv.n_head_kv;
@@ -702,8 +710,10 @@ void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t
         kv, n_head, group, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum, scratch.acc);
   }
   const int combine_threads = ((kv.head_dim + kWarp - 1) / kWarp) * kWarp;
+  const bool quantise = out_q != nullptr && out_d != nullptr && kv.head_dim % kQK == 0;
   attention_combine_kernel<<<static_cast<unsigned>(n_tokens * n_head), combine_threads, 0, stream>>>(
-      kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out);
+      kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out, quantise ? out_q : nullptr,
+      quantise ? out_d : nullptr);
 }
 
 AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group) {

@@ -825,11 +825,15 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
       ck::kv_store_rows(kv, kk, v, T, st);
     }
-    ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st);
+    // Every token decoding through the split kernels: their last launch also makes Wo's
+    // Q8_0 input (the result of quantize_q8_0 on attn, bit for bit).
+    const bool attn_q8 = im.fused && L.wo.quantized() && n_dec == T && hd % kernels::kQK == 0;
+    ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st,
+                        attn_q8 ? xq : nullptr, attn_q8 ? xd : nullptr);
     ck::attention(kv, q, attn, n_listed - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st,
                   d_attn_tokens + n_dec);
     ck::attention_prefill(kv, q, attn, d_attn_tokens + T, n_tiles, hp.n_head, kq_scale, st);
-    prepared = nullptr;
+    prepared = attn_q8 ? attn : nullptr;
     matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
     norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
     matmuls({&L.gate, &L.up}, xn, T, {gate, up}, {});
@@ -1166,7 +1170,7 @@ namespace {
 void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
                        const float* k, const float* v, float* out, int mode, int32_t part, int32_t page_shift,
-                       int device) {
+                       void* q8_blocks_out, int device) {
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
   }
@@ -1177,6 +1181,9 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
     if (chunks[s] < 1 || chunks[s] > lens[s]) {
       throw Error(ErrorCode::kInvalidArgument, "gpu_testing: chunk must be in [1, len]");
     }
+  }
+  if (q8_blocks_out != nullptr && (mode != 2 || head_dim % kernels::kQK != 0)) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: Q8_0 output needs the split kernels and head_dim % 32 == 0");
   }
   if (page_shift < 0 || page_shift >= 16 || page_shift % (f16 ? 2 : 4) != 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -1249,10 +1256,13 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
     sc.sum = sum.as<double>();
     sc.score = score.as<float>();
     sc.part = part;
+    const size_t n_blocks = q8_blocks_out != nullptr ? q_elems / kernels::kQK : 0;
+    DevBuf dxq(std::max<size_t>(n_blocks * kernels::kQK, 1)), dxd(std::max<size_t>(n_blocks, 1) * 2);
     ck::attention_split(kv, dq.as<float>(), dout.as<float>(), dtok.as<int32_t>(), T, n_head, scale, max_pos, sc,
-                        nullptr);
+                        nullptr, n_blocks ? dxq.as<int8_t>() : nullptr, n_blocks ? dxd.as<uint16_t>() : nullptr);
     TANDEM_CUDA(cudaGetLastError());
     TANDEM_CUDA(cudaMemcpy(out, dout.as<void>(), dout.bytes(), cudaMemcpyDeviceToHost));
+    if (n_blocks) q8_blocks_to_host(dxq, dxd, n_blocks, q8_blocks_out);
   } else if (mode == 1) {
     const ck::AttentionPrefillPlan plan = ck::attention_prefill_plan(head_dim, n_head / n_head_kv);
     if (plan.bq < 1) throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no prefill tile fits this shape");
@@ -1283,17 +1293,17 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
 
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int32_t page_shift, int device) {
+                      int32_t part, int32_t page_shift, void* q8_blocks_out, int device) {
   const std::vector<int32_t> chunks(lens.size(), 1);
   attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, part > 0 ? 2 : 0, part,
-                    page_shift, device);
+                    page_shift, q8_blocks_out, device);
 }
 
 void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
                        const float* k, const float* v, float* out, bool tiled, int32_t page_shift, int device) {
   attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, tiled ? 1 : 0, 0,
-                    page_shift, device);
+                    page_shift, nullptr, device);
 }
 
 }  // namespace gpu_testing

@@ -1,4 +1,5 @@
-// Fused decode kernels (kernels/cuda: rms_norm_q8_0, swiglu_q8_0, rope_kv_store) against the
+// Fused decode kernels (kernels/cuda: rms_norm_q8_0, swiglu_q8_0, rope_kv_store, the split
+// attention's Q8_0 output) against the
 // separate launches they replace, bit for bit, over odd widths, n_embd 32..2048, GQA, partial
 // rotary, f16 and f32 KV; the Q8_0 blocks also against the CPU's quantiser; and the whole
 // executor with and without fused kernels, logits bit for bit.
@@ -104,6 +105,48 @@ TEST_CASE("fused SwiGLU + Q8_0 gives the bits of swiglu then quantize_q8_0", "[g
     CHECK(same_blocks(b_sep, b_fused));
     CHECK(cpu_quantises_to(h_fused, n, b_fused));
   }
+#endif
+}
+
+TEST_CASE("split attention with Q8_0 output gives the bits of attention_split then quantize_q8_0",
+          "[gpu][kernels][fused]") {
+#if TANDEM_HAVE_CUDA
+  std::mt19937 g(13);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  // head_dim 32 (one block per head), 64 and 128 (several), GQA groups 1/4, f16 and f32 KV,
+  // sequences ending inside, on and past the 24-position partitions.
+  struct Shape {
+    int32_t n_head, n_head_kv, head_dim;
+    bool f16;
+  };
+  for (const Shape c :
+       {Shape{4, 4, 32, true}, Shape{8, 2, 64, true}, Shape{4, 1, 128, false}, Shape{8, 8, 64, false}}) {
+    INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
+    const std::vector<int32_t> lens = {1, 24, 25, 70};
+    int64_t rows = 0;
+    for (int32_t l : lens) rows += l;
+    const size_t q_row = size_t(c.n_head) * size_t(c.head_dim), kv_row = size_t(c.n_head_kv) * size_t(c.head_dim);
+    std::vector<float> q(lens.size() * q_row), k_rows(size_t(rows) * kv_row), v_rows(k_rows.size());
+    for (float& x : q) x = 2.0f * u(g);
+    for (float& x : k_rows) x = u(g);
+    for (float& x : v_rows) x = u(g);
+    std::vector<float> plain(q.size()), fused(q.size());
+    std::vector<k::BlockQ8_0> blocks(q.size() / k::kQK), separate(blocks.size());
+    gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, lens, q.data(), k_rows.data(),
+                                  v_rows.data(), plain.data(), 24);
+    gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, lens, q.data(), k_rows.data(),
+                                  v_rows.data(), fused.data(), 24, 0, blocks.data());
+    gpu_testing::quantize_q8_0(fused.data(), int64_t(lens.size()), int64_t(q_row), separate.data());
+    CHECK(same_bits(plain, fused));
+    CHECK(same_blocks(blocks, separate));
+    CHECK(cpu_quantises_to(fused, int64_t(q_row), blocks));
+  }
+  // Shapes the fused quantisation does not take are refused, not half-written.
+  std::vector<float> q(8 * 8), kv(8), out(q.size());
+  std::vector<k::BlockQ8_0> b(2);
+  CHECK_THROWS_AS(gpu_testing::attention_decode(8, 1, 8, 16, true, {1}, q.data(), kv.data(), kv.data(), out.data(), 24,
+                                                0, b.data()),
+                  Error);
 #endif
 }
 
