@@ -5,11 +5,14 @@
 //
 //   tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-r 3] [--device 0] [--json]
 //
+// --help prints the flags and exits 0; a malformed or out-of-range value exits 2 with the
+// flag and the value named. The flags are read before the model and the device are touched.
 // Prints the environment (device, driver, weights in VRAM) beside the figures.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -39,9 +42,31 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-int usage() {
-  std::fprintf(stderr, "usage: tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-r 3] [--device 0] [--json]\n");
+constexpr const char* kUsage =
+    "usage: tandem-gpu-bench -m MODEL.gguf [-p 512] [-n 128] [-d 0] [-r 3] [--device 0] [--json]\n"
+    "  -m MODEL.gguf  the model (required)\n"
+    "  -p N           prompt tokens of the pp test, 0..1048576 (0 = no pp test)\n"
+    "  -n N           generated tokens of the tg test, 0..1048576 (0 = no tg test)\n"
+    "  -d N           tokens of context before the tg test, 0..1048576\n"
+    "  -r N           timed runs per test after one warm-up, 1..10000\n"
+    "  --device N     CUDA device index, 0..1023\n"
+    "  --json         print one JSON object\n"
+    "  -h, --help     print this and exit\n";
+
+// A refused command line: the reason, then the usage, on stderr; exit status 2.
+int usage_error(const std::string& reason) {
+  std::fprintf(stderr, "tandem-gpu-bench: error: %s\n%s", reason.c_str(), kUsage);
   return 2;
+}
+
+// The whole of `text` as a decimal integer in [lo, hi], else false.
+bool parse_int(const char* text, int lo, int hi, int& out) {
+  const char* end = text + std::strlen(text);
+  long long v = 0;
+  const auto [ptr, ec] = std::from_chars(text, end, v);
+  if (ptr == text || ptr != end || ec != std::errc() || v < lo || v > hi) return false;
+  out = int(v);
+  return true;
 }
 
 }  // namespace
@@ -50,28 +75,45 @@ int main(int argc, char** argv) {
   std::string path;
   int p = 512, n = 128, depth = 0, reps = 3, device = 0;
   bool json = false;
+  constexpr int kMaxTokens = 1 << 20;
+  struct IntFlag {
+    const char* name;
+    int* value;
+    int lo, hi;
+  };
+  const IntFlag int_flags[] = {{"-p", &p, 0, kMaxTokens},
+                               {"-n", &n, 0, kMaxTokens},
+                               {"-d", &depth, 0, kMaxTokens},
+                               {"-r", &reps, 1, 10000},
+                               {"--device", &device, 0, 1023}};
+  // Every flag is read here, before the model is loaded and before any CUDA call.
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
-    const char* v = nullptr;
-    if (a == "-m" && (v = next()))
-      path = v;
-    else if (a == "-p" && (v = next()))
-      p = std::atoi(v);
-    else if (a == "-n" && (v = next()))
-      n = std::atoi(v);
-    else if (a == "-d" && (v = next()))
-      depth = std::atoi(v);
-    else if (a == "-r" && (v = next()))
-      reps = std::atoi(v);
-    else if (a == "--device" && (v = next()))
-      device = std::atoi(v);
-    else if (a == "--json")
-      json = true;
-    else
-      return usage();
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
   }
-  if (path.empty() || p < 0 || n < 0 || depth < 0 || reps < 1) return usage();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+      continue;
+    }
+    const IntFlag* f = nullptr;
+    for (const auto& x : int_flags) {
+      if (a == x.name) f = &x;
+    }
+    if (a != "-m" && f == nullptr) return usage_error(fmt::format("unknown argument '{}'", a));
+    if (i + 1 >= argc) return usage_error(fmt::format("{} needs a value", a));
+    const char* v = argv[++i];
+    if (a == "-m") {
+      path = v;
+    } else if (!parse_int(v, f->lo, f->hi, *f->value)) {
+      return usage_error(fmt::format("{} '{}' is not an integer in {}..{}", a, v, f->lo, f->hi));
+    }
+  }
+  if (path.empty()) return usage_error("-m MODEL.gguf is required");
   try {
     auto model = Model::load(path);
     const HParams& hp = model->hparams();

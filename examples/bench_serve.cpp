@@ -766,7 +766,8 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   auto* c = app.add_subcommand("serve", "replay a workload against the Scheduler (TTFT/TPOT/e2e, goodput)");
   o.cmd = c;
   c->add_option("-m,--model", o.model, "GGUF model")->required();
-  c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)");
+  c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)")
+      ->check(CLI::IsMember({"cpu", "gpu", "cpu+gpu", "cpu+cpu"}));
   c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them; 0 = physical cores)")
       ->check(CLI::Range(0, 512));
   c->add_option("--trace", o.trace,

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "gpu_layers.hpp"
 #include "kv_cache_type.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/kv_store.hpp"
@@ -288,6 +289,13 @@ std::vector<KvDtype> parse_cache_types(const std::vector<std::string>& k_lists,
   return out;
 }
 
+// `v` given `times` times over: -ngl 0,0 runs every test twice, as -t 1,1 does.
+std::vector<KvDtype> repeat_list(const std::vector<KvDtype>& v, size_t times) {
+  std::vector<KvDtype> out;
+  for (size_t i = 0; i < times; ++i) out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
 }  // namespace
 
 std::vector<int> parse_int_list(const std::string& text, int lo, int hi) {
@@ -341,7 +349,7 @@ std::vector<int> parse_int_list(const std::string& text, int lo, int hi) {
 }
 
 int run_speed(const SpeedOptions& opt) {
-  std::vector<int> prompts, gens, depths, threads;
+  std::vector<int> prompts, gens, depths, threads, gpu_layers;
   std::vector<KvDtype> kv_dtypes;
   std::string format = opt.output.empty() ? (opt.json ? "json" : "md") : opt.output;
   try {
@@ -353,6 +361,12 @@ int run_speed(const SpeedOptions& opt) {
     gens = parse_flag(opt.gen, "--n-gen", 0, kMaxTokens);
     depths = parse_flag(opt.depth, "--n-depth", 0, kMaxTokens);
     threads = parse_flag(opt.threads, "--threads", 0, 512);
+    gpu_layers = parse_flag(opt.gpu_layers, "--n-gpu-layers", 0, INT32_MAX);
+    if (std::any_of(gpu_layers.begin(), gpu_layers.end(), [](int n) { return n != 0; })) {
+      std::string typed;  // the lists as given, -ngl 0 -ngl 99 as "0,99"
+      for (const auto& l : opt.gpu_layers) typed += (typed.empty() ? "" : ",") + l;
+      throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
+    }
     if (opt.reps < 1) throw FlagError("--repetitions: must be at least 1");
     kv_dtypes = parse_cache_types(opt.cache_type_k, opt.cache_type_v);
   } catch (const FlagError& e) {
@@ -432,7 +446,8 @@ int run_speed(const SpeedOptions& opt) {
       std::cout.flush();
     };
 
-    for (const KvDtype kv_dtype : kv_dtypes) {  // llama-bench's order: KV types outside threads
+    // llama-bench's order: GPU layers outside KV types outside threads. Every -ngl item is 0.
+    for (const KvDtype kv_dtype : repeat_list(kv_dtypes, gpu_layers.size())) {
       KvStoreOptions so;
       so.layout = KvLayout::for_model(hp, 16, kv_dtype);
       so.host_pages = (n_ctx + so.layout.page_size - 1) / so.layout.page_size + 1;

@@ -3,7 +3,8 @@
 // Flags, list syntax, test definitions and output records follow llama.cpp's llama-bench
 // (tools/llama-bench), so the two programs' outputs can be read side by side:
 //   -p/-n/-d/-t take comma lists of "first[-last[(+|*)step]]" items (and may repeat),
-//   -ctk/-ctv comma lists of KV types (and may repeat);
+//   -ctk/-ctv comma lists of KV types (and may repeat); -ngl lists of 0 (the CPU executor
+//   alone runs here: another layer count is refused, the GPU tools named);
 //   one pp test per non-zero prompt size and one tg test per non-zero generation size,
 //   for every KV type x thread count x depth; -r runs each after one warm-up run;
 //   -o md (table), json (array of records) or jsonl (one record per line).
@@ -29,6 +30,9 @@ struct SpeedOptions {
   std::vector<std::string> cache_type_k{"f16"};
   /// -ctv lists: of V; item by item the same types as -ctk (one dtype per store).
   std::vector<std::string> cache_type_v{"f16"};
+  /// -ngl lists (llama-bench's GPU layers): every item must be 0, as this mode runs the whole
+  /// model on one CPU executor; every test runs once per item (as once per -t item).
+  std::vector<std::string> gpu_layers{"0"};
 };
 
 /// Parse one llama-bench list: comma-separated items "first[-last[(+|*)step]]" (a range

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include "bench_serve.hpp"
 #include "bench_speed.hpp"
+#include "gpu_layers.hpp"
 #include "kv_cache_type.hpp"
 
 #include <fcntl.h>
@@ -205,6 +206,10 @@ int main(int argc, char** argv) {
   app.add_option("--cache-type-v", speed.cache_type_v,
                  "KV cache types of V, list: f16, f32 or q8_0 (also -ctv; item by item the same as K)")
       ->multi_option_policy(list);
+  app.add_option("--n-gpu-layers,--gpu-layers", speed.gpu_layers,
+                 "llama-bench's -ngl, list: only 0, as this mode runs the whole model on the CPU (the GPU "
+                 "executor: tandem-gpu-bench, serve --executors gpu)")
+      ->multi_option_policy(list);
   auto* kv_cmd = app.add_subcommand("kv", "KV tier moves and time-to-resume vs recompute");
   std::string kv_model, kv_dir;
   int kv_ctx = 4096, kv_threads = 0;
@@ -223,13 +228,16 @@ int main(int argc, char** argv) {
   // later): the lists it describes are the speed mode's, kv and serve take none of them.
   app.footer(
       "Lists (-p -n -d -t) are llama-bench's: comma-separated items first[-last[(+|*)step]], e.g. -p 128,512 "
-      "-d 0-4096*2; a flag may repeat. -ctk/-ctv take comma lists of types, e.g. -ctk f16,q8_0 -ctv f16,q8_0. "
+      "-d 0-4096*2; a flag may repeat. -ctk/-ctv take comma lists of types, e.g. -ctk f16,q8_0 -ctv f16,q8_0; "
+      "-ngl takes lists of 0 (each item runs the tests once, on the CPU). "
       "One pp test per prompt size and one tg test per generation size, for every KV type, thread count and "
       "depth.");
   app.get_option("--model")->required(false);
   try {
-    std::vector<std::string> args;  // CLI11 parses a reversed vector; -ctk / -ctv become long options
-    for (int i = argc - 1; i >= 1; --i) args.push_back(tandem::cli::expand_cache_type_flag(argv[i]));
+    std::vector<std::string> args;  // CLI11 parses a reversed vector; -ctk / -ctv / -ngl become long options
+    for (int i = argc - 1; i >= 1; --i) {
+      args.push_back(tandem::cli::expand_gpu_layers_flag(tandem::cli::expand_cache_type_flag(argv[i])));
+    }
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2

@@ -38,6 +38,7 @@
 
 #include "cli_session_lock.hpp"
 #include "cli_signals.hpp"
+#include "gpu_layers.hpp"
 #include "kv_cache_type.hpp"
 #include "tandem/atomic_file.hpp"
 #include "tandem/chat_session.hpp"
@@ -166,14 +167,15 @@ std::pair<size_t, double> prefill_with_progress(tandem::Session& session, std::s
   return {done, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
-// llama-cli's multi-letter single-dash chat flags, which CLI11 cannot declare: -sys, -st.
+// llama-cli's multi-letter single-dash flags, which CLI11 cannot declare: -sys, -st, -ctk,
+// -ctv, -ngl.
 std::vector<std::string> expand_chat_flags(int argc, char** argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     args.push_back(a == "-sys"  ? "--system-prompt"
                    : a == "-st" ? "--single-turn"
-                                : tandem::cli::expand_cache_type_flag(a));
+                                : tandem::cli::expand_gpu_layers_flag(tandem::cli::expand_cache_type_flag(a)));
   }
   std::reverse(args.begin(), args.end());  // CLI11 parses a reversed vector
   return args;
@@ -201,6 +203,7 @@ int main(int argc, char** argv) {
   bool json_out = false, chat = false, ignore_eos = false, single_turn = false;
   std::string system_prompt;
   std::string session_path, kv_tier = "host", kv_dir, cache_type_k = "f16", cache_type_v = "f16";
+  std::string gpu_layers = "0";
   int migrate_after = -1;
   std::vector<std::string> stops;
   app.add_option("-m,--model", model_path, "GGUF model file")->required();
@@ -238,6 +241,9 @@ int main(int argc, char** argv) {
   app.add_option("--kv-dir", kv_dir, "directory of the file tier (default: the temp directory)");
   app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
   app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
+  app.add_option("--n-gpu-layers,--gpu-layers", gpu_layers,
+                 "llama.cpp's -ngl: only 0, as tandem-cli runs the whole model on the CPU (the GPU executor: "
+                 "tandem-server --executors gpu, tandem-gpu-bench)");
   app.add_option("--migrate-after", migrate_after, "hand the session to a second CPU executor after N generated tokens")
       ->check(CLI::Range(0, INT32_MAX));
 
@@ -265,6 +271,8 @@ int main(int argc, char** argv) {
       return run_tokenize(tok_model, tok_text, no_bos, parse_special);
     }
     if (model_path.empty()) throw UsageError("--model is required");
+    if (const std::string bad = tandem::cli::check_cpu_only_gpu_layers("tandem-cli", gpu_layers); !bad.empty())
+      throw UsageError(bad);
     seed = parse_seed(seed_text);
     check_generate_flags(app, sp, n_predict, kv_tier, migrate_after, chat, json_out, logits_out);
     tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;

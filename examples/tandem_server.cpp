@@ -152,6 +152,10 @@ int main(int argc, char** argv) {
                   {"parallel", eo.parallel},
                   {"chat_template", st.engine->chat_template().name()},
                   {"load_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+  } catch (const ExecutorCreationError& e) {  // the model loaded; e.g. --executors gpu and no GPU
+    st.log.write("error", "cannot create the executors",
+                 {{"executors", eo.executors}, {"path", eo.model_path}, {"error", e.what()}});
+    rc = 1;
   } catch (const std::exception& e) {
     st.log.write("error", "cannot load the model", {{"path", eo.model_path}, {"error", e.what()}});
     rc = 1;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,16 @@ struct RouteInfo {
   bool known() const noexcept { return !rule.empty() || !reason.empty(); }
 };
 
+/// The model loaded but an executor of --executors (or its KV store) could not be created,
+/// e.g. --executors gpu where no CUDA device is visible; what() is the underlying reason.
+struct ExecutorCreationError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 class ServingEngine {
  public:
-  /// Loads the model and starts the Scheduler. Throws tandem::Error (bad file, bad flags).
+  /// Loads the model and starts the Scheduler. Throws tandem::Error (bad file, bad flags),
+  /// ExecutorCreationError when the model loaded but an executor could not be created.
   /// `log` receives the Scheduler's debug lines (may be empty).
   ServingEngine(const EngineOptions& o, std::function<void(std::string_view)> log);
   ~ServingEngine();

@@ -259,6 +259,30 @@ foot = re.findall(r"^tg2, \d+ threads.*read bandwidth.*$", p.stdout.decode(), re
 check("md footer: the default f16 alone is not named", p.returncode == 0 and len(foot) == 1 and "type_k" not in foot[0],
       repr(foot))
 
+# llama-bench's -ngl / --n-gpu-layers (a list, as -t): this mode runs the CPU executor only, so
+# 0 is what it does anyway and is accepted (a list of zeros too: the same tests once per item,
+# as -t 1,1 runs them twice); any other count is refused with exit 2, the GPU tools named.
+base = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth")
+base_tests = [(r["n_prompt"], r["n_gen"]) for r in map(json.loads, base.stdout.decode().splitlines())] \
+    if base.returncode == 0 else None
+for args, times in [(["-ngl", "0"], 1), (["--n-gpu-layers", "0"], 1), (["--gpu-layers", "0"], 1),
+                    (["-ngl", "0,0"], 2), (["-ngl", "0", "-ngl", "0"], 2)]:
+    p = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth", *args)
+    got = [(r["n_prompt"], r["n_gen"]) for r in map(json.loads, p.stdout.decode().splitlines())] \
+        if p.returncode == 0 else None
+    check(f"{args}: runs the same tests {times}x", base_tests is not None and got == base_tests * times,
+          f"{got} vs {base_tests} rc {p.returncode} {p.stderr[-300:]!r}")
+for args in (["-ngl", "99"], ["-ngl", "0,99"], ["-ngl", "0-8+4"], ["-ngl", "0", "-ngl", "2"],
+             ["--n-gpu-layers", "1"], ["--gpu-layers", "0-1"]):
+    p = run("-m", model, *args)
+    err = p.stderr.decode(errors="replace")
+    check(f"{args}: exit 2, nothing on stdout", p.returncode == 2 and p.stdout == b"", f"rc {p.returncode}")
+    check(f"{args}: says the speed mode runs on the CPU and names the GPU paths",
+          "--n-gpu-layers" in err and "CPU" in err and "serve --executors" in err and "tandem-gpu-bench" in err and
+          "--n-gen" not in err, repr(err[-400:]))
+p = run("--help")
+check("--help lists --n-gpu-layers", p.returncode == 0 and b"--n-gpu-layers" in p.stdout, repr(p.stdout[-300:]))
+
 # Bad values: exit 2, the flag named, nothing on stdout.
 for args, flag in [
     (["-p", "8,"], b"--n-prompt"),
@@ -273,6 +297,8 @@ for args, flag in [
     (["-d", "2000000"], b"--n-depth"),
     (["-t", "600"], b"--threads"),
     (["-t", "1,,2"], b"--threads"),
+    (["-ngl", "abc"], b"--n-gpu-layers"),
+    (["-ngl", "0,"], b"--n-gpu-layers"),
     (["-r", "0"], b"--repetitions"),
     (["-o", "csv"], b"--output"),
     (["--json", "-o", "jsonl"], b"--json"),

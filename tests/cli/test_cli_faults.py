@@ -58,6 +58,24 @@ for args, named in usage:
     check(f"usage {args!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
     check(f"usage {args!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
 check("no stray files from refused flags", os.listdir(tmp) == [], repr(os.listdir(tmp)))
+# llama.cpp's -ngl / --n-gpu-layers / --gpu-layers: tandem-cli runs the CPU executor only, so
+# 0 (what it does anyway) is accepted and anything else is refused, the GPU tools named.
+plain = run("-p", "Once", "-n", "4", "--temp", "0", "--json")
+for flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
+    p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", flag, "0")
+    check(f"{flag} 0: the same tokens as without it", p.returncode == 0 and plain.returncode == 0 and
+          json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
+    for value in ("99", "1", "-1", "auto", "all"):
+        p = run("-p", "x", flag, value)
+        err = p.stderr.decode(errors="replace")
+        check(f"{flag} {value}: exit 2, nothing on stdout", p.returncode == 2 and p.stdout == b"",
+              f"rc {p.returncode} {err[-300:]!r}")
+        check(f"{flag} {value}: says it runs on the CPU and names the GPU tools",
+              "--n-gpu-layers" in err and "CPU" in err and "tandem-server --executors" in err and
+              "tandem-gpu-bench" in err and "not in range" not in err, repr(err[-400:]))
+p = run("-p", "x", "-ngl", "abc")
+check("-ngl abc: exit 2 naming the flag and the value",
+      p.returncode == 2 and b"--n-gpu-layers" in p.stderr and b"'abc'" in p.stderr, repr(p.stderr[-300:]))
 p = subprocess.run([cli, "--version"], capture_output=True)
 check("--version", p.returncode == 0 and re.match(rb"tandem-cli \d+\.\d+\.\d+", p.stdout) is not None, repr(p.stdout))
 p = subprocess.run([cli, "--help"], capture_output=True)

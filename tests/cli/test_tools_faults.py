@@ -39,6 +39,8 @@ usage = [
     ([bench, "kv", "-m", model, "-ctk", "q4_0", "-ctv", "q4_0"], b"--cache-type-k"),
     ([bench, "kv", "-m", model, "--cache-type-k", "q8_0"], b"--cache-type-k"),
     (serve + ["-t", "-1"], b"--threads"),
+    (serve + ["--executors", "tpu"], b"--executors"),
+    (serve + ["--executors", "gpu+gpu"], b"--executors"),
     (serve + ["--rate", "-2"], b"--rate"),
     (serve + ["--rate", "nan"], b"--rate"),
     (serve + ["--rate", "inf"], b"--rate"),

@@ -1,0 +1,47 @@
+// llama.cpp's -ngl / --n-gpu-layers / --gpu-layers (layers offloaded to the GPU) for the
+// Tandem tools that run the whole model on one CPU executor (tandem-cli, tandem-bench's
+// speed mode): 0, what they do anyway, is accepted; any other count is a usage error that
+// names the tools that do run the GPU executor. Tandem has no layer offload: an executor
+// runs every layer (include/tandem/gpu_q4_executor.hpp, cpu_q4_executor.hpp).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace tandem::cli {
+
+/// The rewrite of llama.cpp's one-dash "-ngl", which CLI11 cannot declare, to
+/// "--n-gpu-layers"; anything else unchanged. Applied beside expand_cache_type_flag.
+inline std::string expand_gpu_layers_flag(const std::string& arg) {
+  return arg == "-ngl" ? "--n-gpu-layers" : arg;
+}
+
+/// The usage error for llama.cpp's layer count `value` (as typed) given to `tool`, which runs
+/// on the CPU only; the tools exit with status 2 on it. Any count but 0 (llama.cpp's "auto"
+/// and "all" included) is refused the same way.
+inline std::string cpu_only_gpu_layers_error(std::string_view tool, std::string_view value) {
+  return fmt::format(
+      "--n-gpu-layers {}: {} runs the whole model on the CPU (no layer offload), so only 0 is accepted; "
+      "the GPU executor runs in tandem-server --executors gpu|cpu+gpu, tandem-bench serve --executors gpu|cpu+gpu "
+      "and tandem-gpu-bench",
+      value, tool);
+}
+
+/// Checks one llama.cpp -ngl value for a CPU-only `tool`: "" for a whole integer equal to 0
+/// ("0", "-0", "00"); cpu_only_gpu_layers_error() for another integer or llama.cpp's "auto" /
+/// "all"; otherwise a usage error naming the value, quoted so that stray spaces show.
+inline std::string check_cpu_only_gpu_layers(std::string_view tool, std::string_view value) {
+  int64_t n = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, n);
+  if (!value.empty() && ptr == end && ec == std::errc()) return n == 0 ? "" : cpu_only_gpu_layers_error(tool, value);
+  if (ec == std::errc::result_out_of_range && ptr == end) return cpu_only_gpu_layers_error(tool, value);
+  if (value == "auto" || value == "all") return cpu_only_gpu_layers_error(tool, value);
+  return fmt::format("--n-gpu-layers '{}' is not a layer count (an integer; llama.cpp also takes auto or all)", value);
+}
+
+}  // namespace tandem::cli
