@@ -361,11 +361,24 @@ int run_speed(const SpeedOptions& opt) {
     gens = parse_flag(opt.gen, "--n-gen", 0, kMaxTokens);
     depths = parse_flag(opt.depth, "--n-depth", 0, kMaxTokens);
     threads = parse_flag(opt.threads, "--threads", 0, 512);
-    gpu_layers = parse_flag(opt.gpu_layers, "--n-gpu-layers", 0, INT32_MAX);
-    if (std::any_of(gpu_layers.begin(), gpu_layers.end(), [](int n) { return n != 0; })) {
+    {
       std::string typed;  // the lists as given, -ngl 0 -ngl 99 as "0,99"
       for (const auto& l : opt.gpu_layers) typed += (typed.empty() ? "" : ",") + l;
-      throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
+      // A layer count other than 0 (negative, beyond int, auto, all: what llama.cpp takes)
+      // gets the CPU-only message tandem-cli gives; malformed items parse_flag's.
+      for (const auto& l : opt.gpu_layers) {
+        for (size_t b = 0; b <= l.size();) {
+          const size_t e = std::min(l.find(',', b), l.size());
+          if (cli::is_nonzero_layer_count(std::string_view(l).substr(b, e - b))) {
+            throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
+          }
+          b = e + 1;
+        }
+      }
+      gpu_layers = parse_flag(opt.gpu_layers, "--n-gpu-layers", 0, INT32_MAX);
+      if (std::any_of(gpu_layers.begin(), gpu_layers.end(), [](int n) { return n != 0; })) {
+        throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
+      }
     }
     if (opt.reps < 1) throw FlagError("--repetitions: must be at least 1");
     kv_dtypes = parse_cache_types(opt.cache_type_k, opt.cache_type_v);

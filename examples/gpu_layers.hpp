@@ -14,10 +14,12 @@
 
 namespace tandem::cli {
 
-/// The rewrite of llama.cpp's one-dash "-ngl", which CLI11 cannot declare, to
-/// "--n-gpu-layers"; anything else unchanged. Applied beside expand_cache_type_flag.
+/// The rewrite of llama.cpp's one-dash "-ngl" (and "-ngl=N"), which CLI11 cannot declare,
+/// to "--n-gpu-layers"; anything else unchanged. Applied beside expand_cache_type_flag.
 inline std::string expand_gpu_layers_flag(const std::string& arg) {
-  return arg == "-ngl" ? "--n-gpu-layers" : arg;
+  if (arg == "-ngl") return "--n-gpu-layers";
+  if (arg.starts_with("-ngl=")) return "--n-gpu-layers=" + arg.substr(5);  // llama.cpp's -ngl=N
+  return arg;
 }
 
 /// The usage error for llama.cpp's layer count `value` (as typed) given to `tool`, which runs
@@ -29,6 +31,17 @@ inline std::string cpu_only_gpu_layers_error(std::string_view tool, std::string_
       "the GPU executor runs in tandem-server --executors gpu|cpu+gpu, tandem-bench serve --executors gpu|cpu+gpu "
       "and tandem-gpu-bench",
       value, tool);
+}
+
+/// Whether `value` is one of llama.cpp's layer counts other than 0: a whole integer of any
+/// size or sign that is not 0, or "auto" / "all".
+inline bool is_nonzero_layer_count(std::string_view value) {
+  if (value == "auto" || value == "all") return true;
+  int64_t n = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, n);
+  if (value.empty() || ptr != end) return false;
+  return ec == std::errc::result_out_of_range || (ec == std::errc() && n != 0);
 }
 
 /// Checks one llama.cpp -ngl value for a CPU-only `tool`: "" for a whole integer equal to 0

@@ -12,10 +12,13 @@
 namespace tandem::cli {
 
 /// The rewrite of llama.cpp's multi-letter one-dash spellings, which CLI11 cannot declare:
-/// "-ctk" -> "--cache-type-k", "-ctv" -> "--cache-type-v", anything else unchanged.
+/// "-ctk" -> "--cache-type-k", "-ctv" -> "--cache-type-v" (also "-ctk=T" -> "--cache-type-k=T",
+/// which CLI11 would read as "-c tk=T"), anything else unchanged.
 inline std::string expand_cache_type_flag(const std::string& arg) {
   if (arg == "-ctk") return "--cache-type-k";
   if (arg == "-ctv") return "--cache-type-v";
+  if (arg.starts_with("-ctk=")) return "--cache-type-k=" + arg.substr(5);
+  if (arg.starts_with("-ctv=")) return "--cache-type-v=" + arg.substr(5);
   return arg;
 }
 

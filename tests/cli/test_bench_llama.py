@@ -266,14 +266,15 @@ base = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-ba
 base_tests = [(r["n_prompt"], r["n_gen"]) for r in map(json.loads, base.stdout.decode().splitlines())] \
     if base.returncode == 0 else None
 for args, times in [(["-ngl", "0"], 1), (["--n-gpu-layers", "0"], 1), (["--gpu-layers", "0"], 1),
-                    (["-ngl", "0,0"], 2), (["-ngl", "0", "-ngl", "0"], 2)]:
+                    (["-ngl", "0,0"], 2), (["-ngl", "0", "-ngl", "0"], 2), (["-ngl=0"], 1)]:
     p = run("-m", model, "-p", "8", "-n", "2", "-r", "1", "-o", "jsonl", "--no-bandwidth", *args)
     got = [(r["n_prompt"], r["n_gen"]) for r in map(json.loads, p.stdout.decode().splitlines())] \
         if p.returncode == 0 else None
     check(f"{args}: runs the same tests {times}x", base_tests is not None and got == base_tests * times,
           f"{got} vs {base_tests} rc {p.returncode} {p.stderr[-300:]!r}")
 for args in (["-ngl", "99"], ["-ngl", "0,99"], ["-ngl", "0-8+4"], ["-ngl", "0", "-ngl", "2"],
-             ["--n-gpu-layers", "1"], ["--gpu-layers", "0-1"]):
+             ["--n-gpu-layers", "1"], ["--gpu-layers", "0-1"], ["-ngl", "-1"], ["-ngl", "auto"],
+             ["-ngl", "all"], ["-ngl", "99999999999"], ["-ngl", "0,auto"], ["-ngl=99"]):
     p = run("-m", model, *args)
     err = p.stderr.decode(errors="replace")
     check(f"{args}: exit 2, nothing on stdout", p.returncode == 2 and p.stdout == b"", f"rc {p.returncode}")

@@ -73,6 +73,15 @@ for flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
         check(f"{flag} {value}: says it runs on the CPU and names the GPU tools",
               "--n-gpu-layers" in err and "CPU" in err and "tandem-server --executors" in err and
               "tandem-gpu-bench" in err and "not in range" not in err, repr(err[-400:]))
+# llama.cpp's -ngl=N and -ctk=T spellings (CLI11 alone reads them as -n gl=N and -c tk=T).
+p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", "-ngl=0")
+check("-ngl=0: the same tokens as without it", p.returncode == 0 and plain.returncode == 0 and
+      json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
+p = run("-p", "x", "-ngl=99")
+check("-ngl=99: the CPU-only message", p.returncode == 2 and b"tandem-gpu-bench" in p.stderr, repr(p.stderr[-300:]))
+p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", "-ctk=f16", "-ctv=f16")
+check("-ctk=f16 -ctv=f16: the same tokens as without them", p.returncode == 0 and plain.returncode == 0 and
+      json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
 p = run("-p", "x", "-ngl", "abc")
 check("-ngl abc: exit 2 naming the flag and the value",
       p.returncode == 2 and b"--n-gpu-layers" in p.stderr and b"'abc'" in p.stderr, repr(p.stderr[-300:]))

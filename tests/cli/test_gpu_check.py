@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """scripts/gpu-check, the script for a lent GPU machine, without a GPU: its usage (--help
-exits 0, an unknown option 2), its phases and deadline on stub binaries (the tests, bench,
-synth and serve programs replaced by scripts that answer at once), and what it leaves under
-$OUT: at most five files (the device tool returns at most 8), summary.txt and a
-logs.tar.gz holding the logs, also when the build is missing or the deadline cuts phases.
+exits 0, an unknown option or a bad setting 2), its phases and deadline on stub binaries
+(the tests, bench, synth and serve programs replaced by scripts that answer at once), the
+benchmarks skipped when no device is visible, SIGTERM reaching the running phase, and what
+it leaves under $OUT: at most five files (the device tool returns at most 8), summary.txt
+and a logs.tar.gz holding the logs, also when the build is missing or the deadline cuts
+phases.
 
 Usage: test_gpu_check.py SOURCE_DIR
 """
@@ -99,5 +101,54 @@ s = summary(out)
 check("a near deadline exits 1", r.returncode == 1, repr(r.returncode))
 check("a near deadline skips the benchmarks", "SKIPPED (deadline of 45s too near): bench tinyllama-1.1b pp512-tg128" in s, s)
 check("a near deadline leaves <= 5 files", len(out_files(out)) <= 5, repr(out_files(out)))
+
+# No CUDA device (the tests report themselves skipped, exit 77): benchmarks and serving are
+# skipped and said so, no model is synthesised.
+nodev = os.path.join(tmp, "build-nodev")
+stub(os.path.join(nodev, "tests/gpu/tandem-gpu-tests"), 'echo "SKIPPED: no CUDA device (none visible)"; exit 77')
+for name in ("examples/tandem-synth", "kernels/cuda/tandem-gpu-bench", "examples/tandem-bench"):
+    stub(os.path.join(nodev, name), "touch " + os.path.join(tmp, "nodev-ran") + "; exit 1")
+out = os.path.join(tmp, "out-nodev")
+r = run([out], dict(env, GPU_CHECK_BUILD=nodev))
+s = summary(out)
+check("no device: exit 1", r.returncode == 1, repr(r.returncode))
+check("no device: benchmarks and serving skipped",
+      s.count("SKIPPED (no CUDA device)") == 4 and not os.path.exists(os.path.join(tmp, "nodev-ran")), s)
+
+# SIGTERM while a phase runs (a synth that would take 10 minutes): the phase gets the signal
+# (it leaves a mark), the script says so and leaves its files; nothing keeps running.
+sig = os.path.join(tmp, "build-sig")
+for name in ("tests/gpu/tandem-gpu-tests", "kernels/cuda/tandem-gpu-bench", "examples/tandem-bench"):
+    stub(os.path.join(sig, name), 'echo "All tests passed"')
+mark = os.path.join(tmp, "synth-got-term")
+started = os.path.join(tmp, "synth-started")
+stub(os.path.join(sig, "examples/tandem-synth"),
+     f"trap 'touch {mark}; kill $!; exit 143' TERM; touch {started}; sleep 600 & wait")
+out = os.path.join(tmp, "out-sig")
+p = subprocess.Popen([script, out], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     env=dict(os.environ, **dict(env, GPU_CHECK_BUILD=sig)))
+for _ in range(600):  # until the synth phase runs (a hang guard, not a timing check)
+    if os.path.exists(started) or p.poll() is not None:
+        break
+    subprocess.run(["sleep", "0.1"])
+p.terminate()
+try:
+    rc = p.wait(timeout=120)
+except subprocess.TimeoutExpired:
+    p.kill()
+    rc = None
+check("SIGTERM: exit 1", rc == 1, repr(rc))
+check("SIGTERM reaches the running phase", os.path.exists(mark))
+check("SIGTERM: the summary says so", "STOPPED by a signal" in summary(out), summary(out))
+check("SIGTERM: logs.tar.gz left", os.path.exists(os.path.join(out, "logs.tar.gz")))
+left = subprocess.run(["pgrep", "-f", os.path.join(sig, "examples/tandem-synth")], capture_output=True).stdout
+check("SIGTERM: no phase left running", left == b"", repr(left))
+
+# Bad settings are usage errors (exit 2), before anything runs.
+for extra, args, what in [({"GPU_CHECK_DEADLINE": "abc"}, [os.path.join(tmp, "o1")], b"GPU_CHECK_DEADLINE"),
+                          ({"GPU_CHECK_REPS": "0"}, [os.path.join(tmp, "o2")], b"GPU_CHECK_REPS"),
+                          ({}, ["/proc/gpu-check-out"], b"output folder")]:
+    r = run(args, dict(env, **extra))
+    check(f"{extra or args}: exit 2 naming it", r.returncode == 2 and what in r.stderr, repr((r.returncode, r.stderr)))
 
 check.finish()
