@@ -18,20 +18,12 @@ import struct
 import subprocess
 import sys
 
+from faults_support import Checks
+
 bench = sys.argv[1]
 shared = os.environ.get("TANDEM_SHARED", sys.argv[2])
 model = os.path.join(shared, "models", "aidreams260K-q4_0.gguf")
-failures = []
-passed = 0
-
-
-def check(name, ok, detail=""):
-    global passed
-    if ok:
-        passed += 1
-    else:
-        failures.append(name)
-        print(f"FAILED: {name} {detail}")
+check = Checks("tandem-bench-llama-")
 
 
 def run(*args, env=None):
@@ -319,5 +311,4 @@ p = run("-m", os.path.join(shared, "models", "no-such-model.gguf"), "-o", "json"
 check("missing model: exit 1 with an error", p.returncode == 1 and b"tandem-bench: error:" in p.stderr,
       f"rc {p.returncode} {p.stderr[-200:]!r}")
 
-print(f"{passed} passed, {len(failures)} failed")
-sys.exit(1 if failures else 0)
+check.finish()
