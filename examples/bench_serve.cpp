@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "executor_sets.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/paced_executor.hpp"
 #include "tandem/perf_model.hpp"
@@ -401,17 +402,7 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
   const int t = o.threads > 0 ? o.threads : physical_core_count();
   if (sim) {
     add_simulated_executors(o, *sim, sim_with_host, model, ps, exs, paced, stores, so);
-  } else if (o.executors == "cpu") {
-    add_cpu(t, false, "cpu");
-  } else if (o.executors == "cpu+cpu") {
-    add_cpu(std::max(1, t - t / 2), true, "cpuA");
-    add_cpu(std::max(1, t / 2), false, "cpuB");
-  } else if (o.executors == "gpu") {
-    add_gpu();
-  } else if (o.executors == "cpu+gpu") {
-    add_gpu();
-    add_cpu(t, false, "cpu");
-  } else {
+  } else if (!cli::add_executor_set(o.executors, t, add_cpu, add_gpu)) {
     throw std::runtime_error("--executors must be cpu, gpu, cpu+gpu or cpu+cpu");
   }
 
@@ -767,7 +758,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   o.cmd = c;
   c->add_option("-m,--model", o.model, "GGUF model")->required();
   c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)")
-      ->check(CLI::IsMember({"cpu", "gpu", "cpu+gpu", "cpu+cpu"}));
+      ->check(CLI::IsMember(cli::executor_set_names()));
   c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them; 0 = physical cores)")
       ->check(CLI::Range(0, 512));
   c->add_option("--trace", o.trace,

@@ -245,31 +245,37 @@ std::vector<int> parse_flag(const std::vector<std::string>& lists, const char* f
   return out;
 }
 
+// The items of a flag's comma-separated lists (the flag may repeat), in order; an empty item
+// is a FlagError naming `flag`.
+std::vector<std::string> split_items(const std::vector<std::string>& lists, const char* flag) {
+  std::vector<std::string> out;
+  for (const auto& l : lists) {
+    size_t start = 0;
+    for (;;) {
+      const size_t comma = l.find(',', start);
+      out.push_back(l.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (out.back().empty()) throw FlagError(fmt::format("{}: '{}': empty item", flag, l));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+// Items (or lists) joined with commas, as they would be typed: -ngl 0 -ngl 99 as "0,99".
+std::string join_items(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
 // The KV types of -ctk and -ctv lists (comma-separated items; the flags may repeat), paired
 // item by item: a Tandem store holds one type for K and V, so the i-th K type must equal the
 // i-th V type (cli::resolve_cache_types), and the lists must be as long.
 std::vector<KvDtype> parse_cache_types(const std::vector<std::string>& k_lists,
                                        const std::vector<std::string>& v_lists) {
-  auto split = [](const std::vector<std::string>& lists, const char* flag) {
-    std::vector<std::string> out;
-    for (const auto& l : lists) {
-      size_t start = 0;
-      for (;;) {
-        const size_t comma = l.find(',', start);
-        out.push_back(l.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-        if (out.back().empty()) throw FlagError(fmt::format("{}: '{}': empty item", flag, l));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    }
-    return out;
-  };
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-    return s;
-  };
-  const std::vector<std::string> ks = split(k_lists, "--cache-type-k"), vs = split(v_lists, "--cache-type-v");
+  const std::vector<std::string> ks = split_items(k_lists, "--cache-type-k"),
+                                 vs = split_items(v_lists, "--cache-type-v");
   if (ks.size() > kMaxListValues || vs.size() > kMaxListValues) {
     throw FlagError(fmt::format("--cache-type-k/-v: more than {} values", kMaxListValues));
   }
@@ -282,7 +288,7 @@ std::vector<KvDtype> parse_cache_types(const std::vector<std::string>& k_lists,
       throw FlagError(
           fmt::format("--cache-type-k {} and --cache-type-v {} differ: Tandem's KV store holds one type for K and V "
                       "(give both the same list)",
-                      join(ks), join(vs)));
+                      join_items(ks), join_items(vs)));
     }
     out.push_back(d);
   }
@@ -362,18 +368,13 @@ int run_speed(const SpeedOptions& opt) {
     depths = parse_flag(opt.depth, "--n-depth", 0, kMaxTokens);
     threads = parse_flag(opt.threads, "--threads", 0, 512);
     {
-      std::string typed;  // the lists as given, -ngl 0 -ngl 99 as "0,99"
-      for (const auto& l : opt.gpu_layers) typed += (typed.empty() ? "" : ",") + l;
       // A layer count other than 0 (negative, beyond int, auto, all: what llama.cpp takes)
       // gets the CPU-only message tandem-cli gives; malformed items parse_flag's.
-      for (const auto& l : opt.gpu_layers) {
-        for (size_t b = 0; b <= l.size();) {
-          const size_t e = std::min(l.find(',', b), l.size());
-          if (cli::is_nonzero_layer_count(std::string_view(l).substr(b, e - b))) {
-            throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
-          }
-          b = e + 1;
-        }
+      const auto items = split_items(opt.gpu_layers, "--n-gpu-layers");
+      const std::string typed = join_items(opt.gpu_layers);
+      if (std::any_of(items.begin(), items.end(),
+                      [](const std::string& i) { return cli::is_nonzero_layer_count(i); })) {
+        throw FlagError(cli::cpu_only_gpu_layers_error("tandem-bench's speed mode", typed));
       }
       gpu_layers = parse_flag(opt.gpu_layers, "--n-gpu-layers", 0, INT32_MAX);
       if (std::any_of(gpu_layers.begin(), gpu_layers.end(), [](int n) { return n != 0; })) {

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "executor_sets.hpp"
 #include "kv_cache_type.hpp"
 #include "server/http_routes.hpp"
 #include "server/server_state.hpp"
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   std::string kv_tier = "host", kv_dir, log_format = "text", cache_type_k = "f16", cache_type_v = "f16";
   app.add_option("-m,--model", eo.model_path, "GGUF model file")->required();
   app.add_option("--executors", eo.executors, "cpu, cpu+cpu, gpu or cpu+gpu")
-      ->check(CLI::IsMember({"cpu", "cpu+cpu", "gpu", "cpu+gpu"}));
+      ->check(CLI::IsMember(tandem::cli::executor_set_names()));
   app.add_option("--host", so.host, "address to listen on");
   app.add_option("--port", so.port, "port to listen on")->check(CLI::Range(0, 65535));
   app.add_option("-c,--ctx-size", eo.n_ctx,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <span>
 
+#include "executor_sets.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/error.hpp"
 #include "tandem/routing_policy.hpp"
@@ -90,22 +91,12 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
 #endif
   };
   const int t = o.threads > 0 ? o.threads : physical_core_count();
-  if (o.executors != "cpu" && o.executors != "cpu+cpu" && o.executors != "gpu" && o.executors != "cpu+gpu") {
+  if (std::find(cli::kExecutorSets.begin(), cli::kExecutorSets.end(), o.executors) == cli::kExecutorSets.end()) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("--executors must be cpu, cpu+cpu, gpu or cpu+gpu, got '{}'", o.executors));
   }
   try {  // the model is loaded: a failure from here on is the executor's (a GPU that is missing)
-    if (o.executors == "cpu") {
-      add_cpu(t, false, "cpu");
-    } else if (o.executors == "cpu+cpu") {
-      add_cpu(std::max(1, t - t / 2), true, "cpuA");
-      add_cpu(std::max(1, t / 2), false, "cpuB");
-    } else if (o.executors == "gpu") {
-      add_gpu();
-    } else {
-      add_gpu();
-      add_cpu(t, false, "cpu");
-    }
+    cli::add_executor_set(o.executors, t, add_cpu, add_gpu);
   } catch (const std::exception& e) {
     throw ExecutorCreationError(e.what());
   }
