@@ -1097,14 +1097,9 @@ void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k,
   if (k <= 0 || k % kernels::kQK != 0 || n <= 0 || m <= 0) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: gemm_q8_blocks needs n, m >= 1 and k a multiple of 32");
   }
-  const DeviceGuard guard(device);
-  DevBuf dqs, dd, dxq, dxd, dy(size_t(m * n) * sizeof(float));
-  const ck::DevWeight w = upload_quant_weight(q8_weights, w_blocks, n, k, dqs, dd);
-  const ck::DevWeight x = upload_quant_weight(true, x_blocks, m, k, dxq, dxd);
-  ck::fill_nan(dy.as<float>(), m * n, nullptr);
-  ck::gemm(w, nullptr, static_cast<const int8_t*>(x.q), x.d, m, dy.as<float>(), n, false, nullptr, tensor_cores);
-  TANDEM_CUDA(cudaGetLastError());
-  to_host(y, dy, size_t(m * n));
+  std::vector<std::vector<float>> ys;  // one matrix through gemm(): the same launches
+  gemm_parts_q8_blocks(q8_weights, {w_blocks}, {n}, k, x_blocks, m, false, tensor_cores, ys, {}, device);
+  std::copy(ys[0].begin(), ys[0].end(), y);
 }
 
 void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,

@@ -16,6 +16,7 @@
 #include "cpu/cpu_kernels.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
+#include "options_parity.hpp"
 #include "quant_blocks.hpp"
 #include "test_support.hpp"
 
@@ -260,35 +261,15 @@ TEST_CASE("the executor's logits with fused kernels are the separate launches' b
                          Run{"synth-qwen2-small-q4_0", KvDtype::kF16}, Run{"aidreams260K-f32", KvDtype::kF16}}) {
     INFO(run.model << (run.dtype == KvDtype::kF16 ? ", f16 KV" : ", f32 KV"));
     auto model = Model::load(test::model_path(run.model));
-    const int32_t n_vocab = model->hparams().n_vocab;
-    GpuExecutorOptions plain_opts, fused_opts;
-    plain_opts.fused_kernels = false;
-    fused_opts.fused_kernels = true;
-    GpuQ4Executor plain(model, plain_opts), fused(model, fused_opts);
-    auto sp = plain.make_kv_store(16, 0, 16, run.dtype), sf = fused.make_kv_store(16, 0, 16, run.dtype);
-    KvSequence pa(*sp, 128, KvTier::kDevice), pb(*sp, 128, KvTier::kDevice);
-    KvSequence fa(*sf, 128, KvTier::kDevice), fb(*sf, 128, KvTier::kDevice);
-    const auto ids = test::prompt_ids(30, n_vocab);
-    const std::span<const int32_t> ia(ids.data(), 30), ib(ids.data() + 3, 14);
-    SequenceStep pp[2] = {{&pa, ia, 0, LogitsRows::kAll}, {&pb, ib, 0, LogitsRows::kLast}};
-    SequenceStep fp[2] = {{&fa, ia, 0, LogitsRows::kAll}, {&fb, ib, 0, LogitsRows::kLast}};
-    std::vector<float> lp(31 * size_t(n_vocab)), lf(lp.size());
-    plain.step(pp, lp);
-    fused.step(fp, lf);
-    CHECK(same_bits(lp, lf));
-    // Decode steps of both sequences together (crossing the page boundary at 32).
-    for (int step = 0; step < 4; ++step) {
-      INFO("decode step " << step);
-      const int32_t ta = ids[size_t(step)], tb = ids[size_t(20 - step)];
-      SequenceStep pd[2] = {{&pa, std::span<const int32_t>(&ta, 1), pa.n_tokens(), LogitsRows::kLast},
-                            {&pb, std::span<const int32_t>(&tb, 1), pb.n_tokens(), LogitsRows::kLast}};
-      SequenceStep fd[2] = {{&fa, std::span<const int32_t>(&ta, 1), fa.n_tokens(), LogitsRows::kLast},
-                            {&fb, std::span<const int32_t>(&tb, 1), fb.n_tokens(), LogitsRows::kLast}};
-      std::vector<float> dp(2 * size_t(n_vocab)), df(dp.size());
-      plain.step(pd, dp);
-      fused.step(fd, df);
-      CHECK(same_bits(dp, df));
-    }
+    const auto ids = test::prompt_ids(30, model->hparams().n_vocab);
+    GpuExecutorOptions plain;
+    plain.fused_kernels = false;
+    // A prefill of 30 + 14 tokens, then decode steps of both sequences together (crossing the
+    // page boundary at 32).
+    std::vector<test::DecodeTokens> decode;
+    for (size_t step = 0; step < 4; ++step) decode.push_back({ids[step], ids[20 - step]});
+    test::check_same_logits(model, plain, GpuExecutorOptions{}, std::span(ids).first(30), std::span(ids).subspan(3, 14),
+                            decode, run.dtype);
   }
 #endif
 }

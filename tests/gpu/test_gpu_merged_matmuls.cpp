@@ -11,13 +11,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <limits>
 #include <random>
 #include <vector>
 
 #include "gemm_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
+#include "options_parity.hpp"
 #include "quant_blocks.hpp"
 #include "test_support.hpp"
 
@@ -90,35 +90,11 @@ void check_parts(std::mt19937& g, const std::vector<int64_t>& n, int64_t nb, int
 // (m = 1: the GEMV, merged) and of both (m = 2), on `model_name` with and without merging.
 void check_merged_parity(const char* model_name) {
   auto model = Model::load(test::model_path(model_name));
-  const int32_t n_vocab = model->hparams().n_vocab;
-  GpuExecutorOptions on_opts, off_opts;
-  off_opts.merge_matmuls = false;
-  GpuQ4Executor on(model, on_opts), off(model, off_opts);
-  auto s_on = on.make_kv_store(16), s_off = off.make_kv_store(16);
-  KvSequence a_on(*s_on, 64, KvTier::kDevice), b_on(*s_on, 64, KvTier::kDevice);
-  KvSequence a_off(*s_off, 64, KvTier::kDevice), b_off(*s_off, 64, KvTier::kDevice);
-  const auto ids = test::prompt_ids(20, n_vocab);
-  const std::span<const int32_t> ia(ids.data(), 5), ib(ids.data() + 7, 3);
-  SequenceStep p_on[2] = {{&a_on, ia, 0, LogitsRows::kAll}, {&b_on, ib, 0, LogitsRows::kLast}};
-  SequenceStep p_off[2] = {{&a_off, ia, 0, LogitsRows::kAll}, {&b_off, ib, 0, LogitsRows::kLast}};
-  std::vector<float> l_on(6 * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN()), l_off(l_on.size());
-  on.step(p_on, l_on);
-  off.step(p_off, l_off);
-  CHECK(same_bits(l_on, l_off));
-  for (int step = 0; step < 4; ++step) {
-    INFO("decode step " << step);
-    const int32_t ta = ids[size_t(10 + step)], tb = ids[size_t(15 - step)];
-    const bool both = step % 2 == 1;
-    SequenceStep d_on[2] = {{&a_on, std::span<const int32_t>(&ta, 1), a_on.n_tokens(), LogitsRows::kLast},
-                            {&b_on, std::span<const int32_t>(&tb, 1), b_on.n_tokens(), LogitsRows::kLast}};
-    SequenceStep d_off[2] = {{&a_off, std::span<const int32_t>(&ta, 1), a_off.n_tokens(), LogitsRows::kLast},
-                             {&b_off, std::span<const int32_t>(&tb, 1), b_off.n_tokens(), LogitsRows::kLast}};
-    const size_t rows = both ? 2 : 1;
-    std::vector<float> o1(rows * size_t(n_vocab)), o2(o1.size());
-    on.step(std::span<const SequenceStep>(d_on, rows), o1);
-    off.step(std::span<const SequenceStep>(d_off, rows), o2);
-    CHECK(same_bits(o1, o2));
-  }
+  const auto ids = test::prompt_ids(20, model->hparams().n_vocab);
+  GpuExecutorOptions off;
+  off.merge_matmuls = false;
+  test::check_same_logits(model, GpuExecutorOptions{}, off, std::span(ids).first(5), std::span(ids).subspan(7, 3),
+                          {{ids[10]}, {ids[11], ids[14]}, {ids[12]}, {ids[13], ids[12]}});
 }
 
 }  // namespace

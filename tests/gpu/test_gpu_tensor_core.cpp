@@ -16,6 +16,7 @@
 #include "gemm_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
+#include "options_parity.hpp"
 #include "quant_blocks.hpp"
 #include "test_support.hpp"
 
@@ -34,31 +35,11 @@ using test::same_bits;
 // `model_name` with and without Tensor Cores: logits bit for bit.
 void check_tensor_core_parity(const char* model_name) {
   auto model = Model::load(test::model_path(model_name));
-  const int32_t n_vocab = model->hparams().n_vocab;
-  GpuExecutorOptions on_opts, off_opts;
-  off_opts.tensor_cores = false;
-  GpuQ4Executor on(model, on_opts), off(model, off_opts);
-  auto s_on = on.make_kv_store(16), s_off = off.make_kv_store(16);
-  KvSequence a_on(*s_on, 128, KvTier::kDevice), b_on(*s_on, 128, KvTier::kDevice);
-  KvSequence a_off(*s_off, 128, KvTier::kDevice), b_off(*s_off, 128, KvTier::kDevice);
-  const auto ids = test::prompt_ids(30, n_vocab);
-  const std::span<const int32_t> ia(ids.data(), 30), ib(ids.data() + 3, 17);
-  SequenceStep p_on[2] = {{&a_on, ia, 0, LogitsRows::kAll}, {&b_on, ib, 0, LogitsRows::kLast}};
-  SequenceStep p_off[2] = {{&a_off, ia, 0, LogitsRows::kAll}, {&b_off, ib, 0, LogitsRows::kLast}};
-  std::vector<float> l_on(31 * size_t(n_vocab), std::numeric_limits<float>::quiet_NaN()), l_off(l_on.size());
-  on.step(p_on, l_on);
-  off.step(p_off, l_off);
-  CHECK(same_bits(l_on, l_off));
-  for (int step = 0; step < 2; ++step) {
-    INFO("decode step " << step);
-    const int32_t t = ids[size_t(step)];
-    SequenceStep d_on[1] = {{&a_on, std::span<const int32_t>(&t, 1), a_on.n_tokens(), LogitsRows::kLast}};
-    SequenceStep d_off[1] = {{&a_off, std::span<const int32_t>(&t, 1), a_off.n_tokens(), LogitsRows::kLast}};
-    std::vector<float> o1(static_cast<size_t>(n_vocab)), o2(o1.size());
-    on.step(d_on, o1);
-    off.step(d_off, o2);
-    CHECK(same_bits(o1, o2));
-  }
+  const auto ids = test::prompt_ids(30, model->hparams().n_vocab);
+  GpuExecutorOptions off;
+  off.tensor_cores = false;
+  test::check_same_logits(model, GpuExecutorOptions{}, off, std::span(ids).first(30), std::span(ids).subspan(3, 17),
+                          {{ids[0]}, {ids[1]}});
 }
 
 }  // namespace
