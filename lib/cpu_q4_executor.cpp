@@ -130,7 +130,7 @@ const void* CpuQ4Executor::repacked_weights_id() const noexcept {
 void CpuQ4Executor::repack_weights(bool wanted) {
   static const auto kEmpty = std::make_shared<const Repacked>();
   repacked_ = kEmpty;
-  if (!wanted || !k::q4_0x8_preferred()) return;
+  if (!wanted) return;
   if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {
     for (const char* off : {"0", "false", "off", "no"})
       if (strcasecmp(env, off) == 0) return;
@@ -311,9 +311,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  // The repacked copies, when this ISA computes on them (a test may change the ISA after
-  // construction): indexed per layer, no lookup.
-  const bool packed = k::q4_0x8_preferred() && !repacked_->layers.empty();
+  // The repacked copies, indexed per layer (no lookup).
+  const bool packed = !repacked_->layers.empty();
   static constexpr Repacked::Layer kNotPacked{};
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];

@@ -3,10 +3,12 @@
 // kernels (kernels/cpu) they must agree with. Runs on every build, with or without CUDA.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
@@ -118,7 +120,10 @@ TEST_CASE("cuda block math: dp4a block dots equal the shared integer block dots"
   }
 }
 
-TEST_CASE("cuda block math: a row of block contributions equals the scalar CPU dot", "[cuda-math]") {
+TEST_CASE("cuda block math: the GPU warp's sum of block contributions is the CPU dot on every ISA", "[cuda-math]") {
+  // gemm_quant_kernel: lane i of the warp adds block_contribution() of blocks i, i + 32, ...
+  // from 0.0f, then warp_sum's xor tree (o = 16 .. 1: lane l's v + lane l+o's v). The CPU
+  // kernels run the same arithmetic (cpu_kernels.hpp), so the bits must agree.
   std::mt19937 rng(3);
   for (int64_t kdim : {32, 64, 96, 320, 4128}) {
     const int64_t nb = kdim / 32;
@@ -126,19 +131,27 @@ TEST_CASE("cuda block math: a row of block contributions equals the scalar CPU d
     std::vector<k::BlockQ8_0> x(static_cast<size_t>(nb));
     for (auto& b : w) b = random_q4(rng);
     for (auto& b : x) b = random_q8(rng);
-    float sum = 0.0f;  // in block order, as the scalar kernel
+    float lane[32] = {};
     for (int64_t b = 0; b < nb; ++b) {
       uint32_t ww[4];
       int32_t xw[8];
       q4_words(w[size_t(b)], ww);
       q8_words(x[size_t(b)], xw);
-      sum += kc::block_contribution(w[size_t(b)].d, x[size_t(b)].d, kc::dot_q4_0_q8_0_words(ww, xw));
+      lane[b % 32] += kc::block_contribution(w[size_t(b)].d, x[size_t(b)].d, kc::dot_q4_0_q8_0_words(ww, xw));
     }
-    k::cpu_force_scalar(true);
-    const float ref = k::vec_dot_q4_0_q8_0(w.data(), x.data(), kdim);
+    for (int o = 16; o > 0; o /= 2)
+      for (int l = 0; l < o; ++l) lane[l] += lane[l + o];
+    for (const char* isa : {"scalar", "avx2", "avx512", "avx512vnni"}) {
+      if (!k::cpu_isa_supported(isa)) continue;
+      if (std::string_view(isa) == "scalar")
+        k::cpu_force_scalar(true);
+      else
+        REQUIRE(k::cpu_set_isa(isa));
+      INFO(isa << " k = " << kdim);
+      const float got = k::vec_dot_q4_0_q8_0(w.data(), x.data(), kdim);
+      CHECK(std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(lane[0]));
+    }
     k::cpu_force_scalar(false);
-    INFO("k = " << kdim);
-    CHECK(sum == ref);
   }
 }
 

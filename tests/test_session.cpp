@@ -278,14 +278,14 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
   CHECK(got_b == solo_b);
 }
 
-// The AVX2 repack of the Q4_0 weights is made once per Model: executors of one model alive
+// The repack of the Q4_0 weights is made once per Model: executors of one model alive
 // together share it and another model gets its own; CpuExecutorOptions::repack_q4_0 = false
-// opts one executor out. Skipped where the dispatched kernels do not repack.
+// opts one executor out. Skipped under TANDEM_CPU_REPACK=0.
 TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", "[executor][repack]") {
   auto model = aidreams();
   auto a = std::make_unique<CpuQ4Executor>(model);
   if (!a->repacked_weights()) {
-    WARN("the dispatched kernels do not repack Q4_0 (not AVX2, or TANDEM_CPU_REPACK=0): nothing to share");
+    WARN("SKIPPED: TANDEM_CPU_REPACK=0 turns the repack off: nothing to share");
     CHECK(a->repacked_weights_id() == nullptr);
     return;
   }

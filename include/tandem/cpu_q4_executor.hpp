@@ -1,7 +1,7 @@
 // CpuQ4Executor: the transformer forward pass on the CPU.
 //
-// Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32), except that when the
-// dispatched kernels prefer it (AVX2: kernels::q4_0x8_preferred()) the executor keeps a
+// Weights stay in the GGUF mapping (Q4_0, Q8_0, F16, BF16 or F32), except that by default
+// (on every ISA: the kernels compute the same bits on each) the executor keeps a
 // copy of every Q4_0 weight matrix repacked 8 rows at a time (kernels::BlockQ4_0x8; the
 // same bytes again in memory) and multiplies with kernels::gemm_q4_0x8_q8_0. The copy is
 // made by the first executor of a Model (on its pool) and shared by every executor of that
@@ -38,10 +38,9 @@ namespace tandem {
 
 struct CpuExecutorOptions {
   int n_threads = 0;  ///< > 0: a pool of this many threads of its own; <= 0: the shared node_pool()
-  /// false: multiply Q4_0 weights in the GGUF layout even where the kernels prefer the
-  /// repacked copy (llama.cpp's --no-repack). The two add a dot product's blocks in
-  /// different orders, so logits differ in the last bits (and, through a rounding flip,
-  /// by more on random-weight models); the GPU kernels follow the unrepacked order.
+  /// false: multiply Q4_0 weights in the GGUF layout instead of the repacked copy
+  /// (llama.cpp's --no-repack): the same bits (one quantised dot arithmetic, the GPU
+  /// kernels' too: kernels/cpu/cpu_kernels.hpp), no second copy of the weights, slower.
   bool repack_q4_0 = true;
 };
 

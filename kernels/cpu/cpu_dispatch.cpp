@@ -167,9 +167,6 @@ void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, i
     }
   }
 }
-bool q4_0x8_preferred() noexcept {
-  return K().q4_0x8_preferred;
-}
 void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   K().gemm_q4_0x8_q8_0(w, x, y, k, m, ldy, r0, r1);

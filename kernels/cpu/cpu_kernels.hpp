@@ -15,7 +15,8 @@
 
 namespace tandem::kernels {
 
-/// Name of the instruction set the dispatcher selected ("avx512", "avx2", "scalar").
+/// Name of the instruction set the dispatcher selected ("avx512vnni", "avx512", "avx2",
+/// "scalar"). The SIMD ones compute the same bits (one 256-bit arithmetic, kernels_simd.hpp).
 std::string_view cpu_isa_name() noexcept;
 /// Force the scalar implementation (tests compare it with the SIMD one). Not thread-safe:
 /// call before any kernel runs.
@@ -50,12 +51,20 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept;
 /// for any finite partner; subnormal and max (0x7BFF = 65504) fp16 scales are used exactly
 /// as the arithmetic says. Inf/NaN scales are NOT filtered here: they propagate per IEEE
 /// into every output the block touches. Dequantisation gives +-Inf (NaN where q == 8) or
-/// NaN exactly; a dot product is non-finite, but whether it is +-Inf or NaN may depend on
-/// the ISA (SIMD paths scale partial lane sums, so +Inf and -Inf can meet, as in ggml's
-/// AVX2 path; Inf * 0 = NaN everywhere). The GGUF loader refuses non-finite scales up
-/// front (field case B07, TANDEM_E_TENSOR_NONFINITE), so models never reach this.
-/// Dot product of one Q4_0 row and one Q8_0 row of k elements: sum over blocks of
-/// fp16(d_w) * fp16(d_x) * sum_j (q_w - 8) * q_x (integer inner sum).
+/// NaN exactly; a dot product is the same non-finite value on every ISA and the GPU
+/// (a block's whole integer dot is scaled: an Inf scale gives +-Inf, Inf * 0 = NaN). The
+/// GGUF loader refuses non-finite scales up front (field case B07,
+/// TANDEM_E_TENSOR_NONFINITE), so models never reach this.
+///
+/// The quantised dot arithmetic (docs/arithmetic.md; every Q4_0/Q8_0 kernel below, on every
+/// ISA, repacked or not, and the GPU's dp4a and Tensor Core kernels): for block b,
+///   p_b = (f32(d_w) * f32(d_x)) * f32(S_b),  S_b = sum_j q_w[j] * q_x[j] exact in i32
+/// (Q4_0: q_w = nibble - 8); lane i < 32 sums a_i = (((0 + p_i) + p_{i+32}) + ...) in
+/// block order; then a_l = a_l + a_{l+o} for o = 16, 8, 4, 2, 1 and l < o; the dot is a_0.
+/// Every product and sum is rounded to f32 (no FMA). Results are bit-identical across
+/// ISAs, tile shapes, row ranges and threads, and batch-invariant (column i of a GEMM
+/// equals the m == 1 call on it).
+/// Dot product of one Q4_0 row and one Q8_0 row of k elements (the arithmetic above).
 float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
@@ -69,7 +78,7 @@ void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k,
                     int64_t r1) noexcept;
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
-/// Q4_0 weights repacked 8 rows at a time for the AVX2 kernel below (the interleaving
+/// Q4_0 weights repacked 8 rows at a time for the SIMD kernel below (the interleaving
 /// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and
 /// nb = k / 32 blocks per row becomes ceil(n / 8) groups of nb records, group g's record b
 /// at index g * nb + b, holding block b of rows 8g .. 8g + 7:
@@ -91,17 +100,9 @@ inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
 /// Repacks groups [g0, g1) of the n x k Q4_0 matrix w (row-major GGUF blocks) into out
 /// (q4_0x8_records(n, k) records in all; a pool splits the groups). k % 32 == 0.
 void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, int64_t g0, int64_t g1) noexcept;
-/// True when the active ISA computes Q4_0 matmuls faster on the repacked layout (avx2),
-/// i.e. when an executor should repack. Other ISAs run gemm_q4_0x8_q8_0 correctly (same
-/// results) but slower than gemm_q4_0_q8_0 on the GGUF blocks.
-bool q4_0x8_preferred() noexcept;
 /// Y[i, r] for i < m, r0 <= r < r1 over repacked weights (w: all groups of the matrix).
-/// Per (row, column) the arithmetic is fixed, whatever m, r0, r1, the thread or the ISA:
-/// acc = 0; for each block b in order: acc = fma(f32(d_w) * f32(d_x), f32(S_b), acc),
-/// with S_b = sum_j (q_j - 8) * x_j the exact integer block dot; y = acc. So results are
-/// bit-identical across ISAs and batch-invariant (column i equals the m == 1 call on it).
-/// They differ in the last bits from gemm_q4_0_q8_0 (which sums 8 lanes per block).
-/// Any r0 works; r0 % 8 == 0 avoids recomputing a shared group. Does not allocate once
+/// The quantised dot arithmetic above: the same bits as gemm_q4_0_q8_0 on the GGUF
+/// blocks, on every ISA. Any r0 works; r0 % 8 == 0 avoids recomputing a shared group. Does not allocate once
 /// cpu_thread_prepare() ran (for k up to 2^20). Thread-safe for disjoint outputs.
 void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;

@@ -1,6 +1,7 @@
 // Portable scalar kernels: the fallback ISA and the reference the SIMD paths are tested
-// against. Numerics follow ggml's x86 path (see cpu_kernels.hpp); compiled with no extra
-// -m flags. Quantisation is bit-identical to the SIMD paths.
+// against. They run the SIMD paths' written arithmetic lane by lane (8 f32 lanes, fma, the
+// same sums), so every kernel but flash_attn (vectorised exp there) gives the SIMD bits;
+// compiled with no extra -m flags and no FMA contraction (every fma is explicit).
 #include <algorithm>
 #include <cmath>
 
@@ -56,34 +57,106 @@ void s_dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
   }
 }
 
+// The SIMD paths' arithmetic (kernels_simd.hpp, cpu_kernels.hpp), lane by lane, so scalar
+// results are the same bits as avx2/avx512/avx512vnni.
+
+/// hsum256's tree: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+float sum8(const float* a) noexcept {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/// Element e of a quantised block as the integer the SIMD tiles multiply.
+inline int32_t q_at(const BlockQ4_0& w, int e) noexcept {
+  return e < kHalf ? (w.qs[e] & 0x0F) - 8 : (w.qs[e - kHalf] >> 4) - 8;
+}
+inline int32_t q_at(const BlockQ8_0& w, int e) noexcept {
+  return w.qs[e];
+}
+
+/// The 32 lane sums of the quantised dot and float matmul arithmetic (cpu_kernels.hpp):
+/// add(i, p) puts term i in lane i % 32; tree() adds the lanes at o = 16, 8, 4, 2, 1.
+struct Lanes32 {
+  float a[32] = {};
+  void add(int64_t i, float p) noexcept { a[i % 32] = a[i % 32] + p; }
+  float tree() noexcept {
+    for (int o = 16; o > 0; o /= 2)
+      for (int l = 0; l < o; ++l) a[l] = a[l] + a[l + o];
+    return a[0];
+  }
+};
+
+/// The quantised dot arithmetic for one (row, column): p_b = (d_w * d_x) * f32(S_b).
+template <class TW>
+float s_dot_q(const TW* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    int32_t s = 0;
+    for (int e = 0; e < kQK; ++e) s += q_at(w[b], e) * x[b].qs[e];
+    lanes.add(b, block_scale_product(w[b].d, x[b].d) * static_cast<float>(s));
+  }
+  return lanes.tree();
+}
 float s_vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept {
-  const int64_t nb = k / kQK;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b)
-    sum += block_scale_product(w[b].d, x[b].d) * static_cast<float>(dot_block_q4_0_q8_0(w[b], x[b]));
-  return sum;
+  return s_dot_q(w, x, k);
 }
 float s_vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
-  const int64_t nb = k / kQK;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b)
-    sum += block_scale_product(w[b].d, x[b].d) * static_cast<float>(dot_block_q8_0_q8_0(w[b], x[b]));
+  return s_dot_q(w, x, k);
+}
+
+struct F16 {
+  static float get(uint16_t v) noexcept { return fp16_bits_to_fp32(v); }
+};
+struct BF16 {
+  static float get(uint16_t v) noexcept { return bf16_bits_to_fp32(v); }
+};
+struct F32 {
+  static float get(float v) noexcept { return v; }
+};
+
+/// vec_dot_f's arithmetic: element i of the full 32-element chunks goes to accumulator
+/// (i / 8) % 4, lane i % 8; the remaining full 8-element chunks to accumulator 0; then
+/// sum8 of (acc0 + acc1) + (acc2 + acc3) lane-wise; the last n % 8 elements by fma.
+template <class LA, class LB, class TA, class TB>
+float s_dot_f(const TA* a, const TB* b, int64_t n) noexcept {
+  float acc[4][8] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int v = 0; v < 4; ++v)
+      for (int l = 0; l < 8; ++l) acc[v][l] = std::fma(LA::get(a[i + 8 * v + l]), LB::get(b[i + 8 * v + l]), acc[v][l]);
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[0][l] = std::fma(LA::get(a[i + l]), LB::get(b[i + l]), acc[0][l]);
+  float t[8];
+  for (int l = 0; l < 8; ++l) t[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+  float sum = sum8(t);
+  for (; i < n; ++i) sum = std::fma(LA::get(a[i]), LB::get(b[i]), sum);
   return sum;
 }
+/// tile_f's arithmetic (the float GEMM/GEMV, the GPU's): element e's product in lane
+/// e % 32, then the tree.
+template <class LA, class LB, class TA, class TB>
+float s_dot_tile_f(const TA* w, const TB* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t i = 0; i < k; ++i) lanes.add(i, LA::get(w[i]) * LB::get(x[i]));
+  return lanes.tree();
+}
+
 float s_vec_dot_f32(const float* a, const float* b, int64_t n) noexcept {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  return s_dot_f<F32, F32>(a, b, n);
 }
 float s_vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += fp16_bits_to_fp32(a[i]) * fp16_bits_to_fp32(b[i]);
-  return sum;
+  return s_dot_f<F16, F16>(a, b, n);
 }
 float s_vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept {
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += bf16_bits_to_fp32(a[i]) * b[i];
-  return sum;
+  return s_dot_f<BF16, F32>(a, b, n);
+}
+float s_tile_f32(const float* w, const float* x, int64_t k) noexcept {
+  return s_dot_tile_f<F32, F32>(w, x, k);
+}
+float s_tile_f16(const uint16_t* w, const uint16_t* x, int64_t k) noexcept {
+  return s_dot_tile_f<F16, F16>(w, x, k);
+}
+float s_tile_bf16(const uint16_t* w, const float* x, int64_t k) noexcept {
+  return s_dot_tile_f<BF16, F32>(w, x, k);
 }
 
 template <class TW, class TX, float (*Dot)(const TW*, const TX*, int64_t) noexcept>
@@ -103,19 +176,19 @@ void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t 
 }
 void s_gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
-  s_gemm<float, float, s_vec_dot_f32>(w, x, y, k, m, ldy, r0, r1, k, k);
+  s_gemm<float, float, s_tile_f32>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
 void s_gemm_f16_f16(const uint16_t* w, const uint16_t* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
-  s_gemm<uint16_t, uint16_t, s_vec_dot_f16>(w, x, y, k, m, ldy, r0, r1, k, k);
+  s_gemm<uint16_t, uint16_t, s_tile_f16>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
 void s_gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                      int64_t r1) noexcept {
-  s_gemm<uint16_t, float, s_vec_dot_bf16_f32>(w, x, y, k, m, ldy, r0, r1, k, k);
+  s_gemm<uint16_t, float, s_tile_bf16>(w, x, y, k, m, ldy, r0, r1, k, k);
 }
 
 void s_axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * fp16_bits_to_fp32(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, fp16_bits_to_fp32(x[i]), y[i]);
 }
 
 void s_vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
@@ -196,7 +269,8 @@ void s_flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
   }
 }
 
-// The reference attn_tiled: the scalar vec_dot_f16 / axpy_f16 arithmetic per row.
+// The reference attn_tiled: per row, the scores by vec_dot_f's arithmetic on the f32 K rows
+// and the f16-rounded q, then the same softmax and fma chains over positions.
 void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
   if (R <= 0 || hd <= 0) return;
@@ -204,7 +278,7 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   const AttnTiledLayout L = attn_tiled_scratch_layout(hd, R, last + 1);
   float* sc = scratch + L.s;
   float* q = scratch + L.q;
-  const int64_t hp = (hd + 15) / 16 * 16;
+  float* krow = scratch + L.kv;
   auto kval = [&](const void* const* pages, int64_t p, int64_t d) {
     const void* page = pages[static_cast<size_t>(p / a.page_size)];
     const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset + d;
@@ -222,9 +296,8 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     const int64_t n = a.pos0 + r / G + 1;
     float mx = -INFINITY;
     for (int64_t p = 0; p < n; ++p) {
-      float dot = 0.0f;
-      for (int64_t d = 0; d < hd; ++d) dot += kval(a.k_pages, p, d) * q[d];
-      sc[p] = dot * a.scale;
+      for (int64_t d = 0; d < hd; ++d) krow[d] = kval(a.k_pages, p, d);
+      sc[p] = s_dot_f<F32, F32>(krow, q, hd) * a.scale;
       mx = sc[p] > mx ? sc[p] : mx;
     }
     double sum = 0.0;
@@ -240,15 +313,14 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) {
       float y = 0.0f;
-      for (int64_t p = 0; p < n; ++p) y += sc[p] * kval(a.v_pages, p, d);
+      for (int64_t p = 0; p < n; ++p) y = std::fma(sc[p], kval(a.v_pages, p, d), y);
       out[d] = y;
     }
   }
-  (void)hp;
 }
 
-// The reference arithmetic of gemm_q4_0x8_q8_0 (cpu_kernels.hpp), one (row, column) at a
-// time: exact integer block dots, one f32 product and one fma per block.
+// gemm_q4_0x8_q8_0 (cpu_kernels.hpp), one (row, column) at a time: the quantised dot
+// arithmetic on the repacked layout.
 void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
                         int64_t r0, int64_t r1) noexcept {
   const int64_t nb = k / kQK;
@@ -256,7 +328,7 @@ void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int6
     for (int64_t r = r0; r < r1; ++r) {
       const BlockQ4_0x8* wg = w + (r / 8) * nb;
       const int lane = static_cast<int>(r % 8);
-      float acc = 0.0f;
+      Lanes32 lanes;
       for (int64_t b = 0; b < nb; ++b) {
         const BlockQ8_0& xb = x[c * nb + b];
         int32_t s = 0;
@@ -265,10 +337,9 @@ void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int6
             const int q = wg[b].qs[32 * j + 4 * lane + i];
             s += ((q & 0x0F) - 8) * xb.qs[4 * j + i] + ((q >> 4) - 8) * xb.qs[16 + 4 * j + i];
           }
-        const float d = fp16_bits_to_fp32(wg[b].d[lane]) * fp16_bits_to_fp32(xb.d);
-        acc = std::fma(d, static_cast<float>(s), acc);
+        lanes.add(b, block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s));
       }
-      y[c * ldy + r] = acc;
+      y[c * ldy + r] = lanes.tree();
     }
   }
 }
@@ -302,8 +373,7 @@ const KernelTable& table_scalar() noexcept {
                                  s_thread_prepare,
                                  s_flash_attn,
                                  s_attn_tiled,
-                                 s_gemm_q4_0x8_q8_0,
-                                 false};
+                                 s_gemm_q4_0x8_q8_0};
   return t;
 }
 

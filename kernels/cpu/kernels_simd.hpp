@@ -1,8 +1,10 @@
 // Shared SIMD implementation, included by exactly one ISA-specific translation unit each:
-// kernels_avx2.cpp (-mavx2 -mfma -mf16c) and kernels_avx512.cpp (-mavx512f/bw/dq/cd/vl).
-// Float kernels use xsimd batches templated on the selected xsimd arch; the Q4_0/Q8_0
-// integer dot products use raw AVX2 intrinsics (maddubs/madd), which the AVX-512 TU
-// compiles with EVEX encodings and 32 vector registers (bigger tiles).
+// kernels_avx2.cpp (-mavx2 -mfma -mf16c), kernels_avx512.cpp (-mavx512f/bw/dq/cd/vl) and
+// kernels_avx512vnni.cpp (the same + -mavx512vnni). Every TU computes with 256-bit vectors
+// (xsimd batches of the fma3<avx2> arch for the float kernels, AVX2 intrinsics for the
+// Q4_0/Q8_0 tiles), so all of them run one arithmetic and give the same bits; the AVX-512
+// TUs get EVEX encodings, 32 vector registers (bigger tiles) and, with VNNI, vpdpbusd for
+// the exact integer block dots.
 //
 // Everything lives in namespace detail::TANDEM_ISA_NS so no inline function or template
 // instantiation is shared (ODR-merged) between TUs compiled with different -m flags.
@@ -30,18 +32,23 @@
 
 namespace tandem::kernels::detail::TANDEM_ISA_NS {
 
-#if TANDEM_ISA_AVX512
-using Arch = xsimd::avx512bw;
-constexpr int kQRows = 4, kQCols = 4;  // Q4_0/Q8_0 prefill tile: 16 zmm accumulators
-constexpr int kFRows = 4, kFCols = 4;  // float tile: 16 zmm accumulators
-#else
+// One arithmetic on every x86 ISA: the float kernels and the quantised tiles use 256-bit
+// vectors (8 f32 lanes) in every TU, so each lane adds the same operands in the same order
+// and AVX2 and AVX-512 give the same bits by construction. The AVX-512 TUs differ only in
+// encoding (EVEX, 32 vector registers: bigger tiles, which change which registers hold
+// what, never an operation's operands) and, with VNNI, in how the exact integer block
+// dots are formed (vpdpbusd instead of maddubs + madd: the same i32 lane sums).
 using Arch = xsimd::fma3<xsimd::avx2>;
-constexpr int kQRows = 4, kQCols = 2;  // 8 accumulators of 16 regs
-constexpr int kFRows = 4, kFCols = 3;  // 12 accumulators + 3 activations + 1 weight
+#if TANDEM_ISA_AVX512
+constexpr int kQCols = 4;              // Q4_0/Q8_0 prefill tile: 8 rows x 4 columns
+constexpr int kFRows = 2, kFCols = 2;  // float tile: 16 accumulators of 32 registers
+#else
+constexpr int kQCols = 2;              // 8 rows x 2 columns
+constexpr int kFRows = 2, kFCols = 1;  // 8 accumulators of 16 registers
 #endif
 using VF = xsimd::batch<float, Arch>;
 constexpr int64_t kW = static_cast<int64_t>(VF::size);
-constexpr int kGemvRows = 4;  // rows per GEMV step (independent streams/accumulators)
+constexpr int kFGemvRows = 2;  // float GEMV: rows per step (4 accumulators each)
 
 // ---------------------------------------------------------------- small helpers ---------
 
@@ -50,29 +57,18 @@ inline float h2f(uint16_t h) noexcept {
 }
 
 inline VF load_f16(const uint16_t* p) noexcept {
-#if TANDEM_ISA_AVX512
-  return VF(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#else
   return VF(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#endif
 }
 inline void store_f16(const VF& v, uint16_t* p) noexcept {
-#if TANDEM_ISA_AVX512
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-#else
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-#endif
 }
 inline VF load_bf16(const uint16_t* p) noexcept {
-#if TANDEM_ISA_AVX512
-  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return VF(_mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
-#else
   const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return VF(_mm256_castsi256_ps(_mm256_slli_epi32(u, 16)));
-#endif
 }
 
+/// The written sum of 8 f32 lanes a0..a7: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+/// Every 8-lane reduction of the kernels uses it (kernels_scalar.cpp's sum8 is the same).
 inline float hsum256(__m256 v) noexcept {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -116,11 +112,6 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept {
   const int64_t nb = k / kQK;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * kQK;
-#if TANDEM_ISA_AVX512
-    __m512 v0 = _mm512_loadu_ps(xb);
-    __m512 v1 = _mm512_loadu_ps(xb + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-#else
     __m256 v0 = _mm256_loadu_ps(xb);
     __m256 v1 = _mm256_loadu_ps(xb + 8);
     __m256 v2 = _mm256_loadu_ps(xb + 16);
@@ -134,20 +125,9 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept {
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
-#endif
     const float d = amax / 127.f;
     const float id = amax != 0.0f ? 127.f / amax : 0.0f;
     y[b].d = fp32_to_fp16_bits(d);  // bit-exact with _cvtss_sh(d, 0)
-#if TANDEM_ISA_AVX512
-    const __m512 mul = _mm512_set1_ps(id);
-    // cvtps_epi32 rounds with MXCSR (nearest even by default), same as round_ps(NEAREST).
-    const __m512i i0 =
-        _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    const __m512i i1 =
-        _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs), _mm512_cvtsepi32_epi8(i0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y[b].qs + 16), _mm512_cvtsepi32_epi8(i1));
-#else
     const __m256 mul = _mm256_set1_ps(id);
     v0 = _mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_ROUND_NEAREST);
     v1 = _mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_ROUND_NEAREST);
@@ -162,20 +142,15 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* y, int64_t k) noexcept {
     i0 = _mm256_packs_epi16(i0, i2);
     i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), i0);
-#endif
   }
 }
 
 // ---------------------------------------------------------------- dequantisation --------
 
 inline void store_i8x16_scaled(__m128i q, float d, float* y) noexcept {
-#if TANDEM_ISA_AVX512
-  _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
-#else
   const __m256 vd = _mm256_set1_ps(d);
   _mm256_storeu_ps(y, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
   _mm256_storeu_ps(y + 8, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))));
-#endif
 }
 
 void dequantize_row_q4_0(const BlockQ4_0* x, float* y, int64_t k) noexcept {
@@ -201,14 +176,63 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
 
 // ---------------------------------------------------------------- quantised tiles -------
 //
-// tile_q<TW, R, C>: y[c*ldy + r] = dot(W row r, X row c) for r < R, c < C.
-// Per block and (row, column) pair: i32 lanes of the integer dot (exact), converted to f32,
-// times the f32 product fp16(d_w) * fp16(d_x), accumulated with FMA into 8 f32 lanes
-// (the form of ggml's AVX2 path). Q4_0 uses sum (q-8)*x = maddubs(q, x) - 8 * sum(x), so
-// the per-column correction is computed once per block and shared by all R rows.
+// The quantised dot arithmetic (docs/arithmetic.md), the GPU warp's: per (row, column) and
+// block b, p_b = (f32(d_w) * f32(d_x)) * f32(S_b) with S_b the exact integer block dot;
+// lane i < 32 adds p_i, p_{i+32}, p_{i+64}, ... in that order to 0.0f; then the 32 lane
+// sums are added in the tree a[l] = a[l] + a[l + o], o = 16, 8, 4, 2, 1 (l < o), and the
+// result is a[0]. Every product and sum is rounded (no FMA). Here the 8 f32 lanes of a
+// vector are 8 output rows, so a tile keeps 32 such vectors per column (Lanes32) and no
+// horizontal float sum is ever taken.
+
+/// The exact i32 lane sums of 32 byte products, lane l taking bytes 4l .. 4l + 3: u (u8)
+/// times s (i8). No i16 step saturates for the operands used here (Q4_0 nibbles <= 15,
+/// Q8_0 |w| <= 128 against |x| <= 127), so vpdpbusd and maddubs + madd agree exactly.
+inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
+#if TANDEM_ISA_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/// 32 lane sums of 8 outputs (vector lane r = output r), the arithmetic above.
+struct Lanes32 {
+  __m256 a[32];
+  void zero() noexcept {
+    for (auto& v : a) v = _mm256_setzero_ps();
+  }
+  /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S).
+  void add(int64_t b, __m256 d, __m256i s) noexcept {
+    __m256& v = a[b % 32];
+    v = _mm256_add_ps(v, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)));
+  }
+  __m256 tree() noexcept {
+    for (int o = 16; o > 0; o /= 2)
+      for (int l = 0; l < o; ++l) a[l] = _mm256_add_ps(a[l], a[l + o]);
+    return a[0];
+  }
+};
+
+/// Lane r of the result = the sum of v[r]'s 8 i32 lanes (exact).
+inline __m256i transpose_sum8(const __m256i (&v)[8]) noexcept {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/// Stores lanes [lo, hi) of v to y[lo..hi).
+inline void store_rows(__m256 v, float* y, int lo, int hi) noexcept {
+  if (lo == 0 && hi == 8) {
+    _mm256_storeu_ps(y, v);
+    return;
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int r = lo; r < hi; ++r) y[r] = t[r];
+}
 
 template <class TW>
-using TileFn = void (*)(const TW*, int64_t, const BlockQ8_0*, float*, int64_t, const char*) noexcept;
+using TileFn = void (*)(const TW*, int64_t, int, const BlockQ8_0*, float*, int64_t, const char*) noexcept;
 
 /// 16 packed bytes -> 32 bytes: low nibbles (weights 0-15) then high nibbles (16-31).
 /// Broadcast load + one variable shift of the upper 128-bit lane + mask.
@@ -218,311 +242,86 @@ inline __m256i unpack_q4(const uint8_t* qs) noexcept {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
-// pf: if not null, the start of the weights the next call will read (the next R rows,
-// contiguous); walked linearly at the pace this tile consumes its own R rows so the
-// decode GEMV keeps DRAM busy while it computes.
-template <class TW, int R, int C>
-void tile_q(const TW* w, int64_t nb, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
+// tile_q<TW, C>: y[c * ldy + r] = dot(W row r, X column c) for r < rows (<= 8), c < C, on
+// the weights in the GGUF layout (rows nb blocks apart). Per block: each row's 8 exact i32
+// lane dots, summed across lanes into one vector (lane = row, transpose_sum8), Q4_0 minus
+// 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add. Rows past `rows` repeat
+// the last row and are not stored. pf: if not null, the start of the weights the next call
+// reads (the next 8 rows), prefetched at the pace this tile consumes its own.
+template <class TW, int C>
+void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  const __m256i ones16 = _mm256_set1_epi16(1);
+  const TW* wr[8];
+  for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * nb;
+  Lanes32 acc[C];
+  for (int c = 0; c < C; ++c) acc[c].zero();
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
-      const char* p = pf + b * R * static_cast<int64_t>(sizeof(TW));
-      _mm_prefetch(p, _MM_HINT_T0);
-      if constexpr (R * sizeof(TW) > 64) _mm_prefetch(p + 64, _MM_HINT_T0);
-      if constexpr (R * sizeof(TW) > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
+      const char* p = pf + b * 8 * static_cast<int64_t>(sizeof(TW));
+      for (int64_t o = 0; o < 8 * static_cast<int64_t>(sizeof(TW)); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
     }
-    __m256i xq[C];
-    __m256i xs[C];
-    __m256 dx[C];
+    const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
+        static_cast<int16_t>(wr[0][b].d), static_cast<int16_t>(wr[1][b].d), static_cast<int16_t>(wr[2][b].d),
+        static_cast<int16_t>(wr[3][b].d), static_cast<int16_t>(wr[4][b].d), static_cast<int16_t>(wr[5][b].d),
+        static_cast<int16_t>(wr[6][b].d), static_cast<int16_t>(wr[7][b].d)));
+    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q8_0 |q|
+    __m256i wq[8];
+    for (int r = 0; r < 8; ++r) {
+      if constexpr (kQ4) {
+        u[r] = unpack_q4(wr[r][b].qs);
+      } else {
+        wq[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r][b].qs));
+        u[r] = _mm256_abs_epi8(wq[r]);
+      }
+    }
     for (int c = 0; c < C; ++c) {
       const BlockQ8_0& xb = x[c * nb + b];
-      xq[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-      dx[c] = _mm256_set1_ps(h2f(xb.d));
-      if constexpr (kQ4) xs[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), xq[c]), ones16);
-    }
-    for (int r = 0; r < R; ++r) {
-      const TW& wb = w[r * nb + b];
-      const __m256 dw = _mm256_set1_ps(h2f(wb.d));
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
+      __m256i v[8];
+      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kQ4 ? xq : _mm256_sign_epi8(xq, wq[r]));
+      __m256i s = transpose_sum8(v);
       if constexpr (kQ4) {
-        const __m256i wq = unpack_q4(wb.qs);
-        for (int c = 0; c < C; ++c) {
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq[c]), ones16);
-          const __m256i s = _mm256_sub_epi32(p, xs[c]);
-          acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(s), acc[r][c]);
-        }
-      } else {
-        const __m256i wq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qs));
-        const __m256i aw = _mm256_abs_epi8(wq);
-        for (int c = 0; c < C; ++c) {
-          const __m256i sx = _mm256_sign_epi8(xq[c], wq);
-          const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones16);
-          acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(s), acc[r][c]);
-        }
+        const __m256i xs = dot_u8s8(_mm256_set1_epi8(8), xq);  // 8 * sum(x), in 8 lanes
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(xs), _mm256_extracti128_si256(xs, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(t));
       }
+      acc[c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(h2f(xb.d))), s);
     }
   }
-  for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum256(acc[r][c]);
+  for (int c = 0; c < C; ++c) store_rows(acc[c].tree(), y + c * ldy, 0, rows);
 }
 
-#if TANDEM_ISA_AVX512
-// ---------------------------------------------------------------- AVX-512: block groups -
-//
-// Decode GEMV and prefill GEMM share one tile (tile_qg), so every (row, column) dot product
-// is computed in one fixed order whatever m is (batch invariance). Per group of kG = 16
-// consecutive blocks and (row, column):
-//   1. exact integer block dots, 4 blocks per 512-bit register: 128-bit lane L holds block
-//      4j + L's weights 0-15 (one register) and 16-31 (another); vpdpbusd (or maddubs +
-//      madd) leaves 4 i32 partial sums per block;
-//   2. a 2-level shuffle/add tree turns the 4 registers of a group into one register
-//      S whose lane l is the whole sum of block blk(l) = 4 * (l % 4) + l / 4 (i32, exact);
-//      Q4_0 then subtracts 8 * sum(x) of that block (its weights are stored as q + 8);
-//   3. acc[l] = fma(fp16(d_w) * fp16(d_x), f32(S[l]), acc[l]) — one f32 product and one FMA
-//      per block, lane l accumulating blocks g * 16 + blk(l) in group order;
-//   4. y = the 16 lanes summed in a fixed tree (hsum512).
-// The last group of a row (nb % 16 blocks) runs the same code with the missing blocks read
-// as zero (masked loads) and the packed activations zero-padded: those lanes add +0.
-// Weights stay in the GGUF layout (AoS blocks): the qs of 4 blocks come in with 4 masked
-// byte loads, the 16 weight scales with one gather. The activations are repacked once
-// per call (per column chunk) into XGroup records: the qs in the lane layout above, the
-// scales as f32 and the Q4_0 corrections, in lane order.
-constexpr int kG = 16;  // blocks per group
-
-struct alignas(64) XGroup {  // one column's kG blocks
-  int8_t lo[4][64];          // chunk j, 128-bit lane L: qs[0:16] of block 4j + L
-  int8_t hi[4][64];          // the same for qs[16:32]
-  float dx[kG];              // lane l: fp16(d) of block blk(l), as f32
-  int32_t corr[kG];          // lane l: 8 * sum(qs) of block blk(l)
-};
-static_assert(sizeof(XGroup) == 640);
-
-constexpr int blk_of_lane(int l) {
-  return 4 * (l % 4) + l / 4;
-}
-
-/// Packs blocks x[0, nv) (nv <= kG) into g; blocks nv.. are zero (contribute +0).
-inline void pack_x_group(const BlockQ8_0* x, int nv, XGroup& g) noexcept {
-  for (int b = 0; b < kG; ++b) {
-    const int j = b / 4, L = b % 4, l = 4 * L + j;  // blk_of_lane(l) == b
-    if (b < nv) {
-      std::memcpy(&g.lo[j][16 * L], x[b].qs, 16);
-      std::memcpy(&g.hi[j][16 * L], x[b].qs + 16, 16);
-      g.dx[l] = h2f(x[b].d);
-      int32_t s = 0;
-      for (int i = 0; i < kQK; ++i) s += x[b].qs[i];
-      g.corr[l] = 8 * s;
-    } else {
-      std::memset(&g.lo[j][16 * L], 0, 16);
-      std::memset(&g.hi[j][16 * L], 0, 16);
-      g.dx[l] = 0.0f;
-      g.corr[l] = 0;
-    }
-  }
-}
-/// Packs ncol columns of nb blocks each (column stride nb) into ncol * ng groups.
-inline void pack_x(const BlockQ8_0* x, int64_t nb, int64_t ncol, XGroup* out) noexcept {
-  const int64_t ng = (nb + kG - 1) / kG;
-  for (int64_t c = 0; c < ncol; ++c)
-    for (int64_t g = 0; g < ng; ++g)
-      pack_x_group(x + c * nb + g * kG, static_cast<int>(std::min<int64_t>(kG, nb - g * kG)), out[c * ng + g]);
-}
-/// The calling thread's packed-activation buffer. thread_prepare() sizes it once for every
-/// shape up to kPreparedGroups (1 MiB: a GEMM column chunk is ~512 KiB; a GEMV needs k/512
-/// groups), so kernel calls then never allocate; only a larger need grows it.
-inline constexpr int64_t kPreparedGroups = (int64_t{1} << 20) / static_cast<int64_t>(sizeof(XGroup));
-inline std::vector<XGroup>& x_buffer() noexcept {
-  static thread_local std::vector<XGroup> buf;
-  return buf;
-}
-inline XGroup* x_scratch(int64_t groups) noexcept {
-  std::vector<XGroup>& buf = x_buffer();
-  if (static_cast<int64_t>(buf.size()) < groups) buf.resize(static_cast<size_t>(groups));
-  return buf.data();
-}
-
-inline __mmask64 chunk_mask(int nv, int j) noexcept {  // bytes of the valid blocks of chunk j
-  const int cnt = nv - 4 * j;
-  if (cnt >= 4) return ~0ull;
-  if (cnt <= 0) return 0;
-  return (1ull << (16 * cnt)) - 1;
-}
-/// 16 bytes per block from 4 blocks of size Sz, at byte offset Off within each block,
-/// into the four 128-bit lanes (masked loads: blocks past nv read nothing and give 0).
-template <int Sz, int Off>
-inline __m512i load_chunk(const char* base, __mmask64 m) noexcept {
-  const __m512i a = _mm512_maskz_loadu_epi8(m & 0x000000000000FFFFull, base + Off);
-  const __m512i b = _mm512_maskz_loadu_epi8(m & 0x00000000FFFF0000ull, base + Off + (Sz - 16));
-  const __m512i c = _mm512_maskz_loadu_epi8(m & 0x0000FFFF00000000ull, base + Off + 2 * (Sz - 16));
-  const __m512i d = _mm512_maskz_loadu_epi8(m & 0xFFFF000000000000ull, base + Off + 3 * (Sz - 16));
-  return _mm512_ternarylogic_epi64(a, b, _mm512_or_si512(c, d), 0xFE);
-}
-
-/// One row's weights for one group: u[j] / u[4 + j] = the u8 operands for the low / high
-/// halves of chunk j (Q4_0: the nibbles, i.e. q + 8; Q8_0: |q|), neg (Q8_0) the sign
-/// masks, dw the 16 weight scales in lane order.
-template <class TW>
-struct WGroup {
-  __m512i u[8];
-  __mmask64 neg[8];
-  __m512 dw;
-};
-
-template <class TW, bool kFull>
-inline void load_w_group(const TW* wb, int nv, WGroup<TW>& o) noexcept {
-  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
-  constexpr int kSz = static_cast<int>(sizeof(TW));
-  static_assert(kSz == (kQ4 ? 18 : 34));
-  const char* base = reinterpret_cast<const char*>(wb);
-  for (int j = 0; j < 4; ++j) {
-    const __mmask64 m = kFull ? ~0ull : chunk_mask(nv, j);
-    const char* cb = base + 4 * j * kSz;
-    if constexpr (kQ4) {
-      const __m512i raw = load_chunk<kSz, 2>(cb, m);
-      const __m512i m4 = _mm512_set1_epi8(0x0F);
-      o.u[j] = _mm512_and_si512(raw, m4);
-      o.u[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-    } else {
-      const __m512i lo = load_chunk<kSz, 2>(cb, m);
-      const __m512i hi = load_chunk<kSz, 18>(cb, m);
-      o.u[j] = _mm512_abs_epi8(lo);
-      o.u[4 + j] = _mm512_abs_epi8(hi);
-      o.neg[j] = _mm512_movepi8_mask(lo);
-      o.neg[4 + j] = _mm512_movepi8_mask(hi);
-    }
-  }
-  const __m512i idx =
-      _mm512_setr_epi32(kSz * blk_of_lane(0), kSz * blk_of_lane(1), kSz * blk_of_lane(2), kSz * blk_of_lane(3),
-                        kSz * blk_of_lane(4), kSz * blk_of_lane(5), kSz * blk_of_lane(6), kSz * blk_of_lane(7),
-                        kSz * blk_of_lane(8), kSz * blk_of_lane(9), kSz * blk_of_lane(10), kSz * blk_of_lane(11),
-                        kSz * blk_of_lane(12), kSz * blk_of_lane(13), kSz * blk_of_lane(14), kSz * blk_of_lane(15));
-  __m512i d32;
-  if constexpr (kFull) {
-    d32 = _mm512_i32gather_epi32(idx, base, 1);
-  } else {
-    __mmask16 gm = 0;
-    for (int l = 0; l < kG; ++l)
-      if (blk_of_lane(l) < nv) gm = static_cast<__mmask16>(gm | (1u << l));
-    d32 = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), gm, idx, base, 1);
-  }
-  o.dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d32));  // low 16 bits of each dword = d
-}
-
-/// Exact i32 partial sums of one chunk (4 per block): u_lo . s_lo + u_hi . s_hi.
-template <bool kQ4>
-inline __m512i chunk_dot(__m512i ulo, __m512i slo, __m512i uhi, __m512i shi) noexcept {
-#if TANDEM_ISA_VNNI
-  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ulo, slo), uhi, shi);
-#else
-  const __m512i ones = _mm512_set1_epi16(1);
-  if constexpr (kQ4) {  // i16 pair sums <= 2 * 15 * 128, two of them still fit
-    return _mm512_madd_epi16(_mm512_add_epi16(_mm512_maddubs_epi16(ulo, slo), _mm512_maddubs_epi16(uhi, shi)), ones);
-  } else {
-    return _mm512_add_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(ulo, slo), ones),
-                            _mm512_madd_epi16(_mm512_maddubs_epi16(uhi, shi), ones));
-  }
-#endif
-}
-/// Per 128-bit lane: [a0 + a1, a2 + a3, b0 + b1, b2 + b3].
-inline __m512i pair_merge(__m512i a, __m512i b) noexcept {
-  const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
-  return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0x88)),
-                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, 0xDD)));
-}
-inline float hsum512(__m512 v) noexcept {
-  return hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-template <class TW, int R, int C, bool kFull>
-inline void group_step(const TW* w, int64_t nb, int nv, const XGroup* xg, int64_t ng, __m512 (&acc)[R][C]) noexcept {
-  constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
-  for (int r = 0; r < R; ++r) {
-    WGroup<TW> wg;
-    load_w_group<TW, kFull>(w + r * nb, nv, wg);
-    for (int c = 0; c < C; ++c) {
-      const XGroup& x = xg[c * ng];
-      __m512i v[4];
-      for (int j = 0; j < 4; ++j) {
-        __m512i slo = _mm512_load_si512(x.lo[j]);
-        __m512i shi = _mm512_load_si512(x.hi[j]);
-        if constexpr (!kQ4) {  // sign(x, w): negate x where w < 0 (w == 0 gives u = 0)
-          slo = _mm512_mask_sub_epi8(slo, wg.neg[j], _mm512_setzero_si512(), slo);
-          shi = _mm512_mask_sub_epi8(shi, wg.neg[4 + j], _mm512_setzero_si512(), shi);
-        }
-        v[j] = chunk_dot<kQ4>(wg.u[j], slo, wg.u[4 + j], shi);
-      }
-      __m512i s = pair_merge(pair_merge(v[0], v[1]), pair_merge(v[2], v[3]));
-      if constexpr (kQ4) s = _mm512_sub_epi32(s, _mm512_load_si512(x.corr));
-      const __m512 d = _mm512_mul_ps(wg.dw, _mm512_load_ps(x.dx));
-      acc[r][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[r][c]);
-    }
-  }
-}
-
-using TileGFn = void (*)(const void*, int64_t, const XGroup*, int64_t, float*, int64_t, const char*) noexcept;
-
-// y[c*ldy + r] = dot(W row r, X column c): w the R rows (stride nb blocks), xp the C packed
-// columns (stride ng groups). pf: as in tile_q (decode prefetch of the next rows).
-template <class TW, int R, int C>
-void tile_qg(const void* wv, int64_t nb, const XGroup* xp, int64_t ng, float* y, int64_t ldy, const char* pf) noexcept {
-  const TW* w = static_cast<const TW*>(wv);
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  constexpr int64_t kGroupBytes = kG * R * static_cast<int64_t>(sizeof(TW));
-  const int64_t nfull = nb / kG;
-  for (int64_t g = 0; g < nfull; ++g) {
-    if (pf != nullptr) {
-      const char* p = pf + g * kGroupBytes;
-      for (int64_t o = 0; o < kGroupBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    }
-    group_step<TW, R, C, true>(w + g * kG, nb, kG, xp + g, ng, acc);
-  }
-  if (nfull * kG < nb)
-    group_step<TW, R, C, false>(w + nfull * kG, nb, static_cast<int>(nb - nfull * kG), xp + nfull, ng, acc);
-  for (int c = 0; c < C; ++c)
-    for (int r = 0; r < R; ++r) y[c * ldy + r] = hsum512(acc[r][c]);
-}
-
-template <class TW, int RB, int CB, size_t... I>
-constexpr std::array<TileGFn, RB * CB> make_qg_tiles(std::index_sequence<I...>) {
-  return {&tile_qg<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+template <class TW, int CB, size_t... I>
+constexpr std::array<TileFn<TW>, CB> make_q_tiles(std::index_sequence<I...>) {
+  return {&tile_q<TW, static_cast<int>(I) + 1>...};
 }
 
 template <class TW>
 void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
             int64_t r1) noexcept {
   const int64_t nb = k / kQK;
-  if (m <= 0 || r1 <= r0) return;
-  const int64_t ng = (nb + kG - 1) / kG;
-  if (m == 1) {  // decode GEMV: stream each weight row once, kGemvRows rows in flight
-    static constexpr auto gemv = make_qg_tiles<TW, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
-    XGroup* xp = x_scratch(ng);
-    pack_x(x, nb, 1, xp);
-    for (int64_t r = r0; r < r1; r += kGemvRows) {
-      const int64_t rr = std::min<int64_t>(kGemvRows, r1 - r);
-      const int64_t rn = r + kGemvRows;
-      const char* pf = rn < r1 ? reinterpret_cast<const char*>(w + rn * nb) : nullptr;
-      gemv[rr - 1](w + r * nb, nb, xp, ng, y + r, ldy, pf);
+  if (m <= 0 || r1 <= r0 || nb <= 0) return;
+  if (m == 1) {  // decode GEMV: stream each weight row once, 8 rows in flight
+    for (int64_t r = r0; r < r1; r += 8) {
+      const int rows = static_cast<int>(std::min<int64_t>(8, r1 - r));
+      const char* pf = r + 8 < r1 ? reinterpret_cast<const char*>(w + (r + 8) * nb) : nullptr;
+      tile_q<TW, 1>(w + r * nb, nb, rows, x, y + r, ldy, pf);
     }
     return;
   }
-  static constexpr auto tiles = make_qg_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
-  // Column chunk: keep the chunk's packed activations (~512 KiB) in L2 while all row tiles pass.
-  const int64_t col_bytes = ng * static_cast<int64_t>(sizeof(XGroup));
-  const int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
-  XGroup* xp = x_scratch(std::min(m, nc) * ng);
+  static constexpr auto tiles = make_q_tiles<TW, kQCols>(std::make_index_sequence<kQCols>{});
+  // Column chunk: keep the chunk's activations (~512 KiB) in L2 while all row tiles pass.
+  const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
+  int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
   for (int64_t c0 = 0; c0 < m; c0 += nc) {
     const int64_t c1 = std::min(m, c0 + nc);
-    pack_x(x + c0 * nb, nb, c1 - c0, xp);
-    for (int64_t r = r0; r < r1; r += kQRows) {
-      const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
+    for (int64_t r = r0; r < r1; r += 8) {
+      const int rows = static_cast<int>(std::min<int64_t>(8, r1 - r));
       for (int64_t c = c0; c < c1; c += kQCols) {
         const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, xp + (c - c0) * ng, ng, y + c * ldy + r, ldy, nullptr);
+        tiles[static_cast<size_t>(cc - 1)](w + r * nb, nb, rows, x + c * nb, y + c * ldy + r, ldy, nullptr);
       }
     }
   }
@@ -538,55 +337,6 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
   gemm_q<BlockQ8_0>(w, x, &out, k, 1, 1, 0, 1);
   return out;
 }
-#else  // AVX2: one 256-bit tile for decode and prefill
-
-template <class TW, int RB, int CB, size_t... I>
-constexpr std::array<TileFn<TW>, RB * CB> make_q_tiles(std::index_sequence<I...>) {
-  return {&tile_q<TW, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
-}
-
-template <class TW>
-void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
-            int64_t r1) noexcept {
-  const int64_t nb = k / kQK;
-  if (m <= 0 || r1 <= r0) return;
-  if (m == 1) {  // decode GEMV: stream each weight row once, kGemvRows rows in flight
-    static constexpr auto gemv = make_q_tiles<TW, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
-    for (int64_t r = r0; r < r1; r += kGemvRows) {
-      const int64_t rr = std::min<int64_t>(kGemvRows, r1 - r);
-      const int64_t rn = r + kGemvRows;
-      const char* pf = rn < r1 ? reinterpret_cast<const char*>(w + rn * nb) : nullptr;
-      gemv[rr - 1](w + r * nb, nb, x, y + r, ldy, pf);
-    }
-    return;
-  }
-  static constexpr auto tiles = make_q_tiles<TW, kQRows, kQCols>(std::make_index_sequence<kQRows * kQCols>{});
-  // Column chunk: keep the chunk's activations (~512 KiB) in L2 while all row tiles pass.
-  const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
-  int64_t nc = std::max<int64_t>(kQCols, (512 * 1024 / std::max<int64_t>(col_bytes, 1)) / kQCols * kQCols);
-  for (int64_t c0 = 0; c0 < m; c0 += nc) {
-    const int64_t c1 = std::min(m, c0 + nc);
-    for (int64_t r = r0; r < r1; r += kQRows) {
-      const int64_t rr = std::min<int64_t>(kQRows, r1 - r);
-      for (int64_t c = c0; c < c1; c += kQCols) {
-        const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[(rr - 1) * kQCols + (cc - 1)](w + r * nb, nb, x + c * nb, y + c * ldy + r, ldy, nullptr);
-      }
-    }
-  }
-}
-
-float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept {
-  float out = 0.0f;
-  tile_q<BlockQ4_0, 1, 1>(w, k / kQK, x, &out, 1, nullptr);
-  return out;
-}
-float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
-  float out = 0.0f;
-  tile_q<BlockQ8_0, 1, 1>(w, k / kQK, x, &out, 1, nullptr);
-  return out;
-}
-#endif
 
 // ---------------------------------------------------------------- repacked Q4_0 (x8) ----
 //
@@ -594,10 +344,9 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
 // rows (32-bit lane r = row r), so the activation's 4 matching bytes, broadcast to every
 // lane, serve all 8 rows in one maddubs. Per (group of 8 rows, block, column): 8 maddubs
 // (chunk j: low nibbles x bytes 4j..4j+3, high nibbles x bytes 16+4j..16+4j+3) summed in
-// i16 (|sum| <= 8 * 2 * 15 * 128 = 30720: exact), one madd with ones -> the 8 rows' block
-// dots of q (0..15) in i32, minus 8 * sum(x) -> exact S_b, then acc = fma(d_w * d_x, f32(S_b),
-// acc) per lane. No horizontal sums; every (row, column) sees the same operations in the
-// same order whatever the tile shape, so GEMV and GEMM agree bit for bit.
+// i16 (|sum| <= 8 * 2 * 15 * 128 = 30720: exact), one madd with ones (VNNI: vpdpbusd into
+// i32 directly) -> the 8 rows' block dots of q (0..15) in i32, minus 8 * sum(x) -> exact
+// S_b, then Lanes32::add: the quantised dot arithmetic, lane = row, no horizontal sums.
 
 constexpr int kX8Cols = 4;        // columns per prefill tile (4 f32 + 4 i16 accumulators)
 constexpr int kX8GemvGroups = 2;  // row groups per GEMV tile (16 rows share the broadcasts)
@@ -638,10 +387,13 @@ inline __m256i bcast4(const int8_t* p) noexcept {
 template <int G, int C>
 void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
-  __m256 acc[G][C];
+  Lanes32 acc[G][C];
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) acc[g][c] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones16 = _mm256_set1_epi16(1);
+    for (int c = 0; c < C; ++c) acc[g][c].zero();
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+#if !TANDEM_ISA_VNNI
+  const __m256i ones16 = _mm256_set1_epi16(1);
+#endif
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
       const char* p = pf + b * static_cast<int64_t>(sizeof(BlockQ4_0x8));
@@ -666,8 +418,12 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
         const int8_t* q = x[c * nb + b].qs;
         const __m256i bl = bcast4(q + 4 * j), bh = bcast4(q + 16 + 4 * j);
         for (int g = 0; g < G; ++g) {
+#if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
+          s16[g][c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s16[g][c], lo[g], bl), hi[g], bh);
+#else
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], bl), _mm256_maddubs_epi16(hi[g], bh));
           s16[g][c] = _mm256_add_epi16(s16[g][c], p);
+#endif
         }
       }
     }
@@ -675,24 +431,18 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[g * nb + b].d)));
       for (int c = 0; c < C; ++c) {
         const XAux& a = aux[c * nb + b];
+#if TANDEM_ISA_VNNI
+        const __m256i sb = _mm256_sub_epi32(s16[g][c], _mm256_set1_epi32(a.corr));
+#else
         const __m256i sb = _mm256_sub_epi32(_mm256_madd_epi16(s16[g][c], ones16), _mm256_set1_epi32(a.corr));
-        acc[g][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.dx)), _mm256_cvtepi32_ps(sb), acc[g][c]);
+#endif
+        acc[g][c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(a.dx)), sb);
       }
     }
   }
   for (int c = 0; c < C; ++c)
-    for (int g = 0; g < G; ++g) {
-      float* yo = y + c * ldy + 8 * g;
-      const int lo = g == 0 ? row_lo : 0;
-      const int hi = g == G - 1 ? row_hi : 8;
-      if (lo == 0 && hi == 8) {
-        _mm256_storeu_ps(yo, acc[g][c]);
-      } else {
-        alignas(32) float t[8];
-        _mm256_store_ps(t, acc[g][c]);
-        for (int r = lo; r < hi; ++r) yo[r] = t[r];
-      }
-    }
+    for (int g = 0; g < G; ++g)
+      store_rows(acc[g][c].tree(), y + c * ldy + 8 * g, g == 0 ? row_lo : 0, g == G - 1 ? row_hi : 8);
 }
 
 using TileX8Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
@@ -764,33 +514,64 @@ float vec_dot_f(const typename LA::T* a, const typename LB::T* b, int64_t n) noe
     s3 = xsimd::fma(LA::load(a + i + 3 * kW), LB::load(b + i + 3 * kW), s3);
   }
   for (; i + kW <= n; i += kW) s0 = xsimd::fma(LA::load(a + i), LB::load(b + i), s0);
-  float sum = xsimd::hadd((s0 + s1) + (s2 + s3));
-  for (; i < n; ++i) sum += LA::one(a[i]) * LB::one(b[i]);
+  float sum = hsum256((s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) sum = std::fma(LA::one(a[i]), LB::one(b[i]), sum);
   return sum;
 }
 
 template <class LW, class LX>
 using FTileFn = void (*)(const typename LW::T*, const typename LX::T*, float*, int64_t, int64_t) noexcept;
 
+// tile_f<LW, LX, R, C>: y[c * ldy + r] = dot(W row r, X row c), the float matmul
+// arithmetic of the GPU's warp (docs/arithmetic.md): lane i < 32 sums the products
+// w[e] * x[e] of the elements e = i, i + 32, ... in order from 0.0f (each product and sum
+// rounded, no FMA), then the 32 lane sums in the tree of o = 16, 8, 4, 2, 1. Here lane i
+// is vector i / 8, element i % 8 (4 vectors per output); the last partial chunk of 32 is
+// read zero-padded (+0 terms change no sum); the tree is (v0 + v2) + (v1 + v3), then
+// hsum256 (its o = 4, 2, 1 levels).
 template <class LW, class LX, int R, int C>
 void tile_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t k, int64_t ldy) noexcept {
-  VF acc[R][C];
+  using TW = typename LW::T;
+  using TX = typename LX::T;
+  VF acc[R][C][4];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = VF(0.0f);
-  int64_t i = 0;
-  for (; i + kW <= k; i += kW) {
-    VF xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = LX::load(x + c * k + i);
-    for (int r = 0; r < R; ++r) {
-      const VF wv = LW::load(w + r * k + i);
-      for (int c = 0; c < C; ++c) acc[r][c] = xsimd::fma(wv, xv[c], acc[r][c]);
+    for (int c = 0; c < C; ++c)
+      for (int v = 0; v < 4; ++v) acc[r][c][v] = VF(0.0f);
+  auto chunk = [&](const TW* const* wp, const TX* const* xp) {
+    for (int v = 0; v < 4; ++v) {
+      VF xv[C];
+      for (int c = 0; c < C; ++c) xv[c] = LX::load(xp[c] + v * kW);
+      for (int r = 0; r < R; ++r) {
+        const VF wv = LW::load(wp[r] + v * kW);
+        for (int c = 0; c < C; ++c) acc[r][c][v] = acc[r][c][v] + wv * xv[c];
+      }
     }
+  };
+  const TW* wp[R];
+  const TX* xp[C];
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    for (int r = 0; r < R; ++r) wp[r] = w + r * k + i;
+    for (int c = 0; c < C; ++c) xp[c] = x + c * k + i;
+    chunk(wp, xp);
+  }
+  if (i < k) {  // the last partial chunk, zero-padded
+    TW wt[R][32] = {};
+    TX xt[C][32] = {};
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(wt[r], w + r * k + i, size_t(k - i) * sizeof(TW));
+      wp[r] = wt[r];
+    }
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(xt[c], x + c * k + i, size_t(k - i) * sizeof(TX));
+      xp[c] = xt[c];
+    }
+    chunk(wp, xp);
   }
   for (int c = 0; c < C; ++c)
     for (int r = 0; r < R; ++r) {
-      float s = xsimd::hadd(acc[r][c]);
-      for (int64_t j = i; j < k; ++j) s += LW::one(w[r * k + j]) * LX::one(x[c * k + j]);
-      y[c * ldy + r] = s;
+      const VF* a = acc[r][c];
+      y[c * ldy + r] = hsum256((a[0] + a[2]) + (a[1] + a[3]));
     }
 }
 
@@ -804,9 +585,9 @@ void gemm_f(const typename LW::T* w, const typename LX::T* x, float* y, int64_t 
             int64_t r1) noexcept {
   if (m <= 0 || r1 <= r0) return;
   if (m == 1) {
-    static constexpr auto gemv = make_f_tiles<LW, LX, kGemvRows, 1>(std::make_index_sequence<kGemvRows>{});
-    for (int64_t r = r0; r < r1; r += kGemvRows) {
-      const int64_t rr = std::min<int64_t>(kGemvRows, r1 - r);
+    static constexpr auto gemv = make_f_tiles<LW, LX, kFGemvRows, 1>(std::make_index_sequence<kFGemvRows>{});
+    for (int64_t r = r0; r < r1; r += kFGemvRows) {
+      const int64_t rr = std::min<int64_t>(kFGemvRows, r1 - r);
       gemv[rr - 1](w + r * k, x, y + r, k, ldy);
     }
     return;
@@ -852,15 +633,11 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   const VF va(a);
   int64_t i = 0;
   for (; i + kW <= n; i += kW) xsimd::fma(va, load_f16(x + i), VF::load_unaligned(y + i)).store_unaligned(y + i);
-  for (; i < n; ++i) y[i] += a * h2f(x[i]);
+  for (; i < n; ++i) y[i] = std::fma(a, h2f(x[i]), y[i]);
 }
 
 bool thread_prepare() noexcept {
   try {
-#if TANDEM_ISA_AVX512
-    std::vector<XGroup>& buf = x_buffer();
-    if (static_cast<int64_t>(buf.size()) < kPreparedGroups) buf.resize(static_cast<size_t>(kPreparedGroups));
-#endif
     std::vector<XAux>& aux = aux_buffer();
     if (static_cast<int64_t>(aux.size()) < kPreparedAux) aux.resize(static_cast<size_t>(kPreparedAux));
   } catch (...) {
@@ -1163,7 +940,7 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       }
       for (int64_t d = hdv; d < hd; ++d) {
         float y = orow[d];
-        for (int64_t c = 0; c < n; ++c) y += wr[c] * kv[c * hp + d];
+        for (int64_t c = 0; c < n; ++c) y = std::fma(wr[c], kv[c * hp + d], y);
         orow[d] = y;
       }
     }
@@ -1178,7 +955,7 @@ inline const KernelTable& table() noexcept {
       dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  !TANDEM_ISA_AVX512};
+      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0};
   return t;
 }
 

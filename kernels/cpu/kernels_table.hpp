@@ -37,7 +37,6 @@ struct KernelTable {
   void (*attn_tiled)(const FlashAttnArgs&, float*) noexcept;
   void (*gemm_q4_0x8_q8_0)(const BlockQ4_0x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
-  bool q4_0x8_preferred;  ///< executors repack Q4_0 weights for this ISA
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction
