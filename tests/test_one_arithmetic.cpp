@@ -1,0 +1,98 @@
+// One arithmetic on every machine (docs/arithmetic.md): the CPU executor's logits are the
+// same bytes under every ISA this machine runs (TANDEM_CPU_ISA: avx512vnni, avx512, avx2,
+// scalar), with the Q4_0 weights repacked or not, on 1 or 2 threads, for prefill, decode
+// and a step that mixes both. ISAs this machine lacks are reported skipped; so is SmolLM2
+// when its file is absent (and under sanitizers, for CI time). Each model's logits are
+// compared with the first configuration's.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cpu_test_support.hpp"
+#include "kv_test_support.hpp"
+#include "tandem/cpu_q4_executor.hpp"
+#include "test_support.hpp"
+
+using namespace tandem;
+
+namespace {
+
+/// Prefill of two sequences (37 tokens, all rows; 17 tokens, last row), three decode steps
+/// of both, then one step with a's decode token beside c's 5-token prompt: every logit row.
+std::vector<float> run(const std::shared_ptr<const Model>& model, int threads, bool repack) {
+  const auto& hp = model->hparams();
+  const int32_t nv = hp.n_vocab;
+  CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads, .repack_q4_0 = repack});
+  auto store = test::make_store(hp, 64);
+  KvSequence a(*store, 128), b(*store, 128), c(*store, 128);
+  const auto ids = test::prompt_ids(42, nv);
+  std::vector<float> all;
+  auto step = [&](std::span<SequenceStep> batch, size_t rows) {
+    std::vector<float> out(rows * size_t(nv));
+    cpu.step(batch, out);
+    all.insert(all.end(), out.begin(), out.end());
+  };
+  SequenceStep prefill[2] = {{&a, std::span(ids.data(), 37), 0, LogitsRows::kAll},
+                             {&b, std::span(ids.data() + 5, 17), 0, LogitsRows::kLast}};
+  step(prefill, 38);
+  for (int i = 0; i < 3; ++i) {
+    const int32_t ta = ids[size_t(i)], tb = ids[size_t(40 - i)];
+    SequenceStep decode[2] = {{&a, std::span(&ta, 1), a.n_tokens(), LogitsRows::kLast},
+                              {&b, std::span(&tb, 1), b.n_tokens(), LogitsRows::kLast}};
+    step(decode, 2);
+  }
+  const int32_t ta = ids[7];
+  SequenceStep mixed[2] = {{&a, std::span(&ta, 1), a.n_tokens(), LogitsRows::kLast},
+                           {&c, std::span(ids.data() + 30, 5), 0, LogitsRows::kAll}};
+  step(mixed, 6);
+  return all;
+}
+
+void check_model(const std::shared_ptr<const Model>& model, const std::string& name) {
+  std::vector<float> want;
+  std::string want_of;
+  for (const auto& isa : test::isas()) {
+    test::IsaScope scope(isa);
+    for (const bool repack : {true, false})
+      for (const int threads : {2, 1}) {
+        const std::string config =
+            isa + (repack ? " repack" : " no-repack") + ", " + std::to_string(threads) + " threads";
+        const auto got = run(model, threads, repack);
+        if (want.empty()) {
+          want = got;
+          want_of = config;
+          continue;
+        }
+        INFO(name << ": " << config << " vs " << want_of);
+        CHECK(test::same_bits(got, want));
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one arithmetic: the shared models' logits are the same bytes on every ISA, repack, thread count",
+          "[executor][isa]") {
+  for (const char* isa : {"avx512vnni", "avx512", "avx2"})
+    if (!kernels::cpu_isa_supported(isa)) WARN("SKIPPED on this machine: " << isa);
+  for (const char* name :
+       {"stories260K-f32", "stories260K-q4_0", "aidreams260K-f32", "aidreams260K-q4_0", "synth-llama-small-q4_0",
+        "synth-qwen2-small-q4_0", "synth-qwen3-small-q4_0", "synth-qwen3-hd64-small-q4_0"})
+    check_model(test::load_model(name), name);
+}
+
+TEST_CASE("one arithmetic: SmolLM2's logits are the same bytes on every ISA, repack, thread count",
+          "[executor][isa][smollm2]") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  WARN("SKIPPED under a sanitizer (about 1 min in Release, mostly the scalar path): the Release run covers it");
+  return;
+#endif
+  const auto path = test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+    return;
+  }
+  check_model(Model::load(path), "SmolLM2-135M-Instruct");
+}
