@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -45,6 +46,9 @@
 #include "tandem/chat_template.hpp"
 #include "tandem/cpu_q4_executor.hpp"
 #include "tandem/gguf.hpp"
+#if TANDEM_HAVE_CUDA
+#include "tandem/gpu_q4_executor.hpp"
+#endif
 #include "tandem/model.hpp"
 #include "tandem/session.hpp"
 #include "tandem/tokenizer.hpp"
@@ -195,7 +199,11 @@ int main(int argc, char** argv) {
   CLI::App app{"tandem-cli: generate text with a GGUF model on the CPU"};
   app.require_subcommand(0, 1);
   app.option_defaults()->always_capture_default();  // --help shows each default
-  app.set_version_flag("--version", "tandem-cli " TANDEM_VERSION);
+#if TANDEM_HAVE_CUDA
+  app.set_version_flag("--version", "tandem-cli " TANDEM_VERSION "\ngpu executor: cuda");
+#else
+  app.set_version_flag("--version", "tandem-cli " TANDEM_VERSION "\ngpu executor: none (built without CUDA)");
+#endif
   std::string model_path, prompt = "", prompt_ids, logits_out, prompt_file;
   int n_predict = 128, n_threads = 0, n_ctx = 0, n_batch = 512;
   tandem::SamplingParams sp;
@@ -242,8 +250,8 @@ int main(int argc, char** argv) {
   app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
   app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
   app.add_option("--n-gpu-layers,--gpu-layers", gpu_layers,
-                 "llama.cpp's -ngl: only 0, as tandem-cli runs the whole model on the CPU (the GPU executor: "
-                 "tandem-server --executors gpu, tandem-gpu-bench)");
+                 "llama.cpp's -ngl: 0 runs the CPU executor; all, auto, -1 or a count >= the model's layers the GPU "
+                 "executor (CUDA builds; no partial offload)");
   app.add_option("--migrate-after", migrate_after, "hand the session to a second CPU executor after N generated tokens")
       ->check(CLI::Range(0, INT32_MAX));
 
@@ -271,8 +279,9 @@ int main(int argc, char** argv) {
       return run_tokenize(tok_model, tok_text, no_bos, parse_special);
     }
     if (model_path.empty()) throw UsageError("--model is required");
-    if (const std::string bad = tandem::cli::check_cpu_only_gpu_layers("tandem-cli", gpu_layers); !bad.empty())
-      throw UsageError(bad);
+    // -ngl: a value that is no layer count is refused before loading; the count is read
+    // against the model's layers once it is loaded.
+    if (const std::string bad = tandem::cli::check_layer_count(gpu_layers); !bad.empty()) throw UsageError(bad);
     seed = parse_seed(seed_text);
     check_generate_flags(app, sp, n_predict, kv_tier, migrate_after, chat, json_out, logits_out);
     tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;
@@ -297,7 +306,21 @@ int main(int argc, char** argv) {
                    "output past it may degrade\n",
                    n_ctx, n_ctx_train);
     }
-    tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
+    const auto ngl = tandem::cli::whole_model_gpu_layers(gpu_layers, model->hparams().n_layer);
+    if (!ngl.error.empty()) throw UsageError(ngl.error);
+    std::unique_ptr<tandem::Executor> exec_owner;
+    if (ngl.gpu) {
+#if TANDEM_HAVE_CUDA
+      exec_owner = std::make_unique<tandem::GpuQ4Executor>(model);  // throws without a CUDA device
+      std::fprintf(stderr, "tandem-cli: all %d layers on the GPU executor\n", model->hparams().n_layer);
+#else
+      throw UsageError(tandem::cli::cpu_only_gpu_layers_error("tandem-cli (built without CUDA)", gpu_layers));
+#endif
+    } else {
+      exec_owner = std::make_unique<tandem::CpuQ4Executor>(model, tandem::CpuExecutorOptions{n_threads});
+    }
+    tandem::Executor& exec = *exec_owner;
+    const auto* cpu_exec = dynamic_cast<const tandem::CpuQ4Executor*>(exec_owner.get());
     std::optional<tandem::CpuQ4Executor> second;  // the --migrate-after target; outlives the session's use
     tandem::SessionOptions so;
     so.n_ctx = n_ctx;
@@ -512,7 +535,8 @@ int main(int argc, char** argv) {
                       {"prompt_tokens_per_s", pp_tps},
                       {"generate_s", r.generate_seconds},
                       {"generate_tokens_per_s", tg_tps},
-                      {"threads", exec.n_threads()}};
+                      {"threads", cpu_exec != nullptr ? cpu_exec->n_threads() : 0},
+                      {"executor", cpu_exec != nullptr ? "cpu" : "gpu"}};
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
       std::fprintf(stdout, "\n");
@@ -525,8 +549,9 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr,
                  "\ntandem-cli: load %.1f ms | prompt %d tokens, %.1f tokens/s | generate %zu tokens, %.1f tokens/s "
-                 "| %d threads | finish: %s\n",
-                 load_s * 1e3, r.n_prompt, pp_tps, r.tokens.size(), tg_tps, exec.n_threads(),
+                 "| %s | finish: %s\n",
+                 load_s * 1e3, r.n_prompt, pp_tps, r.tokens.size(), tg_tps,
+                 cpu_exec != nullptr ? fmt::format("{} threads", cpu_exec->n_threads()).c_str() : "GPU executor",
                  std::string(tandem::finish_reason_name(r.finish)).c_str());
     return finish_stdout(tandem::cli::interrupt_exit_code());
   } catch (const UsageError& e) {

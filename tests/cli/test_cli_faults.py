@@ -58,27 +58,41 @@ for args, named in usage:
     check(f"usage {args!r} exits 2", p.returncode == 2, f"rc {p.returncode} {p.stderr[-200:]!r}")
     check(f"usage {args!r} names {named!r}", named in p.stderr, repr(p.stderr[-200:]))
 check("no stray files from refused flags", os.listdir(tmp) == [], repr(os.listdir(tmp)))
-# llama.cpp's -ngl / --n-gpu-layers / --gpu-layers: tandem-cli runs the CPU executor only, so
-# 0 (what it does anyway) is accepted and anything else is refused, the GPU tools named.
+# llama.cpp's -ngl / --n-gpu-layers / --gpu-layers: 0 runs the CPU executor; llama.cpp's
+# whole-model values (99, -1, auto, all) the GPU executor in a CUDA build (here with no device
+# visible: exit 1 naming it) and a usage error without CUDA; a partial count (1 of aidreams'
+# 4 layers) is refused in every build.
+version = subprocess.run([cli, "--version"], capture_output=True).stdout.decode()
+cuda_build = "gpu executor: cuda" in version
+no_device = dict(os.environ, CUDA_VISIBLE_DEVICES="")
 plain = run("-p", "Once", "-n", "4", "--temp", "0", "--json")
 for flag in ("-ngl", "--n-gpu-layers", "--gpu-layers"):
     p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", flag, "0")
     check(f"{flag} 0: the same tokens as without it", p.returncode == 0 and plain.returncode == 0 and
           json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
-    for value in ("99", "1", "-1", "auto", "all"):
-        p = run("-p", "x", flag, value)
+    p = run("-p", "x", flag, "1")
+    err = p.stderr.decode(errors="replace")
+    check(f"{flag} 1: exit 2, no partial offload, the layer count named",
+          p.returncode == 2 and p.stdout == b"" and "no partial offload" in err and "4 layers" in err, repr(err[-300:]))
+    for value in ("99", "-1", "auto", "all"):
+        p = run("-p", "x", flag, value, env=no_device)
         err = p.stderr.decode(errors="replace")
-        check(f"{flag} {value}: exit 2, nothing on stdout", p.returncode == 2 and p.stdout == b"",
-              f"rc {p.returncode} {err[-300:]!r}")
-        check(f"{flag} {value}: says it runs on the CPU and names the GPU tools",
-              "--n-gpu-layers" in err and "CPU" in err and "tandem-server --executors" in err and
-              "tandem-gpu-bench" in err and "not in range" not in err, repr(err[-400:]))
+        if cuda_build:
+            check(f"{flag} {value}: the GPU executor is tried; no device: exit 1 naming CUDA, nothing on stdout",
+                  p.returncode == 1 and p.stdout == b"" and "CUDA" in err, f"rc {p.returncode} {err[-300:]!r}")
+        else:
+            check(f"{flag} {value}: exit 2, nothing on stdout", p.returncode == 2 and p.stdout == b"",
+                  f"rc {p.returncode} {err[-300:]!r}")
+            check(f"{flag} {value}: says this build runs on the CPU and names the GPU tools",
+                  "--n-gpu-layers" in err and "CPU" in err and "tandem-server --executors" in err and
+                  "tandem-gpu-bench" in err and "not in range" not in err, repr(err[-400:]))
 # llama.cpp's -ngl=N and -ctk=T spellings (CLI11 alone reads them as -n gl=N and -c tk=T).
 p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", "-ngl=0")
 check("-ngl=0: the same tokens as without it", p.returncode == 0 and plain.returncode == 0 and
       json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
-p = run("-p", "x", "-ngl=99")
-check("-ngl=99: the CPU-only message", p.returncode == 2 and b"tandem-gpu-bench" in p.stderr, repr(p.stderr[-300:]))
+p = run("-p", "x", "-ngl=1")
+check("-ngl=1: read as -ngl 1 (no partial offload)", p.returncode == 2 and b"no partial offload" in p.stderr,
+      repr(p.stderr[-300:]))
 p = run("-p", "Once", "-n", "4", "--temp", "0", "--json", "-ctk=f16", "-ctv=f16")
 check("-ctk=f16 -ctv=f16: the same tokens as without them", p.returncode == 0 and plain.returncode == 0 and
       json.loads(p.stdout)["ids"] == json.loads(plain.stdout)["ids"], f"rc {p.returncode} {p.stderr[-300:]!r}")
