@@ -1108,7 +1108,10 @@ void Interp::install_globals(Scope& g) {
       in.error(fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
     }
     ValueList out;
-    for (int64_t x = start; step > 0 ? x < stop : x > stop; x += step) out.push_back(Value::integer(x));
+    for (int64_t x = start; step > 0 ? x < stop : x > stop;) {
+      out.push_back(Value::integer(x));
+      if (__builtin_add_overflow(x, step, &x)) break;
+    }
     return in.list(std::move(out));
   });
   g.vars["dict"] = make_callable("dict", [](Interp& in, CallArgs& a) -> Value {
@@ -1131,7 +1134,7 @@ void Interp::install_globals(Scope& g) {
   g.vars["namespace"] = make_callable("namespace", [](Interp& in, CallArgs& a) -> Value {
     Value v;
     v.kind = Value::Kind::kNamespace;
-    v.ns = std::make_shared<NamespaceObj>();
+    v.ns = in.new_namespace();
     if (!a.pos.empty()) {
       if (a.pos.size() > 1 || !a.pos[0].is_dict()) in.error("namespace() takes a mapping and keyword arguments");
       v.ns->attrs = *a.pos[0].dict;

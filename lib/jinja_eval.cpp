@@ -11,6 +11,18 @@ namespace tandem::jinja {
 
 Interp::Interp(const RenderOptions& options) : opt_(options) {}
 
+Interp::~Interp() {
+  scope_.reset();
+  for (auto& m : macros_) m->fn = nullptr;
+  for (auto& n : namespaces_) n->attrs = Dict{};
+}
+
+std::shared_ptr<NamespaceObj> Interp::new_namespace() {
+  charge(sizeof(NamespaceObj));
+  namespaces_.push_back(std::make_shared<NamespaceObj>());
+  return namespaces_.back();
+}
+
 void Interp::tick(size_t n) {
   steps_ += n;
   if (steps_ > opt_.limits.max_steps) {
@@ -272,6 +284,8 @@ Interp::Flow Interp::exec_for(const Stmt& s) {
 Value Interp::make_macro(const Stmt& s, const std::string& name) {
   auto c = std::make_shared<Callable>();
   c->name = name;
+  macros_.push_back(c);
+  charge(sizeof(Callable));
   const Stmt* node = &s;
   std::shared_ptr<Scope> closure = scope_;
   c->fn = [node, closure](Interp& in, CallArgs& args) -> Value {
@@ -753,7 +767,10 @@ Value Interp::slice(const Value& obj, const Value& start, const Value& stop, con
     int64_t b, e, st;
     slice_indices(int64_t(obj.list->size()), start, stop, step, b, e, st, *this);
     ValueList r;
-    for (int64_t i = b; st > 0 ? i < e : i > e; i += st) r.push_back((*obj.list)[size_t(i)]);
+    for (int64_t i = b; st > 0 ? i < e : i > e;) {
+      r.push_back((*obj.list)[size_t(i)]);
+      if (__builtin_add_overflow(i, st, &i)) break;
+    }
     return list(std::move(r), obj.tuple);
   }
   if (obj.is_string()) {
@@ -761,7 +778,10 @@ Value Interp::slice(const Value& obj, const Value& start, const Value& stop, con
     int64_t b, e, st;
     slice_indices(int64_t(cps.size()), start, stop, step, b, e, st, *this);
     std::string r;
-    for (int64_t i = b; st > 0 ? i < e : i > e; i += st) append_utf8(r, cps[size_t(i)]);
+    for (int64_t i = b; st > 0 ? i < e : i > e;) {
+      append_utf8(r, cps[size_t(i)]);
+      if (__builtin_add_overflow(i, st, &i)) break;
+    }
     return str(std::move(r));
   }
   error(fmt::format("'{}' object is not subscriptable", type_name(obj)));

@@ -30,6 +30,7 @@ struct Value {
   enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
   Kind kind = Kind::kUndefined;
   bool tuple = false;  ///< a list that is a Python tuple (repr with parentheses)
+  uint32_t depth = 0;  ///< nesting of lists and dicts inside (bounded: kMaxValueDepth)
   bool b = false;
   int64_t i = 0;
   double f = 0;
@@ -57,6 +58,9 @@ struct Value {
   const std::string& str() const noexcept { return *s; }
   const ValueList& items() const noexcept { return *list; }
 };
+
+/// Lists and dicts nest at most this deep (their destruction and printing recurse).
+constexpr uint32_t kMaxValueDepth = 1000;
 
 struct Dict {
   std::vector<std::pair<Value, Value>> entries;
@@ -135,6 +139,7 @@ struct Expr {
   };
   Kind kind;
   int line = 0;
+  int depth = 1;  // height of the subtree (bounded by Template::kMaxParseDepth)
   Value value;
   std::string name;  // name, attribute, filter/test name or operator
   bool negated = false;

@@ -18,6 +18,13 @@ struct Scope {
 class Interp {
  public:
   explicit Interp(const RenderOptions& options);
+  /// Breaks the reference cycles a render can make (a macro held by the scope it closes
+  /// over, a namespace holding itself), so that nothing outlives the render.
+  ~Interp();
+  Interp(const Interp&) = delete;
+  Interp& operator=(const Interp&) = delete;
+  /// A new namespace object, owned by this render.
+  std::shared_ptr<NamespaceObj> new_namespace();
   std::string run(const Program& program, const nlohmann::ordered_json& context);
 
   // limits
@@ -73,6 +80,8 @@ class Interp {
   Value method(const Value& obj, const std::string& name);
 
   const RenderOptions& opt_;
+  std::vector<std::shared_ptr<NamespaceObj>> namespaces_;
+  std::vector<std::shared_ptr<Callable>> macros_;
   std::shared_ptr<Scope> scope_;
   std::string* out_ = nullptr;
   size_t steps_ = 0;

@@ -463,6 +463,24 @@ class Parser {
     return e;
   }
 
+  // The node's height from its children's; a tree higher than kMaxParseDepth (a long
+  // chain of operators, filters or attributes) is refused, so evaluating and destroying
+  // it never recurses deeply.
+  static ExprPtr seal(ExprPtr e) {
+    int d = 0;
+    if (e->a) d = std::max(d, e->a->depth);
+    if (e->b) d = std::max(d, e->b->depth);
+    for (const ExprPtr& x : e->items) {
+      if (x) d = std::max(d, x->depth);
+    }
+    for (const Arg& x : e->args) d = std::max(d, x.value->depth);
+    e->depth = d + 1;
+    if (e->depth > Template::kMaxParseDepth) {
+      fail(e->line, fmt::format("the expression nests deeper than {} levels", Template::kMaxParseDepth));
+    }
+    return e;
+  }
+
   // Statements until a block tag whose keyword is in `ends` (left in *end, the tokens
   // positioned after that keyword); at the top level `ends` is empty and EOF ends.
   Body parse_body(std::initializer_list<std::string_view> ends, std::string* end) {
@@ -665,7 +683,7 @@ class Parser {
     if (!is_known_filter(f->name)) fail(f->line, fmt::format("no filter named '{}'", f->name));
     f->a = std::move(input);
     if (is_op("(")) parse_call_args(f->args);
-    return f;
+    return seal(std::move(f));
   }
 
   void parse_call_args(std::vector<Arg>& args) {
@@ -699,7 +717,7 @@ class Parser {
       if (cur().type == Tok::kBlockEnd || cur().type == Tok::kVarEnd || is_op(")") || is_op("=")) break;
       t->items.push_back(with_condexpr ? parse_expression() : parse_or());
     }
-    return t;
+    return seal(std::move(t));
   }
 
   ExprPtr parse_expression() {
@@ -715,7 +733,7 @@ class Parser {
       } else {
         c->items.push_back(nullptr);
       }
-      e = std::move(c);
+      e = seal(std::move(c));
     }
     return e;
   }
@@ -727,7 +745,7 @@ class Parser {
       next();
       o->a = std::move(e);
       o->b = parse_and();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -739,7 +757,7 @@ class Parser {
       next();
       o->a = std::move(e);
       o->b = parse_not();
-      e = std::move(o);
+      e = seal(std::move(o));
     }
     return e;
   }
@@ -751,7 +769,7 @@ class Parser {
       next();
       u->name = "not";
       u->a = parse_not();
-      return u;
+      return seal(std::move(u));
     }
     return parse_compare();
   }
@@ -785,7 +803,7 @@ class Parser {
       c->name = ops[0].first;
       c->a = std::move(e);
       c->b = std::move(ops[0].second);
-      return c;
+      return seal(std::move(c));
     }
     fail(e->line, "chained comparisons (a < b < c) are not supported");
   }
@@ -795,7 +813,7 @@ class Parser {
     e->name = std::move(op);
     e->a = std::move(a);
     e->b = std::move(b);
-    return e;
+    return seal(std::move(e));
   }
 
   ExprPtr parse_math1() {
@@ -844,7 +862,7 @@ class Parser {
       u->name = cur().text;
       next();
       u->a = parse_unary(false);
-      e = std::move(u);
+      e = seal(std::move(u));
     } else {
       e = parse_primary();
     }
@@ -901,7 +919,7 @@ class Parser {
             e->items.push_back(parse_expression());
           }
           expect_op("]");
-          return e;
+          return seal(std::move(e));
         }
         if (t.text == "{") {
           next();
@@ -914,7 +932,7 @@ class Parser {
             e->items.push_back(parse_expression());
           }
           expect_op("}");
-          return e;
+          return seal(std::move(e));
         }
         break;
       default:
@@ -936,7 +954,7 @@ class Parser {
           g->name = expect_name();
         }
         g->a = std::move(e);
-        e = std::move(g);
+        e = seal(std::move(g));
       } else if (is_op("[")) {
         const int line = cur().line;
         next();
@@ -959,19 +977,19 @@ class Parser {
           auto s = make(Expr::Kind::kSlice, line);
           s->a = std::move(e);
           for (auto& p : parts) s->items.push_back(std::move(p));
-          e = std::move(s);
+          e = seal(std::move(s));
         } else {
           if (!parts[0]) fail(line, "empty subscript");
           auto g = make(Expr::Kind::kGetItem, line);
           g->a = std::move(e);
           g->b = std::move(parts[0]);
-          e = std::move(g);
+          e = seal(std::move(g));
         }
       } else if (is_op("(")) {
         auto c = make(Expr::Kind::kCall, cur().line);
         parse_call_args(c->args);
         c->a = std::move(e);
-        e = std::move(c);
+        e = seal(std::move(c));
       } else {
         return e;
       }
@@ -1001,12 +1019,12 @@ class Parser {
           a.value = parse_postfix(parse_primary());
           t->args.push_back(std::move(a));
         }
-        e = std::move(t);
+        e = seal(std::move(t));
       } else if (is_op("(")) {
         auto c = make(Expr::Kind::kCall, cur().line);
         parse_call_args(c->args);
         c->a = std::move(e);
-        e = std::move(c);
+        e = seal(std::move(c));
       } else {
         return e;
       }

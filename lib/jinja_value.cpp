@@ -46,8 +46,21 @@ Value Value::string(std::string x) {
   v.s = std::make_shared<const std::string>(std::move(x));
   return v;
 }
+namespace {
+
+uint32_t nested_depth(uint32_t d) {
+  if (d + 1 > kMaxValueDepth)
+    fail_limit("a list or dict nests deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  return d + 1;
+}
+
+}  // namespace
+
 Value Value::from_list(ValueList x, bool is_tuple) {
   Value v;
+  uint32_t d = 0;
+  for (const Value& e : x) d = std::max(d, e.depth);
+  v.depth = nested_depth(d);
   v.kind = Kind::kList;
   v.tuple = is_tuple;
   v.list = std::make_shared<const ValueList>(std::move(x));
@@ -55,6 +68,9 @@ Value Value::from_list(ValueList x, bool is_tuple) {
 }
 Value Value::from_dict(Dict d) {
   Value v;
+  uint32_t depth = 0;
+  for (const auto& [k, e] : d.entries) depth = std::max(depth, std::max(k.depth, e.depth));
+  v.depth = nested_depth(depth);
   v.kind = Kind::kDict;
   v.dict = std::make_shared<const Dict>(std::move(d));
   return v;
