@@ -786,10 +786,14 @@ TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, cons
 /* ---- chat templates ------------------------------------------------------------------- */
 
 /* A conversation is n_messages pairs roles[i] / contents[i] of NUL-terminated UTF-8.
- * Roles are "system", "user" or "assistant". The template is the model's
- * (tokenizer.chat_template, matched by family as llama.cpp's built-in list: ChatML, Llama
- * 3, Llama 2, Mistral, Phi-3, Gemma, Zephyr, DeepSeek; ChatML when the model has none),
- * or the family named by template_name ("chatml", "llama3", ...; NULL = the model's). */
+ * With template_name NULL the template is the model's own tokenizer.chat_template,
+ * executed by Tandem's Jinja interpreter as Hugging Face transformers renders it (roles are
+ * what that template accepts; its raise_exception is TANDEM_E_INVALID_ARG with its message;
+ * a render limit reached is TANDEM_E_OUT_OF_MEMORY). When the model has no template or it does not
+ * parse, the built-in family it matches (llama.cpp's list: ChatML, Llama 3, Llama 2,
+ * Mistral, Phi-3, Gemma, Zephyr, DeepSeek; ChatML when none matches) renders it, as does
+ * the family named by template_name ("chatml", "llama3", ...); the built-in families take
+ * the roles "system", "user" and "assistant". */
 
 /* The rendered conversation as text, markers included; with add_assistant nonzero it ends
  * with the opening of an assistant turn. Buffer rules as tandem_detokenize. Errors:
