@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tandem's Jinja interpreter against Python's jinja2, byte for byte.
 
-    test_jinja_oracle.py TANDEM_JINJA_RENDER CHAT_TEMPLATES_DIR [-v]
+    test_jinja_oracle.py TANDEM_JINJA_RENDER CHAT_TEMPLATES_DIR [--cli TANDEM_CLI] [-v]
 
 jinja2 runs in the environment Hugging Face transformers renders chat templates with
 (ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True), loopcontrols, the
@@ -10,7 +10,10 @@ jinja2 runs in the environment Hugging Face transformers renders chat templates 
      *.jinja (written for this test) times the conversations below, with the context
      transformers' apply_chat_template passes (messages, tools, documents,
      add_generation_prompt, bos_token, eos_token);
-  2. feature snippets (snippets.py).
+  2. feature snippets (snippets.py);
+  3. with --cli and SmolLM2's GGUF at hand (TANDEM_SMOLLM2 or the fetch-smollm2 cache):
+     `tandem-cli apply-template` on every conversation as a chat request file, against
+     jinja2 on the template, BOS and EOS read from the GGUF itself.
 A case passes when both render the same bytes, or both refuse it (jinja2 raises, Tandem
 reports an error). Exit 0: all pass; 1: a mismatch (printed); 77: Python's jinja2 is
 missing (ctest SKIP).
@@ -148,6 +151,83 @@ def contexts():
             yield f"{name}/agp={int(agp)}", ctx
 
 
+def gguf_metadata(path, keys):
+    """The values of `keys` in a GGUF file's metadata (strings, numbers, string arrays)."""
+    import struct
+    out = {}
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        f.read(4)
+        _, n_kv = struct.unpack("<QQ", f.read(16))
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+        fmts = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+        def string():
+            n, = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", errors="replace")
+
+        def value(t):
+            if t == 8:
+                return string()
+            if t == 9:
+                et, n = struct.unpack("<IQ", f.read(12))
+                if et in sizes:
+                    f.seek(sizes[et] * n, 1)
+                    return None
+                return [value(et) for _ in range(n)]
+            return struct.unpack(fmts[t], f.read(sizes[t]))[0]
+
+        for _ in range(n_kv):
+            key = string()
+            t, = struct.unpack("<I", f.read(4))
+            v = value(t)
+            if key in keys:
+                out[key] = v
+    return out
+
+
+def check_apply_template(env, cli, verbose):
+    """tandem-cli apply-template on SmolLM2's GGUF against jinja2; (cases, mismatches)."""
+    cache = os.environ.get("TANDEM_CACHE", os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser(
+        "~/.cache")), "tandem"))
+    gguf = os.environ.get("TANDEM_SMOLLM2", os.path.join(cache, "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    if not os.path.exists(gguf):
+        print(f"SKIPPED: apply-template on SmolLM2 ({gguf} not found; scripts/fetch-smollm2)")
+        return 0, 0
+    meta = gguf_metadata(gguf, {"tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
+                                "tokenizer.ggml.eos_token_id"})
+    tokens = meta["tokenizer.ggml.tokens"]
+    template = meta["tokenizer.chat_template"]
+    n = bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, messages, tools in CONVERSATIONS:
+            for agp in (True, False):
+                req = {"model": "x", "messages": messages, "add_generation_prompt": agp}
+                if tools is not None:
+                    req["tools"] = tools
+                path = os.path.join(tmp, "req.json")
+                with open(path, "w", encoding="utf-8") as fh:
+                    json.dump(req, fh, ensure_ascii=False)
+                run = subprocess.run([cli, "apply-template", "-m", gguf, "--messages", path], capture_output=True,
+                                     timeout=120)
+                ctx = {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": agp,
+                       "bos_token": tokens[meta["tokenizer.ggml.bos_token_id"]],
+                       "eos_token": tokens[meta["tokenizer.ggml.eos_token_id"]]}
+                ok, want = oracle(env, template, ctx)
+                n += 1
+                got = run.stdout.decode("utf-8", errors="replace")
+                if (ok and run.returncode == 0 and got == want) or (not ok and run.returncode == 1):
+                    if verbose:
+                        print(f"ok   apply-template smollm2:{name}/agp={int(agp)}")
+                    continue
+                bad += 1
+                print(f"FAIL apply-template smollm2:{name}/agp={int(agp)} (exit {run.returncode})")
+                print(f"  jinja2: {'rendered' if ok else 'refused'} {want!r}"[:2000])
+                print(f"  tandem-cli: {got!r} {run.stderr.decode(errors='replace')}"[:2000])
+    return n, bad
+
+
 def oracle(env, template, context):
     try:
         return True, env.from_string(template).render(**context)
@@ -161,6 +241,7 @@ def main():
         return 2
     binary, corpus_dir = sys.argv[1], sys.argv[2]
     verbose = "-v" in sys.argv
+    cli = sys.argv[sys.argv.index("--cli") + 1] if "--cli" in sys.argv else None
     env = make_env()
     os.environ.setdefault("TZ", "UTC")
 
@@ -212,9 +293,12 @@ def main():
         print(f"FAIL {label}")
         print(f"  jinja2: {'rendered' if ok else 'refused'} {want!r}"[:4000])
         print(f"  tandem: {('rendered ' + repr(got['text'])) if got['ok'] else ('refused ' + got['error'])}"[:4000])
+    n_cli, bad_cli = check_apply_template(env, cli, verbose) if cli else (0, 0)
+    bad += bad_cli
     print(f"jinja oracle: {len(corpus)} templates ({', '.join(k + ':' + f for k, f in corpus)}), "
           f"{n_corpus} template x conversation cases, {len(cases) - n_corpus} snippets; "
-          f"{rendered} byte-identical, {both_refused} refused by both, {bad} mismatches")
+          f"{rendered} byte-identical, {both_refused} refused by both; tandem-cli apply-template on SmolLM2: "
+          f"{n_cli} cases; {bad} mismatches")
     return 1 if bad else 0
 
 
