@@ -224,7 +224,8 @@ Interp::Flow Interp::exec(const Stmt& s) {
 Interp::Flow Interp::exec_for(const Stmt& s) {
   const Value seq = eval(*s.expr);
   line_ = s.line;
-  std::vector<Value> items = iterate(seq);
+  // The items, shared with the list when the iterable is one (no copy).
+  std::shared_ptr<const ValueList> items = seq.is_list() ? seq.list : std::make_shared<const ValueList>(iterate(seq));
   auto scope = std::make_shared<Scope>();
   scope->parent = scope_;
   auto saved = scope_;
@@ -235,45 +236,62 @@ Interp::Flow Interp::exec_for(const Stmt& s) {
     ~Restore() { in.scope_ = saved; }
   } restore{*this, saved};
   if (s.cond) {
-    std::vector<Value> kept;
-    for (const Value& v : items) {
+    ValueList kept;
+    for (const Value& v : *items) {
       tick();
       assign(s.targets, v);
       if (truthy(eval(*s.cond))) kept.push_back(v);
     }
-    items = std::move(kept);
+    charge(kept.size() * sizeof(Value));
+    items = std::make_shared<const ValueList>(std::move(kept));
   }
-  const size_t n = items.size();
+  const size_t n = items->size();
+  // One loop object per loop, advanced in place as jinja2's LoopContext is.
+  static const char* const kKeys[] = {"index",  "index0", "revindex", "revindex0", "first",    "last",
+                                      "length", "depth",  "depth0",   "previtem",  "nextitem", "cycle"};
+  auto loop = std::make_shared<Dict>();
+  for (const char* k : kKeys) loop->set(Value::string(k), Value::none());
+  auto position = std::make_shared<size_t>(0);
+  auto cyc = std::make_shared<Callable>();
+  cyc->name = "loop.cycle";
+  cyc->fn = [position](Interp& in, CallArgs& a) -> Value {
+    if (a.pos.empty()) in.error("loop.cycle() needs at least one argument");
+    return a.pos[*position % a.pos.size()];
+  };
+  Value cycle_value;
+  cycle_value.kind = Value::Kind::kCallable;
+  cycle_value.fn = std::move(cyc);
+  auto& e = loop->entries;
+  e[6].second = Value::integer(int64_t(n));
+  e[7].second = Value::integer(1);
+  e[8].second = Value::integer(0);
+  e[11].second = cycle_value;
+  Value loop_value;
+  loop_value.kind = Value::Kind::kDict;
+  loop_value.depth = 1;
+  loop_value.dict = loop;
+  scope->vars["loop"] = loop_value;
   for (size_t i = 0; i < n; ++i) {
     tick();
     line_ = s.line;
-    assign(s.targets, items[i]);
-    Dict loop;
-    loop.set(Value::string("index"), Value::integer(int64_t(i + 1)));
-    loop.set(Value::string("index0"), Value::integer(int64_t(i)));
-    loop.set(Value::string("revindex"), Value::integer(int64_t(n - i)));
-    loop.set(Value::string("revindex0"), Value::integer(int64_t(n - i - 1)));
-    loop.set(Value::string("first"), Value::boolean(i == 0));
-    loop.set(Value::string("last"), Value::boolean(i + 1 == n));
-    loop.set(Value::string("length"), Value::integer(int64_t(n)));
-    loop.set(Value::string("depth"), Value::integer(1));
-    loop.set(Value::string("depth0"), Value::integer(0));
-    loop.set(Value::string("previtem"), i > 0 ? items[i - 1] : Value::undefined("loop.previtem"));
-    loop.set(Value::string("nextitem"), i + 1 < n ? items[i + 1] : Value::undefined("loop.nextitem"));
-    auto cyc = std::make_shared<Callable>();
-    cyc->name = "loop.cycle";
-    cyc->fn = [i](Interp& in, CallArgs& a) -> Value {
-      if (a.pos.empty()) in.error("loop.cycle() needs at least one argument");
-      return a.pos[i % a.pos.size()];
-    };
-    Value cv;
-    cv.kind = Value::Kind::kCallable;
-    cv.fn = std::move(cyc);
-    loop.set(Value::string("cycle"), std::move(cv));
-    scope->vars["loop"] = Value::from_dict(std::move(loop));
+    const Value& item = (*items)[i];
+    assign(s.targets, item);
+    *position = i;
+    e[0].second = Value::integer(int64_t(i + 1));
+    e[1].second = Value::integer(int64_t(i));
+    e[2].second = Value::integer(int64_t(n - i));
+    e[3].second = Value::integer(int64_t(n - i - 1));
+    e[4].second = Value::boolean(i == 0);
+    e[5].second = Value::boolean(i + 1 == n);
+    e[9].second = i > 0 ? (*items)[i - 1] : Value::undefined("loop.previtem");
+    e[10].second = i + 1 < n ? (*items)[i + 1] : Value::undefined("loop.nextitem");
     const Flow f = exec_body(s.body);
     if (f == Flow::kBreak) break;
   }
+  // the loop object holds the items: let go of them with the loop
+  e[9].second = Value();
+  e[10].second = Value();
+  e[11].second = Value();
   if (n == 0) {
     scope_ = saved;
     return exec_body(s.else_body);
