@@ -853,6 +853,12 @@ Value Interp::apply_filter(const std::string& name, const Value& v, CallArgs& a,
     const double m = std::pow(10.0, double(precision));
     if (method == "common") {
       if (is_int(v) && precision >= 0) return Value::integer(to_int(v));
+      if (precision >= 0 && precision <= 300 && std::isfinite(x)) {
+        // Python rounds the exact binary value, ties to even: as printf's %.Nf does
+        std::vector<char> buf(size_t(precision) + 340);  // 309 integer digits at most
+        std::snprintf(buf.data(), buf.size(), "%.*f", int(precision), x);
+        return Value::number(std::strtod(buf.data(), nullptr));
+      }
       x = std::nearbyint(x * m) / m;
     } else if (method == "floor") {
       x = std::floor(x * m) / m;
