@@ -813,6 +813,27 @@ TANDEM_API tandem_status tandem_chat_tokenize(const tandem_model* model, const c
                                               int32_t add_assistant, int32_t* tokens, size_t capacity,
                                               size_t* out_n_tokens);
 
+/* The prompt the model's own chat template makes of an OpenAI chat-completions request
+ * (llama-server's /apply-template), exactly as Hugging Face transformers renders it.
+ * request_json: NUL-terminated JSON text with "messages" (content a string, null or a list
+ * of parts; tool_calls, tool results, ...), optional "tools" (OpenAI function tools),
+ * "add_generation_prompt" (default true) and "chat_template_kwargs" (more template
+ * variables, e.g. enable_thinking). A model without a usable Jinja template gets its
+ * built-in family, which takes role/content strings only and no tools. Buffer rules as
+ * tandem_detokenize. Errors: TANDEM_E_INVALID_ARG (NULL arguments, not JSON, no messages
+ * array, the template's raise_exception or a type error: the message says which),
+ * TANDEM_E_OUT_OF_MEMORY (a render limit: output, steps, nesting, bytes created).
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_chat_apply_template(const tandem_model* model, const char* request_json, char* buf,
+                                                    size_t capacity, size_t* out_len);
+
+/* Its token ids, made as tandem_chat_tokenize makes them (the template's markers become
+ * control tokens, message text never does; BOS when the vocabulary asks and the text has
+ * none). Buffer rules as tandem_tokenize; errors as tandem_chat_apply_template.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const char* request_json,
+                                                           int32_t* tokens, size_t capacity, size_t* out_n_tokens);
+
 /* ---- stopping a generation from another thread ---------------------------------------- */
 
 /* Ask the tandem_session_generate / _generate_tokens call running on `session` to stop
