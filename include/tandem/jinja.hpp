@@ -49,7 +49,7 @@ struct RenderLimits {
   size_t max_output_bytes = size_t(16) << 20;  ///< the rendered text
   size_t max_steps = 5'000'000;                ///< statements, expressions, loop iterations, calls
   int32_t max_depth = 400;                     ///< nesting of expressions, blocks and macro calls
-  size_t max_alloc_bytes = size_t(512) << 20;  ///< bytes of strings and lists created, in total
+  size_t max_alloc_bytes = size_t(128) << 20;  ///< bytes of strings and lists created, in total
 };
 
 struct RenderOptions {
