@@ -490,10 +490,14 @@ Value Interp::eval(const Expr& e) {
       return binary(e.name, a, b);
     }
     case Expr::Kind::kCompare: {
-      const Value a = eval(*e.a);
-      const Value b = eval(*e.b);
-      line_ = e.line;
-      return Value::boolean(compare(e.name, a, b));
+      Value left = eval(*e.items[0]);
+      for (size_t i = 0; i < e.ops.size(); ++i) {
+        Value right = eval(*e.items[i + 1]);
+        line_ = e.line;
+        if (!compare(e.ops[i], left, right)) return Value::boolean(false);
+        left = std::move(right);
+      }
+      return Value::boolean(true);
     }
     case Expr::Kind::kAnd: {
       Value a = eval(*e.a);

@@ -146,6 +146,7 @@ struct Expr {
   ExprPtr a, b;
   std::vector<ExprPtr> items;
   std::vector<Arg> args;
+  std::vector<std::string> ops;  // kCompare's operators
 };
 
 struct MacroParam {

@@ -776,8 +776,6 @@ class Parser {
 
   ExprPtr parse_compare() {
     ExprPtr e = parse_math1();
-    // Python's chains a < b < c: (a < b) and (b < c); b is evaluated twice here, which
-    // only matters for side effects templates cannot have.
     std::vector<std::pair<std::string, ExprPtr>> ops;
     while (true) {
       std::string op;
@@ -798,14 +796,15 @@ class Parser {
       ops.emplace_back(op, parse_math1());
     }
     if (ops.empty()) return e;
-    if (ops.size() == 1) {
-      auto c = make(Expr::Kind::kCompare, e->line);
-      c->name = ops[0].first;
-      c->a = std::move(e);
-      c->b = std::move(ops[0].second);
-      return seal(std::move(c));
+    // a op1 b op2 c: Python's chain, each operand evaluated once (items: the operands,
+    // ops: the operators)
+    auto c = make(Expr::Kind::kCompare, e->line);
+    c->items.push_back(std::move(e));
+    for (auto& [op, operand] : ops) {
+      c->ops.push_back(op);
+      c->items.push_back(std::move(operand));
     }
-    fail(e->line, "chained comparisons (a < b < c) are not supported");
+    return seal(std::move(c));
   }
 
   ExprPtr binary(std::string op, ExprPtr a, ExprPtr b) {

@@ -175,6 +175,8 @@ SNIPPETS = [
     ("{{ (1, 2) + (3,) }} {{ [1] + [] }} {{ 'a' * 3 + 'b' }} {{ 2 * 3 ** 2 }} {{ -2 ** 2 }} {{ (2 > 1) + 1 }}", {}),
     ("{{ 'abc'.upper().lower().title() }} {{ 'a-b'.split('-')|join('+') }} {{ 'x y z'.split(none, 1) }}", {}),
     ("{{ dict(a=1) == {'a': 1} }} {{ {'a': 1}.items()|list }} {{ {'a': {'b': 2}}.a.b }}", {}),
+    ("{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 1 == 1 != 2 }} {{ 'a' in 'abc' in 'xabcx' }} {{ 3 > 2 >= 2 > 1 }} "
+     "{{ 1 < 'a' < 0 if false else 'skip' }} {{ 2 < 1 < 'x' }}", {}),
     # chat-template idioms
     ("{%- for message in messages %}{%- if message['role'] == 'system' %}{{- '<<SYS>>' + message['content'] | trim "
      "+ '<</SYS>>' }}{%- elif (message['role'] == 'user') != (loop.index0 % 2 == 1) %}{{ raise_exception('order') }}"
