@@ -15,12 +15,12 @@
 // not, in, not in, is, comparisons, + - * / // % ** ~, ternaries, slices, attribute and
 // subscript, comparison chains); list, tuple and dict literals; the builtin tests and the
 // filters and str/dict/list methods chat templates call. Not supported (a parse error, on
-// which ChatTemplate falls back to its matcher, or a render error): extends/block/include/
-// import, the `do`
-// extension, i18n, recursive for loops and loop.changed, str.format, *args/**kwargs in
-// calls, the filters groupby, slice, pprint, urlencode, wordwrap, xmlattr, striptags,
-// filesizeformat and random. Differences: integers are 64-bit (Python's are unbounded:
-// overflow is an error here); upper/lower/title/capitalize change ASCII letters only;
+// which ChatTemplate falls back to its matcher, or a render error): extends, block,
+// include, import, the `do` extension, i18n, recursive for loops, loop.changed, str.format,
+// *args/**kwargs in calls, the filters groupby, slice, pprint, urlencode, wordwrap, xmlattr,
+// striptags, filesizeformat and random. Differences: integers are 64-bit (Python's are
+// unbounded: overflow is an error here); upper/lower/title/capitalize change ASCII letters
+// only;
 // map/select/reject/reverse/unique give lists where jinja2 gives generators (the same when
 // iterated, joined or piped to list, which is how templates use them).
 //
