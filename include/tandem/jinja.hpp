@@ -20,9 +20,8 @@
 // *args/**kwargs in calls, the filters groupby, slice, pprint, urlencode, wordwrap, xmlattr,
 // striptags, filesizeformat and random. Differences: integers are 64-bit (Python's are
 // unbounded: overflow is an error here); upper/lower/title/capitalize change ASCII letters
-// only;
-// map/select/reject/reverse/unique give lists where jinja2 gives generators (the same when
-// iterated, joined or piped to list, which is how templates use them).
+// only; map/select/reject/reverse/unique give lists where jinja2 gives generators (the
+// same when iterated, joined or piped to list, which is how templates use them).
 //
 // Errors: Template::parse throws tandem::Error(kInvalidArgument) "jinja: line N: ..." for a
 // syntax error or an unsupported construct. render throws tandem::Error(kInvalidArgument)
