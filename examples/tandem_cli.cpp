@@ -7,6 +7,9 @@
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //              [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
+//   tandem-cli apply-template -m MODEL.gguf --messages REQUEST.json   (the prompt the model's
+//              chat template makes of an OpenAI chat request: messages, tools,
+//              add_generation_prompt (default true), chat_template_kwargs; printed exactly)
 //   tandem-cli --version | --help   (--help shows every default)
 //
 // Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr and exit
@@ -193,6 +196,48 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
   return finish_stdout(0);
 }
 
+// The rendered prompt of an OpenAI chat-completions request body (llama-server's
+// /apply-template): exactly the template's text on stdout, no newline added.
+int run_apply_template(const std::string& model_path, const std::string& request_path) {
+  std::string body;
+  if (request_path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    body = ss.str();
+  } else {
+    std::ifstream in(request_path, std::ios::binary);
+    if (!in) throw tandem::Error(tandem::ErrorCode::kIo, "cannot open " + request_path + ": " + std::strerror(errno));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    body = ss.str();
+  }
+  nlohmann::ordered_json req;
+  try {
+    req = nlohmann::ordered_json::parse(body);
+  } catch (const nlohmann::json::exception& e) {
+    throw tandem::Error(tandem::ErrorCode::kInvalidArgument, request_path + " is not JSON: " + e.what());
+  }
+  if (!req.is_object() || !req.contains("messages") || !req["messages"].is_array()) {
+    throw tandem::Error(tandem::ErrorCode::kInvalidArgument,
+                        request_path + ": expected a chat request object with a \"messages\" array");
+  }
+  const auto& agp = req.contains("add_generation_prompt") ? req["add_generation_prompt"] : nlohmann::ordered_json(true);
+  if (!agp.is_boolean())
+    throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "add_generation_prompt must be a boolean");
+  auto gguf = tandem::GgufFile::open(model_path);
+  const tandem::Tokenizer tok = tandem::Tokenizer::from_gguf(*gguf);
+  const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_tokenizer(tok);
+  if (!tmpl.is_jinja()) {
+    std::fprintf(stderr, "tandem-cli: the model's chat template is not used (%s); built-in template %s\n",
+                 tmpl.fallback_reason().c_str(), std::string(tmpl.name()).c_str());
+  }
+  const std::string prompt =
+      tmpl.render_json(req["messages"], agp.get<bool>(), req.value("tools", nlohmann::ordered_json()),
+                       req.value("chat_template_kwargs", nlohmann::ordered_json()));
+  if (!write_stdout(prompt)) return finish_stdout(1);
+  return finish_stdout(0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -262,6 +307,15 @@ int main(int argc, char** argv) {
   tok_cmd->add_option("-p,--prompt", tok_text, "text")->required();
   tok_cmd->add_flag("--no-bos", no_bos, "do not add BOS");
   tok_cmd->add_flag("--parse-special", parse_special, "parse special-token text");
+  auto* tmpl_cmd = app.add_subcommand(
+      "apply-template", "print the prompt the model's chat template makes of an OpenAI chat request (JSON file)");
+  std::string tmpl_model, tmpl_messages;
+  tmpl_cmd->add_option("-m,--model", tmpl_model, "GGUF model or vocabulary file")->required();
+  tmpl_cmd
+      ->add_option("--messages", tmpl_messages,
+                   "chat request JSON: messages, optional tools, add_generation_prompt, chat_template_kwargs "
+                   "(- reads stdin)")
+      ->required();
   // The generate options are required only without a subcommand.
   app.get_option("--model")->required(false);
 
@@ -278,6 +332,7 @@ int main(int argc, char** argv) {
       check_utf8(tok_text, "the text");
       return run_tokenize(tok_model, tok_text, no_bos, parse_special);
     }
+    if (tmpl_cmd->parsed()) return run_apply_template(tmpl_model, tmpl_messages);
     if (model_path.empty()) throw UsageError("--model is required");
     // -ngl: a value that is no layer count is refused before loading; the count is read
     // against the model's layers once it is loaded.
@@ -377,8 +432,14 @@ int main(int argc, char** argv) {
     if (chat) {
       const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_model(*model);
       tandem::ChatSession chat_session(session, tmpl, system_prompt);
-      std::fprintf(stderr, "tandem-cli: chat template %s%s\n", std::string(tmpl.name()).c_str(),
-                   tmpl.matched() ? "" : " (fallback: no known template in the model)");
+      if (tmpl.is_jinja()) {
+        std::fprintf(stderr, "tandem-cli: chat template %s (the model's own Jinja template)\n",
+                     std::string(tmpl.name()).c_str());
+      } else {
+        std::fprintf(stderr, "tandem-cli: chat template %s, built in (%s)%s\n", std::string(tmpl.name()).c_str(),
+                     tmpl.fallback_reason().c_str(),
+                     tmpl.matched() ? "" : "; fallback: no known template in the model");
+      }
       auto turn = [&](const std::string& message) {
         tandem::GenerateResult r;
         bool answered = false;

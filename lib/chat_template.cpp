@@ -1,9 +1,11 @@
 // Chat template detection, rendering and safe tokenization (see chat_template.hpp).
 #include "tandem/chat_template.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include "tandem/error.hpp"
+#include "tandem/jinja.hpp"
 #include "tandem/model.hpp"
 #include "tandem/tokenizer.hpp"
 
@@ -286,11 +288,98 @@ constexpr std::array<NamedFamily, 8> kNames = {{
     {"deepseek", ChatTemplateFamily::kDeepSeek},
 }};
 
+// U+E000 (private use): marks a message's text in a second rendering to find where the
+// template wrote it. Templates never contain it.
+const std::string kMark = "\xee\x80\x80";
+
+nlohmann::ordered_json messages_json(std::span<const ChatMessage> ms) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : ms) a.push_back({{"role", m.role}, {"content", m.content}});
+  return a;
+}
+
+std::vector<ChatMessage> messages_from_json(const nlohmann::ordered_json& messages) {
+  if (!messages.is_array()) throw Error(ErrorCode::kInvalidArgument, "chat: messages must be a JSON array");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const auto& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() ||
+        (m.contains("content") && !m["content"].is_string() && !m["content"].is_null())) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "chat message " + std::to_string(i) + ": the built-in template needs a role and a string content");
+    }
+    out.push_back({m["role"].get<std::string>(), m.value("content", nlohmann::ordered_json("")).is_string()
+                                                     ? m["content"].get<std::string>()
+                                                     : std::string()});
+  }
+  return out;
+}
+
+// Where a and b first differ (npos when equal).
+size_t first_diff(std::string_view a, std::string_view b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return i;
+  }
+  return a.size() == b.size() ? std::string_view::npos : n;
+}
+
+// The string fields of message i that hold its text: content, or the "text" of each part.
+std::vector<nlohmann::ordered_json::json_pointer> text_fields(const nlohmann::ordered_json& messages, size_t i) {
+  using Ptr = nlohmann::ordered_json::json_pointer;
+  std::vector<Ptr> out;
+  const auto& m = messages[i];
+  if (!m.is_object() || !m.contains("content")) return out;
+  const Ptr base = Ptr("/" + std::to_string(i) + "/content");
+  const auto& c = m["content"];
+  if (c.is_string()) {
+    out.push_back(base);
+  } else if (c.is_array()) {
+    for (size_t k = 0; k < c.size(); ++k) {
+      if (c[k].is_object() && c[k].contains("text") && c[k]["text"].is_string()) {
+        out.push_back(base / std::to_string(k) / "text");
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 ChatTemplate ChatTemplate::for_model(const Model& model) {
-  const auto src = model.gguf().get_string("tokenizer.chat_template");
-  return detect(src ? *src : std::string_view{});
+  return for_tokenizer(model.tokenizer());
+}
+
+ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok) {
+  const std::string* src = tok.chat_template().empty() ? nullptr : &tok.chat_template();
+  ChatTemplate t = detect(src ? *src : std::string_view{});
+  if (!src) {
+    t.fallback_reason_ = "the model has no tokenizer.chat_template";
+    return t;
+  }
+  for (const NamedFamily& n : kNames) {
+    if (*src == n.name) {
+      t.fallback_reason_ = "the model's tokenizer.chat_template names the built-in '" + std::string(n.name) + "'";
+      return t;
+    }
+  }
+  try {
+    t.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(*src));
+  } catch (const Error& e) {
+    t.fallback_reason_ = e.what();
+    return t;
+  }
+  if (tok.bos() >= 0) t.bos_token_ = std::string(tok.token_text(tok.bos()));
+  if (tok.eos() >= 0) t.eos_token_ = std::string(tok.token_text(tok.eos()));
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_jinja(std::string_view source, std::string bos_token, std::string eos_token) {
+  ChatTemplate t = detect(source);
+  t.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(source));
+  t.bos_token_ = std::move(bos_token);
+  t.eos_token_ = std::move(eos_token);
+  return t;
 }
 
 ChatTemplate ChatTemplate::detect(std::string_view src) {
@@ -338,7 +427,113 @@ std::string_view ChatTemplate::name() const noexcept {
   return "unknown";
 }
 
+std::string ChatTemplate::render_jinja(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                       const nlohmann::ordered_json& tools, const nlohmann::ordered_json& extra) const {
+  if (!messages.is_array()) throw Error(ErrorCode::kInvalidArgument, "chat: messages must be a JSON array");
+  if (!tools.is_null() && !tools.is_array())
+    throw Error(ErrorCode::kInvalidArgument, "chat: tools must be a JSON array");
+  // What transformers' apply_chat_template passes (its special tokens: BOS and EOS here).
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  ctx["messages"] = messages;
+  ctx["tools"] = tools;
+  ctx["documents"] = nullptr;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  ctx["bos_token"] = bos_token_;
+  ctx["eos_token"] = eos_token_;
+  if (extra.is_object()) {
+    for (const auto& [k, v] : extra.items()) ctx[k] = v;
+  } else if (!extra.is_null()) {
+    throw Error(ErrorCode::kInvalidArgument, "chat: extra template variables must be a JSON object");
+  }
+  return jinja_->render(ctx);
+}
+
+std::vector<int32_t> ChatTemplate::tokenize_jinja(const Tokenizer& tok, const nlohmann::ordered_json& messages,
+                                                  bool add_generation_prompt, const nlohmann::ordered_json& tools,
+                                                  const nlohmann::ordered_json& extra, size_t n_done) const {
+  const std::string text = render_jinja(messages, add_generation_prompt, tools, extra);
+  // Spans of message text that holds control-token text: tokenized with parsing off.
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    for (const auto& ptr : text_fields(messages, i)) {
+      const std::string field = messages[ptr].get<std::string>();
+      if (field.empty() || tok.tokenize(field, false, true) == tok.tokenize(field, false, false)) continue;
+      nlohmann::ordered_json probe = messages;
+      probe[ptr] = kMark + field;
+      const std::string marked = render_jinja(probe, add_generation_prompt, tools, extra);
+      const size_t p = first_diff(text, marked);
+      size_t len = std::string::npos;
+      if (p != std::string::npos) {
+        const std::string trimmed = trim(field);
+        if (text.compare(p, field.size(), field) == 0) {
+          len = field.size();
+        } else if (!trimmed.empty() && text.compare(p, trimmed.size(), trimmed) == 0) {
+          len = trimmed.size();
+        }
+      }
+      if (len == std::string::npos) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "chat message " + std::to_string(i) +
+                        ": its text contains control-token text and the chat template transforms it, so it cannot "
+                        "be kept apart from the template's own markers; refusing to tokenize it");
+      }
+      spans.emplace_back(p, p + len);
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  size_t start = 0;
+  if (n_done > 0) {
+    const auto fields = text_fields(messages, n_done - 1);
+    nlohmann::ordered_json probe = messages;
+    if (fields.empty()) {
+      probe[n_done - 1]["content"] = kMark;
+    } else {
+      probe[fields.back()] = probe[fields.back()].get<std::string>() + kMark;
+    }
+    start = first_diff(text, render_jinja(probe, add_generation_prompt, tools, extra));
+    if (start == std::string::npos) {
+      // the template does not show that message: continue after what the first n_done
+      // messages render to (their common prefix with the whole)
+      nlohmann::ordered_json head = nlohmann::ordered_json::array();
+      for (size_t i = 0; i < n_done; ++i) head.push_back(messages[i]);
+      start = first_diff(text, render_jinja(head, false, tools, extra));
+      if (start == std::string::npos) start = text.size();
+    }
+  }
+  std::vector<Piece> pieces;
+  size_t pos = start;
+  for (const auto& [b, e] : spans) {
+    if (e <= pos) continue;
+    const size_t from = std::max(b, pos);
+    if (from > pos) pieces.push_back({text.substr(pos, from - pos), true, -1, false});
+    pieces.push_back({text.substr(from, e - from), false, -1, true});
+    pos = e;
+  }
+  if (pos < text.size()) pieces.push_back({text.substr(pos), true, -1, false});
+  return tokenize_pieces(tok, pieces, /*add_bos=*/n_done == 0);
+}
+
+std::string ChatTemplate::render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                      const nlohmann::ordered_json& tools, const nlohmann::ordered_json& extra) const {
+  if (jinja_) return render_jinja(messages, add_generation_prompt, tools, extra);
+  if (!tools.is_null() && !(tools.is_array() && tools.empty())) {
+    throw Error(ErrorCode::kInvalidArgument, "chat: tools need the model's own (Jinja) chat template");
+  }
+  return render(messages_from_json(messages), add_generation_prompt);
+}
+
+std::vector<int32_t> ChatTemplate::tokenize_json(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                                                 bool add_generation_prompt, const nlohmann::ordered_json& tools,
+                                                 const nlohmann::ordered_json& extra) const {
+  if (jinja_) return tokenize_jinja(tokenizer, messages, add_generation_prompt, tools, extra, 0);
+  if (!tools.is_null() && !(tools.is_array() && tools.empty())) {
+    throw Error(ErrorCode::kInvalidArgument, "chat: tools need the model's own (Jinja) chat template");
+  }
+  return tokenize(tokenizer, messages_from_json(messages), add_generation_prompt);
+}
+
 std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add_assistant) const {
+  if (jinja_) return render_jinja(messages_json(messages), add_assistant, nullptr, nullptr);
   std::string out;
   for (const Piece& p : render_pieces(family_, messages, add_assistant)) out += p.text;
   return out;
@@ -346,6 +541,7 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, bool add
 
 std::vector<int32_t> ChatTemplate::tokenize(const Tokenizer& tokenizer, std::span<const ChatMessage> messages,
                                             bool add_assistant) const {
+  if (jinja_) return tokenize_jinja(tokenizer, messages_json(messages), add_assistant, nullptr, nullptr, 0);
   return tokenize_pieces(tokenizer, render_pieces(family_, messages, add_assistant), /*add_bos=*/true);
 }
 
@@ -356,6 +552,7 @@ std::vector<int32_t> ChatTemplate::tokenize_continuation(const Tokenizer& tokeni
     throw Error(ErrorCode::kInvalidArgument, "chat: " + std::to_string(n_done) + " messages done but only " +
                                                  std::to_string(messages.size()) + " given");
   }
+  if (jinja_) return tokenize_jinja(tokenizer, messages_json(messages), add_assistant, nullptr, nullptr, n_done);
   const std::vector<Piece> pieces = render_pieces(family_, messages, add_assistant);
   if (n_done == 0) return tokenize_pieces(tokenizer, pieces, /*add_bos=*/true);
   size_t from = pieces.size();

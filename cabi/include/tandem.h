@@ -786,10 +786,14 @@ TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, cons
 /* ---- chat templates ------------------------------------------------------------------- */
 
 /* A conversation is n_messages pairs roles[i] / contents[i] of NUL-terminated UTF-8.
- * Roles are "system", "user" or "assistant". The template is the model's
- * (tokenizer.chat_template, matched by family as llama.cpp's built-in list: ChatML, Llama
- * 3, Llama 2, Mistral, Phi-3, Gemma, Zephyr, DeepSeek; ChatML when the model has none),
- * or the family named by template_name ("chatml", "llama3", ...; NULL = the model's). */
+ * With template_name NULL the template is the model's own tokenizer.chat_template,
+ * executed by Tandem's Jinja interpreter as Hugging Face transformers renders it (roles are
+ * what that template accepts; its raise_exception is TANDEM_E_INVALID_ARG with its message;
+ * a render limit reached is TANDEM_E_OUT_OF_MEMORY). When the model has no template or it does not
+ * parse, the built-in family it matches (llama.cpp's list: ChatML, Llama 3, Llama 2,
+ * Mistral, Phi-3, Gemma, Zephyr, DeepSeek; ChatML when none matches) renders it, as does
+ * the family named by template_name ("chatml", "llama3", ...); the built-in families take
+ * the roles "system", "user" and "assistant". */
 
 /* The rendered conversation as text, markers included; with add_assistant nonzero it ends
  * with the opening of an assistant turn. Buffer rules as tandem_detokenize. Errors:
@@ -808,6 +812,27 @@ TANDEM_API tandem_status tandem_chat_tokenize(const tandem_model* model, const c
                                               const char* const* roles, const char* const* contents, size_t n_messages,
                                               int32_t add_assistant, int32_t* tokens, size_t capacity,
                                               size_t* out_n_tokens);
+
+/* The prompt the model's own chat template makes of an OpenAI chat-completions request
+ * (llama-server's /apply-template), exactly as Hugging Face transformers renders it.
+ * request_json: NUL-terminated JSON text with "messages" (content a string, null or a list
+ * of parts; tool_calls, tool results, ...), optional "tools" (OpenAI function tools),
+ * "add_generation_prompt" (default true) and "chat_template_kwargs" (more template
+ * variables, e.g. enable_thinking). A model without a usable Jinja template gets its
+ * built-in family, which takes role/content strings only and no tools. Buffer rules as
+ * tandem_detokenize. Errors: TANDEM_E_INVALID_ARG (NULL arguments, not JSON, no messages
+ * array, the template's raise_exception or a type error: the message says which),
+ * TANDEM_E_OUT_OF_MEMORY (a render limit: output, steps, nesting, bytes created).
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_chat_apply_template(const tandem_model* model, const char* request_json, char* buf,
+                                                    size_t capacity, size_t* out_len);
+
+/* Its token ids, made as tandem_chat_tokenize makes them (the template's markers become
+ * control tokens, message text never does; BOS when the vocabulary asks and the text has
+ * none). Buffer rules as tandem_tokenize; errors as tandem_chat_apply_template.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const char* request_json,
+                                                           int32_t* tokens, size_t capacity, size_t* out_n_tokens);
 
 /* ---- stopping a generation from another thread ---------------------------------------- */
 

@@ -1,6 +1,7 @@
 // Chat templates and GGUF metadata of the C ABI (cabi/include/tandem.h).
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,37 @@ std::vector<ChatMessage> read_messages(const char* const* roles, const char* con
   return messages;
 }
 
+// An OpenAI chat request body: its messages, tools, add_generation_prompt (default true)
+// and chat_template_kwargs. Keys keep their order (tojson prints them as sent).
+struct ChatRequest {
+  nlohmann::ordered_json messages, tools, kwargs;
+  bool add_generation_prompt = true;
+};
+
+ChatRequest read_request(const char* request_json, const char* fn) {
+  require(request_json, fn, "request_json");
+  nlohmann::ordered_json body;
+  try {
+    body = nlohmann::ordered_json::parse(request_json);
+  } catch (const nlohmann::json::exception& e) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: request_json is not JSON: {}", fn, e.what()));
+  }
+  if (!body.is_object() || !body.contains("messages") || !body["messages"].is_array()) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: request_json needs a \"messages\" array", fn));
+  }
+  ChatRequest r;
+  r.messages = std::move(body["messages"]);
+  if (body.contains("tools")) r.tools = std::move(body["tools"]);
+  if (body.contains("chat_template_kwargs")) r.kwargs = std::move(body["chat_template_kwargs"]);
+  if (body.contains("add_generation_prompt")) {
+    if (!body["add_generation_prompt"].is_boolean()) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: add_generation_prompt must be a boolean", fn));
+    }
+    r.add_generation_prompt = body["add_generation_prompt"].get<bool>();
+  }
+  return r;
+}
+
 ChatTemplate pick_template(const Model& model, const char* name) {
   return name == nullptr ? ChatTemplate::for_model(model) : ChatTemplate::by_name(name);
 }
@@ -155,6 +187,33 @@ tandem_status tandem_chat_tokenize(const tandem_model* model, const char* templa
     const auto messages = read_messages(roles, contents, n_messages, fn);
     const auto ids =
         pick_template(*m->model, template_name).tokenize(m->model->tokenizer(), messages, add_assistant != 0);
+    *out_n_tokens = ids.size();
+    if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+tandem_status tandem_chat_apply_template(const tandem_model* model, const char* request_json, char* buf,
+                                         size_t capacity, size_t* out_len) {
+  static constexpr const char* fn = "tandem_chat_apply_template";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_len, fn, "out_len");
+    const ChatRequest r = read_request(request_json, fn);
+    const std::string text =
+        ChatTemplate::for_model(*m->model).render_json(r.messages, r.add_generation_prompt, r.tools, r.kwargs);
+    write_text(text, buf, capacity, out_len, fn);
+  });
+}
+
+tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const char* request_json, int32_t* tokens,
+                                                size_t capacity, size_t* out_n_tokens) {
+  static constexpr const char* fn = "tandem_chat_apply_template_tokens";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(out_n_tokens, fn, "out_n_tokens");
+    const ChatRequest r = read_request(request_json, fn);
+    const auto ids = ChatTemplate::for_model(*m->model).tokenize_json(m->model->tokenizer(), r.messages,
+                                                                      r.add_generation_prompt, r.tools, r.kwargs);
     *out_n_tokens = ids.size();
     if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
   });

@@ -1,19 +1,27 @@
-// Chat templates: render a conversation (system / user / assistant messages) the way the
-// model was trained to see it, and tokenize the result safely.
+// Chat templates: render a conversation (system / user / assistant messages, tools) the way
+// the model was trained to see it, and tokenize the result safely.
 //
-// The template family is detected from the GGUF key `tokenizer.chat_template` the way
-// llama.cpp's built-in matcher does (llama-chat.cpp: substring tests on the Jinja source,
-// no Jinja engine; a source that is exactly a family name selects it): ChatML, Llama 3,
-// Llama 2 `[INST] <<SYS>>`, Mistral `[INST]`, Phi-3, Gemma, Zephyr, DeepSeek V3/R1. A model
-// without a template, or with one no rule matches, gets the documented fallback: ChatML
-// (as llama.cpp's server does), with matched() false.
+// The model's own template, executed: for_model() parses the GGUF key
+// `tokenizer.chat_template` with Tandem's Jinja interpreter (tandem/jinja.hpp) and renders
+// it as Hugging Face transformers does (jinja2's sandbox, trim_blocks, lstrip_blocks; the
+// context: messages, tools, documents, add_generation_prompt, bos_token, eos_token), so
+// prompts are byte-identical to transformers', vLLM's and llama.cpp --jinja's (e.g.
+// SmolLM2's template adds its default system message when the conversation has none).
+// is_jinja() says so. from_jinja() does the same for a template given as text.
 //
-// Rendering follows the published templates of those models, with llama.cpp's choices
-// where a built-in renderer must choose: no default system message is invented (SmolLM2's
-// and Qwen2.5's Jinja add one when none is given; llama.cpp does not), a system message
-// for a family without a system role (Gemma, Mistral, Llama 2) opens the first user turn,
-// and the text never starts with BOS: tokenize() adds BOS when the vocabulary asks for it
-// (add_bos), as llama.cpp's tokenizer does. Per family (S system, U user, A assistant):
+// The built-in matcher is the fallback: when the model has no template or its template
+// does not parse (fallback_reason() says why), the family is detected from the source the
+// way llama.cpp's built-in matcher does (llama-chat.cpp: substring tests on the Jinja
+// source; a source that is exactly a family name selects it): ChatML, Llama 3, Llama 2
+// `[INST] <<SYS>>`, Mistral `[INST]`, Phi-3, Gemma, Zephyr, DeepSeek V3/R1. A model without
+// a template, or with one no rule matches, gets ChatML (as llama.cpp's server does), with
+// matched() false. detect() and by_name() always give the matcher.
+//
+// The matcher renders the published templates of those families, with llama.cpp's choices
+// where a built-in renderer must choose: no default system message is invented, a system
+// message for a family without a system role (Gemma, Mistral, Llama 2) opens the first user
+// turn, and the text never starts with BOS: tokenize() adds BOS when the vocabulary asks
+// for it (add_bos), as llama.cpp's tokenizer does. Per family (S system, U user, A assistant):
 //   chatml   <|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n
 //   llama3   <|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>...   (contents trimmed)
 //   llama2   [INST] <<SYS>>\nS\n<</SYS>>\n\nU [/INST] A </s><s>[INST] U2 [/INST]  (trimmed)
@@ -23,19 +31,25 @@
 //   zephyr   <|system|>\nS</s>\n<|user|>\nU</s>\n<|assistant|>\n
 //   deepseek S<｜User｜>U<｜Assistant｜>A<｜end▁of▁sentence｜><｜User｜>U2<｜Assistant｜>
 // Llama 2 and Mistral end a user turn with [/INST], which already is the generation
-// prompt, so add_assistant adds nothing there.
+// prompt, so add_assistant adds nothing there. A Jinja template's text is whatever the
+// template writes (it may start with the BOS text; tokenize() then adds no second BOS).
 //
 // Safety rule: tokenize() turns only the template's own markers into control tokens; the
 // text of every message is tokenized with special-token parsing off, so a user who types
-// "<|im_end|>" or "</s>" cannot end a turn or forge another role. The rendered text is
-// tokenized as one string (Tokenizer::tokenize over segments), so ids equal what
-// llama.cpp gives for the rendered text with markers parsed and contents not.
+// "<|im_end|>" or "</s>" cannot end a turn or forge another role. With a Jinja template, a
+// message whose text contains control-token text is located in the rendering by rendering
+// again with that text marked; a template that transforms such text beyond trimming (so it
+// cannot be located) makes tokenize() refuse with kInvalidArgument rather than risk it.
 //
+// Errors: a Jinja template's runtime errors (its raise_exception, type errors, limits) are
+// tandem::Error with the interpreter's codes (kInvalidArgument, kOutOfMemory for a limit).
 // Thread-safety: a ChatTemplate is immutable after construction; all methods are const
-// and may be called from any thread.
+// and may be called from any thread; copies share the parsed template.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,8 +60,9 @@ namespace tandem {
 class Model;
 class Tokenizer;
 
-/// One message of a conversation. `role` is "system", "user" or "assistant"
-/// (other roles are refused with ErrorCode::kInvalidArgument by render/tokenize).
+/// One message of a conversation. `role` is "system", "user" or "assistant" for the
+/// matcher (other roles are refused with ErrorCode::kInvalidArgument by render/tokenize);
+/// a Jinja template gets any role and decides (e.g. "tool").
 struct ChatMessage {
   std::string role;
   std::string content;
@@ -64,10 +79,22 @@ enum class ChatTemplateFamily {
   kDeepSeek,  ///< DeepSeek V3 / R1 "<｜User｜> ... <｜Assistant｜>"
 };
 
+namespace jinja {
+class Template;
+}
+
 class ChatTemplate {
  public:
-  /// The template of `model` (GGUF `tokenizer.chat_template`), or the fallback (ChatML).
+  /// The template of `model` (GGUF `tokenizer.chat_template`) executed by the Jinja
+  /// interpreter; when there is none or it does not parse, the matcher's family for it
+  /// (fallback_reason() says why). bos_token/eos_token are the vocabulary's texts.
   static ChatTemplate for_model(const Model& model);
+  /// The same from a vocabulary alone (Tokenizer::chat_template(), its BOS/EOS texts):
+  /// what a tool that renders prompts needs without loading the weights.
+  static ChatTemplate for_tokenizer(const Tokenizer& tokenizer);
+  /// A Jinja template given as text. Throws tandem::Error(kInvalidArgument) "jinja: line
+  /// N: ..." when it does not parse. name()/matched() are the matcher's view of `source`.
+  static ChatTemplate from_jinja(std::string_view source, std::string bos_token, std::string eos_token);
   /// Detect the family from a Jinja template source (or a family name); empty or
   /// unmatched -> ChatML with matched() false.
   static ChatTemplate detect(std::string_view jinja_source);
@@ -79,9 +106,30 @@ class ChatTemplate {
   std::string_view name() const noexcept;
   /// True when the family was matched from the model's template, false for the fallback.
   bool matched() const noexcept { return matched_; }
+  /// True when rendering executes a Jinja template (the model's own).
+  bool is_jinja() const noexcept { return jinja_ != nullptr; }
+  /// for_model() without a Jinja template: why ("the model has no tokenizer.chat_template",
+  /// or the parse error); empty otherwise.
+  const std::string& fallback_reason() const noexcept { return fallback_reason_; }
+
+  /// The template's rendering of an OpenAI-shaped conversation: `messages` a JSON array of
+  /// message objects (role, content as a string, null or a list of parts, tool_calls,
+  /// tool_call_id, name, reasoning_content, ...), `tools` a JSON array or null, `extra` an
+  /// object of further template variables (e.g. enable_thinking) or null. Exactly the text
+  /// the template writes (no newline added). The matcher renders only role/content strings
+  /// (kInvalidArgument otherwise, and for tools). Errors: see the file comment.
+  std::string render_json(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                          const nlohmann::ordered_json& tools = nullptr,
+                          const nlohmann::ordered_json& extra = nullptr) const;
+  /// render_json's text tokenized as tokenize() does (control tokens only from the
+  /// template's own text; BOS when the vocabulary asks and the text has none).
+  std::vector<int32_t> tokenize_json(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                                     bool add_generation_prompt, const nlohmann::ordered_json& tools = nullptr,
+                                     const nlohmann::ordered_json& extra = nullptr) const;
 
   /// The conversation as text, markers included literally. With add_assistant, ends with
-  /// the opening of an assistant turn (the generation prompt).
+  /// the opening of an assistant turn (the generation prompt; for a Jinja template,
+  /// add_generation_prompt).
   std::string render(std::span<const ChatMessage> messages, bool add_assistant) const;
 
   /// Token ids for the rendered conversation: markers become their control-token ids
@@ -96,14 +144,24 @@ class ChatTemplate {
   /// reply just generated, whose end-of-turn marker the model sampled but did not
   /// evaluate). Returns the rest of the rendering of `messages`: that turn's closing
   /// markers, the new messages, and with add_assistant the generation prompt; no BOS.
-  /// n_done == 0 is tokenize(). Errors: kInvalidArgument (bad role, n_done > size).
+  /// n_done == 0 is tokenize(). With a Jinja template, "the rest" starts where message
+  /// n_done-1's content ends in the rendering of `messages` (found by rendering again with
+  /// a mark after that content). Errors: kInvalidArgument (bad role, n_done > size).
   std::vector<int32_t> tokenize_continuation(const Tokenizer& tokenizer, std::span<const ChatMessage> messages,
                                              size_t n_done, bool add_assistant) const;
 
  private:
   explicit ChatTemplate(ChatTemplateFamily family, bool matched) : family_(family), matched_(matched) {}
+  std::string render_jinja(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                           const nlohmann::ordered_json& tools, const nlohmann::ordered_json& extra) const;
+  std::vector<int32_t> tokenize_jinja(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
+                                      bool add_generation_prompt, const nlohmann::ordered_json& tools,
+                                      const nlohmann::ordered_json& extra, size_t n_done) const;
   ChatTemplateFamily family_;
   bool matched_;
+  std::shared_ptr<const jinja::Template> jinja_;
+  std::string bos_token_, eos_token_;
+  std::string fallback_reason_;
 };
 
 }  // namespace tandem

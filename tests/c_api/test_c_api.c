@@ -2302,6 +2302,36 @@ static void test_metadata_and_chat(void) {
   for (i = 1; i < n_ids; ++i) CHECK(ids[i] != 1 && ids[i] != 2);
   CHECK_STATUS(tandem_chat_tokenize(g_model, NULL, roles, contents, 3, 1, ids, 2, &n_ids), TANDEM_E_BUFFER_TOO_SMALL);
   CHECK_STATUS(tandem_chat_tokenize(g_model, NULL, bad_role, contents, 1, 1, ids, 256, &n_ids), TANDEM_E_INVALID_ARG);
+
+  /* An OpenAI chat request (llama-server's /apply-template): the built-in ChatML here, as
+   * the model has no template of its own; ids as tandem_chat_tokenize gives them. */
+  {
+    const char* request = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 4}";
+    const char* no_prompt =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"add_generation_prompt\": false}";
+    const char* user_role[1] = {"user"};
+    const char* hi[1] = {"hi"};
+    int32_t ids2[64];
+    size_t n2 = 0;
+    CHECK_OK(tandem_chat_apply_template(g_model, request, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") == 0);
+    CHECK_OK(tandem_chat_apply_template(g_model, no_prompt, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<|im_start|>user\nhi<|im_end|>\n") == 0);
+    CHECK_OK(tandem_chat_apply_template_tokens(g_model, request, ids2, 64, &n2));
+    CHECK_OK(tandem_chat_tokenize(g_model, NULL, user_role, hi, 1, 1, ids, 256, &n_ids));
+    CHECK(n2 == n_ids && memcmp(ids, ids2, n2 * sizeof ids[0]) == 0);
+    CHECK_STATUS(tandem_chat_apply_template(g_model, "{\"messages\": [", buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    CHECK_MSG_CONTAINS("not JSON");
+    CHECK_STATUS(tandem_chat_apply_template(g_model, "{}", buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    CHECK_STATUS(tandem_chat_apply_template(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    /* tools need the model's own template */
+    CHECK_STATUS(tandem_chat_apply_template(g_model,
+                                            "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                                            "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}",
+                                            buf, sizeof buf, &len),
+                 TANDEM_E_INVALID_ARG);
+    CHECK_STATUS(tandem_chat_apply_template(g_model, request, buf, 4, &len), TANDEM_E_BUFFER_TOO_SMALL);
+  }
 }
 
 /* Abort from another thread: the token callback hands control to an aborting thread at

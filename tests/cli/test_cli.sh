@@ -60,13 +60,38 @@ check "--cache-type-k q4_0 exits 2" $([ $? -eq 2 ] && echo 0 || echo 1)
 "$cli" -m "$model" -p " The" -n 4 --temp 0 -ctk q8_0 -ctv q8_0 --session "$tmp/q8.session" > /dev/null 2> "$tmp/err"
 check "q8_0 session restored" $(grep -q "restored 20 tokens" "$tmp/err" && echo 0 || echo 1)
 
-# Chat on SmolLM2 (its ChatML template, stops at an end-of-generation token): the answer
-# llama.cpp gives on this file. Skipped when the cached wheel file is absent.
+# apply-template: the prompt of an OpenAI chat request, exactly (no newline added). The
+# shared model has no chat template: the built-in ChatML, and stderr says why.
+printf '{"messages": [{"role": "user", "content": "hi"}]}' > "$tmp/req.json"
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" > "$tmp/out" 2> "$tmp/err"
+check "apply-template exits 0 ($?)" $?
+printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' > "$tmp/want"
+check "apply-template prints the built-in ChatML exactly" $(cmp -s "$tmp/out" "$tmp/want" && echo 0 || echo 1)
+check "apply-template says the model has no template" $(grep -q "no tokenizer.chat_template" "$tmp/err" && echo 0 || echo 1)
+printf '{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}' > "$tmp/req2.json"
+"$cli" apply-template -m "$model" --messages "$tmp/req2.json" > "$tmp/out" 2> /dev/null
+printf '<|im_start|>user\nhi<|im_end|>\n' > "$tmp/want"
+check "apply-template add_generation_prompt false" $(cmp -s "$tmp/out" "$tmp/want" && echo 0 || echo 1)
+printf '{"messages": [' > "$tmp/bad.json"
+"$cli" apply-template -m "$model" --messages "$tmp/bad.json" > /dev/null 2> "$tmp/err"
+check "apply-template bad JSON exits 1" $([ $? -eq 1 ] && grep -q "not JSON" "$tmp/err" && echo 0 || echo 1)
+"$cli" apply-template -m "$model" --messages /nonexistent.json > /dev/null 2> "$tmp/err"
+check "apply-template missing file exits 1" $([ $? -eq 1 ] && echo 0 || echo 1)
+"$cli" apply-template -m "$model" > /dev/null 2> "$tmp/err"
+check "apply-template without --messages exits 2" $([ $? -eq 2 ] && echo 0 || echo 1)
+
+# Chat on SmolLM2 (its own Jinja template, which adds its default system message; stops at
+# an end-of-generation token): the answer starts as llama.cpp's does on this file. Skipped when the cached wheel file is absent.
 smol="${TANDEM_SMOLLM2:-${TANDEM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ -f "$smol" ]; then
   out=$("$cli" -m "$smol" --chat -p "What is the capital of France?" -st --temp 0 -n 48 -t 2 < /dev/null 2> "$tmp/err")
   check "chat -st answers Paris ($out)" $(case "$out" in "The capital of France is Paris"*) echo 0 ;; *) echo 1 ;; esac)
   check "chat uses the chatml template" $(grep -q "chat template chatml" "$tmp/err" && echo 0 || echo 1)
+  check "chat runs the model's own template" $(grep -q "the model's own Jinja template" "$tmp/err" && echo 0 || echo 1)
+  # apply-template runs the GGUF's template: SmolLM2's default system message
+  "$cli" apply-template -m "$smol" --messages "$tmp/req.json" > "$tmp/out" 2> /dev/null
+  printf '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' > "$tmp/want"
+  check "apply-template runs SmolLM2's template exactly" $(cmp -s "$tmp/out" "$tmp/want" && echo 0 || echo 1)
   # -sys is accepted and the turn still ends (EOG or -n) without reading stdin
   "$cli" -m "$smol" -sys "Answer in one word." --chat -p "Capital of Italy?" -st --temp 0 -n 16 -t 2 < /dev/null > "$tmp/out" 2> /dev/null
   check "chat -sys -st exits 0" $?

@@ -391,14 +391,18 @@ def test_smollm2_chat_template(tmp_path):
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=300.0)
         msgs = [{"role": "user", "content": "What is the capital of France?"}]
         r = c.chat.completions.create(model="smollm2", messages=msgs, max_tokens=48, temperature=0)
-        # The same conversation rendered by hand in ChatML, tokenized with its control tokens.
-        chatml = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+        # The same conversation rendered by hand as the model's own (Jinja) template renders it
+        # (transformers/jinja2: its default system message when there is none), tokenized
+        # with its control tokens.
+        chatml = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                  "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
         ids = httpx.post(s.url + "/tokenize", json={"content": chatml, "parse_special": True}).json()["tokens"]
         assert r.usage.prompt_tokens == len(ids)
         by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=48, temperature=0)
         assert r.choices[0].message.content == by_ids.choices[0].text
-        # llama.cpp's greedy answer on this file (../shared/golden/smollm2-135m-instruct-q4_0,
-        # case chat_capital) starts so and runs past 48 tokens without <|im_end|>.
+        # llama.cpp's greedy answer on this file without the system message
+        # (../shared/golden/smollm2-135m-instruct-q4_0, case chat_capital) starts so; with it
+        # the answer starts the same.
         assert r.choices[0].message.content.startswith("The capital of France is Paris")
         assert (r.choices[0].finish_reason == "length") == (r.usage.completion_tokens == 48)
         assert "<|im_end|>" not in r.choices[0].message.content

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import ctypes
+import json
 import os
 import queue
 import threading
@@ -292,6 +293,22 @@ class Model(_Handle):
         _c.check(_c.chat_tokenize(h, t, roles, contents, n, int(add_generation_prompt), out, count.value,
                                   ctypes.byref(count)))
         return list(out[: count.value])
+
+    def apply_chat_template(self, messages: List[dict], tools: Optional[List[dict]] = None,
+                            add_generation_prompt: bool = True, **template_kwargs) -> str:
+        """The prompt the model's own (Jinja) chat template makes of OpenAI-shaped messages
+        and tools, exactly as transformers' apply_chat_template(tokenize=False) renders it
+        (llama-server's /apply-template); template_kwargs are more template variables (e.g.
+        enable_thinking=False). Raises TandemError (E_INVALID_ARG: the template's
+        raise_exception or a type error; E_OUT_OF_MEMORY: a render limit)."""
+        req = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            req["tools"] = tools
+        if template_kwargs:
+            req["chat_template_kwargs"] = template_kwargs
+        body = json.dumps(req, ensure_ascii=False).encode("utf-8")
+        h = self.handle
+        return _c.read_text(lambda b, c, o: _c.chat_apply_template(h, body, b, c, o)).decode("utf-8", "replace")
 
     def create_chat_completion(self, messages: List[Message], *, max_tokens: Optional[int] = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,

@@ -168,6 +168,12 @@ class TestChatCompletion(PackageTestCase):
         self.assertRefused(self.model.chat_render, [{"role": "wizard", "content": "x"}])
         self.assertRefused(self.model.chat_render, [{"role": "user"}], needle="messages[0]")
         self.assertRefused(self.model.create_chat_completion, [{"role": "user", "content": 5}])
+        # the OpenAI-shaped path (llama-server's /apply-template): the same built-in ChatML here
+        self.assertEqual(self.model.apply_chat_template([{"role": "user", "content": "Hi"}]), text)
+        self.assertEqual(self.model.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=False),
+                         "<|im_start|>user\nHi<|im_end|>\n")
+        self.assertRefused(self.model.apply_chat_template, [{"role": "user", "content": "Hi"}],
+                           tools=[{"type": "function", "function": {"name": "f"}}])
 
 
 class TestAbortAndInterrupt(PackageTestCase):
