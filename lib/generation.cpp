@@ -1,5 +1,7 @@
 #include "generation.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "stop_strings.hpp"
@@ -12,21 +14,32 @@ int32_t clamp_output_tokens(int32_t max_tokens, int64_t positions, int32_t n_ctx
 }
 
 void Generation::begin(const SamplingParams& sampling, int32_t n_vocab, const std::vector<std::string>& stops,
-                       bool ignore_eos, int32_t max_new) {
+                       bool ignore_eos, int32_t max_new, int32_t logprobs) {
   for (const auto& s : stops) {
     if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "a stop string is empty");
+  }
+  if (logprobs < -1 || logprobs > kMaxTopLogprobs) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("logprobs: {} alternatives requested, at most {}", logprobs, kMaxTopLogprobs));
   }
   sampler_.emplace(sampling, n_vocab);
   stops_ = &stops;
   ignore_eos_ = ignore_eos;
   max_new_ = max_new;
+  logprobs_ = logprobs;
   n_gen_ = 0;
   text_.clear();
   emitted_ = 0;
 }
 
 TokenStep Generation::next(std::span<const float> logits, std::span<const int32_t> history) {
-  return accept(sampler_->sample(logits, history));
+  const int32_t id = sampler_->sample(logits, history);
+  TokenStep t = accept(id);
+  if (logprobs_ >= 0) {
+    token_logprobs(logits, id, logprobs_, logprob_);
+    t.logprob = &logprob_;
+  }
+  return t;
 }
 
 TokenStep Generation::accept(int32_t id) {

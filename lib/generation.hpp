@@ -38,6 +38,9 @@ struct TokenStep {
   int32_t id = -1;
   GenEnd end = GenEnd::kNone;
   std::string_view piece;  ///< text newly final (views text(); valid until the next call)
+  /// next() with logprobs >= 0: the token's log-probability and top alternatives (points
+  /// into the Generation; valid until the next call). Null otherwise.
+  const TokenLogprob* logprob = nullptr;
 };
 
 /// Thread-safety: one thread at a time. No heap allocation per token once the text
@@ -50,8 +53,10 @@ class Generation {
   /// sequence held from an earlier generation are kept and complete with this one).
   /// `stops` must outlive the generation. Throws Error(kInvalidArgument) for an empty stop
   /// string or bad sampling parameters (see Sampler), leaving the object unchanged.
+  /// `logprobs`: -1 none; 0 .. kMaxTopLogprobs: next() reports each token's log-probability
+  /// with that many alternatives (TokenStep::logprob); other values are refused.
   void begin(const SamplingParams& sampling, int32_t n_vocab, const std::vector<std::string>& stops, bool ignore_eos,
-             int32_t max_new);
+             int32_t max_new, int32_t logprobs = -1);
 
   Sampler& sampler() noexcept { return *sampler_; }
 
@@ -84,6 +89,8 @@ class Generation {
   bool ignore_eos_ = false;
   int32_t max_new_ = 0;
   int32_t n_gen_ = 0;
+  int32_t logprobs_ = -1;
+  TokenLogprob logprob_;  // the last next()'s
   std::string text_;
   size_t emitted_ = 0;  // bytes of text_ passed on
 };

@@ -70,9 +70,12 @@ std::string_view fill_result(Seq& seq, RequestResult& r, RequestFinish f) {
       g.cut_to_emitted();  // only what was streamed
     }
     r.tokens.assign(seq.tokens.begin() + seq.n_prompt_end, seq.tokens.end());
+    r.logprobs = std::move(seq.logprobs);
+    r.logprobs.resize(std::min(r.logprobs.size(), r.tokens.size()));
     r.text = g.text();
   } catch (...) {  // no memory for the result: it ends with what was streamed
     r.tokens.clear();
+    r.logprobs.clear();
     r.text.clear();
   }
   r.metrics.generated_tokens = g.n_gen();

@@ -28,6 +28,43 @@ void SamplingParams::validate() const {
   if (!std::isfinite(presence_penalty)) bad("presence_penalty", presence_penalty, "must be finite");
 }
 
+void token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n, TokenLogprob& out) {
+  const auto n = static_cast<int64_t>(logits.size());
+  if (n == 0) throw Error(ErrorCode::kInvalidArgument, "logprobs: no logits");
+  if (token < 0 || token >= n) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("logprobs: token {} outside the {} logits", token, n));
+  }
+  if (top_n < 0 || top_n > kMaxTopLogprobs) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("logprobs: {} alternatives requested, at most {}", top_n, kMaxTopLogprobs));
+  }
+  float mx = -INFINITY;
+  for (const float l : logits) mx = std::max(mx, l);  // NaN never wins here; it poisons the sum
+  double sum = 0.0;
+  for (const float l : logits) sum += std::exp(double(l) - double(mx));
+  const double log_z = double(mx) + std::log(sum);
+  out.token = token;
+  out.logprob = static_cast<float>(double(logits[size_t(token)]) - log_z);
+  // The top_n best by insertion into a sorted list (top_n <= 20): the larger logit first,
+  // the lower id on ties (ids are scanned in order and only a larger logit moves ahead).
+  int32_t k = 0;  // entries held
+  for (int64_t i = 0; i < n && top_n > 0; ++i) {
+    const float l = logits[size_t(i)];
+    if (k == top_n && !(l > logits[size_t(out.top[size_t(k - 1)].token)])) continue;
+    int32_t at = k < top_n ? k++ : k - 1;  // a full list drops its last entry
+    while (at > 0 && l > logits[size_t(out.top[size_t(at - 1)].token)]) {
+      out.top[size_t(at)] = out.top[size_t(at - 1)];
+      --at;
+    }
+    out.top[size_t(at)].token = static_cast<int32_t>(i);
+  }
+  out.n_top = k;
+  for (int32_t j = 0; j < k; ++j) {
+    auto& a = out.top[size_t(j)];
+    a.logprob = static_cast<float>(double(logits[size_t(a.token)]) - log_z);
+  }
+}
+
 Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
     : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
   params_.validate();

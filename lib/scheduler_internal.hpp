@@ -87,7 +87,8 @@ struct Seq {
   std::unique_ptr<KvSequence> kv;
   std::optional<KvHandoff> handoff;  // in hand-off: the exported KV under its lease
   int handoff_src = -1;
-  std::optional<Generation> gen;  // sampler, detokeniser, stop strings, output limit
+  std::optional<Generation> gen;       // sampler, detokeniser, stop strings, output limit
+  std::vector<TokenLogprob> logprobs;  // one per generated token, with Request::logprobs >= 0
   int prefill_exec = 0, decode_exec = 0;
   uint64_t order = 0;  // admission order (preemption picks the youngest)
   std::shared_ptr<SessionRec> session;

@@ -92,7 +92,9 @@ bool Loop::emit(std::unique_ptr<Seq>& slot, int32_t token, std::string_view piec
   const auto& cb = s.rs->req.on_event;
   if (!cb) return true;
   try {
-    if (cb(RequestEvent{s.rs->id, token, piece, false, f})) return true;
+    RequestEvent ev{s.rs->id, token, piece, false, f};
+    if (!s.logprobs.empty() && s.logprobs.back().token == token) ev.logprob = &s.logprobs.back();
+    if (cb(ev)) return true;
     retire(slot, RequestFinish::kCancelled);
   } catch (const std::exception& e) {
     retire(slot, RequestFinish::kError, ErrorCode::kInvalidArgument,
@@ -115,6 +117,7 @@ void Loop::after_token(std::unique_ptr<Seq>& slot, const TokenStep& t, Clock::ti
     return;
   }
   s.tokens.push_back(t.id);
+  if (t.logprob != nullptr) s.logprobs.push_back(*t.logprob);
   s.rs->result.metrics.generated_tokens = s.gen->n_gen();
   if (t.end == GenEnd::kStopString) {
     // The piece before the stop string goes out with the token, then the terminal event.

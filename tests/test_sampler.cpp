@@ -1,9 +1,11 @@
 // Sampling: field case B14 and the parameter rule of sampler.hpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -182,4 +184,69 @@ TEST_CASE("sample refuses logits of the wrong size", "[sampler]") {
   Sampler s(SamplingParams::greedy(), 10);
   std::vector<float> l(9);
   CHECK_THROWS_AS(s.sample(l, {}), Error);
+}
+
+namespace {
+
+/// log-softmax of `logits` at `i` in float64, written independently of token_logprobs:
+/// log(exp(l_i) / sum exp(l_j)) with the sum shifted by the largest logit.
+double ref_logprob(const std::vector<float>& logits, size_t i) {
+  double mx = -INFINITY;
+  for (const float l : logits) mx = std::max(mx, double(l));
+  double sum = 0.0;
+  for (const float l : logits) sum += std::exp(double(l) - mx);
+  return double(logits[i]) - mx - std::log(sum);
+}
+
+}  // namespace
+
+TEST_CASE("logprobs: a float64 log-softmax of the logits, the top alternatives in order", "[sampler][logprobs]") {
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  std::vector<float> logits(5000);
+  for (auto& l : logits) l = nd(g);
+  logits[17] = logits[4000] = 30.0f;  // a tie at the top: the lower id first
+  TokenLogprob out;
+  for (const int32_t top_n : {0, 1, 5, kMaxTopLogprobs}) {
+    for (const int32_t token : {0, 17, 4000, 4999, 1234}) {
+      token_logprobs(logits, token, top_n, out);
+      const double ref = ref_logprob(logits, size_t(token));
+      INFO("top_n " << top_n << " token " << token);
+      CHECK(out.token == token);
+      // float(x) is within 2^-24 |x| of x; the double sums add far less.
+      CHECK(std::fabs(double(out.logprob) - ref) <= std::ldexp(std::fabs(ref), -24) + 1e-12);
+      REQUIRE(out.n_top == top_n);
+      std::vector<size_t> order(logits.size());
+      std::iota(order.begin(), order.end(), size_t{0});
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+      for (int32_t j = 0; j < top_n; ++j) {
+        CHECK(out.top[size_t(j)].token == int32_t(order[size_t(j)]));
+        const double rj = ref_logprob(logits, order[size_t(j)]);
+        CHECK(std::fabs(double(out.top[size_t(j)].logprob) - rj) <= std::ldexp(std::fabs(rj), -24) + 1e-12);
+      }
+      if (top_n >= 2) {
+        CHECK(out.top[0].token == 17);
+        CHECK(out.top[1].token == 4000);
+      }
+    }
+  }
+  // The probabilities of the whole vocabulary sum to 1.
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    token_logprobs(logits, int32_t(i), 0, out);
+    total += std::exp(double(out.logprob));
+  }
+  CHECK(std::fabs(total - 1.0) < 1e-5);
+  // -inf logits (masked tokens) have logprob -inf; the others are unaffected.
+  std::vector<float> masked = {1.0f, -INFINITY, 2.0f};
+  token_logprobs(masked, 1, 3, out);
+  CHECK(std::isinf(out.logprob));
+  CHECK(out.top[0].token == 2);
+  CHECK(out.top[2].token == 1);
+  // Refusals.
+  CHECK_THROWS_AS(token_logprobs(logits, -1, 0, out), Error);
+  CHECK_THROWS_AS(token_logprobs(logits, 5000, 0, out), Error);
+  CHECK_THROWS_AS(token_logprobs(logits, 0, kMaxTopLogprobs + 1, out), Error);
+  CHECK_THROWS_AS(token_logprobs(logits, 0, -1, out), Error);
+  CHECK_THROWS_AS(token_logprobs(std::vector<float>{}, 0, 0, out), Error);
 }

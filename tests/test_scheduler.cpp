@@ -1027,3 +1027,69 @@ TEST_CASE("prefill chunks go to the tightest SLA class first; looser classes kee
   CHECK(fed['s'] == ps.size());
   rig.check_released();
 }
+
+TEST_CASE("logprobs: Session and Scheduler report the log-softmax of each step's logits, events included",
+          "[scheduler][logprobs]") {
+  // Reference: replay the generated tokens through a fresh Session and take a float64
+  // log-softmax of the logits before each token.
+  const auto model = tiny();
+  const std::vector<int32_t> prompt = {1, 400, 401, 402, 403};
+  SamplingParams sp;  // temperature 0.8, top-k 40: sampling transforms do not enter logprobs
+  sp.seed = 7;
+  GenerateOptions go;
+  go.sampling = sp;
+  go.max_tokens = 12;
+  go.ignore_eos = true;
+  go.logprobs = 3;
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session s(model, ex, so);
+  const GenerateResult r = s.generate(std::span<const int32_t>(prompt), go);
+  REQUIRE(r.logprobs.size() == r.tokens.size());
+  Session replay(model, ex, so);
+  replay.eval(std::span<const int32_t>(prompt));
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    const auto l = replay.logits();
+    double mx = -INFINITY, sum = 0.0;
+    for (const float v : l) mx = std::max(mx, double(v));
+    for (const float v : l) sum += std::exp(double(v) - mx);
+    const double ref = double(l[size_t(r.tokens[i])]) - mx - std::log(sum);
+    INFO("token " << i);
+    CHECK(r.logprobs[i].token == r.tokens[i]);
+    CHECK(std::fabs(double(r.logprobs[i].logprob) - ref) <= std::ldexp(std::fabs(ref), -24) + 1e-12);
+    REQUIRE(r.logprobs[i].n_top == 3);
+    CHECK(r.logprobs[i].top[0].logprob >= r.logprobs[i].top[1].logprob);
+    CHECK(r.logprobs[i].top[0].token == int32_t(std::max_element(l.begin(), l.end()) - l.begin()));
+    replay.eval(std::span<const int32_t>(&r.tokens[i], 1));
+  }
+  // The same request through the scheduler: the same tokens (same seed) and logprobs, also
+  // on each token's event; without logprobs none are reported.
+  Rig rig(Rig::Opt{});
+  Request q;
+  q.prompt_ids = prompt;
+  q.sampling = sp;
+  q.max_tokens = 12;
+  q.ignore_eos = true;
+  q.logprobs = 3;
+  std::vector<float> streamed;
+  q.on_event = [&](const RequestEvent& e) {
+    if (!e.final) streamed.push_back(e.logprob != nullptr ? e.logprob->logprob : NAN);
+    return true;
+  };
+  const RequestResult res = rig.sched->submit(q).wait();
+  REQUIRE(res.tokens == r.tokens);
+  REQUIRE(res.logprobs.size() == r.logprobs.size());
+  for (size_t i = 0; i < res.logprobs.size(); ++i) {
+    CHECK(res.logprobs[i].logprob == r.logprobs[i].logprob);
+    CHECK(res.logprobs[i].top[2].token == r.logprobs[i].top[2].token);
+  }
+  REQUIRE(streamed.size() == r.tokens.size());
+  for (size_t i = 0; i < streamed.size(); ++i) CHECK(streamed[i] == r.logprobs[i].logprob);
+  q.logprobs = -1;
+  q.on_event = nullptr;
+  CHECK(rig.sched->submit(q).wait().logprobs.empty());
+  q.logprobs = kMaxTopLogprobs + 1;
+  CHECK(rig.sched->submit(q).wait().finish == RequestFinish::kError);
+  rig.check_released();
+}

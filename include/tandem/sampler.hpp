@@ -20,6 +20,7 @@
 // allocation (buffers are sized to the vocabulary at construction).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -49,6 +50,32 @@ struct SamplingParams {
   /// Throws Error(kInvalidArgument) naming the first bad field.
   void validate() const;
 };
+
+/// Most alternatives a TokenLogprob carries (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+/// A generated token's log-probability and the most likely tokens of the same step, from
+/// the step's logits before any sampling transform (penalties, filters, temperature): the
+/// model's own distribution, as OpenAI's and vLLM's `logprobs` report it.
+struct TokenLogprob {
+  struct Alt {
+    int32_t token = -1;
+    float logprob = 0.0f;
+  };
+  int32_t token = -1;
+  float logprob = 0.0f;
+  int32_t n_top = 0;  ///< entries of top in use
+  /// top[0 .. n_top): the most likely tokens, most likely first (ties: lower id first).
+  /// A fixed array, so a TokenLogprob is copied without allocating.
+  std::array<Alt, kMaxTopLogprobs> top{};
+};
+
+/// out = the log-softmax of `logits` at `token` and its `top_n` best entries. Computed in
+/// double: m = max logit, log Z = m + log(sum over ids in order of exp(l - m)), logprob =
+/// float(l - log Z) (so exp(logprob) sums to 1 within float rounding). -inf logits give
+/// -inf; a NaN logit makes the result NaN. Does not allocate. Throws Error(kInvalidArgument) for an empty `logits`,
+/// `token` outside it or top_n outside [0, kMaxTopLogprobs].
+void token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n, TokenLogprob& out);
 
 class Sampler {
  public:

@@ -75,6 +75,9 @@ struct RequestEvent {
   std::string_view text;
   bool final = false;
   RequestFinish finish = RequestFinish::kLength;
+  /// With Request::logprobs >= 0, on a token's event: its log-probability and alternatives
+  /// (valid during the callback only; poll() does not carry it: RequestResult::logprobs).
+  const TokenLogprob* logprob = nullptr;
 };
 
 struct Request {
@@ -89,6 +92,9 @@ struct Request {
   int32_t max_tokens = 128;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  /// -1: none; 0 .. kMaxTopLogprobs: each token's log-probability and that many
+  /// alternatives (GenerateOptions::logprobs), in the events and RequestResult::logprobs.
+  int32_t logprobs = -1;
   SlaClass sla = SlaClass::kStandard;
   std::optional<Clock::time_point> deadline;  ///< the request ends with kTimeout after it
   uint64_t session = 0;                       ///< continue this session (open_session()); 0 = none
@@ -101,9 +107,10 @@ struct Request {
 struct RequestResult {
   uint64_t id = 0;
   RequestFinish finish = RequestFinish::kLength;
-  ErrorCode error = ErrorCode::kOk;  ///< for kError
-  std::string message;               ///< for kError / kOverloaded
-  std::vector<int32_t> tokens;       ///< generated ids
+  ErrorCode error = ErrorCode::kOk;    ///< for kError
+  std::string message;                 ///< for kError / kOverloaded
+  std::vector<int32_t> tokens;         ///< generated ids
+  std::vector<TokenLogprob> logprobs;  ///< one per token, with Request::logprobs >= 0
   std::string text;
   RequestMetrics metrics;
   std::string route;  ///< the routing decision's rule and reason

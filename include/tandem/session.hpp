@@ -72,15 +72,21 @@ struct GenerateOptions {
   /// after its last token (a prompt stopped part-way is in the KV up to a chunk boundary;
   /// GenerateResult::n_prompt counts the tokens evaluated). Null: never polled.
   std::function<bool()> should_stop;
+  /// -1: none. 0 .. kMaxTopLogprobs (20): GenerateResult::logprobs gets each generated
+  /// token's log-probability under the model (the logits before sampling transforms) and
+  /// this many most likely alternatives (OpenAI's logprobs / top_logprobs). Other values:
+  /// Error(kInvalidArgument).
+  int32_t logprobs = -1;
 };
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  ///< generated ids (an EOS that stopped it is not included)
   std::string text;             ///< their text, cut at a stop string
   FinishReason finish = FinishReason::kLength;
-  int32_t n_prompt = 0;           ///< tokens evaluated for the prompt
-  double prompt_seconds = 0.0;    ///< wall time of the prompt evaluation
-  double generate_seconds = 0.0;  ///< wall time from the first sampled token to the end
+  int32_t n_prompt = 0;                ///< tokens evaluated for the prompt
+  double prompt_seconds = 0.0;         ///< wall time of the prompt evaluation
+  double generate_seconds = 0.0;       ///< wall time from the first sampled token to the end
+  std::vector<TokenLogprob> logprobs;  ///< one per entry of tokens, with GenerateOptions::logprobs >= 0
 };
 
 class Session {
