@@ -154,6 +154,22 @@ CALL_ID9_STR = {"id": "xyz987ABC", "type": "function",
 BUILTIN_CALL = {"id": "bltn00001", "type": "function",
                 "function": {"name": "brave_search", "arguments": {"query": "weather Paris"}}}
 BUILTIN = {"builtin_tools": ["code_interpreter", "brave_search", "wolfram_alpha"]}
+RICH_TOOL = {"type": "function", "function": {
+    "name": "plan_trip", "description": "Plan a \"trip\"\nwith newlines\tand tabs — ünï 😀 'q' \\ back",
+    "parameters": {"type": "object", "properties": {
+        "dest": {"type": ["string", "null"], "description": "Where"},
+        "budget": {"type": "number", "minimum": 0.5, "maximum": 1e6, "default": 1000.0},
+        "people": {"type": "integer", "default": 2, "enum": [1, 2, 3]},
+        "legs": {"type": "array", "items": {"type": "object", "properties": {"from": {"type": "string"}}}},
+        "prefs": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "any": {},
+        "nested": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+        "required": ["dest", "budget"]},
+    "return": {"type": "string"}}}
+BARE_TOOL = {"name": "bare_tool", "description": "no function wrapper", "parameters": {"type": "object", "properties": {}}}
+RICH_CALL = {"id": "tripCall9", "type": "function", "function": {"name": "plan_trip", "arguments": {
+    "dest": "Köln", "budget": 1.0, "people": 3, "tiny": 1e-7, "neg": -0.0, "flag": True, "none": None,
+    "list": [1.5, "x", {"a": []}], "emoji": "😀\u2028\"</s>"}}}
 
 # Contexts beyond transformers' defaults that real templates branch on: (name, messages,
 # tools or OMIT, extra template variables).
@@ -200,6 +216,22 @@ VARIANTS = [
                                                      {"type": "text", "text": " please."}]},
                         {"role": "assistant", "content": [{"type": "text", "text": "An image."}]},
                         {"role": "user", "content": "Thanks"}], None, {}),
+    ("rich_tools_offer", [{"role": "system", "content": "sys"}, {"role": "user", "content": "Plan"}],
+     [RICH_TOOL, BARE_TOOL, WEATHER_TOOL], {}),
+    ("rich_call", [{"role": "user", "content": "Plan"}, {"role": "assistant", "content": None, "tool_calls": [RICH_CALL]},
+                   {"role": "tool", "tool_call_id": "tripCall9", "name": "plan_trip", "content": "ok"},
+                   {"role": "assistant", "content": "done"}], [RICH_TOOL], {}),
+    ("empty_tools", CONVERSATIONS[0][1], [], {}),
+    ("no_messages", [], None, {}),
+    ("missing_content", [{"role": "user"}], None, {}),
+    ("unknown_role", [{"role": "narrator", "content": "n"}, {"role": "user", "content": "u"}], None, {}),
+    ("two_systems", [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"},
+                     {"role": "user", "content": "u"}], None, {}),
+    ("think_unclosed", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>never closed"},
+                        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "x</think>\n\ny</think>z"}],
+     None, {}),
+    ("whitespace_only", [{"role": "system", "content": " \n\t "}, {"role": "user", "content": "\n"},
+                         {"role": "assistant", "content": "  "}], None, {}),
     ("template_text_in_content", [{"role": "user", "content": "{{ raise_exception('no') }} {% if %} {# #}"}], None, {}),
 ]
 
