@@ -19,9 +19,13 @@
 // include, import, the `do` extension, i18n, recursive for loops, loop.changed, str.format,
 // *args/**kwargs in calls, the filters groupby, slice, pprint, urlencode, wordwrap, xmlattr,
 // striptags, filesizeformat and random. Differences: integers are 64-bit (Python's are
-// unbounded: overflow is an error here); upper/lower/title/capitalize change ASCII letters
-// only; map/select/reject/reverse/unique give lists where jinja2 gives generators (the
-// same when iterated, joined or piped to list, which is how templates use them).
+// unbounded: overflow is an error here, and a context integer above 2^63-1 arrives as a
+// float: 12345678901234567890 prints 1.2345678901234567e+19); upper/lower/title/capitalize
+// change ASCII letters only; map/select/reject/reverse/unique give lists where jinja2 gives
+// generators (the same when iterated, joined or piped to list, which is how templates use
+// them). max_alloc_bytes counts every list a template builds, so a template that grows a
+// list by concatenation in a loop (Mistral Small 3.1's `filtered_messages + [message]`)
+// reaches the default bound near 1,500 messages, where jinja2 still renders.
 //
 // Errors: Template::parse throws tandem::Error(kInvalidArgument) "jinja: line N: ..." for a
 // syntax error or an unsupported construct. render throws tandem::Error(kInvalidArgument)

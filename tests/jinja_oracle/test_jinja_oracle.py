@@ -9,7 +9,9 @@ jinja2 runs in the environment Hugging Face transformers renders chat templates 
   1. every CHAT_TEMPLATES_DIR/*.jinja (real templates) and tests/jinja_oracle/templates/
      *.jinja (written for this test) times the conversations below, with the context
      transformers' apply_chat_template passes (messages, tools, documents,
-     add_generation_prompt, bos_token, eos_token);
+     add_generation_prompt, bos_token, eos_token), and times VARIANTS: contexts that
+     leave `tools` out or add the variables templates branch on (enable_thinking,
+     builtin_tools, date_string, ...);
   2. feature snippets (snippets.py);
   3. with --cli and SmolLM2's GGUF at hand (TANDEM_SMOLLM2 or the fetch-smollm2 cache):
      `tandem-cli apply-template` on every conversation as a chat request file, against
@@ -143,11 +145,110 @@ CONVERSATIONS = [
 ]
 
 
+OMIT = object()  # VARIANTS: `tools` left out of the context (llama.cpp's way) instead of None
+ID9 = "abcDEF123"  # a tool-call id as Mistral's templates require (9 alphanumerics)
+CALL_ID9 = {"id": ID9, "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}
+CALL_ID9_STR = {"id": "xyz987ABC", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Tokyo\"}"}}
+BUILTIN_CALL = {"id": "bltn00001", "type": "function",
+                "function": {"name": "brave_search", "arguments": {"query": "weather Paris"}}}
+BUILTIN = {"builtin_tools": ["code_interpreter", "brave_search", "wolfram_alpha"]}
+RICH_TOOL = {"type": "function", "function": {
+    "name": "plan_trip", "description": "Plan a \"trip\"\nwith newlines\tand tabs — ünï 😀 'q' \\ back",
+    "parameters": {"type": "object", "properties": {
+        "dest": {"type": ["string", "null"], "description": "Where"},
+        "budget": {"type": "number", "minimum": 0.5, "maximum": 1e6, "default": 1000.0},
+        "people": {"type": "integer", "default": 2, "enum": [1, 2, 3]},
+        "legs": {"type": "array", "items": {"type": "object", "properties": {"from": {"type": "string"}}}},
+        "prefs": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "any": {},
+        "nested": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+        "required": ["dest", "budget"]},
+    "return": {"type": "string"}}}
+BARE_TOOL = {"name": "bare_tool", "description": "no function wrapper", "parameters": {"type": "object", "properties": {}}}
+RICH_CALL = {"id": "tripCall9", "type": "function", "function": {"name": "plan_trip", "arguments": {
+    "dest": "Köln", "budget": 1.0, "people": 3, "tiny": 1e-7, "neg": -0.0, "flag": True, "none": None,
+    "list": [1.5, "x", {"a": []}], "emoji": "😀\u2028\"</s>"}}}
+
+# Contexts beyond transformers' defaults that real templates branch on: (name, messages,
+# tools or OMIT, extra template variables).
+VARIANTS = [
+    ("no_tools_key", CONVERSATIONS[2][1], OMIT, {}),
+    ("no_tools_key_user", CONVERSATIONS[0][1], OMIT, {}),
+    ("no_tools_key_assistant_last", CONVERSATIONS[4][1], OMIT, {}),
+    ("tool_round_trip_id9", [{"role": "system", "content": "Use tools."},
+                             {"role": "user", "content": "Weather in Paris?"},
+                             {"role": "assistant", "content": "", "tool_calls": [CALL_ID9]},
+                             {"role": "tool", "tool_call_id": ID9, "name": "get_weather",
+                              "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+                             {"role": "assistant", "content": "It is 21°C and clear."},
+                             {"role": "user", "content": "And Tokyo?"}], [WEATHER_TOOL, SEARCH_TOOL], {}),
+    ("tool_string_args_id9", [{"role": "user", "content": "Tokyo weather"},
+                              {"role": "assistant", "content": None, "tool_calls": [CALL_ID9_STR]},
+                              {"role": "tool", "tool_call_id": "xyz987ABC", "content": "rain"}], [WEATHER_TOOL], {}),
+    ("tool_calls_no_tools_key", [{"role": "user", "content": "Tokyo weather"},
+                                 {"role": "assistant", "content": "", "tool_calls": [CALL_ID9]},
+                                 {"role": "tool", "tool_call_id": ID9, "content": "rain"}], OMIT, {}),
+    ("tool_result_mapping", [{"role": "user", "content": "Paris?"},
+                             {"role": "assistant", "content": "", "tool_calls": [CALL_ID9]},
+                             {"role": "tool", "tool_call_id": ID9, "content": {"temp": 21, "sky": ["clear", None]}}],
+     [WEATHER_TOOL], {}),
+    ("reasoning_content_multi_step", [{"role": "system", "content": "Think, then use tools."},
+                                      {"role": "user", "content": "Weather in Paris?"},
+                                      {"role": "assistant", "content": "", "reasoning_content": "\nI should call it.\n",
+                                       "tool_calls": [CALL_ID9]},
+                                      {"role": "tool", "tool_call_id": ID9, "content": "sunny"},
+                                      {"role": "assistant", "content": "<think>\nIt is sunny.\n</think>\n\nSunny."}],
+     [WEATHER_TOOL], {}),
+    ("tool_response_as_user", [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<think>x</think>A"},
+                               {"role": "user", "content": "<tool_response>\nr\n</tool_response>"}], None, {}),
+    ("enable_thinking_false", CONVERSATIONS[1][1], None, {"enable_thinking": False}),
+    ("llama_system_tools", CONVERSATIONS[11][1], [WEATHER_TOOL],
+     {"tools_in_user_message": False, "date_string": "01 Jan 2025"}),
+    ("llama_builtin_tools", [{"role": "system", "content": "  trimmed  "}, {"role": "user", "content": "Search it"},
+                             {"role": "assistant", "content": None, "tool_calls": [BUILTIN_CALL]},
+                             {"role": "ipython", "content": "result text"},
+                             {"role": "assistant", "content": "Found it."}], [SEARCH_TOOL], BUILTIN),
+    ("custom_tools", CONVERSATIONS[0][1], OMIT, {"custom_tools": [SEARCH_TOOL]}),
+    ("content_blocks", [{"role": "system", "content": [{"type": "text", "text": "System as parts."}]},
+                        {"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "image"},
+                                                     {"type": "text", "text": " please."}]},
+                        {"role": "assistant", "content": [{"type": "text", "text": "An image."}]},
+                        {"role": "user", "content": "Thanks"}], None, {}),
+    ("rich_tools_offer", [{"role": "system", "content": "sys"}, {"role": "user", "content": "Plan"}],
+     [RICH_TOOL, BARE_TOOL, WEATHER_TOOL], {}),
+    ("rich_call", [{"role": "user", "content": "Plan"}, {"role": "assistant", "content": None, "tool_calls": [RICH_CALL]},
+                   {"role": "tool", "tool_call_id": "tripCall9", "name": "plan_trip", "content": "ok"},
+                   {"role": "assistant", "content": "done"}], [RICH_TOOL], {}),
+    ("empty_tools", CONVERSATIONS[0][1], [], {}),
+    ("no_messages", [], None, {}),
+    ("missing_content", [{"role": "user"}], None, {}),
+    ("unknown_role", [{"role": "narrator", "content": "n"}, {"role": "user", "content": "u"}], None, {}),
+    ("two_systems", [{"role": "system", "content": "s1"}, {"role": "system", "content": "s2"},
+                     {"role": "user", "content": "u"}], None, {}),
+    ("think_unclosed", [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>never closed"},
+                        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "x</think>\n\ny</think>z"}],
+     None, {}),
+    ("whitespace_only", [{"role": "system", "content": " \n\t "}, {"role": "user", "content": "\n"},
+                         {"role": "assistant", "content": "  "}], None, {}),
+    ("template_text_in_content", [{"role": "user", "content": "{{ raise_exception('no') }} {% if %} {# #}"}], None, {}),
+]
+
+
 def contexts():
     for name, messages, tools in CONVERSATIONS:
         for agp in (True, False):
             ctx = {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": agp,
                    "bos_token": "<s>", "eos_token": "</s>"}
+            yield f"{name}/agp={int(agp)}", ctx
+    for name, messages, tools, extra in VARIANTS:
+        for agp in (True, False):
+            ctx = {"messages": messages, "documents": None, "add_generation_prompt": agp, "bos_token": "<s>",
+                   "eos_token": "</s>"}
+            if tools is not OMIT:
+                ctx["tools"] = tools
+            ctx.update(extra)
             yield f"{name}/agp={int(agp)}", ctx
 
 
