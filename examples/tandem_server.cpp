@@ -174,7 +174,15 @@ int main(int argc, char** argv) {
     st.info.chat_template = &st.engine->chat_template();
     st.info.n_ctx = st.engine->n_ctx();
     st.info.names = {so.alias, eo.model_path};
-    st.metrics = std::make_unique<PrometheusMetrics>(so.alias);
+    CacheConfigInfo cache;
+    cache.block_size = st.engine->page_size();
+    cache.cache_dtype = std::string(tandem::kv_dtype_name(eo.kv_dtype));
+    cache.prefix_caching = eo.prefix_cache > 0;
+    for (const auto& e : st.engine->metrics().executors) {
+      cache.num_gpu_blocks += e.kv[int(tandem::KvTier::kDevice)].capacity + e.kv[int(tandem::KvTier::kHost)].capacity;
+      cache.num_cpu_blocks += e.kv[int(tandem::KvTier::kFile)].capacity;
+    }
+    st.metrics = std::make_unique<PrometheusMetrics>(so.alias, std::move(cache));
     st.created = int64_t(std::time(nullptr));
     st.ready.store(true, std::memory_order_release);
     st.log.write("info", "model loaded",

@@ -181,6 +181,45 @@ def test_random_disconnects_free_everything(tmp_path):
         assert s.stop() == 0
 
 
+# --- vLLM's metric semantics ----------------------------------------------------------------
+
+def test_idle_kv_usage_is_zero_with_the_prefix_cache_holding_pages(tmp_path):
+    """vllm:kv_cache_usage_perc counts pages held by running or waiting requests: pages only
+    the prefix cache holds are evictable, free as vLLM counts them; an idle server says 0."""
+    s = Server(tmp_path, extra=["-np", "2", "--prefix-cache", "4"])
+    assert s.wait_ready()
+    try:
+        c = client(s)
+        for i in range(3):  # prompts of several 16-token pages, so that finished ones are cached
+            greedy_completion(c, f"{PROMPT} there was a little girl called Lily number {i}", 8)
+        assert wait_idle(s) == (0, 0, 0)
+        cached = s.metric("tandem:kv_pages", state="used")
+        assert cached > 0, "the prefix cache should hold the finished prompts' pages"
+        # ... and they are reused: the test is about pages that are really kept.
+        greedy_completion(c, f"{PROMPT} there was a little girl called Lily number 0", 8)
+        assert s.metric("tandem:prefix_cache_hit_tokens_total") > 0
+        assert wait_idle(s) == (0, 0, 0)
+    finally:
+        assert s.stop() == 0
+
+
+def test_cache_config_info(server):
+    """vllm:cache_config_info as vLLM exports it: an info gauge (value 1) whose labels are the
+    cache configuration; num_gpu_blocks is the compute tier's capacity in pages."""
+    text = httpx.get(server.url + "/metrics").text
+    assert "# TYPE vllm:cache_config_info gauge" in text
+    [line] = [l for l in text.splitlines() if l.startswith("vllm:cache_config_info{")]
+    labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")].split(","))
+    labels = {k: v.strip('"') for k, v in labels.items()}
+    assert line.endswith("} 1")
+    assert labels["block_size"] == "16"
+    assert labels["cache_dtype"] == "f16"
+    assert labels["enable_prefix_caching"] == "True"
+    capacity = sum(server.metric("tandem:kv_pages", tier="host", state=st) for st in ("used", "reserved", "free"))
+    assert int(labels["num_gpu_blocks"]) == capacity > 0
+    assert labels["num_cpu_blocks"] == "0"  # no --kv-tier file
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 CHAT = "/v1/chat/completions"
@@ -255,7 +294,7 @@ def test_malformed_matrix_leaves_server_serving(server):
     for _, path, body, _, _ in MALFORMED:
         post_raw(server.url + path, body)
     assert greedy_completion(client(server), PROMPT, 4).choices[0].finish_reason == "length"
-    assert wait_idle(server)[:2] == (0, 0)
+    assert wait_idle(server) == (0, 0, 0)
 
 
 def test_api_key_and_body_limit(strict_server):
