@@ -297,11 +297,20 @@ GenerationSpec parse_completion_request(const json& body, const ModelInfo& info,
   if (!p) bad("prompt", "'prompt' is required");
   const json* one = p;
   if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-    if (p->size() != 1) throw ApiError(400, "only one prompt per request is supported", "prompt", "unsupported_value");
+    if (p->size() != 1) {
+      throw ApiError(400,
+                     fmt::format("a batch of {} prompts: this server takes one prompt per request (a string, an "
+                                 "array of token ids, or a one-element array of either); send one request each",
+                                 p->size()),
+                     "prompt", "unsupported_value");
+    }
     one = &p->front();
   }
   if (one->is_string()) {
-    s.prompt_ids = info.tokenizer->tokenize(one->get<std::string>(), /*add_special=*/true, /*parse_special=*/false);
+    // Special tokens in the text are parsed ("<|im_start|>" is one token), as llama-server
+    // and vLLM do: clients that render their own template send them so. Chat messages'
+    // content stays plain text (parse_chat_request).
+    s.prompt_ids = info.tokenizer->tokenize(one->get<std::string>(), /*add_special=*/true, /*parse_special=*/true);
   } else if (one->is_array()) {
     s.prompt_ids = token_ids(*one, "prompt", *info.tokenizer);
   } else {

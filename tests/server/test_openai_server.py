@@ -65,6 +65,52 @@ def test_completion_token_ids_equal_text(server):
     assert by_ids.usage.prompt_tokens == len(ref["prompt_ids"])
 
 
+def cli_tokenize(text, parse_special):
+    out = subprocess.run([CLI_BIN, "tokenize", "-m", str(TINY), "-p", text, *(["--parse-special"] if parse_special else [])],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_completion_prompt_parses_special_tokens(server):
+    """A completion prompt's special tokens are parsed, as llama-server and vLLM do ("<s>" is
+    one token here, "<|im_start|>" in a ChatML model): usage and text equal those of the ids
+    tandem-cli tokenize --parse-special gives."""
+    text = "<s>" + PROMPT
+    special, plain = cli_tokenize(text, True), cli_tokenize(text, False)
+    assert len(special) < len(plain)
+    c = client(server)
+    r = greedy_completion(c, text, 12)
+    assert r.usage.prompt_tokens == len(special)
+    assert r.choices[0].text == greedy_completion(c, special, 12).choices[0].text
+
+
+def test_chat_content_stays_plain_text(server):
+    """Chat message content is never parsed for special tokens: "<s>" in it is several tokens."""
+    c = client(server)
+
+    def prompt_tokens(content):
+        return c.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": content}],
+                                         max_tokens=1).usage.prompt_tokens
+
+    assert prompt_tokens("<s>hi") - prompt_tokens("hi") >= 2
+
+
+def test_completion_prompt_lists(server):
+    """vLLM's prompt shapes: token ids, a one-element list of ids or of a string; a batch of
+    several prompts is refused with a 400 that says so."""
+    ids = cli_greedy(PROMPT, 8)["prompt_ids"]
+    c = client(server)
+    want = greedy_completion(c, PROMPT, 8).choices[0].text
+    assert greedy_completion(c, ids, 8).choices[0].text == want
+    assert greedy_completion(c, [ids], 8).choices[0].text == want
+    assert greedy_completion(c, [PROMPT], 8).choices[0].text == want
+    for batch in ([ids, ids], [PROMPT, PROMPT]):
+        with pytest.raises(openai.BadRequestError) as e:
+            greedy_completion(c, batch, 8)
+        assert e.value.body["param"] == "prompt"
+        assert "one prompt per request" in e.value.body["message"]
+
+
 def test_completion_stream_equals_non_stream(server):
     c = client(server)
     whole = greedy_completion(c, PROMPT, 20).choices[0].text
