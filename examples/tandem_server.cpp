@@ -50,63 +50,67 @@ std::vector<std::string> normalise_args(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace tandem::server;
-  CLI::App app{"tandem-server: OpenAI-compatible HTTP server over the Tandem Scheduler"};
+  CLI::App app{"tandem-server: OpenAI-compatible HTTP server over the Tandem Scheduler", "tandem-server"};
   EngineOptions eo;
   ServerOptions so;
   std::string kv_tier = "host", kv_dir, log_format = "text", cache_type_k = "f16", cache_type_v = "f16";
   app.add_option("-m,--model", eo.model_path, "GGUF model file")->required();
   app.add_option("--executors", eo.executors, "cpu, cpu+cpu, gpu or cpu+gpu")
-
+      ->capture_default_str()
       ->check(CLI::IsMember(tandem::cli::executor_set_names()));
-  app.add_option("--host", so.host, "address to listen on");
-  app.add_option("--port", so.port, "port to listen on")->check(CLI::Range(0, 65535));
+  app.add_option("--host", so.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", so.port, "port to listen on")->capture_default_str()->check(CLI::Range(0, 65535));
   app.add_option("-c,--ctx-size", eo.n_ctx,
                  "context per sequence in tokens (0 = the model's training context, capped at 4096)")
-
+      ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--parallel", eo.parallel, "sequences decoded at once per executor (slots)")
-
+  app.add_option("--parallel", eo.parallel, "sequences decoded at once per executor (slots; also -np)")
+      ->capture_default_str()
       ->check(CLI::Range(1, 4096));  // -np is rewritten to --parallel
   app.add_option("-t,--threads", eo.threads, "CPU threads, all executors together (0 = physical cores)")
-
+      ->capture_default_str()
       ->check(CLI::Range(0, 512));
   app.add_option("--threads-http", so.threads_http,
                  "HTTP threads started at once (one per open connection, more start as connections open, up to "
                  "--max-connections; 0 = 2 x slots + queue + 8, at most 512)")
-
+      ->capture_default_str()
       ->check(CLI::Range(0, 4096));
-  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (not on /health, /metrics)");
+  app.add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (not on /health, /metrics)")
+      ->capture_default_str();
   app.add_option("--kv-tier", kv_tier, "host: KV in RAM only; file: plus a memory-mapped File tier for swap-out")
-
+      ->capture_default_str()
       ->check(CLI::IsMember({"host", "file"}));
-  app.add_option("--kv-dir", kv_dir, "directory of the File tier (default: the temp directory)");
-  app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)");
-  app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)");
+  app.add_option("--kv-dir", kv_dir, "directory of the File tier (default: the temp directory)")->capture_default_str();
+  app.add_option("--cache-type-k", cache_type_k, "KV cache type of K: f16, f32 or q8_0 (also -ctk; same as V)")
+      ->capture_default_str();
+  app.add_option("--cache-type-v", cache_type_v, "KV cache type of V: f16, f32 or q8_0 (also -ctv; same as K)")
+      ->capture_default_str();
   app.add_option("--max-queued", eo.max_queued, "waiting requests before 429 (all executors)")
-
+      ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--prefix-cache", eo.prefix_cache, "finished prompts kept per executor for prefix reuse (0 = off)")
-
+      ->capture_default_str()
       ->check(CLI::Range(0, 1024));
-  app.add_option("-a,--alias", so.alias, "model id in the API (default: the file name without .gguf)");
+  app.add_option("-a,--alias", so.alias, "model id in the API (default: the file name without .gguf)")
+      ->capture_default_str();
   app.add_option("--log-format", log_format, "text or json (one object per line on stderr)")
-
+      ->capture_default_str()
       ->check(CLI::IsMember({"text", "json"}));
   app.add_flag("-v,--verbose", so.verbose, "also log the Scheduler's decisions (preemptions, hand-offs)");
   app.add_option("--body-limit", so.body_limit, "largest request body in bytes (larger: 413)")
-
+      ->capture_default_str()
       ->check(CLI::Range(size_t(1024), size_t(1) << 32));
   app.add_option("--max-connections", so.max_connections,
                  "open connections at most (one thread each); beyond: 503 and close")
-
+      ->capture_default_str()
       ->check(CLI::Range(size_t(8), size_t(1) << 16));
   app.add_option("--header-timeout", so.header_timeout_s,
                  "seconds a client has to send the request line and headers (then the connection is closed)")
-
+      ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--shutdown-grace", so.shutdown_grace_s,
                  "seconds in-flight requests may take to finish after SIGTERM/SIGINT")
-
+      ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   try {
     app.parse(normalise_args(argc, argv));

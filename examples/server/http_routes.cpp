@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -203,22 +204,35 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
     res.set_content(st.metrics->render(st.engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  const auto models = guarded(st, "/v1/models", [&st](const httplib::Request&, httplib::Response& res) {
+  const auto model_object = [&st] {
     const auto& hp = st.engine->model().hparams();
-    json m = {{"id", st.info.names.front()},
-              {"object", "model"},
-              {"created", st.created},
-              {"owned_by", "tandem"},
-              {"meta",
-               {{"n_ctx", st.info.n_ctx},
-                {"n_ctx_train", hp.n_ctx_train},
-                {"n_vocab", st.info.tokenizer->n_vocab()},
-                {"chat_template", st.engine->chat_template().name()},
-                {"executors", st.engine->executor_names()}}}};
-    send_json(res, {{"object", "list"}, {"data", json::array({m})}});
+    return json{{"id", st.info.names.front()},
+                {"object", "model"},
+                {"created", st.created},
+                {"owned_by", "tandem"},
+                {"meta",
+                 {{"n_ctx", st.info.n_ctx},
+                  {"n_ctx_train", hp.n_ctx_train},
+                  {"n_vocab", st.info.tokenizer->n_vocab()},
+                  {"chat_template", st.engine->chat_template().name()},
+                  {"executors", st.engine->executor_names()}}}};
+  };
+  const auto models = guarded(st, "/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    send_json(res, {{"object", "list"}, {"data", json::array({model_object()})}});
   });
   svr.Get("/v1/models", models);
   svr.Get("/models", models);
+  // The client's models.retrieve(id): the alias or the model path (as `model` accepts).
+  const auto model =
+      guarded(st, "/v1/models/{id}", [&st, model_object](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+        if (std::find(st.info.names.begin(), st.info.names.end(), id) == st.info.names.end()) {
+          throw ApiError(404, fmt::format("the model '{}' does not exist", id), "model", "model_not_found");
+        }
+        send_json(res, model_object());
+      });
+  svr.Get(R"(/v1/models/(.+))", model);
+  svr.Get(R"(/models/(.+))", model);
 
   const auto generation = [&st](bool chat, std::string_view endpoint) {
     return guarded_body(

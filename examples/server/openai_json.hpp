@@ -75,7 +75,9 @@ GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& i
 /// one-element list of either; a batch of several prompts is refused (400).
 GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
 
-/// "stop" (end-of-generation or stop string), "length", "timeout", "abort".
+/// OpenAI's values: "stop" (end-of-generation or stop string), "length" (max_tokens, or the
+/// request's `timeout`: the choice then carries "tandem_timeout": true); "abort" otherwise
+/// (never answered: a cancelled request gets an error object).
 std::string_view finish_reason_name(RequestFinish f) noexcept;
 
 /// The non-streaming response (chat.completion or text_completion).

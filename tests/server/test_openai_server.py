@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import ALIAS, CLI_BIN, TINY, Server
+from conftest import ALIAS, CLI_BIN, SERVER_BIN, TINY, Server
 
 PROMPT = "Once upon a time"
 
@@ -227,6 +227,53 @@ def test_random_disconnects_free_everything(tmp_path):
         assert s.stop() == 0
 
 
+# --- OpenAI values only, and the client's other calls -----------------------------------
+
+def test_timeout_is_finish_reason_length_with_tandem_timeout(server):
+    """A request's `timeout` ends it with OpenAI's "length" (strict clients know no
+    "timeout"), the timeout said by the extension field "tandem_timeout": true. 1 ms for
+    ~100 tokens: tried until one request times out (every answer checked)."""
+    c = client(server)
+    timed_out = 0
+    for _ in range(20):
+        r = c.completions.create(model=ALIAS, prompt=PROMPT, max_tokens=100, temperature=0,
+                                 extra_body={"timeout": 0.001})
+        choice = r.choices[0].model_dump()
+        assert choice["finish_reason"] in ("stop", "length")
+        if choice.get("tandem_timeout"):
+            assert choice["finish_reason"] == "length"
+            timed_out += 1
+            break
+    assert timed_out == 1
+    for _ in range(20):  # streaming: the last choice chunk the same
+        chunks = list(c.completions.create(model=ALIAS, prompt=PROMPT, max_tokens=100, temperature=0, stream=True,
+                                           extra_body={"timeout": 0.001}))
+        last = chunks[-1].choices[0].model_dump()
+        assert all(ch.choices[0].finish_reason in (None, "stop", "length") for ch in chunks)
+        if last.get("tandem_timeout"):
+            assert last["finish_reason"] == "length"
+            return
+    pytest.fail("no streamed request timed out in 20 tries of 1 ms for 100 tokens")
+
+
+def test_models_retrieve(server):
+    c = client(server)
+    m = c.models.retrieve(ALIAS)
+    assert m.id == ALIAS and m.object == "model"
+    assert httpx.get(server.url + "/v1/models/" + ALIAS).json()["id"] == ALIAS
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_help_shows_defaults_and_aliases():
+    out = subprocess.run([SERVER_BIN, "--help"], check=True, capture_output=True, text=True).stdout
+    assert out.startswith("tandem-server")
+    for expected in ("-np", "-ctk", "-ctv", "--port INT", "=8080", "=127.0.0.1", "=8388608", "--max-connections",
+                     "--header-timeout"):
+        assert expected in out, expected
+
+
 # --- vLLM's metric semantics ----------------------------------------------------------------
 
 def test_idle_kv_usage_is_zero_with_the_prefix_cache_holding_pages(tmp_path):
@@ -290,6 +337,8 @@ MALFORMED = [
     ("max_tokens a string", CHAT, {"messages": MSG, "max_tokens": "ten"}, 400, "max_tokens"),
     ("max_tokens over the context", CHAT, {"messages": MSG, "max_tokens": 1000000}, 400, "max_tokens"),
     ("n > 1", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("best_of > 1", COMP, {"prompt": "x", "best_of": 2}, 400, "best_of"),
+    ("best_of 0", COMP, {"prompt": "x", "best_of": 0}, 400, "best_of"),
     ("logit_bias", CHAT, {"messages": MSG, "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("logprobs", CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs"),
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
