@@ -531,6 +531,11 @@ def test_smollm2_chat_template(tmp_path):
         assert r.usage.prompt_tokens == len(ids)
         by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=48, temperature=0)
         assert r.choices[0].message.content == by_ids.choices[0].text
+        # The template rendered by the client and sent as a completion prompt: its control
+        # tokens are parsed (one token each, as llama-server and vLLM), the answer the same.
+        by_text = c.completions.create(model="smollm2", prompt=chatml, max_tokens=48, temperature=0)
+        assert by_text.usage.prompt_tokens == len(ids)
+        assert by_text.choices[0].text == r.choices[0].message.content
         # llama.cpp's greedy answer on this file (../shared/golden/smollm2-135m-instruct-q4_0,
         # case chat_capital) starts so and runs past 48 tokens without <|im_end|>.
         assert r.choices[0].message.content.startswith("The capital of France is Paris")
