@@ -152,6 +152,14 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
       return refuse(ApiError(503, "the model is loading", "", "model_loading"));
     return R::Unhandled;
   });
+  // Expect: 100-continue with a declared body over the limit: 413 before the client sends it.
+  // (httplib answers with res.status, the error handler below writes the body.)
+  svr.set_expect_100_continue_handler([&st](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value<uint64_t>("Content-Length") <= st.options.body_limit) return 100;
+    res.status = 413;
+    res.set_header("Connection", "close");
+    return 413;
+  });
   // Statuses set by httplib itself (404 no route, 413 body too large, 400 bad request line).
   svr.set_error_handler(
       httplib::Server::HandlerWithResponse([&st, limits](const httplib::Request& req, httplib::Response& res) {

@@ -32,6 +32,18 @@ int wait_for(int sock, short events, int timeout_ms) {
   }
 }
 
+/// wait_for(POLLIN) in slices, giving up (-1) once the server stops listening: an idle or
+/// slow connection does not hold a shutdown for its whole deadline.
+int wait_readable(int sock, int timeout_ms, const std::atomic<socket_t>& listening) {
+  for (;;) {
+    if (listening.load() == INVALID_SOCKET) return -1;
+    const int slice = std::min(timeout_ms, 200);
+    const int r = wait_for(sock, POLLIN, slice);
+    if (r != 0 || slice == timeout_ms) return r;
+    timeout_ms -= slice;
+  }
+}
+
 int to_ms(time_t sec, time_t usec) {
   const long long ms = (long long)sec * 1000 + usec / 1000;
   return ms > 0x7fffffff ? 0x7fffffff : int(ms);
@@ -58,8 +70,9 @@ void address_of(int sock, bool peer, std::string& ip, int& port) {
 class ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int sock, const TransportLimits& limits, ConnectionState& state, int read_timeout_ms,
-                   int write_timeout_ms)
-      : sock_(sock),
+                   int write_timeout_ms, const std::atomic<socket_t>& listening)
+      : listening_(listening),
+        sock_(sock),
         limits_(limits),
         state_(state),
         read_timeout_ms_(read_timeout_ms),
@@ -91,7 +104,9 @@ class ConnectionStream final : public httplib::Stream {
         }
         timeout_ms = int(std::min<long long>(left, 0x7fffffff));
       }
-      if (const int r = wait_for(sock_, POLLIN, timeout_ms); r <= 0) {
+      const int r =
+          state_.in_headers ? wait_readable(sock_, timeout_ms, listening_) : wait_for(sock_, POLLIN, timeout_ms);
+      if (r <= 0) {
         if (r == 0 && state_.in_headers) state_.header_timeout = true;
         return -1;
       }
@@ -130,6 +145,7 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  const std::atomic<socket_t>& listening_;
   int sock_;
   const TransportLimits& limits_;
   ConnectionState& state_;
@@ -253,11 +269,11 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     ConnectionState state;
     tls_connection = &state;
     ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
-                          to_ms(write_timeout_sec_, write_timeout_usec_));
+                          to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
     Clock::time_point deadline = header_deadline(limits_);  // the first request: from accept
     for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
       if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
-        if (!strm.has_buffered() && wait_for(sock, POLLIN, to_ms(keep_alive_timeout_sec_, 0)) <= 0) break;
+        if (!strm.has_buffered() && wait_readable(sock, to_ms(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) break;
         deadline = header_deadline(limits_);
       }
       state = ConnectionState{};

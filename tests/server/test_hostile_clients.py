@@ -246,3 +246,33 @@ def test_connection_cap_answers_503_beyond_it(tmp_path):
         for c in held:
             c.close()
         assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_expect_continue_with_oversize_body_is_413_before_the_body(guarded):
+    s = connect(guarded)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 300000000\r\nExpect: 100-continue\r\n\r\n")
+        status, _, body = read_response(s)  # no "100 Continue": the body is never asked for
+    finally:
+        s.close()
+    assert_openai_error(status, body, 413)
+
+
+def test_sigterm_does_not_wait_for_slow_clients_deadline(tmp_path):
+    """Slow connections do not hold a shutdown until their header deadline (300 s here): the
+    server exits 0 while they are still open."""
+    s = Server(tmp_path, extra=["--header-timeout", "300"])
+    assert s.wait_ready(), s.log_path.read_text()
+    slow = []
+    try:
+        for _ in range(50):
+            c = connect(s)
+            c.sendall(b"GET /hea")
+            slow.append(c)
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert s.stop(timeout=240) == 0, s.log_path.read_text()
+    finally:
+        for c in slow:
+            c.close()
+        s.stop()
