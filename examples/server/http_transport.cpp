@@ -21,6 +21,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local ConnectionState* tls_connection = nullptr;
+thread_local bool tls_over_cap = false;
 
 /// poll() one socket for `events` up to `timeout_ms` (EINTR retried): >0 ready, 0 timeout, <0 error.
 int wait_for(int sock, short events, int timeout_ms) {
@@ -184,7 +185,8 @@ ConnectionState* current_connection() noexcept {
   return tls_connection;
 }
 
-ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm) : max_threads_(max_threads) {
+ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
+    : max_threads_(max_threads), open_(open), cap_(cap) {
   std::lock_guard<std::mutex> lk(mu_);
   try {
     for (size_t i = 0; i < std::min(warm, max_threads); ++i) threads_.emplace_back([this] { work(); });
@@ -199,7 +201,7 @@ ConnectionThreads::~ConnectionThreads() {
 
 void ConnectionThreads::enqueue(std::function<void()> fn) {
   std::unique_lock<std::mutex> lk(mu_);
-  jobs_.push_back(std::move(fn));
+  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1 > cap_});
   if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
     try {
       threads_.emplace_back([this] { work(); });
@@ -230,10 +232,11 @@ void ConnectionThreads::work() {
     cv_.wait(lk, [&] { return shutdown_ || !jobs_.empty(); });
     --idle_;
     if (jobs_.empty()) return;  // shutting down, nothing left
-    auto fn = std::move(jobs_.front());
+    Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lk.unlock();
-    fn();
+    tls_over_cap = job.over_cap;
+    job.fn();
     lk.lock();
   }
 }
@@ -241,7 +244,9 @@ void ConnectionThreads::work() {
 BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limits_(limits) {
   // A connection over the cap gets its 503 from a thread of its own: a few spare threads.
   const size_t max_threads = limits_.max_connections + 64;
-  new_task_queue = [max_threads, warm_threads] { return new ConnectionThreads(max_threads, warm_threads); };
+  new_task_queue = [this, max_threads, warm_threads] {
+    return new ConnectionThreads(max_threads, warm_threads, open_, limits_.max_connections);
+  };
 }
 
 bool BoundedServer::bind(const std::string& host, int port, int backlog) {
@@ -257,7 +262,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     ~Open() { n.fetch_sub(1); }
   } open{open_};
   bool ret = false;
-  if (open_.fetch_add(1) + 1 > limits_.max_connections) {
+  if (tls_over_cap) {  // counted in accept order by ConnectionThreads::enqueue
     static constexpr std::string_view kBody =
         R"({"error": {"message": "too many open connections; retry", "type": "server_error", "param": null, "code": "too_many_connections"}})";
     const std::string reply =

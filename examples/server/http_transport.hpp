@@ -41,10 +41,12 @@ struct TransportLimits {
 
 /// A thread per task, started when no thread is idle, up to `max_threads`; beyond that
 /// tasks wait in the queue (each one is an accepted socket, already bounded by the cap).
+/// Each task is counted in `open` when it is queued (the accept order) and told by
+/// over_connection_cap() whether it came beyond `cap`; the task itself decrements `open`.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
   /// `warm` threads start at once.
-  ConnectionThreads(size_t max_threads, size_t warm);
+  ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap);
   ~ConnectionThreads() override;
   void enqueue(std::function<void()> fn) override;
   void shutdown() override;
@@ -54,7 +56,13 @@ class ConnectionThreads : public httplib::TaskQueue {
   size_t max_threads_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
+  struct Job {
+    std::function<void()> fn;
+    bool over_cap = false;
+  };
+  std::atomic<size_t>& open_;
+  size_t cap_;
+  std::deque<Job> jobs_;
   std::vector<std::thread> threads_;
   size_t idle_ = 0;
   bool shutdown_ = false;
