@@ -15,6 +15,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -72,6 +73,7 @@ bool parse_int(const char* text, int lo, int hi, int& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
   std::string path;
   int p = 512, n = 128, depth = 0, reps = 3, device = 0;
   bool json = false;
@@ -187,6 +189,10 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tandem-gpu-bench: error: %s\n", e.what());
+    return 1;
+  }
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "tandem-gpu-bench: error: cannot write standard output\n");
     return 1;
   }
   return 0;

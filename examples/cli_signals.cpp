@@ -32,6 +32,9 @@ void install_interrupt_handlers() {
   sa.sa_flags = 0;
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
   ::signal(SIGXFSZ, SIG_IGN);
+  // A closed stdout pipe (`tandem-cli ... | head`) is a failed write (EPIPE) that the tool
+  // reports and exits 1 on, after saving its session, instead of a kill by SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
 }
 
 bool interrupted() noexcept {

@@ -2,7 +2,8 @@
 // to stop at the next token boundary (it then saves its work and exits with 128 + the
 // signal's number, e.g. 130 for Ctrl-C); a second one ends the process at once with that
 // status. SIGXFSZ is ignored, so a file size limit (ulimit -f) is an EFBIG error that the
-// tool reports instead of a kill.
+// tool reports instead of a kill; SIGPIPE too, so a closed stdout pipe is an EPIPE write
+// error (exit 1) instead of a kill.
 #pragma once
 
 namespace tandem::cli {

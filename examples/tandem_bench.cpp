@@ -186,6 +186,7 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
   CLI::App app{"tandem-bench: prompt (pp) and generation (tg) tokens/s"};
   tandem::bench::SpeedOptions speed;
   app.add_option("-m,--model", speed.model, "GGUF model")->required();

@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -22,6 +23,7 @@
 #include "tandem/requantize.hpp"
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
   CLI::App app{"tandem-quantize: convert a GGUF model to Q4_0 or Q8_0 (llama-quantize's rule and bytes)"};
   std::string in, out, type = "q4_0";
   tandem::QuantizeFileOptions opt;

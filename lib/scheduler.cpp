@@ -309,6 +309,7 @@ SchedulerMetrics Scheduler::metrics() const {
     for (int t = 0; t < kKvTierCount; ++t) {
       if (L->store->has_tier(KvTier(t))) e.kv[t] = L->store->usage(KvTier(t));
     }
+    e.kv_cache_only_pages = L->cache_only_pages.load(std::memory_order_relaxed);
     m.executors.push_back(std::move(e));
   }
   return m;

@@ -234,6 +234,9 @@ struct Scheduler::Impl::Loop {
   StepPlan plan;
   std::vector<float> logits;
   std::vector<PrefixEntry> cache;
+  /// Pages referenced by the prefix cache alone (evictable: no request holds them),
+  /// recounted by the loop thread each iteration; read by metrics() from any thread.
+  std::atomic<int32_t> cache_only_pages{0};
   uint64_t admit_counter = 0;
   /// Set by a preemption for room, cleared when a sequence retires (its pages return) or
   /// nothing runs: a victim readmitted at once would take back the pages its preemption
@@ -276,6 +279,7 @@ struct Scheduler::Impl::Loop {
   void park_prefix(Seq& s);
   void drop_cache_entry(size_t i);
   void drop_cache();
+  void count_cache_only_pages();
   /// The longest resident prefix of s.tokens held by the cache or a running sequence,
   /// in whole pages (shared, never written); returns the tokens shared.
   int32_t share_cached_prefix(Seq& s);

@@ -4,6 +4,7 @@
 // sequences' prompts are shared the same way. The routing index (page-boundary hashes
 // per cached or running prompt) lets submitters see which loop holds how much of a prompt.
 #include <algorithm>
+#include <unordered_map>
 
 #include "scheduler_internal.hpp"
 
@@ -79,6 +80,22 @@ void Loop::park_prefix(Seq& s) {
   index_add(e.key, h);
   cache.push_back(std::move(e));
   while (int32_t(cache.size()) > sc->opt.prefix_cache_entries) drop_cache_entry(0);
+}
+
+void Loop::count_cache_only_pages() {
+  int32_t n = 0;
+  if (!cache.empty()) {
+    std::unordered_map<PageId, int32_t> refs;  // references held by cache entries
+    for (const auto& e : cache) {
+      for (const PageId p : e.kv->block_table()) {
+        if (p >= 0) ++refs[p];
+      }
+    }
+    for (const auto& [page, k] : refs) {
+      if (store->refcount(page) <= k) ++n;
+    }
+  }
+  cache_only_pages.store(n, std::memory_order_relaxed);
 }
 
 int32_t Loop::share_cached_prefix(Seq& s) {

@@ -307,6 +307,7 @@ void Loop::stop_all() {
   for (auto& s : running) retire(s, RequestFinish::kCancelled, ErrorCode::kOk, "scheduler shut down");
   running.clear();
   drop_cache();
+  cache_only_pages.store(0, std::memory_order_relaxed);
   leases_out.clear();  // dropping a pending lease expires it: its pages return
   publish_running();
 }
@@ -340,6 +341,7 @@ void Loop::iterate() {
   reap_leases();
   expire(Clock::now());
   admit();
+  count_cache_only_pages();  // after this iteration's retirements (last step) and admissions
   if (running.empty()) {
     idle_wait();
     return;

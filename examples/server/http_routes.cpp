@@ -3,10 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <set>
 
+#include "http_transport.hpp"
 #include "sse_stream.hpp"
 #include "tandem/error.hpp"
 
@@ -63,6 +66,37 @@ httplib::Server::Handler guarded(ServerState& st, std::string_view endpoint, F f
   };
 }
 
+/// Run a handler that takes the request body: the body is read first, bounded by
+/// --body-limit while it is read (chunked or not): 413 beyond it, 400 when cut short.
+template <class F>
+httplib::Server::HandlerWithContentReader guarded_body(ServerState& st, std::string_view endpoint, F f) {
+  return [&st, endpoint, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    guarded(st, endpoint, [&](const httplib::Request& rq, httplib::Response& rs) {
+      std::string body;
+      if (const int status = read_body(reader, st.options.body_limit, body); status != 0) {
+        rs.set_header("Connection", "close");
+        if (status == 413) {
+          throw ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
+                         "request_too_large");
+        }
+        throw ApiError(400, "the request body could not be read (malformed chunked encoding or cut short)");
+      }
+      f(rq, rs, body);
+    })(req, res);
+  };
+}
+
+/// The request carries a body httplib has not read (or will not read): the connection
+/// cannot be reused after the response.
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") || req.get_header_value<uint64_t>("Content-Length") > 0;
+}
+
+void close_after(httplib::Response& res) {
+  if (auto* c = current_connection()) c->close_after = true;
+  res.set_header("Connection", "close");
+}
+
 bool public_path(const std::string& path) {
   return path == "/health" || path == "/metrics";
 }
@@ -76,27 +110,70 @@ std::string bearer_token(const httplib::Request& req) {
 
 }  // namespace
 
-void register_routes(httplib::Server& svr, ServerState& st) {
+void register_routes(httplib::Server& svr, ServerState& st, const TransportLimits& limits) {
+  // A Content-Length body over the limit is refused in the pre-routing hook below, before
+  // a byte of it is read (httplib's own check would read it all and throw it away); every
+  // other body is read by a content-reader handler that stops at the limit.
   svr.set_payload_max_length(st.options.body_limit);
 
-  // Before routing: authentication, then "loading" / "shutting down".
-  svr.set_pre_routing_handler([&st](const httplib::Request& req, httplib::Response& res) {
-    if (public_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;
+  // Before routing, once the headers are read: their count, the body's declared size, then
+  // authentication, then "loading" / "shutting down". Nothing of the body is read yet.
+  svr.set_pre_routing_handler([&st, limits](const httplib::Request& req, httplib::Response& res) {
+    using R = httplib::Server::HandlerResponse;
+    if (auto* c = current_connection()) c->in_headers = false;
+    const auto refuse = [&](const ApiError& e) {
+      if (has_body(req)) close_after(res);
+      send_error(res, e);
+      return R::Handled;
+    };
+    // httplib adds REMOTE_ADDR, REMOTE_PORT, LOCAL_ADDR and LOCAL_PORT to the headers.
+    if (req.headers.size() > limits.header_max_count + 4) {
+      close_after(res);
+      return refuse(ApiError(431, fmt::format("more than {} header lines", limits.header_max_count), "",
+                             "request_header_fields_too_large"));
+    }
+    // httplib reads a PRI body whole, and never reads one sent with GET, HEAD or OPTIONS.
+    static const std::set<std::string> kMethods = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    if (!kMethods.count(req.method)) {
+      close_after(res);
+      return refuse(ApiError(405, fmt::format("method {} is not supported", req.method), "", "method_not_allowed"));
+    }
+    if (req.has_header("Content-Length") && req.get_header_value<uint64_t>("Content-Length") > st.options.body_limit) {
+      close_after(res);
+      return refuse(ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
+                             "request_too_large"));
+    }
+    if (has_body(req) && (req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS")) close_after(res);
+    if (public_path(req.path)) return R::Unhandled;
     if (!st.options.api_key.empty() && bearer_token(req) != st.options.api_key) {
-      send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+      return refuse(ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
     }
-    if (!st.ready.load(std::memory_order_acquire)) {
-      send_error(res, ApiError(503, "the model is loading", "", "model_loading"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
+    if (!st.ready.load(std::memory_order_acquire))
+      return refuse(ApiError(503, "the model is loading", "", "model_loading"));
+    return R::Unhandled;
+  });
+  // Expect: 100-continue with a declared body over the limit: 413 before the client sends it.
+  // (httplib answers with res.status, the error handler below writes the body.)
+  svr.set_expect_100_continue_handler([&st](const httplib::Request& req, httplib::Response& res) {
+    if (req.get_header_value<uint64_t>("Content-Length") <= st.options.body_limit) return 100;
+    res.status = 413;
+    res.set_header("Connection", "close");
+    return 413;
   });
   // Statuses set by httplib itself (404 no route, 413 body too large, 400 bad request line).
   svr.set_error_handler(
-      httplib::Server::HandlerWithResponse([&st](const httplib::Request& req, httplib::Response& res) {
+      httplib::Server::HandlerWithResponse([&st, limits](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        if (res.status == 413) {
+        if (auto* c = current_connection(); c && c->header_overflow) {
+          res.status = 431;
+          send_error(res,
+                     ApiError(431, fmt::format("the request line and headers exceed {} bytes", limits.header_max_bytes),
+                              "", "request_header_fields_too_large"));
+        } else if (c && c->header_timeout) {
+          res.status = 408;
+          send_error(res, ApiError(408, fmt::format("the headers did not arrive within {} s", limits.header_timeout_s),
+                                   "", "request_timeout"));
+        } else if (res.status == 413) {
           send_error(res, ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
                                    "request_too_large"));
         } else if (res.status == 404) {
@@ -135,44 +212,72 @@ void register_routes(httplib::Server& svr, ServerState& st) {
     res.set_content(st.metrics->render(st.engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
   });
 
-  const auto models = guarded(st, "/v1/models", [&st](const httplib::Request&, httplib::Response& res) {
+  const auto model_object = [&st] {
     const auto& hp = st.engine->model().hparams();
-    json m = {{"id", st.info.names.front()},
-              {"object", "model"},
-              {"created", st.created},
-              {"owned_by", "tandem"},
-              {"meta",
-               {{"n_ctx", st.info.n_ctx},
-                {"n_ctx_train", hp.n_ctx_train},
-                {"n_vocab", st.info.tokenizer->n_vocab()},
-                {"chat_template", st.engine->chat_template().name()},
-                {"executors", st.engine->executor_names()}}}};
-    send_json(res, {{"object", "list"}, {"data", json::array({m})}});
+    return json{{"id", st.info.names.front()},
+                {"object", "model"},
+                {"created", st.created},
+                {"owned_by", "tandem"},
+                {"meta",
+                 {{"n_ctx", st.info.n_ctx},
+                  {"n_ctx_train", hp.n_ctx_train},
+                  {"n_vocab", st.info.tokenizer->n_vocab()},
+                  {"chat_template", st.engine->chat_template().name()},
+                  {"executors", st.engine->executor_names()}}}};
+  };
+  const auto models = guarded(st, "/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    send_json(res, {{"object", "list"}, {"data", json::array({model_object()})}});
   });
   svr.Get("/v1/models", models);
   svr.Get("/models", models);
+  // The client's models.retrieve(id): the alias or the model path (as `model` accepts).
+  const auto model =
+      guarded(st, "/v1/models/{id}", [&st, model_object](const httplib::Request& req, httplib::Response& res) {
+        const std::string id = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+        if (std::find(st.info.names.begin(), st.info.names.end(), id) == st.info.names.end()) {
+          throw ApiError(404, fmt::format("the model '{}' does not exist", id), "model", "model_not_found");
+        }
+        send_json(res, model_object());
+      });
+  svr.Get(R"(/v1/models/(.+))", model);
+  svr.Get(R"(/models/(.+))", model);
 
   const auto generation = [&st](bool chat, std::string_view endpoint) {
-    return guarded(st, endpoint, [&st, chat, endpoint](const httplib::Request& req, httplib::Response& res) {
-      if (st.draining.load()) throw ApiError(503, "the server is shutting down", "", "server_shutting_down");
-      const json body = parse_body(req.body);
-      const std::string sla = req.get_header_value("x-tandem-sla");
-      GenerationSpec spec =
-          chat ? parse_chat_request(body, st.info, sla) : parse_completion_request(body, st.info, sla);
-      run_generation(st, std::move(spec), res, endpoint);
-    });
+    return guarded_body(
+        st, endpoint,
+        [&st, chat, endpoint](const httplib::Request& req, httplib::Response& res, const std::string& raw) {
+          if (st.draining.load()) throw ApiError(503, "the server is shutting down", "", "server_shutting_down");
+          const json body = parse_body(raw);
+          const std::string sla = req.get_header_value("x-tandem-sla");
+          GenerationSpec spec =
+              chat ? parse_chat_request(body, st.info, sla) : parse_completion_request(body, st.info, sla);
+          run_generation(st, std::move(spec), res, endpoint);
+        });
   };
   svr.Post("/v1/chat/completions", generation(true, "/v1/chat/completions"));
   svr.Post("/chat/completions", generation(true, "/v1/chat/completions"));
   svr.Post("/v1/completions", generation(false, "/v1/completions"));
   svr.Post("/completions", generation(false, "/v1/completions"));
 
-  svr.Post("/tokenize", guarded(st, "/tokenize", [&st](const httplib::Request& req, httplib::Response& res) {
-             send_json(res, tokenize_response(parse_body(req.body), *st.info.tokenizer));
-           }));
-  svr.Post("/detokenize", guarded(st, "/detokenize", [&st](const httplib::Request& req, httplib::Response& res) {
-             send_json(res, detokenize_response(parse_body(req.body), *st.info.tokenizer));
-           }));
+  svr.Post("/tokenize", guarded_body(st, "/tokenize",
+                                     [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                                       send_json(res, tokenize_response(parse_body(raw), *st.info.tokenizer));
+                                     }));
+  svr.Post("/detokenize", guarded_body(st, "/detokenize",
+                                       [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                                         send_json(res, detokenize_response(parse_body(raw), *st.info.tokenizer));
+                                       }));
+
+  // Any other route with a body: read it within the limit too (httplib would read it
+  // whole before its 404), then 404.
+  const auto no_route =
+      guarded_body(st, "(no route)", [](const httplib::Request& req, httplib::Response&, const std::string&) {
+        throw ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found");
+      });
+  svr.Post(".*", no_route);
+  svr.Put(".*", no_route);
+  svr.Patch(".*", no_route);
+  svr.Delete(".*", no_route);
 }
 
 }  // namespace tandem::server

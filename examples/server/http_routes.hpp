@@ -6,15 +6,17 @@
 //
 // Every error is the OpenAI error object with its status: 400 bad input, 401 wrong or
 // missing API key (all routes but /health and /metrics), 404 unknown route or model, 413
-// body over --body-limit, 429 queue full (with Retry-After), 503 loading or draining.
+// body over --body-limit (bounded while read, chunked or not), 431 headers too large, 429 queue full (with
+// Retry-After), 503 loading or draining.
 #pragma once
 
 #include <httplib.h>
 
+#include "http_transport.hpp"
 #include "server_state.hpp"
 
 namespace tandem::server {
 
-void register_routes(httplib::Server& server, ServerState& st);
+void register_routes(httplib::Server& server, ServerState& st, const TransportLimits& limits);
 
 }  // namespace tandem::server

@@ -120,6 +120,9 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
   if (const auto n = integer(body, "n"); n && *n != 1) {
     throw ApiError(400, "only n = 1 is supported", "n", "unsupported_value");
   }
+  if (const auto best_of = integer(body, "best_of"); best_of && *best_of != 1) {
+    throw ApiError(400, "only best_of = 1 is supported", "best_of", "unsupported_value");
+  }
   if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty())) {
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_parameter");
   }
@@ -297,11 +300,20 @@ GenerationSpec parse_completion_request(const json& body, const ModelInfo& info,
   if (!p) bad("prompt", "'prompt' is required");
   const json* one = p;
   if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-    if (p->size() != 1) throw ApiError(400, "only one prompt per request is supported", "prompt", "unsupported_value");
+    if (p->size() != 1) {
+      throw ApiError(400,
+                     fmt::format("a batch of {} prompts: this server takes one prompt per request (a string, an "
+                                 "array of token ids, or a one-element array of either); send one request each",
+                                 p->size()),
+                     "prompt", "unsupported_value");
+    }
     one = &p->front();
   }
   if (one->is_string()) {
-    s.prompt_ids = info.tokenizer->tokenize(one->get<std::string>(), /*add_special=*/true, /*parse_special=*/false);
+    // Special tokens in the text are parsed ("<|im_start|>" is one token), as llama-server
+    // and vLLM do: clients that render their own template send them so. Chat messages'
+    // content stays plain text (parse_chat_request).
+    s.prompt_ids = info.tokenizer->tokenize(one->get<std::string>(), /*add_special=*/true, /*parse_special=*/true);
   } else if (one->is_array()) {
     s.prompt_ids = token_ids(*one, "prompt", *info.tokenizer);
   } else {
@@ -319,9 +331,8 @@ std::string_view finish_reason_name(RequestFinish f) noexcept {
     case RequestFinish::kStopString:
       return "stop";
     case RequestFinish::kLength:
+    case RequestFinish::kTimeout:  // said by the choice's "tandem_timeout": true
       return "length";
-    case RequestFinish::kTimeout:
-      return "timeout";
     default:
       return "abort";
   }
@@ -349,6 +360,7 @@ json completion_body(const GenerationSpec& spec, const std::string& id, int64_t 
                      RequestFinish finish, int32_t prompt_tokens, int32_t completion_tokens) {
   json j = envelope(spec, id, created, false);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish)}};
+  if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
   if (spec.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -364,6 +376,7 @@ json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t cre
   json j = envelope(spec, id, created, true);
   json choice = {{"index", 0}, {"logprobs", nullptr}};
   choice["finish_reason"] = finish ? json(finish_reason_name(*finish)) : json(nullptr);
+  if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
   if (spec.chat) {
     json delta = json::object();
     if (role_only) {

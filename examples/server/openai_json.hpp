@@ -71,10 +71,13 @@ void check_model(const nlohmann::json& body, const ModelInfo& info);
 
 /// POST /v1/chat/completions. `sla_header`: the x-tandem-sla header ("" = absent).
 GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
-/// POST /v1/completions: `prompt` a string, token ids, or a one-element list of either.
+/// POST /v1/completions: `prompt` a string (special tokens parsed), token ids, or a
+/// one-element list of either; a batch of several prompts is refused (400).
 GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
 
-/// "stop" (end-of-generation or stop string), "length", "timeout", "abort".
+/// OpenAI's values: "stop" (end-of-generation or stop string), "length" (max_tokens, or the
+/// request's `timeout`: the choice then carries "tandem_timeout": true); "abort" otherwise
+/// (never answered: a cancelled request gets an error object).
 std::string_view finish_reason_name(RequestFinish f) noexcept;
 
 /// The non-streaming response (chat.completion or text_completion).

@@ -44,8 +44,10 @@ void PrometheusMetrics::Histogram::add(double v) {
   count += 1;
 }
 
-PrometheusMetrics::PrometheusMetrics(std::string model_name)
-    : model_(std::move(model_name)), label_(fmt::format("model_name=\"{}\"", escape_label(model_))) {
+PrometheusMetrics::PrometheusMetrics(std::string model_name, CacheConfigInfo cache)
+    : model_(std::move(model_name)),
+      label_(fmt::format("model_name=\"{}\"", escape_label(model_))),
+      cache_(std::move(cache)) {
   ttft_.bounds = kTtftBounds;
   tpot_.bounds = kTpotBounds;
   e2e_.bounds = kE2eBounds;
@@ -106,8 +108,9 @@ std::string PrometheusMetrics::render(const SchedulerMetrics& s) const {
       used += e.kv[int(t)].used + e.kv[int(t)].reserved;
       capacity += e.kv[int(t)].capacity;
     }
+    used -= e.kv_cache_only_pages;  // as vLLM: cached blocks no request holds count as free
   }
-  const double kv_usage = capacity > 0 ? double(used) / double(capacity) : 0.0;
+  const double kv_usage = capacity > 0 ? double(std::max<int64_t>(used, 0)) / double(capacity) : 0.0;
 
   header(out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.");
   out += fmt::format("vllm:num_requests_running{{{}}} {}\n", label_, running);
@@ -117,6 +120,12 @@ std::string PrometheusMetrics::render(const SchedulerMetrics& s) const {
   out += fmt::format("vllm:kv_cache_usage_perc{{{}}} {}\n", label_, kv_usage);
   header(out, "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage (older name). 1 means 100 percent usage.");
   out += fmt::format("vllm:gpu_cache_usage_perc{{{}}} {}\n", label_, kv_usage);
+  header(out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  out += fmt::format(
+      "vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\","
+      "num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1\n",
+      cache_.block_size, escape_label(cache_.cache_dtype), cache_.prefix_caching ? "True" : "False",
+      cache_.num_cpu_blocks, cache_.num_gpu_blocks);
 
   std::lock_guard<std::mutex> lk(mu_);
   render_histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);

@@ -49,7 +49,7 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
   so.prefix_cache_entries = o.prefix_cache;
   so.policy = std::make_shared<RecordingPolicy>();
   so.log = std::move(log);
-  const int32_t ps = 16;
+  const int32_t ps = page_size_;
   const int32_t per_seq = (n_ctx_ + ps - 1) / ps + 1;
   const int32_t pages = (o.parallel + std::max(o.prefix_cache, 0)) * per_seq;
   const int32_t file_pages = o.kv_file_tier ? pages : 0;

@@ -69,12 +69,14 @@ class ServingEngine {
   const Model& model() const noexcept { return *model_; }
   const ChatTemplate& chat_template() const noexcept { return template_; }
   int32_t n_ctx() const noexcept { return n_ctx_; }
+  int32_t page_size() const noexcept { return page_size_; }
   const std::vector<std::string>& executor_names() const noexcept { return names_; }
 
  private:
   std::shared_ptr<const Model> model_;
   ChatTemplate template_;
   int32_t n_ctx_ = 0;
+  int32_t page_size_ = 16;
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Executor>> executors_;
   std::vector<std::shared_ptr<KvStore>> stores_;

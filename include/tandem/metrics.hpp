@@ -61,6 +61,9 @@ struct ExecutorMetrics {
   int32_t queued = 0;
   int32_t max_running = 0;
   KvTierUsage kv[kKvTierCount];  ///< its store's usage per tier (Device, Host, File)
+  /// Of the compute tier's used pages, those only the prefix cache holds: evictable on
+  /// demand, so free for admission (vLLM counts such cached blocks as free).
+  int32_t kv_cache_only_pages = 0;
 };
 
 struct SchedulerMetrics {

@@ -128,6 +128,38 @@ with open("/dev/full", "wb") as full:
           f"rc {p.returncode}")
 
 # --- saves never damage the target ----------------------------------------------------------
+# A closed stdout pipe (`tandem-cli ... --session s | head`): EPIPE is a failed write, exit 1,
+# never a kill by SIGPIPE (141) and never a 0-byte session file. The read end is closed
+# before the run starts, so the first write fails whatever the speed.
+def closed_pipe_run(*args):
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return run(*args, stdout=w)
+    finally:
+        os.close(w)
+
+
+pipe_sess = os.path.join(tmp, "pipe.session")
+p = closed_pipe_run("-p", "Once upon a time", "-n", "16", "--session", pipe_sess)
+check("closed stdout pipe, first run: exit 1, not SIGPIPE",
+      p.returncode == 1 and b"cannot write standard output" in p.stderr, f"rc {p.returncode} {p.stderr[-200:]!r}")
+first = restored(pipe_sess)
+check("closed stdout pipe, first run: the session saved whole", first >= 13, f"restored {first}")
+p = run("-n", "4", "--session", pipe_sess, "--temp", "0")
+check("closed stdout pipe: the saved session restores", p.returncode == 0 and b"restored %d tokens" % first in p.stderr,
+      f"rc {p.returncode} {p.stderr[-300:]!r}")
+before = restored(pipe_sess)
+p = closed_pipe_run("-n", "16", "--session", pipe_sess)
+after = restored(pipe_sess)
+check("closed stdout pipe, existing session: exit 1, the session kept or extended",
+      p.returncode == 1 and after >= before, f"rc {p.returncode} restored {before} -> {after}")
+r, w = os.pipe()
+os.close(r)
+p = subprocess.run([cli, "tokenize", "-m", model, "-p", "Once"], stdout=w, stderr=subprocess.PIPE)
+os.close(w)
+check("tokenize to a closed pipe exits 1", p.returncode == 1, f"rc {p.returncode}")
+
 p = run("-p", "Once", "-n", "4", "--session", "/dev/full")
 check("--session /dev/full refused", p.returncode == 1 and b"not a regular file" in p.stderr, repr(p.stderr[-200:]))
 check("/dev/full still a device", os.path.exists("/dev/full") and not os.path.isfile("/dev/full"))

@@ -147,6 +147,24 @@ check("bench kv leaves nothing in --kv-dir", sorted(os.listdir(tmp)) == sorted(
     ["empty.jsonl", "syntax.jsonl", "huge.jsonl", "negative.jsonl", "array.jsonl", "too-long.jsonl", "ok.jsonl"]),
     repr(os.listdir(tmp)))
 
+# A closed stdout pipe (`tandem-bench ... | head`): exit 1 on EPIPE, never a kill by SIGPIPE.
+def closed_pipe(*args):
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return run(*args, stdout=w)
+    finally:
+        os.close(w)
+
+
+for name, args in [("bench", [bench, "-m", model, "-p", "16", "-n", "4", "-r", "1", "--no-bandwidth"]),
+                   ("bench serve", [*serve, "--trace", os.path.join(tmp, "ok.jsonl")]),
+                   ("synth --list", [synth, "--list"])]:
+    p = closed_pipe(*args)
+    check(f"{name} to a closed pipe exits 1, not SIGPIPE", p.returncode == 1, f"rc {p.returncode} {p.stderr[-200:]!r}")
+p = closed_pipe(quantize, "--help")
+check("quantize --help to a closed pipe is not killed by SIGPIPE", p.returncode >= 0, f"rc {p.returncode}")
+
 p = run(synth, "--preset", "small-llama", "-o", "/dev/full")
 check("synth -o /dev/full refused", p.returncode == 1 and b"character device" in p.stderr, repr(p.stderr[-200:]))
 check("/dev/full still a device", not os.path.isfile("/dev/full"))

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import ALIAS, CLI_BIN, TINY, Server
+from conftest import ALIAS, CLI_BIN, SERVER_BIN, TINY, Server
 
 PROMPT = "Once upon a time"
 
@@ -63,6 +63,52 @@ def test_completion_token_ids_equal_text(server):
     by_ids = greedy_completion(c, ref["prompt_ids"], 16)
     assert by_ids.choices[0].text == ref["text"]
     assert by_ids.usage.prompt_tokens == len(ref["prompt_ids"])
+
+
+def cli_tokenize(text, parse_special):
+    out = subprocess.run([CLI_BIN, "tokenize", "-m", str(TINY), "-p", text, *(["--parse-special"] if parse_special else [])],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_completion_prompt_parses_special_tokens(server):
+    """A completion prompt's special tokens are parsed, as llama-server and vLLM do ("<s>" is
+    one token here, "<|im_start|>" in a ChatML model): usage and text equal those of the ids
+    tandem-cli tokenize --parse-special gives."""
+    text = "<s>" + PROMPT
+    special, plain = cli_tokenize(text, True), cli_tokenize(text, False)
+    assert len(special) < len(plain)
+    c = client(server)
+    r = greedy_completion(c, text, 12)
+    assert r.usage.prompt_tokens == len(special)
+    assert r.choices[0].text == greedy_completion(c, special, 12).choices[0].text
+
+
+def test_chat_content_stays_plain_text(server):
+    """Chat message content is never parsed for special tokens: "<s>" in it is several tokens."""
+    c = client(server)
+
+    def prompt_tokens(content):
+        return c.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": content}],
+                                         max_tokens=1).usage.prompt_tokens
+
+    assert prompt_tokens("<s>hi") - prompt_tokens("hi") >= 2
+
+
+def test_completion_prompt_lists(server):
+    """vLLM's prompt shapes: token ids, a one-element list of ids or of a string; a batch of
+    several prompts is refused with a 400 that says so."""
+    ids = cli_greedy(PROMPT, 8)["prompt_ids"]
+    c = client(server)
+    want = greedy_completion(c, PROMPT, 8).choices[0].text
+    assert greedy_completion(c, ids, 8).choices[0].text == want
+    assert greedy_completion(c, [ids], 8).choices[0].text == want
+    assert greedy_completion(c, [PROMPT], 8).choices[0].text == want
+    for batch in ([ids, ids], [PROMPT, PROMPT]):
+        with pytest.raises(openai.BadRequestError) as e:
+            greedy_completion(c, batch, 8)
+        assert e.value.body["param"] == "prompt"
+        assert "one prompt per request" in e.value.body["message"]
 
 
 def test_completion_stream_equals_non_stream(server):
@@ -181,6 +227,92 @@ def test_random_disconnects_free_everything(tmp_path):
         assert s.stop() == 0
 
 
+# --- OpenAI values only, and the client's other calls -----------------------------------
+
+def test_timeout_is_finish_reason_length_with_tandem_timeout(server):
+    """A request's `timeout` ends it with OpenAI's "length" (strict clients know no
+    "timeout"), the timeout said by the extension field "tandem_timeout": true. 1 ms for
+    ~100 tokens: tried until one request times out (every answer checked)."""
+    c = client(server)
+    timed_out = 0
+    for _ in range(20):
+        r = c.completions.create(model=ALIAS, prompt=PROMPT, max_tokens=100, temperature=0,
+                                 extra_body={"timeout": 0.001})
+        choice = r.choices[0].model_dump()
+        assert choice["finish_reason"] in ("stop", "length")
+        if choice.get("tandem_timeout"):
+            assert choice["finish_reason"] == "length"
+            timed_out += 1
+            break
+    assert timed_out == 1
+    for _ in range(20):  # streaming: the last choice chunk the same
+        chunks = list(c.completions.create(model=ALIAS, prompt=PROMPT, max_tokens=100, temperature=0, stream=True,
+                                           extra_body={"timeout": 0.001}))
+        last = chunks[-1].choices[0].model_dump()
+        assert all(ch.choices[0].finish_reason in (None, "stop", "length") for ch in chunks)
+        if last.get("tandem_timeout"):
+            assert last["finish_reason"] == "length"
+            return
+    pytest.fail("no streamed request timed out in 20 tries of 1 ms for 100 tokens")
+
+
+def test_models_retrieve(server):
+    c = client(server)
+    m = c.models.retrieve(ALIAS)
+    assert m.id == ALIAS and m.object == "model"
+    assert httpx.get(server.url + "/v1/models/" + ALIAS).json()["id"] == ALIAS
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4o")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_help_shows_defaults_and_aliases():
+    out = subprocess.run([SERVER_BIN, "--help"], check=True, capture_output=True, text=True).stdout
+    assert out.startswith("tandem-server")
+    for expected in ("-np", "-ctk", "-ctv", "--port INT", "=8080", "=127.0.0.1", "=8388608", "--max-connections",
+                     "--header-timeout"):
+        assert expected in out, expected
+
+
+# --- vLLM's metric semantics ----------------------------------------------------------------
+
+def test_idle_kv_usage_is_zero_with_the_prefix_cache_holding_pages(tmp_path):
+    """vllm:kv_cache_usage_perc counts pages held by running or waiting requests: pages only
+    the prefix cache holds are evictable, free as vLLM counts them; an idle server says 0."""
+    s = Server(tmp_path, extra=["-np", "2", "--prefix-cache", "4"])
+    assert s.wait_ready()
+    try:
+        c = client(s)
+        for i in range(3):  # prompts of several 16-token pages, so that finished ones are cached
+            greedy_completion(c, f"{PROMPT} there was a little girl called Lily number {i}", 8)
+        assert wait_idle(s) == (0, 0, 0)
+        cached = s.metric("tandem:kv_pages", state="used")
+        assert cached > 0, "the prefix cache should hold the finished prompts' pages"
+        # ... and they are reused: the test is about pages that are really kept.
+        greedy_completion(c, f"{PROMPT} there was a little girl called Lily number 0", 8)
+        assert s.metric("tandem:prefix_cache_hit_tokens_total") > 0
+        assert wait_idle(s) == (0, 0, 0)
+    finally:
+        assert s.stop() == 0
+
+
+def test_cache_config_info(server):
+    """vllm:cache_config_info as vLLM exports it: an info gauge (value 1) whose labels are the
+    cache configuration; num_gpu_blocks is the compute tier's capacity in pages."""
+    text = httpx.get(server.url + "/metrics").text
+    assert "# TYPE vllm:cache_config_info gauge" in text
+    [line] = [l for l in text.splitlines() if l.startswith("vllm:cache_config_info{")]
+    labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:line.rindex("}")].split(","))
+    labels = {k: v.strip('"') for k, v in labels.items()}
+    assert line.endswith("} 1")
+    assert labels["block_size"] == "16"
+    assert labels["cache_dtype"] == "f16"
+    assert labels["enable_prefix_caching"] == "True"
+    capacity = sum(server.metric("tandem:kv_pages", tier="host", state=st) for st in ("used", "reserved", "free"))
+    assert int(labels["num_gpu_blocks"]) == capacity > 0
+    assert labels["num_cpu_blocks"] == "0"  # no --kv-tier file
+
+
 # --- bad input -----------------------------------------------------------------------------
 
 CHAT = "/v1/chat/completions"
@@ -205,6 +337,8 @@ MALFORMED = [
     ("max_tokens a string", CHAT, {"messages": MSG, "max_tokens": "ten"}, 400, "max_tokens"),
     ("max_tokens over the context", CHAT, {"messages": MSG, "max_tokens": 1000000}, 400, "max_tokens"),
     ("n > 1", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("best_of > 1", COMP, {"prompt": "x", "best_of": 2}, 400, "best_of"),
+    ("best_of 0", COMP, {"prompt": "x", "best_of": 0}, 400, "best_of"),
     ("logit_bias", CHAT, {"messages": MSG, "logit_bias": {"1": 5}}, 400, "logit_bias"),
     ("logprobs", CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs"),
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
@@ -255,7 +389,7 @@ def test_malformed_matrix_leaves_server_serving(server):
     for _, path, body, _, _ in MALFORMED:
         post_raw(server.url + path, body)
     assert greedy_completion(client(server), PROMPT, 4).choices[0].finish_reason == "length"
-    assert wait_idle(server)[:2] == (0, 0)
+    assert wait_idle(server) == (0, 0, 0)
 
 
 def test_api_key_and_body_limit(strict_server):
@@ -400,6 +534,11 @@ def test_smollm2_chat_template(tmp_path):
         assert r.usage.prompt_tokens == len(ids)
         by_ids = c.completions.create(model="smollm2", prompt=ids, max_tokens=48, temperature=0)
         assert r.choices[0].message.content == by_ids.choices[0].text
+        # The template rendered by the client and sent as a completion prompt: its control
+        # tokens are parsed (one token each, as llama-server and vLLM), the answer the same.
+        by_text = c.completions.create(model="smollm2", prompt=chatml, max_tokens=48, temperature=0)
+        assert by_text.usage.prompt_tokens == len(ids)
+        assert by_text.choices[0].text == r.choices[0].message.content
         # llama.cpp's greedy answer on this file without the system message
         # (../shared/golden/smollm2-135m-instruct-q4_0, case chat_capital) starts so; with it
         # the answer starts the same.

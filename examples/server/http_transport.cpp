@@ -1,0 +1,325 @@
+// tandem-server: the connection layer under cpp-httplib (see http_transport.hpp).
+#include "http_transport.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string_view>
+#include <system_error>
+
+namespace tandem::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+thread_local ConnectionState* tls_connection = nullptr;
+thread_local bool tls_over_cap = false;
+
+/// poll() one socket for `events` up to `timeout_ms` (EINTR retried): >0 ready, 0 timeout, <0 error.
+int wait_for(int sock, short events, int timeout_ms) {
+  pollfd p{sock, events, 0};
+  for (;;) {
+    const int r = ::poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    return r;
+  }
+}
+
+/// wait_for(POLLIN) in slices, giving up (-1) once the server stops listening: an idle or
+/// slow connection does not hold a shutdown for its whole deadline.
+int wait_readable(int sock, int timeout_ms, const std::atomic<socket_t>& listening) {
+  for (;;) {
+    if (listening.load() == INVALID_SOCKET) return -1;
+    const int slice = std::min(timeout_ms, 200);
+    const int r = wait_for(sock, POLLIN, slice);
+    if (r != 0 || slice == timeout_ms) return r;
+    timeout_ms -= slice;
+  }
+}
+
+int to_ms(time_t sec, time_t usec) {
+  const long long ms = (long long)sec * 1000 + usec / 1000;
+  return ms > 0x7fffffff ? 0x7fffffff : int(ms);
+}
+
+void address_of(int sock, bool peer, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  const int r = peer ? ::getpeername(sock, reinterpret_cast<sockaddr*>(&addr), &len)
+                     : ::getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (r != 0) return;
+  char host[NI_MAXHOST] = {};
+  char serv[NI_MAXSERV] = {};
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    ip = host;
+    port = std::atoi(serv);
+  }
+}
+
+/// httplib's SocketStream plus the header deadline and byte cap: while `state.in_headers`,
+/// a read waits at most until the deadline and counts against the cap; after that (the
+/// body, the response) the server's read/write timeouts apply per call.
+class ConnectionStream final : public httplib::Stream {
+ public:
+  ConnectionStream(int sock, const TransportLimits& limits, ConnectionState& state, int read_timeout_ms,
+                   int write_timeout_ms, const std::atomic<socket_t>& listening)
+      : listening_(listening),
+        sock_(sock),
+        limits_(limits),
+        state_(state),
+        read_timeout_ms_(read_timeout_ms),
+        write_timeout_ms_(write_timeout_ms) {}
+
+  void begin_request(Clock::time_point deadline) {
+    deadline_ = deadline;
+    header_bytes_ = 0;
+  }
+  bool has_buffered() const { return off_ < len_; }
+
+  bool is_readable() const override { return has_buffered() || wait_for(sock_, POLLIN, read_timeout_ms_) > 0; }
+  bool is_writable() const override {
+    if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return false;
+    // Alive: nothing to read, or something (not end of stream) to read.
+    if (wait_for(sock_, POLLIN, 0) == 0) return true;
+    char c;
+    return ::recv(sock_, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (off_ == len_) {
+      int timeout_ms = read_timeout_ms_;
+      if (state_.in_headers) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+        if (left <= 0) {
+          state_.header_timeout = true;
+          return -1;
+        }
+        timeout_ms = int(std::min<long long>(left, 0x7fffffff));
+      }
+      const int r =
+          state_.in_headers ? wait_readable(sock_, timeout_ms, listening_) : wait_for(sock_, POLLIN, timeout_ms);
+      if (r <= 0) {
+        if (r == 0 && state_.in_headers) state_.header_timeout = true;
+        return -1;
+      }
+      ssize_t n;
+      do {
+        n = ::recv(sock_, buf_, sizeof buf_, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = size_t(n);
+    }
+    const size_t n = std::min(size, len_ - off_);
+    if (state_.in_headers) {
+      header_bytes_ += n;
+      if (header_bytes_ > limits_.header_max_bytes) {
+        state_.header_overflow = true;
+        return -1;
+      }
+    }
+    std::memcpy(ptr, buf_ + off_, n);
+    off_ += n;
+    return ssize_t(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return -1;
+    ssize_t n;
+    do {
+      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, false, ip, port); }
+  socket_t socket() const override { return sock_; }
+
+ private:
+  const std::atomic<socket_t>& listening_;
+  int sock_;
+  const TransportLimits& limits_;
+  ConnectionState& state_;
+  int read_timeout_ms_;
+  int write_timeout_ms_;
+  Clock::time_point deadline_{};
+  size_t header_bytes_ = 0;
+  char buf_[4096];
+  size_t off_ = 0, len_ = 0;
+};
+
+/// Closing with unread input sends a reset, which can destroy the response before the
+/// client reads it (a 413 while it is still uploading): stop sending, then read and drop
+/// what still arrives for a little while (bounded in time and bytes), as nginx's lingering close.
+void linger(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  char buf[16384];
+  for (size_t drained = 0; drained < (size_t(64) << 20);) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0 || wait_for(sock, POLLIN, int(left)) <= 0) break;
+    const ssize_t n = ::recv(sock, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    drained += size_t(n);
+  }
+}
+
+Clock::time_point header_deadline(const TransportLimits& limits) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limits.header_timeout_s));
+}
+
+}  // namespace
+
+ConnectionState* current_connection() noexcept {
+  return tls_connection;
+}
+
+ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
+    : max_threads_(max_threads), open_(open), cap_(cap) {
+  std::lock_guard<std::mutex> lk(mu_);
+  try {
+    for (size_t i = 0; i < std::min(warm, max_threads); ++i) threads_.emplace_back([this] { work(); });
+  } catch (const std::system_error&) {
+    // Fewer warm threads: more start on demand.
+  }
+}
+
+ConnectionThreads::~ConnectionThreads() {
+  shutdown();
+}
+
+void ConnectionThreads::enqueue(std::function<void()> fn) {
+  std::unique_lock<std::mutex> lk(mu_);
+  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1 > cap_});
+  if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
+    try {
+      threads_.emplace_back([this] { work(); });
+    } catch (const std::system_error&) {
+      // No thread now: the job waits for one of those running (there is at least one
+      // unless the very first failed; then the next accept tries again).
+    }
+  }
+  lk.unlock();
+  cv_.notify_one();
+}
+
+void ConnectionThreads::shutdown() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    shutdown_ = true;
+    threads.swap(threads_);
+  }
+  cv_.notify_all();
+  for (auto& t : threads) t.join();
+}
+
+void ConnectionThreads::work() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(lk, [&] { return shutdown_ || !jobs_.empty(); });
+    --idle_;
+    if (jobs_.empty()) return;  // shutting down, nothing left
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lk.unlock();
+    tls_over_cap = job.over_cap;
+    job.fn();
+    lk.lock();
+  }
+}
+
+BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limits_(limits) {
+  // A connection over the cap gets its 503 from a thread of its own: a few spare threads.
+  const size_t max_threads = limits_.max_connections + 64;
+  new_task_queue = [this, max_threads, warm_threads] {
+    return new ConnectionThreads(max_threads, warm_threads, open_, limits_.max_connections);
+  };
+}
+
+bool BoundedServer::bind(const std::string& host, int port, int backlog) {
+  if (!bind_to_port(host, port)) return false;
+  // Linux: listen() again on a listening socket sets its backlog.
+  (void)::listen(svr_sock_, backlog);
+  return true;
+}
+
+bool BoundedServer::process_and_close_socket(socket_t sock) {
+  struct Open {
+    std::atomic<size_t>& n;
+    ~Open() { n.fetch_sub(1); }
+  } open{open_};
+  bool ret = false;
+  if (tls_over_cap) {  // counted in accept order by ConnectionThreads::enqueue
+    static constexpr std::string_view kBody =
+        R"({"error": {"message": "too many open connections; retry", "type": "server_error", "param": null, "code": "too_many_connections"}})";
+    const std::string reply =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+        std::to_string(kBody.size()) + "\r\n\r\n" + std::string(kBody);
+    (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } else {
+    ConnectionState state;
+    tls_connection = &state;
+    ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
+                          to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
+    Clock::time_point deadline = header_deadline(limits_);  // the first request: from accept
+    for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
+      if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
+        if (!strm.has_buffered() && wait_readable(sock, to_ms(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) break;
+        deadline = header_deadline(limits_);
+      }
+      state = ConnectionState{};
+      strm.begin_request(deadline);
+      bool closed = false;
+      ret = process_request(strm, count == 1, closed, nullptr);
+      // Still "in headers": the request never reached routing (bad line, headers cut off).
+      if (!ret || closed || state.close_after || state.in_headers) break;
+    }
+    tls_connection = nullptr;
+    if (state.close_after) linger(sock);
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ret;
+}
+
+int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out) {
+  bool over = false;
+  const bool ok = reader([&](const char* data, size_t n) {
+    if (n > limit - out.size()) {
+      over = true;
+      return false;
+    }
+    out.append(data, n);
+    return true;
+  });
+  if (ok && !over) return 0;
+  if (auto* c = current_connection()) c->close_after = true;
+  return over ? 413 : 400;
+}
+
+size_t raise_open_file_limit(size_t want) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? rlim_t(want) : std::min<rlim_t>(rl.rlim_max, want);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? want : size_t(rl.rlim_cur);
+}
+
+}  // namespace tandem::server

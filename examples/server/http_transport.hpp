@@ -1,0 +1,106 @@
+// tandem-server: the connection layer under cpp-httplib, bounded against hostile clients.
+//
+// Debian's cpp-httplib 0.11.4 is a compiled library (libcpp-httplib.so): its CPPHTTPLIB_*
+// macros (header line length, thread count) are fixed when the library was built, and
+// defining them here changes nothing. What it lacks, checked in its source:
+//   - a chunked body is read whole, whatever set_payload_max_length says (read_content_chunked
+//     has no limit); a Content-Length body over the limit is read and thrown away;
+//   - a header line is buffered whole before its 8192-byte check, and headers have no count;
+//   - one worker thread serves one connection from accept, with only a per-read timeout
+//     (5 s): slow clients holding the fixed pool's threads starve /health;
+//   - its ThreadPool queue is unbounded; its listen backlog is 5.
+// What it offers and this uses: a virtual process_and_close_socket (the per-connection
+// loop), the protected process_request over any Stream, new_task_queue, content-reader
+// handlers (the body read through a receiver that can refuse), the pre-routing hook.
+//
+// BoundedServer serves each connection on its own thread (ConnectionThreads grows up to
+// the connection cap), reads the request line and headers within a deadline and a byte
+// cap, and answers beyond the cap with 503 at once. Bodies are bounded by read_body().
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tandem::server {
+
+struct TransportLimits {
+  size_t max_connections = 1024;       ///< open connections; beyond: 503 and close
+  double header_timeout_s = 10.0;      ///< request line + headers must arrive within this
+  size_t header_max_bytes = 64 << 10;  ///< request line + headers, bytes (beyond: 431)
+  size_t header_max_count = 100;       ///< header lines (beyond: 431)
+};
+
+/// A thread per task, started when no thread is idle, up to `max_threads`; beyond that
+/// tasks wait in the queue (each one is an accepted socket, already bounded by the cap).
+/// Each task is counted in `open` when it is queued (the accept order) and told by
+/// over_connection_cap() whether it came beyond `cap`; the task itself decrements `open`.
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  /// `warm` threads start at once.
+  ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap);
+  ~ConnectionThreads() override;
+  void enqueue(std::function<void()> fn) override;
+  void shutdown() override;
+
+ private:
+  void work();
+  size_t max_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  struct Job {
+    std::function<void()> fn;
+    bool over_cap = false;
+  };
+  std::atomic<size_t>& open_;
+  size_t cap_;
+  std::deque<Job> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool shutdown_ = false;
+};
+
+/// What a handler knows of its connection (thread-local: one connection per thread).
+struct ConnectionState {
+  bool in_headers = true;        ///< still reading the request line and headers
+  bool header_overflow = false;  ///< the header byte cap was hit
+  bool header_timeout = false;   ///< the header deadline passed
+  bool close_after = false;      ///< the body was not read whole: close after this response
+};
+
+/// The calling thread's connection (nullptr outside a BoundedServer connection).
+ConnectionState* current_connection() noexcept;
+
+class BoundedServer : public httplib::Server {
+ public:
+  /// `warm_threads`: threads started with the listener (more start on demand).
+  BoundedServer(TransportLimits limits, size_t warm_threads);
+  const TransportLimits& limits() const noexcept { return limits_; }
+  /// bind_to_port, then a listen backlog of `backlog` (the library's is 5: a burst of
+  /// connects beyond it waits for SYN retries, seconds).
+  bool bind(const std::string& host, int port, int backlog = 1024);
+  size_t open_connections() const noexcept { return open_.load(); }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+  TransportLimits limits_;
+  std::atomic<size_t> open_{0};
+};
+
+/// Read the request body through `reader`, at most `limit` bytes, into `out`. Returns 0,
+/// or the status to answer: 413 when larger (reading stops there), 400 when malformed or
+/// cut short. Either way the connection is closed after the response.
+int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out);
+
+/// Raise the soft open-file limit towards `want` descriptors; returns the limit now in force.
+size_t raise_open_file_limit(size_t want);
+
+}  // namespace tandem::server

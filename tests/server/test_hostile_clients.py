@@ -1,0 +1,299 @@
+"""tandem-server against hostile or broken clients (127.0.0.1 only): bodies bounded while
+they are read (chunked or not, before authentication), bounded headers, a connection cap,
+and a header deadline that keeps /health and /metrics answering under a slow-client flood.
+
+Memory is measured from /proc (VmHWM, the peak resident set), never timed; the flood test
+asserts only that the probes answer while every slow connection is still held open, i.e.
+before the slow clients' deadline.
+"""
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from conftest import ALIAS, Server
+
+MIB = 1 << 20
+
+
+def vm_kib(server, field):
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(f"{field} not in /proc/{server.proc.pid}/status")
+
+
+def reset_peak(server):
+    """Start VmHWM afresh (writing 5 to clear_refs resets the peak, Linux >= 4.0), so that an
+    earlier test's peak cannot hide this one's."""
+    with open(f"/proc/{server.proc.pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def connect(server):
+    return socket.create_connection(("127.0.0.1", server.port), timeout=60)
+
+
+def read_response(sock):
+    """(status, headers dict, body bytes) of one HTTP/1.1 response read until the server closes."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines and lines[0].startswith("HTTP/1.1 "), repr(data[:200])
+    headers = {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
+    return int(lines[0].split()[1]), headers, body
+
+
+def send_chunked(server, path, total_bytes, headers=""):
+    """POST `total_bytes` of chunked body (1 MiB chunks) until the server stops reading, then
+    return its response."""
+    s = connect(server)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+              "Transfer-Encoding: chunked\r\n\r\n".encode())
+    chunk = b"%x\r\n" % MIB + b"x" * MIB + b"\r\n"
+    try:
+        for _ in range(total_bytes // MIB):
+            s.sendall(chunk)
+        s.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed: what follows is the response
+    try:
+        return read_response(s)
+    finally:
+        s.close()
+
+
+def assert_openai_error(status, body, want):
+    assert status == want, body[:300]
+    err = json.loads(body)["error"]
+    assert isinstance(err["message"], str) and err["message"] and err["type"] and err["code"]
+    return err
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """An API key and a 1 MiB body limit."""
+    s = Server(tmp_path_factory.mktemp("guarded"), extra=["--api-key", "secret", "--body-limit", str(MIB)])
+    assert s.wait_ready(), s.log_path.read_text()
+    yield s
+    assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_chunked_oversize_body_is_413_with_bounded_memory(guarded):
+    """200 MB chunked to a generation route: 413 (an OpenAI error object), the peak resident
+    set grows by far less than the body (it used to be read whole: +1 GB)."""
+    reset_peak(guarded)
+    before = vm_kib(guarded, "VmHWM")
+    status, headers, body = send_chunked(guarded, "/v1/chat/completions", 200 * MIB,
+                                         headers="Authorization: Bearer secret\r\n")
+    grown = vm_kib(guarded, "VmHWM") - before
+    assert grown < 64 * 1024, f"peak RSS grew by {grown} KiB for a 1 MiB limit"
+    err = assert_openai_error(status, body, 413)
+    assert err["code"] == "request_too_large"
+    assert headers.get("connection") == "close"
+    assert httpx.get(guarded.url + "/health").status_code == 200
+
+
+def test_chunked_oversize_on_unguarded_route_is_413_with_bounded_memory(guarded):
+    """POST /metrics (no API key needed, no POST handler) and an unknown route (with the key:
+    without it, 401 comes first and nothing is read): the body is read within the limit
+    too, then 413; a small body gets 404."""
+    reset_peak(guarded)
+    before = vm_kib(guarded, "VmHWM")
+    answers = [send_chunked(guarded, path, 200 * MIB, headers=headers)
+               for path, headers in (("/metrics", ""), ("/no/such/route", "Authorization: Bearer secret\r\n"))]
+    grown = vm_kib(guarded, "VmHWM") - before
+    assert grown < 64 * 1024, f"peak RSS grew by {grown} KiB for a 1 MiB limit"
+    for status, _, body in answers:
+        assert_openai_error(status, body, 413)
+    status, _, body = send_chunked(guarded, "/metrics", 0)
+    assert_openai_error(status, body, 404)
+
+
+def test_declared_oversize_body_is_413_before_authentication(guarded):
+    """A Content-Length over the limit is refused from the headers alone, before the API key
+    is checked and without the body being sent."""
+    s = connect(guarded)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 300000000\r\n\r\n")
+        status, headers, body = read_response(s)
+    finally:
+        s.close()
+    assert_openai_error(status, body, 413)
+    assert headers.get("connection") == "close"
+
+
+def test_chunked_body_without_key_is_401_unread(guarded):
+    status, _, body = send_chunked(guarded, "/v1/completions", 50 * MIB)
+    assert_openai_error(status, body, 401)
+
+
+def test_chunked_body_within_limit_is_served(guarded):
+    """Chunked uploads are still accepted: a small chunked request gets its completion."""
+    payload = json.dumps({"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 2}).encode()
+    s = connect(guarded)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+                  b"Content-Type: application/json\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                  b"%x\r\n" % len(payload) + payload + b"\r\n0\r\n\r\n")
+        status, _, body = read_response(s)
+    finally:
+        s.close()
+    assert status == 200, body[:300]
+    assert json.loads(body)["usage"]["completion_tokens"] == 2
+
+
+def test_header_size_and_count_bounded(guarded):
+    many = "".join(f"X-H{i}: v\r\n" for i in range(500))
+    s = connect(guarded)
+    try:
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{many}\r\n".encode())
+        status, _, body = read_response(s)
+    finally:
+        s.close()
+    assert_openai_error(status, body, 431)
+    # 1 MiB of one header line: refused once the cap (64 KiB) is reached, not buffered whole.
+    s = connect(guarded)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(16):
+                s.sendall(b"y" * (64 << 10))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, _, body = read_response(s)
+    finally:
+        s.close()
+    assert_openai_error(status, body, 431)
+
+
+def test_slow_client_flood_leaves_health_and_metrics_answering(tmp_path):
+    """500 connections that send part of a request line and stall. /health and /metrics
+    answer while all of them are still open, i.e. before their header deadline (300 s here);
+    afterwards every slow connection is still held (none was dropped to make room)."""
+    n = 500
+    s = Server(tmp_path, extra=["--header-timeout", "300"])
+    assert s.wait_ready(), s.log_path.read_text()
+    slow = []
+    try:
+        for _ in range(n):
+            c = connect(s)
+            c.sendall(b"GET /hea")
+            slow.append(c)
+        assert httpx.get(s.url + "/health", timeout=300).json() == {"status": "ok"}
+        assert "vllm:num_requests_running" in httpx.get(s.url + "/metrics", timeout=300).text
+        still_open = 0
+        for c in slow:
+            c.setblocking(False)
+            try:
+                c.recv(1)  # b"" (closed) or data would both mean the server let go of it
+            except BlockingIOError:
+                still_open += 1
+        assert still_open == n
+    finally:
+        for c in slow:
+            c.close()
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_header_deadline_closes_a_stalled_connection(tmp_path):
+    s = Server(tmp_path, extra=["--header-timeout", "0.5"])
+    assert s.wait_ready(), s.log_path.read_text()
+    try:
+        c = connect(s)
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never the blank line
+        status, headers, body = read_response(c)  # read until the server closes (60 s socket timeout)
+        c.close()
+        assert_openai_error(status, body, 408)
+        assert httpx.get(s.url + "/health").status_code == 200
+    finally:
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_connection_cap_answers_503_beyond_it(tmp_path):
+    s = Server(tmp_path, extra=["--max-connections", "8", "--header-timeout", "300"])
+    assert s.wait_ready(), s.log_path.read_text()
+
+    def hold():
+        c = connect(s)
+        c.sendall(b"GET /hea")
+        return c
+
+    def answered(c):  # the server wrote to or closed a held connection (a 503: it came over the cap)
+        c.setblocking(False)
+        try:
+            c.recv(1)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            c.setblocking(True)
+
+    held = [hold() for _ in range(8)]
+    try:
+        # The connections of wait_ready() may still count for a moment, so a held one can come
+        # over the cap: replace those until the 8 held are what the server counts (they are
+        # held for 300 s), then a 9th connection gets 503.
+        deadline = time.monotonic() + 60
+        while True:
+            held = [hold() if answered(c) and not c.close() else c for c in held]
+            r = httpx.get(s.url + "/health", timeout=60)
+            if r.status_code == 503:
+                break
+            assert time.monotonic() < deadline, "a 9th connection was still served with 8 held"
+            time.sleep(0.05)
+        assert r.json()["error"]["code"] == "too_many_connections"
+        assert r.headers.get("retry-after") == "1"
+        for c in held:
+            c.close()
+        held = []
+        deadline = time.monotonic() + 60  # the server notices the closes on its own threads
+        while httpx.get(s.url + "/health", timeout=60).status_code != 200:
+            assert time.monotonic() < deadline, "the cap was not released after the connections closed"
+            time.sleep(0.05)
+    finally:
+        for c in held:
+            c.close()
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_expect_continue_with_oversize_body_is_413_before_the_body(guarded):
+    s = connect(guarded)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 300000000\r\nExpect: 100-continue\r\n\r\n")
+        status, _, body = read_response(s)  # no "100 Continue": the body is never asked for
+    finally:
+        s.close()
+    assert_openai_error(status, body, 413)
+
+
+def test_sigterm_does_not_wait_for_slow_clients_deadline(tmp_path):
+    """Slow connections do not hold a shutdown until their header deadline (300 s here): the
+    server exits 0 while they are still open."""
+    s = Server(tmp_path, extra=["--header-timeout", "300"])
+    assert s.wait_ready(), s.log_path.read_text()
+    slow = []
+    try:
+        for _ in range(50):
+            c = connect(s)
+            c.sendall(b"GET /hea")
+            slow.append(c)
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert s.stop(timeout=240) == 0, s.log_path.read_text()
+    finally:
+        for c in slow:
+            c.close()
+        s.stop()
