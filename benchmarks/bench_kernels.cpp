@@ -219,7 +219,12 @@ BENCHMARK_CAPTURE(BM_GemmQ4_0, scalar, std::string("scalar"))
     ->ArgNames({"k", "n", "m"})
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1);
+BENCHMARK_CAPTURE(BM_GemvQ4_0x8, avx512vnni, std::string("avx512vnni"))->Apply(gemv_shapes);
 BENCHMARK_CAPTURE(BM_GemvQ4_0x8, avx2, std::string("avx2"))->Apply(gemv_shapes);
+BENCHMARK_CAPTURE(BM_GemmQ4_0x8, avx512vnni, std::string("avx512vnni"))
+    ->Args({2048, 2048, 512})
+    ->ArgNames({"k", "n", "m"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_GemmQ4_0x8, avx2, std::string("avx2"))
     ->Args({2048, 2048, 512})
     ->ArgNames({"k", "n", "m"})
