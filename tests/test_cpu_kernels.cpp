@@ -18,6 +18,7 @@
 
 #include "cpu/cpu_kernels.hpp"
 #include "cpu_test_support.hpp"
+#include "softmax_exp.hpp"
 
 using namespace tandem::kernels;
 using tandem::test::isas;
@@ -871,8 +872,8 @@ TEST_CASE("flash attention is batch-invariant: alone, in one call, chunked, othe
 
 TEST_CASE("attn_tiled equals the previous per-(token, head) kernel bit for bit; flash_attn within f16 rounding",
           "[kernels][attention]") {
-  // The previous executor kernel (ggml's non-flash numerics): scores by vec_dot_f16_rows,
-  // softmax with a double sum, probabilities rounded to f16, then axpy_f16_rows.
+  // The per-(token, head) form of the executor kernel: scores by vec_dot_f16_rows, the
+  // written softmax, probabilities rounded to f16, then axpy_f16_rows.
   // attn_tiled must reproduce it exactly. flash_attn differs by that f16 rounding of the
   // probabilities: at most 2^-11 of each weight, so |diff| <= 2^-11 * max|v| plus the f32
   // noise of both.
@@ -906,8 +907,16 @@ TEST_CASE("attn_tiled equals the previous per-(token, head) kernel bit for bit; 
         }
         float mx = -INFINITY;
         for (auto& x : sc) mx = std::max(mx, x *= scale);
-        double sum = 0.0;
-        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        // The written softmax (docs/arithmetic.md): softmax_exp, the sum in double over 8
+        // lanes (the full groups of 8 positions), their tree, then the tail in order.
+        double lanes[8] = {};
+        const size_t n8 = sc.size() / 8 * 8;
+        for (size_t p = 0; p < sc.size(); ++p) {
+          sc[p] = softmax_exp(sc[p] - mx);
+          if (p < n8) lanes[p % 8] += double(sc[p]);
+        }
+        double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        for (size_t p = n8; p < sc.size(); ++p) sum += double(sc[p]);
         const float inv = static_cast<float>(1.0 / sum);
         for (auto& x : sc) x *= inv;
         fp32_to_fp16_row(sc.data(), p16.data(), t + 1);
@@ -1016,4 +1025,24 @@ TEST_CASE("one arithmetic: every ISA gives the scalar path's bits in every execu
       CHECK(diff == 0);
     }
   }
+}
+
+TEST_CASE("softmax_exp: within 2 ulp of exp on [-87, 0], exact at 0, 0 below the range", "[kernels][attention]") {
+  std::mt19937 g(3);
+  std::uniform_real_distribution<float> u(-87.0f, 0.0f);
+  int worst = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = i < 1000 ? -float(i) / 1000.0f : u(g);
+    const float got = softmax_exp(x);
+    const double want = std::exp(double(x));
+    const float want_f = static_cast<float>(want);
+    const int ulps = std::abs(int(bits(got)) - int(bits(want_f)));
+    worst = std::max(worst, ulps);
+  }
+  INFO("worst ulp distance from exp (float64, rounded) " << worst);
+  CHECK(worst <= 2);
+  CHECK(softmax_exp(0.0f) == 1.0f);
+  CHECK(softmax_exp(-87.5f) == 0.0f);
+  CHECK(softmax_exp(-INFINITY) == 0.0f);
+  CHECK(std::isnan(softmax_exp(NAN)));
 }

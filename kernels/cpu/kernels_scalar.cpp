@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels_table.hpp"
+#include "softmax_exp.hpp"
 
 namespace tandem::kernels::detail {
 namespace {
@@ -300,11 +301,16 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sc[p] = s_dot_f<F32, F32>(krow, q, hd) * a.scale;
       mx = sc[p] > mx ? sc[p] : mx;
     }
-    double sum = 0.0;
+    // attn_tiled's sum in double: 8 lanes over the full groups of 8 positions, the 8-lane
+    // tree, then the tail.
+    double lanes[8] = {};
+    const int64_t n8 = n / 8 * 8;
     for (int64_t p = 0; p < n; ++p) {
-      sc[p] = std::exp(sc[p] - mx);
-      sum += sc[p];
+      sc[p] = softmax_exp(sc[p] - mx);
+      if (p < n8) lanes[p % 8] = lanes[p % 8] + double(sc[p]);
     }
+    double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    for (int64_t p = n8; p < n; ++p) sum = sum + double(sc[p]);
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t p = 0; p < n; ++p) {
       sc[p] *= inv;

@@ -25,6 +25,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "kernels_table.hpp"
+#include "softmax_exp.hpp"
 
 #if !defined(TANDEM_ISA_NS) || !defined(TANDEM_ISA_AVX512)
 #error "define TANDEM_ISA_NS and TANDEM_ISA_AVX512 before including kernels_simd.hpp"
@@ -74,6 +75,27 @@ inline float hsum256(__m256 v) noexcept {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+/// softmax_exp (softmax_exp.hpp) on 8 lanes: the same steps, lane by lane.
+inline __m256 softmax_exp8(__m256 x) noexcept {
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpC0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpC5));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  // below kSoftmaxExpMin (and -inf): 0; NaN: NaN (x itself)
+  const __m256 small = _mm256_cmp_ps(x, _mm256_set1_ps(kSoftmaxExpMin), _CMP_LT_OQ);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_andnot_ps(small, v), x, nan);
 }
 
 // Loaders for the float-family kernels.
@@ -896,7 +918,7 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       for (int64_t c = 0; c < n; ++c) sr[c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
     }
   }
-  // Softmax per row, as the executor did before (double sum; f16 weights for an f16 cache).
+  // Softmax per row (docs/arithmetic.md; f16 weights for an f16 cache).
   for (int64_t r = 0; r < R; ++r) {
     float* sr = sc + r * L.ld;
     const int64_t n = a.pos0 + r / G + 1;
@@ -905,16 +927,28 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sr[p] *= a.scale;
       mx = std::max(mx, sr[p]);
     }
-    double sum = 0.0;
-    for (int64_t p = 0; p < n; ++p) {
-      sr[p] = std::exp(sr[p] - mx);
-      sum += sr[p];
+    // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane p % 8 over the full groups of
+    // 8 positions, in order), the tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)),
+    // then the tail in order; inv = f32(1 / sum).
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3, 4-7
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+      const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + p), _mm256_set1_ps(mx)));
+      _mm256_storeu_ps(sr + p, e);
+      lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+      hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    const __m256d t = _mm256_add_pd(lo, hi);  // l0 + l4, l1 + l5, l2 + l6, l3 + l7
+    const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (; p < n; ++p) {
+      sr[p] = softmax_exp(sr[p] - mx);
+      sum = sum + double(sr[p]);
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t p = 0; p < n; ++p) sr[p] *= inv;
+    for (p = 0; p < n; ++p) sr[p] *= inv;
     if (f16) {
-      int64_t p = 0;
-      for (; p + kW <= n; p += kW) {
+      for (p = 0; p + kW <= n; p += kW) {
         uint16_t h[kW];
         store_f16(VF::load_unaligned(sr + p), h);
         load_f16(h).store_unaligned(sr + p);

@@ -10,6 +10,7 @@
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
 #include "q8_warp.cuh"
+#include "softmax_exp.hpp"
 
 namespace tandem::kernels::cuda {
 
@@ -281,7 +282,8 @@ __device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t
 
 // One thread block per (token, head); blockDim >= head_dim (a multiple of 32).
 // Shared memory: q [head_dim] | scores [cap] | partial outputs [G][head_dim].
-// Pass 1: scores (thread per position), max. Pass 2: e = exp(s - max), sum in double.
+// Pass 1: scores (thread per position), max. Pass 2: e = softmax_exp(s - max) (the CPU's
+// written exp, softmax_exp.hpp), sum in double.
 // Pass 3: out[d] = sum_p prob_p * V[p][d], prob rounded to f16 with an f16 cache, the
 // positions split over G = blockDim / head_dim groups, group partials added in order.
 // Positions beyond the shared capacity recompute their score instead of storing it.
@@ -314,7 +316,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   double sum = 0.0;
   for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {  // same p -> thread map as pass 1
     const float s = p < cap ? sc[p] : attn_score<F16>(kv, t, p, hk, qs, scale);
-    const float e = expf(s - mx);
+    const float e = softmax_exp(s - mx);
     if (p < cap) sc[p] = e;
     sum += e;
   }
@@ -327,7 +329,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   if (g < G) {
     float acc = 0.0f;
     for (int32_t p = g; p < n_pos; p += G) {
-      const float e = p < cap ? sc[p] : expf(attn_score<F16>(kv, t, p, hk, qs, scale) - mx);
+      const float e = p < cap ? sc[p] : softmax_exp(attn_score<F16>(kv, t, p, hk, qs, scale) - mx);
       const float prob = F16 ? round_f16(e * inv) : e * inv;
       const char* vrow = kv_row(kv, t, p, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
       acc += prob * kv_load<F16>(vrow, d);
@@ -392,7 +394,7 @@ __global__ void attention_split_scores_kernel(KvArgs kv, const float* __restrict
     for (int32_t j = threadIdx.x; j < n; j += blockDim.x) mx = eh[j] > mx ? eh[j] : mx;
     mx = block_reduce(mx, red_f, MaxF{});
     double sum = 0.0;
-    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) sum += expf(eh[j] - mx);
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) sum += softmax_exp(eh[j] - mx);
     sum = block_reduce(sum, red_d, SumD{});
     if (threadIdx.x == 0) {
       p_max[(head0 + h) * max_parts + c] = mx;
@@ -429,10 +431,10 @@ __global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t
     float mx = -FLT_MAX;
     for (int32_t k = 0; k < n_parts; ++k) mx = p_max[s0 + k] > mx ? p_max[s0 + k] : mx;
     double sum = 0.0;
-    for (int32_t k = 0; k < n_parts; ++k) sum += double(expf(p_max[s0 + k] - mx)) * p_sum[s0 + k];
+    for (int32_t k = 0; k < n_parts; ++k) sum += double(softmax_exp(p_max[s0 + k] - mx)) * p_sum[s0 + k];
     const float inv = static_cast<float>(1.0 / sum);
     for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float e = expf(score[(head0 + h) * max_pos + p0 + j] - mx);
+      const float e = softmax_exp(score[(head0 + h) * max_pos + p0 + j] - mx);
       es[h * part + j] = F16 ? round_f16(e * inv) : e * inv;
     }
   }
@@ -595,7 +597,7 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
       float mt = -FLT_MAX;
       for (int32_t j = 0; j < nv; ++j) mt = sr[j] > mt ? sr[j] : mt;
       double st = 0.0;
-      for (int32_t j = 0; j < nv; ++j) st += expf(sr[j] - mt);
+      for (int32_t j = 0; j < nv; ++j) st += softmax_exp(sr[j] - mt);
       if (mt > ms[r]) {
         sd[r] = sd[r] * exp(double(ms[r]) - double(mt)) + st;
         ms[r] = mt;
@@ -620,7 +622,7 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
         ss[e] = 0.0f;
         continue;
       }
-      const float prob = expf(ss[e] - ms[r]) * inv[r];
+      const float prob = softmax_exp(ss[e] - ms[r]) * inv[r];
       ss[e] = F16 ? round_f16(prob) : prob;
     }
     __syncthreads();
