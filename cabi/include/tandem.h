@@ -393,7 +393,27 @@ typedef struct tandem_generate_params {
   size_t n_stop;
   int32_t max_tokens; /* >= 0; default 128 */
   uint32_t flags;     /* TANDEM_GENERATE_* bits; default 0; unknown bits: TANDEM_E_INVALID_ARG */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  int32_t logprobs; /* -1 (default): none; 0 .. TANDEM_MAX_TOP_LOGPROBS: each generated
+                       token's log-probability and this many most likely alternatives
+                       (OpenAI's logprobs / top_logprobs), into tandem_generate_result.logprobs */
+  int32_t reserved; /* 0 */
 } tandem_generate_params;
+
+/* Most alternatives a tandem_token_logprob carries (OpenAI's top_logprobs limit). */
+#define TANDEM_MAX_TOP_LOGPROBS 20
+
+/* A generated token's log-probability and the most likely tokens of the same step: a
+ * float64 log-softmax of the step's logits before any sampling transform (temperature,
+ * penalties, top-k/p, min-p), i.e. the model's own distribution, rounded to float. A fixed
+ * layout (no struct_size: it never grows), used in arrays. */
+typedef struct tandem_token_logprob {
+  int32_t token;                               /* the generated id */
+  float logprob;                               /* its log-probability (<= 0; -INFINITY possible) */
+  int32_t n_top;                               /* entries of top_tokens / top_logprobs in use */
+  int32_t top_tokens[TANDEM_MAX_TOP_LOGPROBS]; /* most likely first (ties: lower id first) */
+  float top_logprobs[TANDEM_MAX_TOP_LOGPROBS];
+} tandem_token_logprob;
 
 #define TANDEM_GENERATE_IGNORE_EOS 1u    /* do not stop at end-of-generation tokens */
 #define TANDEM_GENERATE_PARSE_SPECIAL 2u /* control-token text in a text prompt becomes the token */
@@ -411,8 +431,8 @@ enum tandem_finish_reason {
                                     (the status and message are in tandem_request_result) */
 };
 
-/* Generation result. The four buffer fields are INPUTS (optional; init sets them to
- * NULL/0); the rest are outputs. */
+/* Generation result. The buffer fields (tokens, text, logprobs and their capacities) are
+ * INPUTS (optional; init sets them to NULL/0); the rest are outputs. */
 typedef struct tandem_generate_result {
   size_t struct_size;
   int32_t* tokens;         /* in: buffer for the generated ids, or NULL */
@@ -426,6 +446,12 @@ typedef struct tandem_generate_result {
   int32_t n_prompt;        /* out: tokens evaluated for the prompt (pending token included) */
   double prompt_seconds;   /* out: wall time of the prompt evaluation */
   double generate_seconds; /* out: wall time from the first sampled token to the end */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  tandem_token_logprob* logprobs; /* in: buffer for one entry per generated id (with
+                                     params->logprobs >= 0), or NULL */
+  size_t logprobs_cap;            /* in: its capacity in entries */
+  size_t n_logprobs;              /* out: entries (n_tokens with params->logprobs >= 0, else 0);
+                                     min(n_logprobs, logprobs_cap) of them written */
 } tandem_generate_result;
 
 TANDEM_API tandem_status tandem_generate_result_init(tandem_generate_result* result, size_t struct_size);
@@ -572,6 +598,10 @@ typedef struct tandem_request_params {
                        that conversation, its prompt appended to the session's
                        tokens and KV (one request per session at a time; a
                        second one finishes with TANDEM_FINISH_ERROR) */
+  int32_t logprobs; /* -1 (default): none; 0 .. TANDEM_MAX_TOP_LOGPROBS: as
+                       tandem_generate_params.logprobs, into tandem_request_result.logprobs
+                       (the result only: events do not carry them) */
+  int32_t reserved; /* 0 */
 } tandem_request_params;
 
 TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size);
@@ -647,9 +677,10 @@ TANDEM_API tandem_status tandem_request_poll(tandem_request* request, tandem_req
  * unless it already finished (then nothing changes: TANDEM_OK). Thread-safe. */
 TANDEM_API tandem_status tandem_request_cancel(tandem_request* request);
 
-/* A request's outcome. The four buffer fields are INPUTS (optional; init sets them to
- * NULL/0); the rest are outputs. Buffers get as much as fits (text cut at a UTF-8
- * character boundary, NUL-terminated); n_tokens and text_len give the full sizes. */
+/* A request's outcome. The buffer fields (tokens, text, logprobs and their capacities) are
+ * INPUTS (optional; init sets them to NULL/0); the rest are outputs. Buffers get as much
+ * as fits (text cut at a UTF-8 character boundary, NUL-terminated); n_tokens, text_len
+ * and n_logprobs give the full sizes. */
 typedef struct tandem_request_result {
   size_t struct_size;
   int32_t* tokens;       /* in: buffer for the generated ids, or NULL */
@@ -670,6 +701,12 @@ typedef struct tandem_request_result {
   double queue_seconds;  /* out: submission -> admission */
   double ttft_seconds;   /* out: submission -> first generated token (0: none) */
   double e2e_seconds;    /* out: submission -> finish */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  tandem_token_logprob* logprobs; /* in: buffer for one entry per generated id (with
+                                     tandem_request_params.logprobs >= 0), or NULL */
+  size_t logprobs_cap;            /* in: its capacity in entries */
+  size_t n_logprobs;              /* out: entries (n_tokens with logprobs requested, else 0;
+                                     0 before the finish); min(n_logprobs, logprobs_cap) written */
 } tandem_request_result;
 
 TANDEM_API tandem_status tandem_request_result_init(tandem_request_result* result, size_t struct_size);

@@ -90,13 +90,13 @@ constexpr size_t kModelInfoV01 = sizeof(tandem_model_info);
 constexpr size_t kSessionParamsV01 = offsetof(tandem_session_params, kv_tier);
 constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);
 constexpr size_t kSamplingParamsV01 = sizeof(tandem_sampling_params);
-constexpr size_t kGenerateParamsV01 = sizeof(tandem_generate_params);
-constexpr size_t kGenerateResultV01 = sizeof(tandem_generate_result);
+constexpr size_t kGenerateParamsV01 = offsetof(tandem_generate_params, logprobs);
+constexpr size_t kGenerateResultV01 = offsetof(tandem_generate_result, logprobs);
 constexpr size_t kExecutorParamsV01 = offsetof(tandem_executor_params, device_kind);
 constexpr size_t kSchedulerParamsV01 = offsetof(tandem_scheduler_params, executor_handles);
 constexpr size_t kRequestParamsV01 = offsetof(tandem_request_params, session);
 constexpr size_t kRequestEventV01 = sizeof(tandem_request_event);
-constexpr size_t kRequestResultV01 = sizeof(tandem_request_result);
+constexpr size_t kRequestResultV01 = offsetof(tandem_request_result, logprobs);
 constexpr size_t kSchedulerSessionInfoV01 = sizeof(tandem_scheduler_session_info);
 
 #define TANDEM_NO_TAIL_PADDING(T, last) \
@@ -106,13 +106,15 @@ TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
 TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
-TANDEM_NO_TAIL_PADDING(tandem_generate_params, flags);
-TANDEM_NO_TAIL_PADDING(tandem_generate_result, generate_seconds);
+TANDEM_NO_TAIL_PADDING(tandem_generate_params, reserved);
+TANDEM_NO_TAIL_PADDING(tandem_generate_result, n_logprobs);
 TANDEM_NO_TAIL_PADDING(tandem_executor_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, reserved);
-TANDEM_NO_TAIL_PADDING(tandem_request_params, session);
+TANDEM_NO_TAIL_PADDING(tandem_request_params, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);
-TANDEM_NO_TAIL_PADDING(tandem_request_result, e2e_seconds);
+TANDEM_NO_TAIL_PADDING(tandem_request_result, n_logprobs);
+TANDEM_NO_TAIL_PADDING(tandem_token_logprob, top_logprobs);
+static_assert(TANDEM_MAX_TOP_LOGPROBS == kMaxTopLogprobs);
 TANDEM_NO_TAIL_PADDING(tandem_scheduler_session_info, reserved);
 #undef TANDEM_NO_TAIL_PADDING
 
@@ -164,6 +166,7 @@ tandem_generate_params default_generate_params() {
   tandem_generate_params p{};
   p.struct_size = sizeof p;
   p.max_tokens = GenerateOptions{}.max_tokens;
+  p.logprobs = -1;
   return p;
 }
 
@@ -208,6 +211,7 @@ tandem_request_params default_request_params() {
   p.sla = TANDEM_SLA_STANDARD;
   p.deadline_ms = 0;
   p.session = 0;
+  p.logprobs = -1;
   return p;
 }
 
@@ -287,6 +291,33 @@ std::vector<std::string> read_stops(const char* const* stop, size_t n_stop, cons
   return out;
 }
 
+/// tandem_generate_params / tandem_request_params .logprobs (-1 .. 20) and .reserved (0).
+int32_t read_logprobs(int32_t logprobs, int32_t reserved, const char* fn) {
+  if (logprobs < -1 || logprobs > TANDEM_MAX_TOP_LOGPROBS) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: logprobs {} must be -1 (none) or 0 .. {} alternatives", fn, logprobs,
+                                           TANDEM_MAX_TOP_LOGPROBS));
+  }
+  if (reserved != 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: reserved is {}, must be 0", fn, reserved));
+  return logprobs;
+}
+
+/// The first min(size, cap) entries of `in` into `out` (NULL: nothing).
+void write_logprobs(const std::vector<TokenLogprob>& in, tandem_token_logprob* out, size_t cap) {
+  if (out == nullptr) return;
+  const size_t n = std::min(in.size(), cap);
+  for (size_t i = 0; i < n; ++i) {
+    tandem_token_logprob e{};
+    e.token = in[i].token;
+    e.logprob = in[i].logprob;
+    e.n_top = in[i].n_top;
+    for (int32_t k = 0; k < in[i].n_top; ++k) {
+      e.top_tokens[k] = in[i].top[size_t(k)].token;
+      e.top_logprobs[k] = in[i].top[size_t(k)].logprob;
+    }
+    out[i] = e;
+  }
+}
+
 struct PreparedGenerate {
   GenerateOptions options;
   bool parse_special = false;
@@ -305,6 +336,7 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
   g.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
   g.options.sampling = to_sampling(p.sampling, fn);
   g.options.stop = read_stops(p.stop, p.n_stop, fn);
+  g.options.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
   if (result != nullptr) {
     g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
     std::memcpy(&g.result, result, g.result_bytes);
@@ -314,6 +346,10 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
     }
     if (g.result.text == nullptr && g.result.text_cap != 0) {
       fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->text is NULL but text_cap is {}", fn, g.result.text_cap));
+    }
+    if (g.result.logprobs == nullptr && g.result.logprobs_cap != 0) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: result->logprobs is NULL but logprobs_cap is {}", fn, g.result.logprobs_cap));
     }
   }
   return g;
@@ -382,6 +418,8 @@ void write_result(const GenerateResult& r, PreparedGenerate& g, tandem_generate_
   out.n_prompt = r.n_prompt;
   out.prompt_seconds = r.prompt_seconds;
   out.generate_seconds = r.generate_seconds;
+  out.n_logprobs = r.logprobs.size();
+  write_logprobs(r.logprobs, out.logprobs, out.logprobs_cap);
   if (out.tokens != nullptr) {
     std::copy_n(r.tokens.begin(), std::min(r.tokens.size(), out.tokens_cap), out.tokens);
   }
@@ -410,7 +448,12 @@ void fill_request_result(const RequestObj& r, tandem_request_result* result, con
   if (out.text == nullptr && out.text_cap != 0) {
     fail(TANDEM_E_INVALID_ARG, fmt::format("{}: result->text is NULL but text_cap is {}", fn, out.text_cap));
   }
+  if (out.logprobs == nullptr && out.logprobs_cap != 0) {
+    fail(TANDEM_E_INVALID_ARG,
+         fmt::format("{}: result->logprobs is NULL but logprobs_cap is {}", fn, out.logprobs_cap));
+  }
   out.id = r.handle.id();
+  out.n_logprobs = 0;
   out.n_tokens = 0;
   out.text_len = 0;
   out.finished = 0;
@@ -433,6 +476,8 @@ void fill_request_result(const RequestObj& r, tandem_request_result* result, con
     out.ttft_seconds = rr.metrics.ttft_s;
     out.e2e_seconds = rr.metrics.e2e_s;
     if (out.tokens != nullptr) std::copy_n(rr.tokens.begin(), std::min(rr.tokens.size(), out.tokens_cap), out.tokens);
+    out.n_logprobs = rr.logprobs.size();
+    write_logprobs(rr.logprobs, out.logprobs, out.logprobs_cap);
     if (out.text != nullptr && out.text_cap > 0) {
       size_t k = std::min(rr.text.size(), out.text_cap - 1);
       if (k < rr.text.size()) {
@@ -1177,6 +1222,7 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
     r.sla = static_cast<SlaClass>(p.sla);
     if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
     r.session = p.session;
+    r.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
     auto obj = std::make_shared<RequestObj>();
     r.on_event = [signal = obj->signal](const RequestEvent&) {
       {

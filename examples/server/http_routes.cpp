@@ -268,6 +268,49 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
                                          send_json(res, detokenize_response(parse_body(raw), *st.info.tokenizer));
                                        }));
 
+  // llama-server's /apply-template: the prompt the model's chat template makes of a chat
+  // request (messages, tools, add_generation_prompt, chat_template_kwargs), as tandem-cli
+  // apply-template prints it. The body keeps the client's key order (tojson prints it so).
+  // A template's own errors and its render limits are the request's fault: 400.
+  svr.Post("/apply-template",
+           guarded_body(
+               st, "/apply-template", [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                 const auto body = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
+                 if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+                 if (!body.is_object())
+                   throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
+                 const auto msgs = body.find("messages");
+                 if (msgs == body.end() || !msgs->is_array()) {
+                   throw ApiError(400, "'messages' is required (an array)", "messages", "invalid_value");
+                 }
+                 bool add_generation_prompt = true;
+                 if (const auto agp = body.find("add_generation_prompt"); agp != body.end() && !agp->is_null()) {
+                   if (!agp->is_boolean()) {
+                     throw ApiError(400, "'add_generation_prompt' must be a boolean", "add_generation_prompt",
+                                    "invalid_type");
+                   }
+                   add_generation_prompt = agp->get<bool>();
+                 }
+                 const auto tools = body.value("tools", nlohmann::ordered_json());
+                 if (!tools.is_null() && !tools.is_array()) {
+                   throw ApiError(400, "'tools' must be an array", "tools", "invalid_type");
+                 }
+                 const auto kwargs = body.value("chat_template_kwargs", nlohmann::ordered_json());
+                 if (!kwargs.is_null() && !kwargs.is_object()) {
+                   throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs",
+                                  "invalid_type");
+                 }
+                 std::string prompt;
+                 try {
+                   prompt = st.info.chat_template->render_json(*msgs, add_generation_prompt, tools, kwargs);
+                 } catch (const Error& e) {
+                   if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
+                   throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()),
+                                  "messages", std::string(error_code_name(e.code())));
+                 }
+                 send_json(res, json{{"prompt", prompt}});
+               }));
+
   // Any other route with a body: read it within the limit too (httplib would read it
   // whole before its 404), then 404.
   const auto no_route =

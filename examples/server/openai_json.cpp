@@ -126,8 +126,19 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
   if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty())) {
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_parameter");
   }
-  if (const json* lp = field(body, "logprobs"); lp && !(lp->is_boolean() && !lp->get<bool>())) {
-    throw ApiError(400, "logprobs are not supported", "logprobs", "unsupported_parameter");
+  if (s.chat) {  // logprobs: true, top_logprobs 0..20 (OpenAI: top_logprobs needs logprobs)
+    const bool lp = boolean(body, "logprobs", false);
+    const auto top = integer(body, "top_logprobs");
+    if (top && (*top < 0 || *top > kMaxTopLogprobs)) {
+      bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *top));
+    }
+    if (top && !lp) bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is given");
+    s.logprobs = lp ? int32_t(top.value_or(0)) : -1;
+  } else if (const auto n = integer(body, "logprobs")) {  // the legacy API: an integer, 0..5 there, 20 as vLLM
+    if (*n < 0 || *n > kMaxTopLogprobs) {
+      bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *n));
+    }
+    s.logprobs = int32_t(*n);
   }
   if (const json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
     throw ApiError(400, "tools are not supported", "tools", "unsupported_parameter");
@@ -356,10 +367,72 @@ json envelope(const GenerationSpec& spec, const std::string& id, int64_t created
 
 }  // namespace
 
+namespace {
+
+size_t code_points(std::string_view bytes) {
+  size_t n = 0;
+  for (const unsigned char c : bytes) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+double finite_logprob(float lp) {
+  return std::isfinite(lp) ? double(lp) : -9999.0;
+}
+
+json bytes_of(std::string_view piece) {
+  json b = json::array();
+  for (const unsigned char c : piece) b.push_back(int(c));
+  return b;
+}
+
+}  // namespace
+
+json logprobs_json(const GenerationSpec& spec, const Tokenizer& tok, std::span<const TokenLogprob> entries,
+                   size_t& text_offset) {
+  const auto piece = [&tok](int32_t id) { return tok.token_to_piece(id, false); };
+  if (spec.chat) {
+    json content = json::array();
+    for (const TokenLogprob& e : entries) {
+      const std::string p = piece(e.token);
+      json top = json::array();
+      for (int32_t i = 0; i < e.n_top; ++i) {
+        const std::string q = piece(e.top[size_t(i)].token);
+        top.push_back({{"token", utf8_sanitize(q)},
+                       {"logprob", finite_logprob(e.top[size_t(i)].logprob)},
+                       {"bytes", bytes_of(q)}});
+      }
+      content.push_back({{"token", utf8_sanitize(p)},
+                         {"logprob", finite_logprob(e.logprob)},
+                         {"bytes", bytes_of(p)},
+                         {"top_logprobs", std::move(top)}});
+      text_offset += code_points(p);
+    }
+    return {{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  for (const TokenLogprob& e : entries) {
+    const std::string p = piece(e.token);
+    tokens.push_back(utf8_sanitize(p));
+    token_logprobs.push_back(finite_logprob(e.logprob));
+    json top = json::object();
+    for (int32_t i = 0; i < e.n_top; ++i) {
+      const std::string key = utf8_sanitize(piece(e.top[size_t(i)].token));
+      if (!top.contains(key)) top[key] = finite_logprob(e.top[size_t(i)].logprob);  // the likelier of equal strings
+    }
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(text_offset);
+    text_offset += code_points(p);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"top_logprobs", std::move(top_logprobs)},
+          {"text_offset", std::move(offsets)}};
+}
+
 json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created, const std::string& text,
-                     RequestFinish finish, int32_t prompt_tokens, int32_t completion_tokens) {
+                     RequestFinish finish, int32_t prompt_tokens, int32_t completion_tokens, json logprobs) {
   json j = envelope(spec, id, created, false);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish)}};
+  json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish_reason_name(finish)}};
   if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
   if (spec.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -372,9 +445,9 @@ json completion_body(const GenerationSpec& spec, const std::string& id, int64_t 
 }
 
 json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
-                  bool role_only, std::optional<RequestFinish> finish) {
+                  bool role_only, std::optional<RequestFinish> finish, json logprobs) {
   json j = envelope(spec, id, created, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}};
+  json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}};
   choice["finish_reason"] = finish ? json(finish_reason_name(*finish)) : json(nullptr);
   if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
   if (spec.chat) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -62,6 +63,9 @@ struct GenerationSpec {
   bool ignore_eos = false;  ///< llama-server's extension: generate past end-of-generation
   SlaClass sla = SlaClass::kStandard;
   std::optional<double> timeout_s;
+  /// -1: no logprobs; 0 .. kMaxTopLogprobs: each token's log-probability and this many
+  /// alternatives (chat: `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
+  int32_t logprobs = -1;
 };
 
 /// Parse a body as JSON (ApiError 400 for malformed JSON or a non-object).
@@ -80,14 +84,27 @@ GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelI
 /// (never answered: a cancelled request gets an error object).
 std::string_view finish_reason_name(RequestFinish f) noexcept;
 
-/// The non-streaming response (chat.completion or text_completion).
+/// A choice's `logprobs` for generated tokens, in OpenAI's shape. Chat: {"content": [{"token",
+/// "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}.
+/// Completions (the legacy shape): {"tokens", "token_logprobs", "top_logprobs": [{token:
+/// logprob}], "text_offset"}. A token's string is its own bytes (Tokenizer::token_to_piece,
+/// the pieces the text is made of; invalid UTF-8 shown as U+FFFD), `bytes` those bytes
+/// exactly. A log-probability that is not finite (a -inf logit) is given as -9999.0, as
+/// OpenAI does. `text_offset`: code points of the completion text before `entries[0]`
+/// (vLLM's text_offset, 0 at the completion's start); advanced past the entries' pieces.
+nlohmann::json logprobs_json(const GenerationSpec& spec, const Tokenizer& tok, std::span<const TokenLogprob> entries,
+                             size_t& text_offset);
+
+/// The non-streaming response (chat.completion or text_completion). `logprobs`: the
+/// choice's logprobs (logprobs_json) or null.
 nlohmann::json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created,
                                const std::string& text, RequestFinish finish, int32_t prompt_tokens,
-                               int32_t completion_tokens);
+                               int32_t completion_tokens, nlohmann::json logprobs = nullptr);
 /// One streaming chunk: `text` (delta content), `role_only` (the chat's opening chunk with
-/// the assistant role), `finish` (the last choice chunk; text may be empty).
+/// the assistant role), `finish` (the last choice chunk; text may be empty), `logprobs` the
+/// entries of the tokens this chunk accounts for (see sse_stream.hpp) or null.
 nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
-                            bool role_only, std::optional<RequestFinish> finish);
+                            bool role_only, std::optional<RequestFinish> finish, nlohmann::json logprobs = nullptr);
 /// The usage-only chunk sent last when stream_options.include_usage (choices empty).
 nlohmann::json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t prompt_tokens,
                            int32_t completion_tokens);

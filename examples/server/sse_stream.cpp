@@ -9,7 +9,9 @@
 #include <ctime>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace tandem::server {
 
@@ -27,11 +29,14 @@ class EventChannel {
   struct Piece {
     std::string text;
     bool final = false;
+    std::optional<TokenLogprob> logprob;  ///< with Request::logprobs >= 0, on a token's event
   };
   void push(const RequestEvent& e) {
+    Piece p{std::string(e.text), e.final, std::nullopt};
+    if (e.logprob != nullptr) p.logprob = *e.logprob;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      q_.push_back({std::string(e.text), e.final});
+      q_.push_back(std::move(p));
     }
     cv_.notify_one();
   }
@@ -129,6 +134,15 @@ bool stream_body(ServerState& st, Job& job, httplib::DataSink& sink) {
   if (spec.chat && !write_event(sink, stream_chunk(spec, job.id, job.created, "", true, std::nullopt))) {
     return abort("client disconnected");
   }
+  // Logprobs: the entries of the tokens since the last chunk that carried text.
+  std::vector<TokenLogprob> pending;
+  size_t text_offset = 0;
+  const auto take_logprobs = [&]() -> json {
+    if (spec.logprobs < 0 || pending.empty()) return nullptr;
+    json j = logprobs_json(spec, *st.info.tokenizer, pending, text_offset);
+    pending.clear();
+    return j;
+  };
   for (;;) {
     EventChannel::Piece p;
     if (!job.channel->pop(p, std::chrono::milliseconds(1000))) {
@@ -136,14 +150,16 @@ bool stream_body(ServerState& st, Job& job, httplib::DataSink& sink) {
       if (!sink.write(kPing.data(), kPing.size())) return abort("client disconnected");
       continue;
     }
-    if (!p.text.empty() && !write_event(sink, stream_chunk(spec, job.id, job.created, p.text, false, std::nullopt))) {
+    if (p.logprob) pending.push_back(*p.logprob);
+    if (!p.text.empty() &&
+        !write_event(sink, stream_chunk(spec, job.id, job.created, p.text, false, std::nullopt, take_logprobs()))) {
       return abort("client disconnected");
     }
     if (!p.final) continue;
     const RequestResult r = job.handle.wait();
     int status = 200;
     if (answered(r.finish)) {
-      write_event(sink, stream_chunk(spec, job.id, job.created, "", false, r.finish));
+      write_event(sink, stream_chunk(spec, job.id, job.created, "", false, r.finish, take_logprobs()));
       if (spec.include_usage) {
         write_event(sink,
                     usage_chunk(spec, job.id, job.created, int32_t(spec.prompt_ids.size()), completion_tokens(r)));
@@ -177,6 +193,7 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
   r.max_tokens = s.max_tokens;
   r.stop = s.stop;
   r.ignore_eos = s.ignore_eos;
+  r.logprobs = s.logprobs;
   r.sla = s.sla;
   if (s.timeout_s)
     r.deadline =
@@ -215,8 +232,13 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
       throw e;
     }
     finish_job(st, *job, rr, 200, "");
+    json logprobs = nullptr;
+    if (s.logprobs >= 0) {
+      size_t text_offset = 0;
+      logprobs = logprobs_json(s, *st.info.tokenizer, rr.logprobs, text_offset);
+    }
     res.set_content(dump(completion_body(s, job->id, job->created, rr.text, rr.finish, int32_t(s.prompt_ids.size()),
-                                         completion_tokens(rr))),
+                                         completion_tokens(rr), std::move(logprobs))),
                     "application/json");
     return;
   }

@@ -7,6 +7,15 @@
 // a client that went away is noticed even while its request waits in the queue. A write
 // that fails (the client disconnected) cancels the request and waits for its terminal
 // event, so every KV page it held is back in its store before the worker moves on.
+//
+// Logprobs when streaming: every token's event carries its entry, but its text may be held
+// back (a possible stop string, an incomplete UTF-8 sequence) and released with a later
+// token's. A chunk carrying text carries the entries of every token since the previous
+// such chunk: the token that released the text and those whose text was held until then
+// (a token's text can straddle two chunks when only its tail was held). The entries of
+// tokens after the last text chunk (a stop string's tokens, whose text is cut) ride on the
+// finish chunk. The entries of all chunks, in order, are the non-streamed
+// answer's; completions' text_offset counts from the completion's start across chunks.
 #pragma once
 
 #include <httplib.h>

@@ -394,14 +394,14 @@ static void test_init_functions(void) {
   CHECK_INIT_MIN(tandem_session_params_init, tandem_session_params, offsetof(tandem_session_params, kv_tier));
   CHECK_INIT(tandem_session_info_init, tandem_session_info);
   CHECK_INIT(tandem_sampling_params_init, tandem_sampling_params);
-  CHECK_INIT(tandem_generate_params_init, tandem_generate_params);
-  CHECK_INIT(tandem_generate_result_init, tandem_generate_result);
+  CHECK_INIT_MIN(tandem_generate_params_init, tandem_generate_params, offsetof(tandem_generate_params, logprobs));
+  CHECK_INIT_MIN(tandem_generate_result_init, tandem_generate_result, offsetof(tandem_generate_result, logprobs));
   CHECK_INIT_MIN(tandem_executor_params_init, tandem_executor_params, offsetof(tandem_executor_params, device_kind));
   CHECK_INIT_MIN(tandem_scheduler_params_init, tandem_scheduler_params,
                  offsetof(tandem_scheduler_params, executor_handles));
   CHECK_INIT_MIN(tandem_request_params_init, tandem_request_params, offsetof(tandem_request_params, session));
   CHECK_INIT(tandem_request_event_init, tandem_request_event);
-  CHECK_INIT(tandem_request_result_init, tandem_request_result);
+  CHECK_INIT_MIN(tandem_request_result_init, tandem_request_result, offsetof(tandem_request_result, logprobs));
   CHECK_INIT(tandem_device_info_init, tandem_device_info);
 #undef CHECK_INIT
 #undef CHECK_INIT_MIN
@@ -463,13 +463,21 @@ static void test_struct_layout(void) {
   CHECK(sizeof(tandem_sampling_params) == 48);
   CHECK(offsetof(tandem_sampling_params, presence_penalty) == 36);
   CHECK(offsetof(tandem_sampling_params, seed) == 40);
-  CHECK(sizeof(tandem_generate_params) == 40);
+  CHECK(sizeof(tandem_generate_params) == 48);
+  CHECK(offsetof(tandem_generate_params, logprobs) == 40);
+  CHECK(offsetof(tandem_generate_params, reserved) == 44);
+  CHECK(sizeof(tandem_token_logprob) == 172);
+  CHECK(offsetof(tandem_token_logprob, n_top) == 8);
+  CHECK(offsetof(tandem_token_logprob, top_tokens) == 12);
+  CHECK(offsetof(tandem_token_logprob, top_logprobs) == 92);
   CHECK(offsetof(tandem_generate_params, sampling) == 8);
   CHECK(offsetof(tandem_generate_params, stop) == 16);
   CHECK(offsetof(tandem_generate_params, n_stop) == 24);
   CHECK(offsetof(tandem_generate_params, max_tokens) == 32);
   CHECK(offsetof(tandem_generate_params, flags) == 36);
-  CHECK(sizeof(tandem_generate_result) == 80);
+  CHECK(sizeof(tandem_generate_result) == 104);
+  CHECK(offsetof(tandem_generate_result, logprobs) == 80);
+  CHECK(offsetof(tandem_generate_result, n_logprobs) == 96);
   CHECK(offsetof(tandem_generate_result, tokens) == 8);
   CHECK(offsetof(tandem_generate_result, text_cap) == 32);
   CHECK(offsetof(tandem_generate_result, n_tokens) == 40);
@@ -492,7 +500,8 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_scheduler_params, n_executors) == 16);
   CHECK(offsetof(tandem_scheduler_params, max_queued) == 24);
   CHECK(offsetof(tandem_scheduler_params, page_size) == 36);
-  CHECK(sizeof(tandem_request_params) == 80);
+  CHECK(sizeof(tandem_request_params) == 88);
+  CHECK(offsetof(tandem_request_params, logprobs) == 80);
   CHECK(offsetof(tandem_request_params, session) == 72);
   CHECK(offsetof(tandem_request_params, prompt) == 8);
   CHECK(offsetof(tandem_request_params, prompt_tokens) == 16);
@@ -506,7 +515,9 @@ static void test_struct_layout(void) {
   CHECK(offsetof(tandem_request_event, text_len) == 24);
   CHECK(offsetof(tandem_request_event, kind) == 32);
   CHECK(offsetof(tandem_request_event, finish_reason) == 40);
-  CHECK(sizeof(tandem_request_result) == 112);
+  CHECK(sizeof(tandem_request_result) == 136);
+  CHECK(offsetof(tandem_request_result, logprobs) == 112);
+  CHECK(offsetof(tandem_request_result, n_logprobs) == 128);
   CHECK(offsetof(tandem_request_result, n_tokens) == 40);
   CHECK(offsetof(tandem_request_result, id) == 56);
   CHECK(offsetof(tandem_request_result, finished) == 64);
@@ -3011,6 +3022,155 @@ static void test_shared_pool(const golden_case* g) {
   for (i = 0; i < 2; ++i) CHECK_OK(tandem_session_free(s[i]));
 }
 
+/* Logprobs: each generated token's log-probability equals a double log-softmax of the
+ * logits tandem_session_eval gives for the same tokens (teacher-forced), its alternatives
+ * are the most likely ids in order; the scheduler's entries equal the session's; old
+ * struct sizes and bad values. */
+static void log_softmax(const float* row, int32_t n, double* out) {
+  double m = -INFINITY, z = 0.0;
+  int32_t i;
+  for (i = 0; i < n; ++i) m = row[i] > m ? row[i] : m;
+  for (i = 0; i < n; ++i) z += exp((double)row[i] - m);
+  for (i = 0; i < n; ++i) out[i] = (double)row[i] - (m + log(z));
+}
+
+static void test_logprobs(const golden_case* g) {
+  enum { N = 8, TOP = 5 };
+  tandem_session* s = new_session(128);
+  tandem_session* replay = new_session(128);
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, N);
+  tandem_generate_result gr;
+  tandem_token_logprob lp[N], lp_small[2], lp_sched[N];
+  int32_t ids[N], all[256];
+  size_t n_all = 0, i, n = 0;
+  float* logits;
+  double* want;
+  tandem_scheduler* sched;
+  tandem_request_params rp;
+  tandem_request* r = NULL;
+  tandem_request_result rr;
+
+  CHECK(gp.logprobs == -1 && gp.reserved == 0);
+  gp.logprobs = TOP;
+  REQUIRE_OK(tandem_generate_result_init(&gr, sizeof gr));
+  CHECK(gr.logprobs == NULL && gr.logprobs_cap == 0 && gr.n_logprobs == 0);
+  gr.tokens = ids;
+  gr.tokens_cap = N;
+  gr.logprobs = lp;
+  gr.logprobs_cap = N;
+  CHECK_OK(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr));
+  CHECK(gr.n_tokens == N && gr.n_logprobs == N);
+
+  /* Truth: the logits of prompt + ids[0 .. N-2], row n_prompt - 1 + i chose ids[i]. */
+  for (i = 0; i < g->n_prompt; ++i) all[n_all++] = g->prompt_ids[i];
+  for (i = 0; i + 1 < N; ++i) all[n_all++] = ids[i];
+  logits = (float*)malloc(sizeof(float) * (size_t)g_n_vocab * n_all);
+  want = (double*)malloc(sizeof(double) * (size_t)g_n_vocab);
+  if (logits == NULL || want == NULL) abort();
+  CHECK_OK(tandem_session_eval(replay, all, n_all, logits, (size_t)g_n_vocab * n_all));
+  for (i = 0; i < N; ++i) {
+    int32_t k;
+    const float* row = logits + (g->n_prompt - 1 + i) * (size_t)g_n_vocab;
+    log_softmax(row, g_n_vocab, want);
+    CHECK(lp[i].token == ids[i]);
+    CHECK(fabs(lp[i].logprob - want[ids[i]]) < 2e-5);
+    CHECK(lp[i].n_top == TOP);
+    CHECK(lp[i].top_tokens[0] == ids[i] && lp[i].top_logprobs[0] == lp[i].logprob); /* greedy */
+    for (k = 0; k < TOP; ++k) {
+      int32_t j, better = 0;
+      const int32_t t = lp[i].top_tokens[k];
+      CHECK(t >= 0 && t < g_n_vocab);
+      if (t < 0 || t >= g_n_vocab) continue;
+      CHECK(fabs(lp[i].top_logprobs[k] - want[t]) < 2e-5);
+      for (j = 0; j < g_n_vocab; ++j) better += want[j] > want[t] || (want[j] == want[t] && j < t);
+      CHECK(better == k); /* the k-th most likely id */
+    }
+  }
+  free(logits);
+  free(want);
+
+  /* A small buffer gets the first entries; n_logprobs is the full count. Without logprobs: 0. */
+  REQUIRE_OK(tandem_session_reset(s));
+  gr.logprobs = lp_small;
+  gr.logprobs_cap = 2;
+  CHECK_OK(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr));
+  CHECK(gr.n_logprobs == N && lp_small[0].token == lp[0].token && lp_small[1].logprob == lp[1].logprob);
+  REQUIRE_OK(tandem_session_reset(s));
+  gp.logprobs = -1;
+  CHECK_OK(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr));
+  CHECK(gr.n_tokens == N && gr.n_logprobs == 0);
+
+  /* Refusals: out of range, reserved set, a NULL buffer with a capacity. */
+  REQUIRE_OK(tandem_session_reset(s));
+  gp.logprobs = 21;
+  CHECK_STATUS(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr),
+               TANDEM_E_INVALID_ARG);
+  CHECK_MSG_CONTAINS("logprobs");
+  gp.logprobs = -2;
+  CHECK_STATUS(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr),
+               TANDEM_E_INVALID_ARG);
+  gp.logprobs = 0;
+  gp.reserved = 1;
+  CHECK_STATUS(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr),
+               TANDEM_E_INVALID_ARG);
+  gp.reserved = 0;
+  gr.logprobs = NULL;
+  gr.logprobs_cap = 3;
+  CHECK_STATUS(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &gp, NULL, NULL, &gr),
+               TANDEM_E_INVALID_ARG);
+
+  /* Callers built against the version-0.1 structs: no logprobs, the result written up to their size. */
+  {
+    unsigned char old_result[sizeof(tandem_generate_result) + 8];
+    tandem_generate_result* o = (tandem_generate_result*)old_result;
+    tandem_generate_params og = greedy_params(&smp, N);
+    memset(old_result, 0xAB, sizeof old_result);
+    REQUIRE_OK(tandem_generate_result_init(o, offsetof(tandem_generate_result, logprobs)));
+    og.struct_size = offsetof(tandem_generate_params, logprobs);
+    og.logprobs = 7; /* beyond its struct_size: not read */
+    REQUIRE_OK(tandem_session_reset(s));
+    CHECK_OK(tandem_session_generate_tokens(s, g->prompt_ids, g->n_prompt, &og, NULL, NULL, o));
+    CHECK(o->n_tokens == N);
+    CHECK(old_result[offsetof(tandem_generate_result, logprobs)] == 0xAB); /* nothing written past it */
+  }
+
+  /* The scheduler: the same entries for the same greedy request. */
+  sched = new_scheduler(1, 4, 16);
+  rp = greedy_request(&smp, N);
+  CHECK(rp.logprobs == -1);
+  rp.prompt_tokens = g->prompt_ids;
+  rp.n_prompt_tokens = g->n_prompt;
+  rp.logprobs = TOP;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+  REQUIRE_OK(tandem_request_result_init(&rr, sizeof rr));
+  rr.logprobs = lp_sched;
+  rr.logprobs_cap = N;
+  CHECK_OK(tandem_request_wait(r, -1, &rr));
+  CHECK(rr.finished && rr.n_tokens == N && rr.n_logprobs == N);
+  for (i = 0; i < N; ++i) {
+    int32_t k;
+    CHECK(lp_sched[i].token == lp[i].token && lp_sched[i].n_top == TOP);
+    CHECK(fabsf(lp_sched[i].logprob - lp[i].logprob) < 2e-5f);
+    for (k = 0; k < TOP; ++k) {
+      CHECK(lp_sched[i].top_tokens[k] == lp[i].top_tokens[k]);
+      CHECK(fabsf(lp_sched[i].top_logprobs[k] - lp[i].top_logprobs[k]) < 2e-5f);
+    }
+    n += lp_sched[i].token == ids[i];
+  }
+  CHECK(n == N);
+  CHECK_OK(tandem_request_free(r));
+  rp.logprobs = 21;
+  CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r), TANDEM_E_INVALID_ARG);
+  CHECK(r == NULL);
+  rp.logprobs = 1;
+  rp.reserved = 5;
+  CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK_OK(tandem_session_free(s));
+  CHECK_OK(tandem_session_free(replay));
+}
+
 int main(int argc, char** argv) {
   golden_case g;
   (void)argc;
@@ -3056,6 +3216,7 @@ int main(int argc, char** argv) {
   test_scheduler_sessions_and_waits(&g);
   test_scheduler_session_park(&g);
   test_shared_pool(&g);
+  test_logprobs(&g);
   CHECK_OK(tandem_model_free(g_model));
   CHECK_STATUS(tandem_model_free(g_model), TANDEM_E_INVALID_HANDLE);
 

@@ -340,7 +340,7 @@ MALFORMED = [
     ("best_of > 1", COMP, {"prompt": "x", "best_of": 2}, 400, "best_of"),
     ("best_of 0", COMP, {"prompt": "x", "best_of": 0}, 400, "best_of"),
     ("logit_bias", CHAT, {"messages": MSG, "logit_bias": {"1": 5}}, 400, "logit_bias"),
-    ("logprobs", CHAT, {"messages": MSG, "logprobs": True}, 400, "logprobs"),
+    ("top_logprobs over 20", CHAT, {"messages": MSG, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ("tools", CHAT, {"messages": MSG, "tools": [{"type": "function"}]}, 400, "tools"),
     ("stop a number", CHAT, {"messages": MSG, "stop": 3}, 400, "stop"),
     ("stop empty string", CHAT, {"messages": MSG, "stop": [""]}, 400, "stop"),

@@ -48,7 +48,7 @@ __all__ = [
     "TandemError", "Model", "ModelInfo", "Session", "SessionInfo", "Generation", "GenerateResult", "Device",
     "devices", "set_log_callback", "version", "version_number", "library_path", "Scheduler", "SchedulerSession",
     "SchedulerSessionInfo", "Pool",
-    "Request", "RequestEvent", "RequestResult", "Executor", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY",
+    "Request", "RequestEvent", "RequestResult", "Executor", "TokenLogprob", "OK", "E_INVALID_ARG", "E_IO", "E_OUT_OF_MEMORY",
     "E_GGUF_BAD_MAGIC", "E_TOKENIZER", "E_CONTEXT_OVERFLOW", "E_BAD_POSITION", "E_KV_MISMATCH", "E_KV_CHECKSUM",
     "E_KV_LEASE_EXPIRED", "E_KV_TOKEN_RANGE", "E_SESSION_CORRUPT", "E_SESSION_MODEL_MISMATCH", "E_SESSION_VERSION",
     "E_INTERNAL", "E_INVALID_HANDLE", "E_BUSY", "E_BUFFER_TOO_SMALL", "E_UNSUPPORTED",
@@ -56,6 +56,52 @@ __all__ = [
 
 Prompt = Union[str, bytes, Sequence[int]]
 Message = Dict[str, str]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (a float64 log-softmax of the
+    step's logits before sampling transforms, rounded to float) and the most likely
+    alternatives of that step, most likely first: `top` is [(token id, logprob), ...]."""
+    token: int
+    logprob: float
+    top: List[Any] = field(default_factory=list)
+
+
+def _logprobs_out(arr, n: int) -> List[TokenLogprob]:
+    return [TokenLogprob(e.token, e.logprob, [(e.top_tokens[k], e.top_logprobs[k]) for k in range(e.n_top)])
+            for e in arr[:n]]
+
+
+def _openai_logprob(lp: float) -> float:
+    return lp if lp == lp and lp > float("-inf") else -9999.0  # OpenAI's value for -inf
+
+
+def _chat_logprobs(model: "Model", entries: List[TokenLogprob]) -> Dict[str, Any]:
+    """OpenAI's chat shape: {"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal"}."""
+    def one(token: int, lp: float) -> Dict[str, Any]:
+        b = model.token_to_piece(token)
+        return {"token": b.decode("utf-8", "replace"), "logprob": _openai_logprob(lp), "bytes": list(b)}
+
+    return {"content": [dict(one(e.token, e.logprob), top_logprobs=[one(t, lp) for t, lp in e.top])
+                        for e in entries], "refusal": None}
+
+
+def _completion_logprobs(model: "Model", entries: List[TokenLogprob], offset: int = 0) -> Dict[str, Any]:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs [{token: logprob}],
+    text_offset (code points from the completion's start, as vLLM)."""
+    out: Dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        piece = model.token_to_piece(e.token)
+        out["tokens"].append(piece.decode("utf-8", "replace"))
+        out["token_logprobs"].append(_openai_logprob(e.logprob))
+        top: Dict[str, float] = {}
+        for t, lp in e.top:
+            top.setdefault(model.token_to_piece(t).decode("utf-8", "replace"), _openai_logprob(lp))
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+        offset += sum(1 for c in piece if (c & 0xC0) != 0x80)
+    return out
 
 
 # ---- library-wide ---------------------------------------------------------------------------
@@ -315,14 +361,18 @@ class Model(_Handle):
                                stop: Union[None, str, List[str]] = None, seed: Optional[int] = None,
                                stream: bool = False, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                                repeat_penalty: float = 1.0, n_ctx: int = 0, template: Optional[str] = None,
-                               model: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                               model: Optional[str] = None, logprobs: bool = False,
+                               top_logprobs: Optional[int] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped chat completion, with the field names and defaults of
         llama-cpp-python's ``Llama.create_chat_completion``: returns a "chat.completion"
         dict (choices[0].message.content, finish_reason "stop" / "length", usage), or with
         stream=True an iterator of "chat.completion.chunk" dicts (a first delta with the
         role, then content deltas, then an empty delta with the finish_reason).
         max_tokens None: until the context (n_ctx; 0 = the model's, capped at 4096) is
-        full. Runs on a session of its own (any number of calls may run at once)."""
+        full. Runs on a session of its own (any number of calls may run at once).
+        logprobs=True (top_logprobs 0..20 alternatives, ignored without it): choices[0]
+        ["logprobs"] is OpenAI's {"content": [{"token", "logprob", "bytes", "top_logprobs"}]};
+        streamed, every entry rides on the finish chunk (the entries are known at the end)."""
         ids = self.chat_tokenize(messages, True, template)
         session = Session(self, n_ctx=n_ctx, n_threads=self.n_threads)
         limit = session.info.n_ctx - len(ids)
@@ -333,7 +383,8 @@ class Model(_Handle):
                         repeat_penalty=repeat_penalty)
         if seed is not None:
             sampling["seed"] = seed
-        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, **sampling)
+        n_top = (0 if top_logprobs is None else top_logprobs) if logprobs else None
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=n_top, **sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         name = model if model is not None else self.info.name
@@ -342,23 +393,81 @@ class Model(_Handle):
             with session:
                 text = gen.text()
             r = gen.result
+            lp = _chat_logprobs(self, r.logprobs) if logprobs else None
             return {"id": ident, "object": "chat.completion", "created": created, "model": name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                                  "finish_reason": _OPENAI_FINISH.get(r.finish_reason, "stop")}],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(r.tokens),
                               "total_tokens": len(ids) + len(r.tokens)}}
 
         def chunks() -> Iterator[Dict[str, Any]]:
-            def chunk(delta: Dict[str, str], finish: Optional[str]) -> Dict[str, Any]:
+            def chunk(delta: Dict[str, str], finish: Optional[str], lp: Any = None) -> Dict[str, Any]:
                 return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": name,
-                        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+                        "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
 
             with session, gen:
                 yield chunk({"role": "assistant"}, None)
                 for piece in gen:
                     if piece:
                         yield chunk({"content": piece}, None)
-            yield chunk({}, _OPENAI_FINISH.get(gen.result.finish_reason if gen.result else "stop", "stop"))
+            lp = _chat_logprobs(self, gen.result.logprobs) if logprobs and gen.result else None
+            yield chunk({}, _OPENAI_FINISH.get(gen.result.finish_reason if gen.result else "stop", "stop"), lp)
+
+        return chunks()
+
+    def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, temperature: float = 0.8,
+                          top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
+                          stop: Union[None, str, List[str]] = None, seed: Optional[int] = None, stream: bool = False,
+                          logprobs: Optional[int] = None, frequency_penalty: float = 0.0,
+                          presence_penalty: float = 0.0, repeat_penalty: float = 1.0, n_ctx: int = 0,
+                          model: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+        """An OpenAI-shaped text completion with the field names and defaults of
+        llama-cpp-python's ``Llama.create_completion``: a "text_completion" dict
+        (choices[0].text, finish_reason, usage) or, with stream=True, an iterator of them
+        (the last with the finish_reason). `prompt`: text (BOS added, special tokens parsed,
+        as tandem-server) or token ids. logprobs 0..20: choices[0]["logprobs"] is the
+        legacy {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+        "text_offset"} (offsets in code points from the completion's start); streamed, the
+        entries ride on the last chunk. max_tokens None: until the context is full."""
+        if isinstance(prompt, (str, bytes)):
+            ids = self.tokenize(prompt, add_special=True, parse_special=True)
+        else:
+            ids = list(prompt)
+        session = Session(self, n_ctx=n_ctx, n_threads=self.n_threads)
+        if max_tokens is None or max_tokens <= 0:
+            max_tokens = max(session.info.n_ctx - len(ids), 0)
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                        repeat_penalty=repeat_penalty)
+        if seed is not None:
+            sampling["seed"] = seed
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, **sampling)
+        ident = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        name = model if model is not None else self.info.name
+
+        def body(text: str, finish: Optional[str], lp: Any) -> Dict[str, Any]:
+            return {"id": ident, "object": "text_completion", "created": created, "model": name,
+                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
+
+        if not stream:
+            with session:
+                text = gen.text()
+            r = gen.result
+            out = body(text, _OPENAI_FINISH.get(r.finish_reason, "stop"),
+                       _completion_logprobs(self, r.logprobs) if logprobs is not None else None)
+            out["usage"] = {"prompt_tokens": len(ids), "completion_tokens": len(r.tokens),
+                            "total_tokens": len(ids) + len(r.tokens)}
+            return out
+
+        def chunks() -> Iterator[Dict[str, Any]]:
+            with session, gen:
+                for piece in gen:
+                    if piece:
+                        yield body(piece, None, None)
+            r = gen.result
+            lp = _completion_logprobs(self, r.logprobs) if logprobs is not None and r else None
+            yield body("", _OPENAI_FINISH.get(r.finish_reason if r else "stop", "stop"), lp)
 
         return chunks()
 
@@ -386,6 +495,7 @@ class GenerateResult:
     n_prompt: int = 0
     prompt_seconds: float = 0.0
     generate_seconds: float = 0.0
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # one per token with logprobs= given
 
 
 _INT32_SAMPLING = ("top_k", "repeat_last_n")
@@ -415,10 +525,11 @@ class _Call:
     """The C structs and buffers of one generate call (kept alive for its duration)."""
 
     def __init__(self, max_tokens: int, stop, ignore_eos: bool, parse_special: bool, sampling: Dict[str, Any],
-                 n_ctx: int):
+                 n_ctx: int, logprobs: Optional[int] = None):
         max_tokens = _c.check_int("max_tokens", max_tokens, 0, _c.INT32_MAX)
         self.sampling = _sampling(sampling)
         self.params = _c.init(_c.GenerateParams, _c.generate_params_init)
+        self.params.logprobs = -1 if logprobs is None else _c.check_int("logprobs", logprobs, 0, _c.MAX_TOP_LOGPROBS)
         self.params.sampling = ctypes.pointer(self.sampling)
         self.params.max_tokens = max_tokens
         self.params.flags = (_c.GENERATE_IGNORE_EOS if ignore_eos else 0) | (
@@ -434,12 +545,17 @@ class _Call:
         self.tokens = (ctypes.c_int32 * max(cap, 1))()
         self.result.tokens = self.tokens
         self.result.tokens_cap = cap
+        self.logprobs = (_c.TokenLogprob * max(cap if logprobs is not None else 0, 1))()
+        if logprobs is not None:
+            self.result.logprobs = self.logprobs
+            self.result.logprobs_cap = cap
 
     def to_result(self, pieces: List[str]) -> GenerateResult:
         r = self.result
         n = min(r.n_tokens, r.tokens_cap)
         return GenerateResult("".join(pieces), list(self.tokens[:n]), _c.FINISH_REASONS.get(r.finish_reason, "?"),
-                              r.n_prompt, r.prompt_seconds, r.generate_seconds)
+                              r.n_prompt, r.prompt_seconds, r.generate_seconds,
+                              _logprobs_out(self.logprobs, min(r.n_logprobs, r.logprobs_cap)))
 
 
 class _Stream:
@@ -697,14 +813,16 @@ class Session(_Handle):
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                  ignore_eos: bool = False, parse_special: bool = False, lookahead: int = 256,
-                 **sampling) -> Generation:
+                 logprobs: Optional[int] = None, **sampling) -> Generation:
         """Stream a generation: returns a Generation, an iterator of text pieces. `prompt`
         is text (UTF-8; BOS added on an empty session) or a list of token ids; an empty
         prompt continues the conversation. `stop`: one stop string or a list of them.
         Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, frequency_penalty, presence_penalty, seed. `lookahead`: how many
-        pieces generation may run ahead of the consumer before it waits (backpressure)."""
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx)
+        pieces generation may run ahead of the consumer before it waits (backpressure).
+        `logprobs` 0..20: result.logprobs gets each token's TokenLogprob with that many
+        alternatives."""
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx, logprobs)
         lookahead = _c.check_int("lookahead", lookahead, 1, _c.INT32_MAX)
         gen = Generation(self.handle, self._starter(prompt, call), call, lookahead)
         self._active = weakref.ref(gen)
@@ -712,13 +830,15 @@ class Session(_Handle):
 
     def complete(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                  ignore_eos: bool = False, parse_special: bool = False,
-                 on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, **sampling) -> GenerateResult:
+                 on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, logprobs: Optional[int] = None,
+                 **sampling) -> GenerateResult:
         """Generate and return the whole result. `on_piece(text, token)` is called in this
         thread for each piece; returning True stops the generation ("cancelled"). An
         exception from on_piece, or KeyboardInterrupt, stops the generation and
         propagates; the session stays usable."""
         # lookahead 1: the model waits while on_piece runs, so a stop takes effect at once.
-        gen = self.generate(prompt, max_tokens, stop, ignore_eos, parse_special, lookahead=1, **sampling)
+        gen = self.generate(prompt, max_tokens, stop, ignore_eos, parse_special, lookahead=1, logprobs=logprobs,
+                            **sampling)
         with gen:
             for piece in gen:
                 if on_piece is not None and on_piece(piece, gen.last_token):
@@ -816,6 +936,7 @@ class RequestResult:
     queue_seconds: float = 0.0
     ttft_seconds: float = 0.0
     e2e_seconds: float = 0.0
+    logprobs: List[TokenLogprob] = field(default_factory=list)  # one per token with logprobs= given
 
 
 class Request(_Handle):
@@ -833,6 +954,7 @@ class Request(_Handle):
         self._h = handle
         self._max_tokens = max_tokens
         self._pool = pool
+        self._logprobs = False  # logprobs requested: the result reads them
         self._buf = ctypes.create_string_buffer(1024)
         self._lock = threading.Lock()  # one event buffer: one taker at a time
         self._done = False
@@ -912,18 +1034,21 @@ class Request(_Handle):
         while True:
             tokens = (ctypes.c_int32 * max(self._max_tokens, 1))()
             text = ctypes.create_string_buffer(max(self._max_tokens * 16, 64))
+            lps = (_c.TokenLogprob * max(self._max_tokens if self._logprobs else 0, 1))()
             r.tokens, r.tokens_cap = tokens, len(tokens)
             r.text, r.text_cap = ctypes.addressof(text), len(text)
+            if self._logprobs:
+                r.logprobs, r.logprobs_cap = lps, len(lps)
             _c.check(call(ctypes.byref(r)))
             if not r.finished:
                 return None
-            if r.n_tokens <= r.tokens_cap and r.text_len < r.text_cap:
+            if r.n_tokens <= r.tokens_cap and r.text_len < r.text_cap and r.n_logprobs <= r.logprobs_cap:
                 break
             self._max_tokens = max(r.n_tokens, r.text_len // 16 + 1)  # grow and read again
         return RequestResult(r.id, _c.FINISH_REASONS.get(r.finish_reason, "?"), list(tokens[: r.n_tokens]),
                              text.raw[: r.text_len].decode("utf-8", "replace"), r.status,
                              (r.message or b"").decode("utf-8", "replace"), r.n_prompt, r.queue_seconds,
-                             r.ttft_seconds, r.e2e_seconds)
+                             r.ttft_seconds, r.e2e_seconds, _logprobs_out(lps, min(r.n_logprobs, r.logprobs_cap)))
 
     def wait(self, timeout: Optional[float] = None) -> Optional[RequestResult]:
         """Block until finished (or `timeout` seconds pass: None)."""
@@ -1052,15 +1177,15 @@ class Scheduler(_Handle):
 
     def submit(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                ignore_eos: bool = False, parse_special: bool = False, sla: str = "standard", deadline_ms: int = 0,
-               session: int = 0, **sampling) -> Request:
+               session: int = 0, logprobs: Optional[int] = None, **sampling) -> Request:
         """Submit a request (prompt text or token ids). sla: "interactive", "standard" or
         "batch"; deadline_ms > 0 ends it with "timeout" after that long; session: a
-        SchedulerSession id to continue (see open_session). Sampling keywords as
-        Session.generate."""
+        SchedulerSession id to continue (see open_session). Sampling keywords and
+        `logprobs` (0..20: RequestResult.logprobs) as Session.generate."""
         if sla not in _c.SLA_CLASSES:
             raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(_c.SLA_CLASSES)}")
         max_tokens = _c.check_int("max_tokens", max_tokens, 1, _c.INT32_MAX)
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, 0)  # sampling + stop arrays only
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, 0, logprobs)  # sampling, stop, logprobs
         p = _c.init(_c.RequestParams, _c.request_params_init)
         keep: List[Any] = []
         if isinstance(prompt, (str, bytes)):
@@ -1077,9 +1202,12 @@ class Scheduler(_Handle):
         p.sla = _c.SLA_CLASSES[sla]
         p.deadline_ms = _c.check_int("deadline_ms", deadline_ms, 0, _c.INT32_MAX)
         p.session = _c.check_int("session", session, 0, _c.UINT64_MAX)
+        p.logprobs = call.params.logprobs
         handle = _c.handle_t()
         _c.check(_c.scheduler_submit(self.handle, ctypes.byref(p), ctypes.byref(handle)))
-        return Request(handle.value, max_tokens, self._pool)
+        req = Request(handle.value, max_tokens, self._pool)
+        req._logprobs = logprobs is not None
+        return req
 
     def open_session(self) -> SchedulerSession:
         """A conversation continued over several requests (see SchedulerSession)."""

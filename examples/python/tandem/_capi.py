@@ -138,14 +138,24 @@ class SamplingParams(ctypes.Structure):
 class GenerateParams(ctypes.Structure):
     _fields_ = [("struct_size", _size), ("sampling", ctypes.POINTER(SamplingParams)),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size),
-                ("max_tokens", ctypes.c_int32), ("flags", ctypes.c_uint32)]
+                ("max_tokens", ctypes.c_int32), ("flags", ctypes.c_uint32), ("logprobs", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+class TokenLogprob(ctypes.Structure):
+    _fields_ = [("token", ctypes.c_int32), ("logprob", ctypes.c_float), ("n_top", ctypes.c_int32),
+                ("top_tokens", ctypes.c_int32 * MAX_TOP_LOGPROBS), ("top_logprobs", ctypes.c_float * MAX_TOP_LOGPROBS)]
 
 
 class GenerateResult(ctypes.Structure):
     _fields_ = [("struct_size", _size), ("tokens", _i32p), ("tokens_cap", _size),
                 ("text", ctypes.c_char_p), ("text_cap", _size), ("n_tokens", _size), ("text_len", _size),
                 ("finish_reason", ctypes.c_int32), ("n_prompt", ctypes.c_int32),
-                ("prompt_seconds", ctypes.c_double), ("generate_seconds", ctypes.c_double)]
+                ("prompt_seconds", ctypes.c_double), ("generate_seconds", ctypes.c_double),
+                ("logprobs", ctypes.POINTER(TokenLogprob)), ("logprobs_cap", _size), ("n_logprobs", _size)]
 
 
 class ExecutorParams(ctypes.Structure):
@@ -175,7 +185,7 @@ class RequestParams(ctypes.Structure):
                 ("n_prompt_tokens", _size), ("sampling", ctypes.POINTER(SamplingParams)),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size), ("max_tokens", ctypes.c_int32),
                 ("flags", ctypes.c_uint32), ("sla", ctypes.c_int32), ("deadline_ms", ctypes.c_int32),
-                ("session", ctypes.c_uint64)]
+                ("session", ctypes.c_uint64), ("logprobs", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 class RequestEvent(ctypes.Structure):
@@ -189,7 +199,8 @@ class RequestResult(ctypes.Structure):
                 ("text_cap", _size), ("n_tokens", _size), ("text_len", _size), ("id", ctypes.c_uint64),
                 ("finished", ctypes.c_int32), ("finish_reason", ctypes.c_int32), ("status", ctypes.c_int32),
                 ("n_prompt", ctypes.c_int32), ("message", ctypes.c_char_p), ("queue_seconds", ctypes.c_double),
-                ("ttft_seconds", ctypes.c_double), ("e2e_seconds", ctypes.c_double)]
+                ("ttft_seconds", ctypes.c_double), ("e2e_seconds", ctypes.c_double),
+                ("logprobs", ctypes.POINTER(TokenLogprob)), ("logprobs_cap", _size), ("n_logprobs", _size)]
 
 
 class DeviceInfo(ctypes.Structure):

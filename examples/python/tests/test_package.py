@@ -5,6 +5,7 @@ running rules as test_tandem.py."""
 
 import _thread
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -174,6 +175,83 @@ class TestChatCompletion(PackageTestCase):
                          "<|im_start|>user\nHi<|im_end|>\n")
         self.assertRefused(self.model.apply_chat_template, [{"role": "user", "content": "Hi"}],
                            tools=[{"type": "function", "function": {"name": "f"}}])
+
+
+class TestLogprobs(PackageTestCase):
+    """logprobs through the C ABI: values equal a float64 log-softmax of the logits
+    Session.eval gives for the same tokens (teacher-forced); OpenAI / llama-cpp-python shapes."""
+    messages = [{"role": "user", "content": "Once upon a time"}]
+
+    @staticmethod
+    def log_softmax(row):
+        m = max(row)
+        log_z = m + math.log(math.fsum(math.exp(x - m) for x in row))
+        return [x - log_z for x in row]
+
+    def test_values_equal_log_softmax_of_the_logits(self):
+        prompt = self.case["prompt_ids"]
+        with self.session() as s:
+            r = s.complete(prompt, max_tokens=8, logprobs=4, **GREEDY)
+        self.assertEqual(len(r.logprobs), len(r.tokens))
+        with self.session() as replay:
+            rows = replay.eval(prompt + r.tokens[:-1], all_logits=True)[len(prompt) - 1:]
+        for e, tok, row in zip(r.logprobs, r.tokens, rows):
+            want = self.log_softmax(list(row))
+            self.assertEqual(e.token, tok)
+            self.assertAlmostEqual(e.logprob, want[tok], delta=2e-5)
+            order = sorted(range(len(want)), key=lambda j: (-want[j], j))[:4]
+            self.assertEqual([t for t, _ in e.top], order)
+            for t, lp in e.top:
+                self.assertAlmostEqual(lp, want[t], delta=2e-5)
+        # The scheduler gives the same entries.
+        with tandem.Scheduler(self.model, executors=[tandem.Executor(n_threads=1)]) as sched:
+            rr = sched.submit(prompt, max_tokens=8, logprobs=4, **GREEDY).wait()
+        self.assertEqual(rr.tokens, r.tokens)
+        self.assertEqual([e.token for e in rr.logprobs], r.tokens)
+        for a, b in zip(rr.logprobs, r.logprobs):
+            self.assertAlmostEqual(a.logprob, b.logprob, delta=2e-5)
+            self.assertEqual([t for t, _ in a.top], [t for t, _ in b.top])
+        with self.session() as s:
+            self.assertEqual(s.complete(prompt, max_tokens=4, **GREEDY).logprobs, [])
+            self.assertRaises(tandem.TandemError, s.complete, prompt, max_tokens=4, logprobs=21)
+
+    def test_chat_completion_logprobs_shape(self):
+        out = self.model.create_chat_completion(self.messages, max_tokens=12, temperature=0, logprobs=True,
+                                                top_logprobs=3)
+        choice = out["choices"][0]
+        content = choice["logprobs"]["content"]
+        self.assertEqual(len(content), out["usage"]["completion_tokens"])
+        self.assertEqual("".join(e["token"] for e in content), choice["message"]["content"])
+        for e in content:
+            self.assertEqual(set(e), {"token", "logprob", "bytes", "top_logprobs"})
+            self.assertEqual(bytes(e["bytes"]).decode("utf-8", "replace"), e["token"])
+            self.assertEqual(len(e["top_logprobs"]), 3)
+            self.assertEqual(e["top_logprobs"][0]["token"], e["token"])  # greedy
+            self.assertEqual(e["top_logprobs"][0]["logprob"], e["logprob"])
+            self.assertLessEqual(math.fsum(math.exp(t["logprob"]) for t in e["top_logprobs"]), 1.0 + 1e-5)
+        self.assertIsNone(self.model.create_chat_completion(self.messages, max_tokens=2)["choices"][0]["logprobs"])
+        chunks = list(self.model.create_chat_completion(self.messages, max_tokens=12, temperature=0, logprobs=True,
+                                                        top_logprobs=3, stream=True))
+        streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+        self.assertEqual(streamed, content)
+
+    def test_completion_logprobs_shape(self):
+        out = self.model.create_completion(self.case["prompt_text"], max_tokens=10, temperature=0, logprobs=2)
+        self.assertEqual(out["object"], "text_completion")
+        choice = out["choices"][0]
+        lp = choice["logprobs"]
+        self.assertEqual(set(lp), {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        self.assertEqual(len(lp["tokens"]), out["usage"]["completion_tokens"])
+        self.assertEqual("".join(lp["tokens"]), choice["text"])
+        self.assertEqual(lp["text_offset"], [len("".join(lp["tokens"][:i])) for i in range(len(lp["tokens"]))])
+        for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            self.assertLessEqual(len(top), 2)
+            self.assertEqual(top[tok], value)  # greedy: the token is the most likely
+        chunks = list(self.model.create_completion(self.case["prompt_text"], max_tokens=10, temperature=0,
+                                                   logprobs=2, stream=True))
+        self.assertEqual("".join(c["choices"][0]["text"] for c in chunks), choice["text"])
+        self.assertEqual(chunks[-1]["choices"][0]["logprobs"], lp)
+        self.assertIsNone(self.model.create_completion(self.case["prompt_text"], max_tokens=2)["choices"][0]["logprobs"])
 
 
 class TestAbortAndInterrupt(PackageTestCase):

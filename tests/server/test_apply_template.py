@@ -1,0 +1,107 @@
+"""tandem-server's POST /apply-template (llama-server's): {"prompt": ...} byte for byte what
+`tandem-cli apply-template` prints for the same request file, on the tiny model (no template
+in the file: the built-in ChatML) and on SmolLM2 (its own Jinja template); bad bodies and
+requests a template cannot render are 400 OpenAI error objects, the server serving on."""
+import json
+import subprocess
+
+import httpx
+import pytest
+
+from conftest import CLI_BIN, TINY, Server
+from test_openai_server import smollm2_path
+
+REQUESTS = [
+    {"messages": [{"role": "user", "content": "Hello"}]},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a river"}]},
+    {"messages": [{"role": "user", "content": "no generation prompt"}], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "caf\u00e9 \u2603 <|im_end|> </s>"}], "add_generation_prompt": True},
+]
+
+
+def cli_apply_template(model, request, tmp_path):
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(request))
+    out = subprocess.run([CLI_BIN, "apply-template", "-m", str(model), "--messages", str(path)],
+                         check=True, capture_output=True)
+    return out.stdout.decode("utf-8")
+
+
+def server_apply_template(server, request):
+    r = httpx.post(server.url + "/apply-template", json=request, timeout=60.0)
+    assert r.status_code == 200, r.text
+    assert set(r.json()) == {"prompt"}
+    return r.json()["prompt"]
+
+
+@pytest.mark.parametrize("i", range(len(REQUESTS)))
+def test_apply_template_equals_tandem_cli_tiny(server, tmp_path, i):
+    want = cli_apply_template(TINY, REQUESTS[i], tmp_path)
+    assert want  # the CLI printed a prompt
+    assert server_apply_template(server, REQUESTS[i]) == want
+
+
+def test_apply_template_add_generation_prompt_changes_the_prompt(server):
+    msgs = REQUESTS[0]["messages"]
+    with_prompt = server_apply_template(server, {"messages": msgs})
+    without = server_apply_template(server, {"messages": msgs, "add_generation_prompt": False})
+    assert with_prompt.startswith(without) and len(with_prompt) > len(without)
+
+
+CHAT_MSG = [{"role": "user", "content": "hi"}]
+BAD = [
+    ("invalid json", b"{not json", None),
+    ("body an array", b"[1, 2]", None),
+    ("messages missing", {"add_generation_prompt": True}, "messages"),
+    ("messages a string", {"messages": "hi"}, "messages"),
+    ("add_generation_prompt a string", {"messages": CHAT_MSG, "add_generation_prompt": "yes"},
+     "add_generation_prompt"),
+    ("tools an object", {"messages": CHAT_MSG, "tools": {"type": "function"}}, "tools"),
+    ("chat_template_kwargs a list", {"messages": CHAT_MSG, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
+    # The built-in template renders role/content strings only: the template's refusal is a 400.
+    ("tools on the built-in template", {"messages": CHAT_MSG, "tools": [{"type": "function",
+                                                                         "function": {"name": "f"}}]}, "messages"),
+    ("content a number", {"messages": [{"role": "user", "content": 5}]}, "messages"),
+]
+
+
+@pytest.mark.parametrize("name,body,param", BAD, ids=[b[0] for b in BAD])
+def test_apply_template_bad_bodies_are_400(server, name, body, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + "/apply-template", content=content, headers={"Content-Type": "application/json"},
+                   timeout=30.0)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_apply_template_smollm2(tmp_path):
+    path = smollm2_path()
+    if not path.exists():
+        pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+    s = Server(tmp_path, model=path, alias="smollm2", extra=["-c", "512", "-np", "1", "--body-limit", "40000000"])
+    try:
+        assert s.wait_ready(timeout=120), s.log_path.read_text()
+        for request in REQUESTS + [
+            # Key order kept for the template's tojson; tools and kwargs passed through.
+            {"messages": [{"role": "user", "content": "weather?"}],
+             "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                 "type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "string"}}}}}],
+             "chat_template_kwargs": {"enable_thinking": False}},
+        ]:
+            want = cli_apply_template(path, request, tmp_path)
+            assert server_apply_template(s, request) == want
+        # SmolLM2's own template adds its default system message: the Jinja template ran.
+        assert "You are a helpful AI assistant named SmolLM" in server_apply_template(s, REQUESTS[0])
+        # A render limit (the 16 MiB output bound) reached: 400, not 500, and the server serves on.
+        huge = {"messages": [{"role": "user", "content": "x" * (17 << 20)}]}
+        r = httpx.post(s.url + "/apply-template", json=huge, timeout=300.0)
+        assert r.status_code == 400, r.text[:500]
+        assert r.json()["error"]["param"] == "messages"
+        assert server_apply_template(s, REQUESTS[0])
+    finally:
+        assert s.stop() == 0, s.log_path.read_text()
