@@ -4,16 +4,20 @@
 //
 // Tandem loads the hub's Q4_K_M file and converts it to Q4_0 at load (model.hpp), which is
 // what llama.cpp's `llama-quantize --allow-requantize ... Q4_0` makes; the goldens used are
-// those of that Q4_0 conversion (`gemma-3-270m-q4_0/`). Prompts are token ids (cases.json).
+// those of that Q4_0 conversion (`gemma-3-270m-q4_0/`): the last test proves the converted
+// bytes are that file's (its SHA-256). Prompts are token ids (cases.json).
 // CPU executors only: the GPU executor refuses gemma3 (tests/gpu).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "executor_factories.hpp"
 #include "gemma3_test_support.hpp"
+#include "sha256.hpp"
+#include "tandem/requantize.hpp"
 #include "tandem/session.hpp"
 #include "test_support.hpp"
 
@@ -151,8 +155,9 @@ TEST_CASE("Gemma 3 270M logits and teacher-forced greedy match llama.cpp (Q4_0 c
         const int32_t next = greedy[step];
         session.eval(std::span<const int32_t>(&next, 1));
       }
-      WARN(factory.name << " / " << name << ": max |diff| = " << max_diff / max_abs << " x max|logit|; argmax = golden at "
-                        << agreed << " of " << greedy.size() << " teacher-forced steps; " << checked
+      WARN(factory.name << " / " << name << ": max |diff| = " << max_diff / max_abs
+                        << " x max|logit|; argmax = golden at " << agreed << " of " << greedy.size()
+                        << " teacher-forced steps; " << checked
                         << " steps have a margin above the tolerance and were required");
       CHECK(checked > 0);
     }
@@ -221,9 +226,9 @@ TEST_CASE("gemma3 sliding window (tiny model): one-shot, chunked and one-token s
     INFO(factory.name);
     auto exec = factory.make(model);
     const auto one_shot = run_rows(model, *exec, ids, 512);
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 5)));      // chunks across window edges
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 1)));      // decode steps
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 7, 4)));   // other pages
+    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 5)));     // chunks across window edges
+    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 1)));     // decode steps
+    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 7, 4)));  // other pages
     CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 64, 32)));
     // The window is what it says: rows 0..7 see their whole past either way (same bits as
     // the wide window), later rows see only the last 8 positions on the sliding layers.
@@ -313,4 +318,47 @@ TEST_CASE("Gemma 3 270M: a 650-token prompt across the 512 window, one-shot = ch
   REQUIRE(last[0].size() == nv);
   CHECK(same_bits(last[0], last[1]));
   CHECK(same_bits(last[0], last[2]));
+}
+
+TEST_CASE("Gemma 3 270M: the Q4_0 conversion is llama.cpp's byte for byte (file SHA-256 of the goldens' model)",
+          "[golden][gemma3][requantize]") {
+  const auto src = test::gemma3_q4_k_m_path();
+  if (!std::filesystem::exists(src)) {
+    WARN("SKIPPED: " << src << " is absent (scripts/fetch-gemma3 downloads it)");
+    return;
+  }
+  if (kSanitizer) return;  // CI time
+  const auto golden = test::read_json(test::golden_dir() / "gemma-3-270m-q4_0" / "cases.json");
+  const auto out = test::scratch_dir("requantize-gemma3") / "gemma3-q4_0.gguf";
+  QuantizeFileOptions opt;
+  opt.n_threads = 2;
+  quantize_file(src, out, opt);
+  std::vector<char> bytes(std::filesystem::file_size(out));
+  {
+    std::ifstream f(out, std::ios::binary);
+    f.read(bytes.data(), std::streamsize(bytes.size()));
+  }
+  // tandem-quantize's file is llama-quantize's (metadata, tensor order, every block).
+  CHECK(test::sha256_hex(bytes.data(), bytes.size()) == golden["model_sha256"].get<std::string>());
+  bytes = {};
+  // Model::load's conversion of the Q4_K_M file holds the same bytes as that file.
+  const auto converted = gemma3_model();
+  const auto file = Model::load(out);
+  CHECK(file->converted_tensors() == 0);
+  auto same = [](const TensorView& a, const TensorView& b) {
+    return a.type == b.type && a.n == b.n && a.row_bytes == b.row_bytes &&
+           std::memcmp(a.data, b.data, size_t(a.n) * a.row_bytes) == 0;
+  };
+  CHECK(same(converted->token_embd(), file->token_embd()));
+  for (size_t il = 0; il < file->layers().size(); ++il) {
+    const LayerWeights &A = converted->layers()[il], &B = file->layers()[il];
+    INFO("layer " << il);
+    CHECK(same(A.wq, B.wq));
+    CHECK(same(A.wk, B.wk));
+    CHECK(same(A.wv, B.wv));
+    CHECK(same(A.wo, B.wo));
+    CHECK(same(A.ffn_gate, B.ffn_gate));
+    CHECK(same(A.ffn_up, B.ffn_up));
+    CHECK(same(A.ffn_down, B.ffn_down));
+  }
 }
