@@ -59,7 +59,7 @@ constexpr int64_t kAttnScoreFloats = int64_t{1} << 20;
 }  // namespace
 
 struct CpuQ4Executor::Scratch {
-  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope;
+  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope, rope_swa;
   Buffer<k::BlockQ8_0> xq8;
   Buffer<uint16_t> xf16;
   Buffer<TokenRef> tokens;
@@ -189,6 +189,38 @@ const float* f32_data(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
 }
 
+// ggml's GELU (tanh form) as its CPU backend computes it in a GEGLU (GGML_GELU_FP16): the
+// input rounded to f16 indexes a table of f16(gelu(x)) made with the formula below in f32;
+// x <= -10 gives 0 and x >= 10 gives x. Built once, on first use (thread-safe static).
+const uint16_t* gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(size_t{1} << 16);
+    constexpr float kCoefA = 0.044715f;
+    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const float x = k::fp16_to_fp32(static_cast<uint16_t>(h));
+      const float inner = kSqrt2OverPi * x * (1.0f + kCoefA * x * x);
+      t[h] = k::fp32_to_fp16(0.5f * x * (1.0f + std::tanh(inner)));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+// gate[i] = gelu(gate[i]) * up[i] (ggml_geglu_split's arithmetic).
+void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      gate[i] = g * up[i];
+    } else {
+      gate[i] = k::fp16_to_fp32(table[k::fp32_to_fp16(g)]) * up[i];
+    }
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -271,27 +303,38 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
   }
 
-  // Token embeddings.
+  // Token embeddings (gemma3: scaled by sqrtf(n_embd), as ggml_scale does).
   {
     int64_t t = 0;
     for (const auto& sq : batch) {
       for (int32_t id : sq.tokens) embedding_row(model.token_embd(), id, x + (t++) * n_embd);
     }
+    if (hp.embd_scale != 1.0f)
+      for (int64_t i = 0; i < T * n_embd; ++i) x[i] *= hp.embd_scale;
   }
 
   // RoPE angles per token: theta_i = freq_scale * pos * base^(-2i/n_rot), with the power
   // built by repeated multiplication as ggml does (RoFormer, arXiv:2104.09864).
+  // Sliding-window layers (gemma3) have their own base and no frequency scaling.
   const int64_t half = hp.n_rot / 2;
-  const float theta_scale = std::pow(hp.rope_freq_base, -2.0f / float(hp.n_rot));
-  for (int64_t t = 0; t < T; ++t) {
-    float theta = static_cast<float>(toks[t].pos);
-    float* c = rope + t * hp.n_rot;
-    for (int64_t i = 0; i < half; ++i) {
-      const float th = hp.rope_freq_scale * theta;
-      c[i] = std::cos(th);
-      c[half + i] = std::sin(th);
-      theta *= theta_scale;
+  auto rope_table = [&](float* table, float base, float freq_scale) {
+    const float theta_scale = std::pow(base, -2.0f / float(hp.n_rot));
+    for (int64_t t = 0; t < T; ++t) {
+      float theta = static_cast<float>(toks[t].pos);
+      float* c = table + t * hp.n_rot;
+      for (int64_t i = 0; i < half; ++i) {
+        const float th = freq_scale * theta;
+        c[i] = std::cos(th);
+        c[half + i] = std::sin(th);
+        theta *= theta_scale;
+      }
     }
+  };
+  rope_table(rope, hp.rope_freq_base, hp.rope_freq_scale);
+  float* rope_swa = nullptr;
+  if (hp.n_swa > 0) {
+    rope_swa = s.rope_swa.get(size_t(T * hp.n_rot));
+    rope_table(rope_swa, hp.rope_freq_base_swa, 1.0f);
   }
   auto apply_rope = [&](float* vec, const float* c) {
     if (hp.rope_type == RopeType::kNormal) {
@@ -309,7 +352,11 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
   };
 
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // gemma3 scales q before attention (hp.q_scale, llama.cpp's f_attention_scale) and
+  // attends with scale 1; the others scale the scores by 1/sqrt(head_dim).
+  const bool scale_q = hp.q_scale != 1.0f;
+  const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
+  const uint16_t* gelu_table = hp.gelu_ffn ? gelu_f16_table() : nullptr;
 
   // The repacked copies, indexed per layer (no lookup).
   const bool packed = !repacked_->layers.empty();
@@ -317,6 +364,8 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = model.layers()[size_t(il)];
     const Repacked::Layer& RL = packed ? repacked_->layers[size_t(il)] : kNotPacked;
+    const bool swa = hp.is_swa_layer(il);
+    const float* rope_l = swa ? rope_swa : rope;
     for (int64_t t = 0; t < T; ++t)
       rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
     s.prepared = {};
@@ -336,11 +385,13 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         }
         for (int64_t h = 0; h < hp.n_head; ++h) {
           if (L.q_norm) rms_norm_row(qt + h * hd, f32_data(L.q_norm), qt + h * hd, hd, hp.rms_eps);
-          apply_rope(qt + h * hd, rope + t * hp.n_rot);
+          apply_rope(qt + h * hd, rope_l + t * hp.n_rot);
         }
+        if (scale_q)
+          for (int64_t i = 0; i < q_w; ++i) qt[i] *= hp.q_scale;
         for (int64_t h = 0; h < hp.n_head_kv; ++h) {
           if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
-          apply_rope(kt + h * hd, rope + t * hp.n_rot);
+          apply_rope(kt + h * hd, rope_l + t * hp.n_rot);
         }
         // Store K and V of this position (f16 rounded to nearest even, Q8_0 blocks as
         // kernels::quantize_row_q8_0 makes them, or f32).
@@ -407,12 +458,17 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         fa.n_pos = at.n_pos;
         fa.group = static_cast<int32_t>(group);
         fa.scale = kq_scale;
+        fa.window = swa ? hp.n_swa : 0;
         k::attn_tiled(fa, scratch);
       }
     });
 
     s.prepared = {};
     matmul(*pool_, s, L.wo, attn, T, tmp, RL.wo);
+    if (L.attn_post_norm) {
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row(tmp + t * n_embd, f32_data(L.attn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
+    }
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
 
     for (int64_t t = 0; t < T; ++t)
@@ -422,6 +478,10 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     matmul(*pool_, s, L.ffn_up, xn, T, up, RL.ffn_up);
     const int64_t n_ff_total = T * hp.n_ff;
     pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
+      if (gelu_table != nullptr) {
+        geglu(gelu_table, gate, up, b, e);  // GELU(tanh)-gated (gemma3)
+        return;
+      }
       for (int64_t i = b; i < e; ++i) {
         const float g = gate[i];
         gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202)
@@ -429,6 +489,10 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     });
     s.prepared = {};
     matmul(*pool_, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
+    if (L.ffn_post_norm) {
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row(tmp + t * n_embd, f32_data(L.ffn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
+    }
     for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
   }
 
@@ -447,6 +511,13 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     }
     s.prepared = {};
     matmul(*pool_, s, model.output(), rows, n_out, logits.data(), packed ? repacked_->output : nullptr);
+    if (hp.final_logit_softcap > 0.0f) {  // c * tanh(logits * (1 / c)), as three ggml ops
+      const float c = hp.final_logit_softcap, inv = 1.0f / c;
+      float* lg = logits.data();
+      pool_->parallel_for(n_out * hp.n_vocab, 4096, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) lg[i] = std::tanh(lg[i] * inv) * c;
+      });
+    }
   }
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }

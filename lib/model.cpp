@@ -27,6 +27,8 @@ std::string_view arch_name(Arch a) noexcept {
       return "qwen2";
     case Arch::kQwen3:
       return "qwen3";
+    case Arch::kGemma3:
+      return "gemma3";
   }
   return "?";
 }
@@ -118,9 +120,12 @@ HParams read_hparams(const GgufFile& f) {
   } else if (*arch == "qwen3") {
     hp.arch = Arch::kQwen3;
     hp.rope_type = RopeType::kNeox;
+  } else if (*arch == "gemma3") {
+    hp.arch = Arch::kGemma3;
+    hp.rope_type = RopeType::kNeox;
   } else {
     throw Error(ErrorCode::kModelUnsupportedArch,
-                fmt::format("model: architecture '{}' is not supported (llama, qwen2, qwen3)", *arch));
+                fmt::format("model: architecture '{}' is not supported (llama, qwen2, qwen3, gemma3)", *arch));
   }
   const std::string a = *arch + ".";
   hp.n_embd = require_i32(f, a + "embedding_length", 1);
@@ -153,6 +158,28 @@ HParams read_hparams(const GgufFile& f) {
       bad_hparams(fmt::format("rope.scaling.type '{}' is not supported (none, linear)", *type));
     }
     hp.rope_freq_scale = 1.0f / optional_positive_f32(f, a + "rope.scaling.factor", 1.0f);
+  }
+  if (hp.arch == Arch::kGemma3) {
+    // llama.cpp (llama-model.cpp, LLM_ARCH_GEMMA3): the embedding scale is the f32
+    // sqrtf(n_embd); the attention scale 1/sqrt(head_dim), except for the 62-layer 27B
+    // (1/sqrt(n_embd / n_head), integer division); with a sliding window, the pattern 6
+    // and the local RoPE base 10000 are constants, not GGUF keys.
+    hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
+    hp.q_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+                                  : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+    hp.gelu_ffn = true;
+    hp.post_norms = true;
+    hp.n_swa = optional_i32(f, a + "attention.sliding_window", 0, 0);
+    if (hp.n_swa > 0) {
+      hp.swa_pattern = 6;
+      hp.rope_freq_base_swa = 10000.0f;
+    }
+    if (const auto c = f.get_float(a + "final_logit_softcapping"); c && *c != 0.0f) {
+      if (!std::isfinite(*c) || *c < 0.0f) {
+        bad_hparams(fmt::format("key '{}final_logit_softcapping' = {} must be a finite positive number", a, *c));
+      }
+      hp.final_logit_softcap = *c;
+    }
   }
   return hp;
 }
@@ -216,7 +243,7 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, cons
       L.bk = b.get(p + "attn_k.bias", kv_width, 0);
       L.bv = b.get(p + "attn_v.bias", kv_width, 0);
     }
-    if (hp.arch == Arch::kQwen3) {
+    if (hp.arch == Arch::kQwen3 || hp.arch == Arch::kGemma3) {
       L.q_norm = b.get(p + "attn_q_norm.weight", hp.head_dim, 0);
       L.k_norm = b.get(p + "attn_k_norm.weight", hp.head_dim, 0);
     }
@@ -224,6 +251,10 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, cons
     L.ffn_gate = b.get(p + "ffn_gate.weight", hp.n_embd, hp.n_ff);
     L.ffn_up = b.get(p + "ffn_up.weight", hp.n_embd, hp.n_ff);
     L.ffn_down = b.get(p + "ffn_down.weight", hp.n_ff, hp.n_embd);
+    if (hp.post_norms) {
+      L.attn_post_norm = b.get(p + "post_attention_norm.weight", hp.n_embd, 0);
+      L.ffn_post_norm = b.get(p + "post_ffw_norm.weight", hp.n_embd, 0);
+    }
   }
   m->convert_weights(options.n_threads);
   return m;
@@ -247,13 +278,24 @@ void Model::convert_weights(int n_threads) {
   std::vector<Conversion> todo;
   uint64_t total = 0;
   const bool has_output = !hp_.tied_output;
+  auto executable = [](const GgufTensorInfo* t) {
+    return !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0;
+  };
+  // A file the executors cannot run as it is gets llama-quantize's whole Q4_0 rule, so the
+  // result is the file `tandem-quantize IN OUT q4_0` (and llama.cpp) would make: its Q8_0
+  // weights (e.g. a Q4_K_M's) become Q4_0 too. A file with executable types only is used
+  // as it is.
+  const bool convert_all = std::any_of(views.begin(), views.end(), [&](const TensorView* v) {
+    return ggml_is_quantized(v->info->type) && !executable(v->info);
+  });
   for (TensorView* v : views) {
     const GgufTensorInfo* t = v->info;
-    const bool executable = !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0;
-    if (executable || std::any_of(todo.begin(), todo.end(), [t](const Conversion& c) { return c.info == t; })) {
+    if (!convert_all || !ggml_is_quantized(t->type) ||
+        std::any_of(todo.begin(), todo.end(), [t](const Conversion& c) { return c.info == t; })) {
       continue;
     }
     const GgmlType type = requantized_type(*t, has_output, GgmlType::kQ4_0, false);
+    if (type == t->type) continue;
     todo.push_back({t, type, total});
     total += (requantized_bytes(*t, type) + kConvertedAlignment - 1) / kConvertedAlignment * kConvertedAlignment;
   }
@@ -323,6 +365,12 @@ uint64_t Model::identity_hash() const {
     const float floats[] = {h.rms_eps, h.rope_freq_base, h.rope_freq_scale};
     XXH3_64bits_update(st, ints, sizeof(ints));
     XXH3_64bits_update(st, floats, sizeof(floats));
+    if (h.arch == Arch::kGemma3) {  // only here, so the other architectures' hashes stay as they were
+      const int32_t g_ints[] = {h.gelu_ffn ? 1 : 0, h.post_norms ? 1 : 0, h.n_swa, h.swa_pattern};
+      const float g_floats[] = {h.embd_scale, h.q_scale, h.rope_freq_base_swa, h.final_logit_softcap};
+      XXH3_64bits_update(st, g_ints, sizeof(g_ints));
+      XXH3_64bits_update(st, g_floats, sizeof(g_floats));
+    }
     for (const auto& t : gguf_->tensors()) {
       XXH3_64bits_update(st, t.name.data(), t.name.size());
       XXH3_64bits_update(st, t.ne.data(), t.ne.size() * sizeof(int64_t));

@@ -937,6 +937,115 @@ TEST_CASE("attn_tiled equals the previous per-(token, head) kernel bit for bit; 
   }
 }
 
+TEST_CASE("attn_tiled with a sliding window: full attention over the window's positions, bit for bit",
+          "[kernels][attention][swa]") {
+  // Row at position t with window W sees positions max(0, t - W + 1) .. t (llama.cpp's
+  // LLAMA_SWA_TYPE_STANDARD). Checked against (1) a float64 softmax over exactly those
+  // positions, within the f16 rounding of the weights; (2) full (unwindowed) attention of
+  // the same query over a KV holding only the window's positions: the same bits; (3) the
+  // scalar path's bits on every ISA; (4) chunked calls (query tiles across the window's
+  // and the KV tiles' edges) the same bits as one call. f16 and f32 KV.
+  std::mt19937 g(91);
+  const int64_t hd = 80, nkv = 2, stride = nkv * hd, n_ctx = 230;  // hd: a tail past the vectors
+  const int32_t group = 3;
+  const int64_t q_stride = nkv * group * hd;
+  const auto k16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+  const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+  const auto q = rand_f32(g, size_t(n_ctx * q_stride), -2.f, 2.f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (const bool f16 : {true, false}) {
+    const TestKv kv(k16, v16, hd, nkv, 16, n_ctx, f16);
+    for (const int32_t W : {1, 37, 64, 100, 229, 500}) {
+      auto run = [&](int32_t pos0, int32_t n_pos, std::vector<float>& out) {
+        for (int64_t h = 0; h < nkv; ++h) {
+          FlashAttnArgs a = tandem::test::attn_args(kv.kp.data(), kv.vp.data(), kv.page_size, kv.stride(), hd, h, group,
+                                                    q.data(), out.data(), q_stride, pos0, n_pos);
+          a.kv_f16 = f16;
+          a.scale = scale;
+          a.window = W;
+          std::vector<float> scratch(attn_tiled_scratch_floats(hd, int64_t{n_pos} * group, int64_t{pos0} + n_pos),
+                                     std::nanf(""));
+          attn_tiled(a, scratch.data());
+        }
+      };
+      std::vector<std::vector<float>> outs;  // per ISA; isas() ends with scalar
+      for (const auto& isa : isas()) {
+        IsaScope scope(isa);
+        INFO(isa << (f16 ? " f16" : " f32") << " window " << W);
+        std::vector<float> one(q.size(), 0.0f), chunked(q.size(), 0.0f);
+        run(0, int32_t(n_ctx), one);
+        for (int32_t p0 = 0; p0 < n_ctx; p0 += 29) run(p0, std::min<int32_t>(29, int32_t(n_ctx) - p0), chunked);
+        CHECK(std::memcmp(one.data(), chunked.data(), one.size() * sizeof(float)) == 0);
+        for (int64_t t = 0; t < n_ctx; t += 11) {
+          // (2) a KV with only positions w0..t, at 0..t-w0: full attention at position t - w0.
+          const int64_t w0 = std::max<int64_t>(0, t - W + 1);
+          std::vector<uint16_t> ks(size_t((t - w0 + 1) * stride)), vs(ks.size());
+          std::copy(k16.begin() + w0 * stride, k16.begin() + (t + 1) * stride, ks.begin());
+          std::copy(v16.begin() + w0 * stride, v16.begin() + (t + 1) * stride, vs.begin());
+          const TestKv part(ks, vs, hd, nkv, 16, t - w0 + 1, f16);
+          std::vector<float> full(static_cast<size_t>(q_stride));
+          for (int64_t h = 0; h < nkv; ++h) {
+            FlashAttnArgs a = tandem::test::attn_args(part.kp.data(), part.vp.data(), 16, stride, hd, h, group,
+                                                      q.data(), full.data(), q_stride, int32_t(t - w0), 1);
+            a.q = q.data() + t * q_stride + h * group * hd;  // the query of position t, at t - w0
+            a.out = full.data() + h * group * hd;
+            a.kv_f16 = f16;
+            a.scale = scale;
+            std::vector<float> scratch(attn_tiled_scratch_floats(hd, group, t - w0 + 1));
+            attn_tiled(a, scratch.data());
+          }
+          INFO("position " << t);
+          CHECK(std::memcmp(full.data(), one.data() + t * q_stride, full.size() * sizeof(float)) == 0);
+        }
+        outs.push_back(std::move(one));
+      }
+      for (size_t i = 0; i + 1 < outs.size(); ++i) {
+        INFO(isas()[i] << " vs scalar, window " << W);
+        CHECK(std::memcmp(outs[i].data(), outs.back().data(), outs[i].size() * sizeof(float)) == 0);
+      }
+      // (1) float64 softmax over the window (q rounded to f16 for an f16 cache, as the kernel).
+      const std::vector<float>& one = outs.back();
+      double worst = 0.0, moved = 0.0;
+      for (int64_t t = 0; t < n_ctx; t += 11) {
+        const int64_t w0 = std::max<int64_t>(0, t - W + 1);
+        for (int64_t head = 0; head < nkv * group; ++head) {
+          const int64_t hk = head / group;
+          std::vector<double> qd(static_cast<size_t>(hd)), sa;
+          for (int64_t d = 0; d < hd; ++d) {
+            const float x = q[size_t(t * q_stride + head * hd + d)];
+            qd[size_t(d)] = f16 ? fp16_to_fp32(fp32_to_fp16(x)) : x;
+          }
+          for (int64_t p = 0; p <= t; ++p) {
+            double s = 0.0;
+            for (int64_t d = 0; d < hd; ++d) s += qd[size_t(d)] * kv.k(p, hk, d);
+            sa.push_back(s * scale);
+          }
+          auto softmax_from = [&](int64_t first) {
+            std::vector<double> w(sa.begin() + first, sa.end());
+            const double mx = *std::max_element(w.begin(), w.end());
+            double sum = 0.0;
+            for (double& x : w) sum += (x = std::exp(x - mx));
+            for (double& x : w) x /= sum;
+            return w;
+          };
+          const auto win = softmax_from(w0), all = softmax_from(0);
+          for (int64_t d = 0; d < hd; ++d) {
+            double y = 0.0, y_all = 0.0;
+            for (int64_t p = w0; p <= t; ++p) y += win[size_t(p - w0)] * kv.v(p, hk, d);
+            for (int64_t p = 0; p <= t; ++p) y_all += all[size_t(p)] * kv.v(p, hk, d);
+            worst = std::max(worst, std::fabs(one[size_t(t * q_stride + head * hd + d)] - y) / 2.0);
+            moved = std::max(moved, std::fabs(y_all - y));
+          }
+        }
+      }
+      INFO((f16 ? "f16" : "f32") << " window " << W << ": worst |windowed - float64| / max|v| = " << worst
+                                 << ", the window moves outputs by up to " << moved);
+      CHECK(worst <= std::ldexp(1.0, -11) + 1e-5);
+      if (W < 220) CHECK(moved > 1e-2);  // positions up to 220 are checked
+    }
+  }
+}
+
 TEST_CASE("one arithmetic: every ISA gives the scalar path's bits in every executor kernel", "[kernels][isa]") {
   // The written arithmetic (kernels_simd.hpp: 8 f32 lanes, fma, hsum256's tree) is run
   // lane by lane by the scalar path; avx2, avx512 and avx512vnni share the 256-bit source.

@@ -6,6 +6,15 @@
 //   qwen2  — as llama plus q/k/v biases; RoPE NeoX (pairs (i, i + n_rot/2)).
 //   qwen3  — as llama with per-head RMSNorm of q and k before RoPE (NeoX); head_dim from
 //            `qwen3.attention.key_length`, which may differ from n_embd / n_head.
+//   gemma3 — Gemma 3 (llama.cpp's src/models/gemma3.cpp): token embeddings scaled by
+//            f32 sqrt(n_embd); RMSNorm before and after attention (`post_attention_norm`)
+//            and the FFN (`post_ffw_norm`); per-head q/k RMSNorm; NeoX RoPE; q scaled by
+//            1/sqrt(head_dim) before attention (62 layers, the 27B: 1/sqrt(n_embd/n_head));
+//            GELU(tanh)-gated FFN with ggml's f16 GELU table; interleaved sliding-window
+//            attention when `gemma3.attention.sliding_window` is present (layers il % 6 < 5
+//            see the window's last n_swa positions and use RoPE base 10000, the others see
+//            everything with `rope.freq_base`: llama.cpp constants); optional final-logit
+//            soft-capping (`gemma3.final_logit_softcapping`).
 // Hyper-parameters are read with the GGUF key names of the spec ("<arch>.block_count",
 // "<arch>.attention.head_count_kv", ...). When `output.weight` is absent the output
 // projection is tied to `token_embd.weight`.
@@ -14,8 +23,10 @@
 // weight of any other type the reader accepts (Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) is converted
 // once at load, on a thread pool, by llama-quantize's rule for a Q4_0 target
 // (requantize.hpp): the output projection (`output.weight`, or a tied `token_embd.weight`)
-// becomes Q8_0, every other weight Q4_0, with ggml's reference quantiser, so the bytes
-// equal those `tandem-quantize IN OUT q4_0` writes. The converted blocks live in one
+// becomes Q8_0, every other weight Q4_0 (Q8_0 weights of such a file too, e.g. those of a
+// Q4_K_M), with ggml's reference quantiser, so the bytes equal those
+// `tandem-quantize IN OUT q4_0` writes. A file whose weights are all executable types is
+// not converted. The converted blocks live in one
 // 64-byte aligned allocation owned by the Model; both executors read (the GPU uploads)
 // those bytes. Load prints one line on stderr saying what was converted and how long it
 // took. Float weights are not converted (the executors use them as they are).
@@ -37,7 +48,7 @@
 
 namespace tandem {
 
-enum class Arch { kLlama, kQwen2, kQwen3 };
+enum class Arch { kLlama, kQwen2, kQwen3, kGemma3 };
 enum class RopeType { kNormal, kNeox };
 
 std::string_view arch_name(Arch a) noexcept;
@@ -59,6 +70,20 @@ struct HParams {
   float rope_freq_scale = 1.0f;  ///< 1 / rope.scaling.factor for linear scaling
   RopeType rope_type = RopeType::kNormal;
   bool tied_output = false;
+  // gemma3 (defaults leave the other architectures unchanged):
+  float embd_scale = 1.0f;              ///< token embeddings are multiplied by this (gemma3: sqrtf(n_embd))
+  float q_scale = 1.0f;                 ///< q is multiplied by this before attention, whose scale is then 1
+  bool gelu_ffn = false;                ///< GELU(tanh)-gated FFN instead of SwiGLU
+  bool post_norms = false;              ///< RMSNorm of the attention and FFN outputs before their residual adds
+  int32_t n_swa = 0;                    ///< sliding window (positions a query sees, itself included); 0: none
+  int32_t swa_pattern = 0;              ///< layer il is sliding when n_swa > 0 and il % swa_pattern < swa_pattern - 1
+  float rope_freq_base_swa = 10000.0f;  ///< RoPE base of the sliding layers
+  float final_logit_softcap = 0.0f;     ///< logits = c * tanh(logits / c) when > 0
+
+  /// Whether layer il attends over a sliding window of n_swa positions.
+  bool is_swa_layer(int32_t il) const noexcept {
+    return n_swa > 0 && swa_pattern > 0 && il % swa_pattern < swa_pattern - 1;
+  }
 };
 
 /// A 2-D weight: n rows of k elements (ggml ne = [k, n]) in one of the GGUF types.
@@ -83,6 +108,7 @@ struct LayerWeights {
   TensorView bq, bk, bv;      ///< qwen2 only
   TensorView q_norm, k_norm;  ///< qwen3 only, [head_dim]
   TensorView ffn_norm, ffn_gate, ffn_up, ffn_down;
+  TensorView attn_post_norm, ffn_post_norm;  ///< gemma3 only, [n_embd]
 };
 
 struct ModelOptions {

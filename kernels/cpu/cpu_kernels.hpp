@@ -169,6 +169,14 @@ struct FlashAttnArgs {
   int32_t n_pos = 0;
   int32_t group = 1;
   float scale = 1.0f;
+  /// Sliding window (attn_tiled only; flash_attn ignores it): > 0, position p attends to
+  /// KV positions max(0, p - window + 1) .. p only (llama.cpp's LLAMA_SWA_TYPE_STANDARD:
+  /// key p0 is masked for query p1 when p1 - p0 >= window); 0: to every position 0 .. p.
+  /// A windowed row's result is the full-attention result over its window's positions
+  /// (the same arithmetic, starting at the window's first position), so it stays batch-
+  /// and chunk-invariant; positions before the window are never read (their pages may be
+  /// null).
+  int32_t window = 0;
 };
 size_t flash_attn_scratch_floats(int64_t head_dim, int64_t rows) noexcept;
 void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
@@ -179,7 +187,8 @@ void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
 /// score s[p] = vec_dot_f16(k[p], f16(q)) * scale first, then m = max s, e = expf(s - m),
 /// the sum in double, w = f16(e * float(1 / sum)), out = sum over p in order of
 /// fma(w[p], v[p], out). The f16 rounding of w is what llama.cpp's reference logits
-/// (tests/test_golden.cpp) contain, so this is the executor's kernel; flash_attn's online
+/// (tests/test_golden.cpp) contain, so this is the executor's kernel (args.window limits each
+/// row to its last `window` positions: the max, the sum and the out chain start there); flash_attn's online
 /// softmax keeps w in f32 and lands outside those tolerances. f32 and q8_0 KV: q and w
 /// stay f32 (q8_0 rows are dequantised exactly to f32 in the tile scratch, so q8_0 KV is
 /// the f32 path on the dequantised values).

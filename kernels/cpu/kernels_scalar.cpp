@@ -295,31 +295,32 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) q[d] = f16 ? fp16_bits_to_fp32(fp32_to_fp16_bits(qr[d])) : qr[d];
     const int64_t n = a.pos0 + r / G + 1;
+    const int64_t p0 = a.window > 0 ? std::max<int64_t>(0, n - a.window) : 0;  // the window's first position
     float mx = -INFINITY;
-    for (int64_t p = 0; p < n; ++p) {
+    for (int64_t p = p0; p < n; ++p) {
       for (int64_t d = 0; d < hd; ++d) krow[d] = kval(a.k_pages, p, d);
       sc[p] = s_dot_f<F32, F32>(krow, q, hd) * a.scale;
       mx = sc[p] > mx ? sc[p] : mx;
     }
-    // attn_tiled's sum in double: 8 lanes over the full groups of 8 positions, the 8-lane
-    // tree, then the tail.
+    // attn_tiled's sum in double: 8 lanes over the full groups of 8 positions from the
+    // window's start p0, the 8-lane tree, then the tail.
     double lanes[8] = {};
-    const int64_t n8 = n / 8 * 8;
-    for (int64_t p = 0; p < n; ++p) {
+    const int64_t n8 = p0 + (n - p0) / 8 * 8;
+    for (int64_t p = p0; p < n; ++p) {
       sc[p] = softmax_exp(sc[p] - mx);
-      if (p < n8) lanes[p % 8] = lanes[p % 8] + double(sc[p]);
+      if (p < n8) lanes[(p - p0) % 8] = lanes[(p - p0) % 8] + double(sc[p]);
     }
     double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
     for (int64_t p = n8; p < n; ++p) sum = sum + double(sc[p]);
     const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t p = 0; p < n; ++p) {
+    for (int64_t p = p0; p < n; ++p) {
       sc[p] *= inv;
       if (f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
     }
     float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) {
       float y = 0.0f;
-      for (int64_t p = 0; p < n; ++p) y = std::fma(sc[p], kval(a.v_pages, p, d), y);
+      for (int64_t p = p0; p < n; ++p) y = std::fma(sc[p], kval(a.v_pages, p, d), y);
       out[d] = y;
     }
   }

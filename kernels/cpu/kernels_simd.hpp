@@ -905,33 +905,47 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       }
     }
   };
-  // Row r sees positions 0 .. pos0 + r / G; rows are ordered by position.
+  // Row r sees positions win0(r) .. pos0 + r / G; rows are ordered by position, so both
+  // ends grow with r.
+  auto win0 = [&](int64_t r) {
+    return a.window > 0 ? std::max<int64_t>(0, a.pos0 + r / G + 1 - a.window) : int64_t{0};
+  };
   auto first_row = [&](int64_t t0) { return t0 > a.pos0 ? (t0 - a.pos0) * G : 0; };
+  // One past the last row whose window reaches into the tile starting at t0 (R without a window).
+  auto end_row = [&](int64_t t0, int64_t nc) {
+    if (a.window <= 0) return R;
+    // win0(r) < t0 + nc  <=>  pos0 + r / G + 1 - window < t0 + nc
+    const int64_t last_pos = t0 + nc + a.window - 2;  // the latest position whose window reaches the tile
+    return std::min<int64_t>(R, std::max<int64_t>(0, (last_pos - a.pos0 + 1) * G));
+  };
   auto n_valid = [&](int64_t r, int64_t t0, int64_t nc) { return std::min<int64_t>(nc, a.pos0 + r / G - t0 + 1); };
+  auto c_first = [&](int64_t r, int64_t t0) { return std::max<int64_t>(0, win0(r) - t0); };
+  const int64_t t_begin = win0(0) / kFlashAttnTile * kFlashAttnTile;  // tiles before it: no row's window
   // Scores, one K tile at a time.
-  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+  for (int64_t t0 = t_begin; t0 <= last; t0 += kFlashAttnTile) {
     const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
     load_tile(a.k_pages, t0, nc);
-    for (int64_t r = first_row(t0); r < R; ++r) {
+    for (int64_t r = first_row(t0), re = end_row(t0, nc); r < re; ++r) {
       float* sr = sc + r * L.ld + t0;
       const int64_t n = n_valid(r, t0, nc);
-      for (int64_t c = 0; c < n; ++c) sr[c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+      for (int64_t c = c_first(r, t0); c < n; ++c) sr[c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
     }
   }
   // Softmax per row (docs/arithmetic.md; f16 weights for an f16 cache).
   for (int64_t r = 0; r < R; ++r) {
     float* sr = sc + r * L.ld;
     const int64_t n = a.pos0 + r / G + 1;
+    const int64_t p0 = win0(r);
     float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < n; ++p) {
+    for (int64_t p = p0; p < n; ++p) {
       sr[p] *= a.scale;
       mx = std::max(mx, sr[p]);
     }
-    // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane p % 8 over the full groups of
-    // 8 positions, in order), the tree ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)),
-    // then the tail in order; inv = f32(1 / sum).
+    // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane (p - p0) % 8 over the full
+    // groups of 8 positions from the window's start p0, in order), the tree ((l0 + l4) +
+    // (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail in order; inv = f32(1 / sum).
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3, 4-7
-    int64_t p = 0;
+    int64_t p = p0;
     for (; p + 8 <= n; p += 8) {
       const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + p), _mm256_set1_ps(mx)));
       _mm256_storeu_ps(sr + p, e);
@@ -946,9 +960,9 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sum = sum + double(sr[p]);
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (p = 0; p < n; ++p) sr[p] *= inv;
+    for (p = p0; p < n; ++p) sr[p] *= inv;
     if (f16) {
-      for (p = 0; p + kW <= n; p += kW) {
+      for (p = p0; p + kW <= n; p += kW) {
         uint16_t h[kW];
         store_f16(VF::load_unaligned(sr + p), h);
         load_f16(h).store_unaligned(sr + p);
@@ -958,23 +972,26 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   }
   // out += w * V, one V tile at a time; per (row, element) the positions in order.
   static constexpr auto pv_one = make_attn_pv(std::make_index_sequence<kPvRB * kPvHC>{});  // [0, kPvHC): 1 row
-  for (int64_t t0 = 0; t0 <= last; t0 += kFlashAttnTile) {
+  for (int64_t t0 = t_begin; t0 <= last; t0 += kFlashAttnTile) {
     const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
     load_tile(a.v_pages, t0, nc);
-    for (int64_t r = first_row(t0); r < R; ++r) {
-      const float* wr = sc + r * L.ld + t0;
+    for (int64_t r = first_row(t0), re = end_row(t0, nc); r < re; ++r) {
+      // The window's columns [c0, n) of this tile: the weights and V rows from c0 on.
+      const int64_t c0 = c_first(r, t0);
+      const float* wr = sc + r * L.ld + t0 + c0;
+      const float* kvt = kv + c0 * hp;
       float* orow = o + r * hp;
-      const int64_t n = n_valid(r, t0, nc);
+      const int64_t n = n_valid(r, t0, nc) - c0;
       // head_dim in chunks of up to kPvHC vectors (attn_pv with one row: its row stride is
       // the tile's, hp; weights 1 apart), then the scalar tail as axpy_f16's.
       const int64_t hdv = hd / kW * kW;
       for (int64_t d0 = 0; d0 < hdv; d0 += kPvHC * kW) {
         const int64_t hc = std::min<int64_t>(kPvHC, (hdv - d0) / kW);
-        pv_one[static_cast<size_t>(hc - 1)](orow, hp, wr, 1, kv, nullptr, 0, n, d0);
+        pv_one[static_cast<size_t>(hc - 1)](orow, hp, wr, 1, kvt, nullptr, 0, n, d0);
       }
       for (int64_t d = hdv; d < hd; ++d) {
         float y = orow[d];
-        for (int64_t c = 0; c < n; ++c) y = std::fma(wr[c], kv[c * hp + d], y);
+        for (int64_t c = 0; c < n; ++c) y = std::fma(wr[c], kvt[c * hp + d], y);
         orow[d] = y;
       }
     }

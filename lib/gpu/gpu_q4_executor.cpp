@@ -485,6 +485,9 @@ int GpuQ4Executor::device_count() noexcept {
 
 GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options)
     : Executor(std::move(model)) {
+  if (this->model().hparams().arch == Arch::kGemma3) {  // before any device work: no device needed to refuse
+    throw Error(ErrorCode::kInvalidArgument, "architecture gemma3 is not supported by the GPU executor yet");
+  }
   const int n_dev = device_count();
   if (options.device < 0 || options.device >= n_dev) {
     throw Error(ErrorCode::kInvalidArgument,
