@@ -42,7 +42,7 @@ inline std::filesystem::path write_tiny_gemma3(const TinyGemma3& s, const std::s
   std::vector<std::string> tokens{"<pad>", "<eos>", "<bos>", "<unk>"};
   std::vector<int32_t> types{3, 3, 3, 2};
   while (int(tokens.size()) < s.n_vocab) {
-    tokens.push_back("t" + std::to_string(tokens.size()));
+    tokens.push_back(std::string("t").append(std::to_string(tokens.size())));  // (GCC 12 -Wrestrict on "t" + s)
     types.push_back(1);
   }
   w.add_string("tokenizer.ggml.model", "llama");
