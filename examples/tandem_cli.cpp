@@ -84,6 +84,45 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+/// A signal arrived while an input was being read: exit 128 + the signal, nothing done.
+struct InterruptedRead {};
+
+/// Most bytes a prompt file (-f) or an apply-template request (--messages) may hold: far
+/// above any context, far below what would exhaust memory (/dev/zero, a runaway pipe).
+constexpr size_t kMaxInputBytes = size_t{64} << 20;
+
+/// All of `in` (named `name` in errors), read in chunks: more than kMaxInputBytes is an
+/// error, an interrupt (Ctrl-C, SIGTERM) between chunks stops the read (InterruptedRead).
+std::string read_bounded(std::istream& in, const std::string& name) {
+  std::string out;
+  std::vector<char> buf(size_t{1} << 16);
+  while (in) {
+    if (tandem::cli::interrupted()) throw InterruptedRead{};
+    in.read(buf.data(), std::streamsize(buf.size()));
+    out.append(buf.data(), size_t(in.gcount()));
+    if (out.size() > kMaxInputBytes) {
+      throw tandem::Error(tandem::ErrorCode::kInvalidArgument,
+                          fmt::format("{} holds more than {} MiB: refused", name, kMaxInputBytes >> 20));
+    }
+  }
+  if (tandem::cli::interrupted()) throw InterruptedRead{};
+  if (in.bad()) throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot read {}", name));
+  return out;
+}
+
+/// Opens `path` for read_bounded; a directory or an unopenable path is a clear error.
+std::ifstream open_input(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot read {} '{}': it is a directory", what, path));
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    throw tandem::Error(tandem::ErrorCode::kIo,
+                        fmt::format("cannot read {} '{}': {}", what, path, std::strerror(errno ? errno : ENOENT)));
+  }
+  return f;
+}
 
 // Flags that CLI11's per-option checks cannot see: values that parse but mean nothing,
 // and flags that contradict each other.
@@ -130,14 +169,8 @@ void check_utf8(const std::string& text, const char* what) {
 }
 
 std::string read_prompt_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f || std::filesystem::is_directory(path)) {
-    throw tandem::Error(tandem::ErrorCode::kIo,
-                        fmt::format("cannot read prompt file '{}': {}", path, std::strerror(errno ? errno : EISDIR)));
-  }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::ifstream f = open_input(path, "prompt file");
+  return read_bounded(f, fmt::format("the prompt file '{}'", path));
 }
 
 // Text to stdout as it streams; false (stop generating) on an interrupt or a write error.
@@ -201,15 +234,10 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
 int run_apply_template(const std::string& model_path, const std::string& request_path) {
   std::string body;
   if (request_path == "-") {
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    body = ss.str();
+    body = read_bounded(std::cin, "standard input");
   } else {
-    std::ifstream in(request_path, std::ios::binary);
-    if (!in) throw tandem::Error(tandem::ErrorCode::kIo, "cannot open " + request_path + ": " + std::strerror(errno));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    body = ss.str();
+    std::ifstream in = open_input(request_path, "messages file");
+    body = read_bounded(in, fmt::format("the messages file '{}'", request_path));
   }
   nlohmann::ordered_json req;
   try {
@@ -618,6 +646,9 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tandem-cli: error: %s\nRun with --help for more information.\n", e.what());
     return 2;
+  } catch (const InterruptedRead&) {
+    std::fprintf(stderr, "tandem-cli: interrupted while reading the input: nothing done\n");
+    return tandem::cli::interrupt_exit_code();
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem-cli: error: %s\n", e.what());
     return 1;

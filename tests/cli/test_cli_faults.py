@@ -99,6 +99,18 @@ check("-ctk=f16 -ctv=f16: the same tokens as without them", p.returncode == 0 an
 p = run("-p", "x", "-ngl", "abc")
 check("-ngl abc: exit 2 naming the flag and the value",
       p.returncode == 2 and b"--n-gpu-layers" in p.stderr and b"'abc'" in p.stderr, repr(p.stderr[-300:]))
+# Inputs that never end (/dev/zero) or are directories: a clear error, bounded memory.
+sanitized = subprocess.run(["sh", "-c", f"nm -D '{cli}' 2>/dev/null | grep -q __asan_init"]).returncode == 0
+for args, what in ((["apply-template", "-m", model, "--messages", "/dev/zero"], b"more than 64 MiB"),
+                   (["apply-template", "-m", model, "--messages", tmp], b"is a directory"),
+                   (["-m", model, "-f", "/dev/zero", "-n", "1"], b"more than 64 MiB"),
+                   (["-m", model, "-f", tmp, "-n", "1"], b"is a directory")):
+    # 2 GB of address space (not under a sanitizer, whose shadow memory needs far more):
+    # reading /dev/zero whole would be killed, not refused.
+    limit = [] if sanitized else ["prlimit", "--as=2000000000"]
+    p = subprocess.run([*limit, cli, *args], capture_output=True, timeout=120)
+    check(f"{args[-3:]!r}: exit 1 naming the problem, bounded memory",
+          p.returncode == 1 and what in p.stderr, f"rc {p.returncode} {p.stderr[-300:]!r}")
 p = subprocess.run([cli, "--version"], capture_output=True)
 check("--version", p.returncode == 0 and re.match(rb"tandem-cli \d+\.\d+\.\d+", p.stdout) is not None, repr(p.stdout))
 p = subprocess.run([cli, "--help"], capture_output=True)
