@@ -242,6 +242,13 @@ void ConnectionThreads::work() {
 }
 
 BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limits_(limits) {
+  // SO_REUSEADDR only (a restart binds over TIME_WAIT sockets); the library's default,
+  // SO_REUSEPORT, let a second server bind a port another one listens on and take half of
+  // its connections. Now that bind fails (EADDRINUSE), as llama-server's.
+  set_socket_options([](socket_t sock) {
+    int yes = 1;
+    (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   // A connection over the cap gets its 503 from a thread of its own: a few spare threads.
   const size_t max_threads = limits_.max_connections + 64;
   new_task_queue = [this, max_threads, warm_threads] {

@@ -8,6 +8,7 @@ before the slow clients' deadline.
 """
 import json
 import socket
+import subprocess
 import time
 
 import httpx
@@ -297,3 +298,20 @@ def test_sigterm_does_not_wait_for_slow_clients_deadline(tmp_path):
         for c in slow:
             c.close()
         s.stop()
+
+
+def test_a_port_in_use_is_refused(tmp_path):
+    """A second server on a port another one listens on exits 1 saying it cannot listen
+    (llama-server: "couldn't bind HTTP server socket"), instead of sharing the port and
+    taking part of its connections."""
+    first = Server(tmp_path)
+    assert first.wait_ready(), first.log_path.read_text()
+    try:
+        cmd = [*first.proc.args]
+        second = subprocess.run(cmd, capture_output=True, timeout=60)
+        log = (second.stdout + second.stderr).decode(errors="replace")
+        assert second.returncode == 1, log
+        assert "cannot listen" in log and "in use" in log, log
+        assert httpx.get(first.url + "/health").status_code == 200
+    finally:
+        assert first.stop() == 0, first.log_path.read_text()
