@@ -185,6 +185,14 @@ ConnectionState* current_connection() noexcept {
   return tls_connection;
 }
 
+bool client_gone() noexcept {
+  const ConnectionState* c = current_connection();
+  if (c == nullptr || c->sock < 0) return false;
+  char b = 0;
+  const ssize_t n = ::recv(c->sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
     : max_threads_(max_threads), open_(open), cap_(cap) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -289,6 +297,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
         deadline = header_deadline(limits_);
       }
       state = ConnectionState{};
+      state.sock = sock;
       strm.begin_request(deadline);
       bool closed = false;
       ret = process_request(strm, count == 1, closed, nullptr);

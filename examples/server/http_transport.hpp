@@ -74,10 +74,16 @@ struct ConnectionState {
   bool header_overflow = false;  ///< the header byte cap was hit
   bool header_timeout = false;   ///< the header deadline passed
   bool close_after = false;      ///< the body was not read whole: close after this response
+  int sock = -1;                 ///< the connection's socket
 };
 
 /// The calling thread's connection (nullptr outside a BoundedServer connection).
 ConnectionState* current_connection() noexcept;
+
+/// Whether the calling thread's client has closed its connection (an orderly shutdown or an
+/// error on the socket; data it may still send does not count). Non-blocking; false outside
+/// a connection. A handler that waits for a long result polls it (llama-server does too).
+bool client_gone() noexcept;
 
 class BoundedServer : public httplib::Server {
  public:

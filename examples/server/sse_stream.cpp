@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "http_transport.hpp"
+
 namespace tandem::server {
 
 namespace {
@@ -225,6 +227,14 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
   }
 
   if (!s.stream) {
+    // A client that disconnects while it waits cancels its request (its slot and KV pages
+    // are freed at the next step), as a closed stream does.
+    while (!job->handle.wait_for(std::chrono::milliseconds(100))) {
+      if (client_gone()) {
+        st.engine->cancel(job->handle);
+        break;
+      }
+    }
     const RequestResult rr = job->handle.wait();
     if (!answered(rr.finish)) {
       const ApiError e = error_of(rr);

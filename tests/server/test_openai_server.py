@@ -547,3 +547,30 @@ def test_smollm2_chat_template(tmp_path):
         assert "<|im_end|>" not in r.choices[0].message.content
     finally:
         s.stop()
+
+
+def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
+    """A client that gives up on a non-streamed request cancels it, as a closed stream does
+    (vLLM aborts, llama-server checks the connection): 8 requests of 200 tokens on one slot,
+    every client gone after 0.3 s; the server ends idle with aborted requests, not with 8
+    answers nobody reads. SmolLM2 keeps the work (seconds) far above the clients' patience."""
+    path = smollm2_path()
+    if not path.exists():
+        pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+    s = Server(tmp_path, model=path, extra=["-c", "512", "-np", "1", "--prefix-cache", "0"])
+    assert s.wait_ready(timeout=120), s.log_path.read_text()
+    try:
+        def give_up(k):
+            body = {"model": ALIAS, "prompt": f"Story {k}:", "max_tokens": 200, "ignore_eos": True}
+            try:
+                httpx.post(s.url + "/v1/completions", json=body, timeout=0.3)
+            except httpx.TimeoutException:
+                pass
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            list(pool.map(give_up, range(8)))
+        assert wait_idle(s, timeout=60.0) == (0, 0, 0)
+        assert s.metric("vllm:request_success_total", finished_reason="abort") >= 7
+        assert s.metric("vllm:request_success_total", finished_reason="length") <= 1
+    finally:
+        assert s.stop() == 0
