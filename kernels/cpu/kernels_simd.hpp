@@ -217,20 +217,29 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 #endif
 }
 
-/// 32 lane sums of 8 outputs (vector lane r = output r), the arithmetic above.
+/// 32 lane sums of 8 outputs (vector lane r = output r), the arithmetic above. Lanes no
+/// block reached hold +0 and are never touched: adding +0 changes no lane sum (a lane sum
+/// is never -0: it starts at +0), so skipping those additions keeps the bits and saves the
+/// work when a row has fewer than 32 blocks (k < 1024: most of a small model's matrices).
 struct Lanes32 {
   __m256 a[32];
-  void zero() noexcept {
-    for (auto& v : a) v = _mm256_setzero_ps();
-  }
-  /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S).
+  /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S), from +0 on first use.
   void add(int64_t b, __m256 d, __m256i s) noexcept {
-    __m256& v = a[b % 32];
-    v = _mm256_add_ps(v, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s)));
+    const __m256 p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+    if (b < 32) {
+      a[b] = _mm256_add_ps(_mm256_setzero_ps(), p);
+    } else {
+      __m256& v = a[b % 32];
+      v = _mm256_add_ps(v, p);
+    }
   }
-  __m256 tree() noexcept {
-    for (int o = 16; o > 0; o /= 2)
-      for (int l = 0; l < o; ++l) a[l] = _mm256_add_ps(a[l], a[l + o]);
+  /// The tree over the lanes that `nb` (>= 1) blocks reached.
+  __m256 tree(int64_t nb) noexcept {
+    int64_t used = std::min<int64_t>(nb, 32);
+    for (int o = 16; o > 0; o /= 2) {
+      for (int l = 0; l < o && l + o < used; ++l) a[l] = _mm256_add_ps(a[l], a[l + o]);
+      used = std::min<int64_t>(used, o);
+    }
     return a[0];
   }
 };
@@ -276,7 +285,6 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
   const TW* wr[8];
   for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * nb;
   Lanes32 acc[C];
-  for (int c = 0; c < C; ++c) acc[c].zero();
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
       const char* p = pf + b * 8 * static_cast<int64_t>(sizeof(TW));
@@ -312,7 +320,7 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       acc[c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(h2f(xb.d))), s);
     }
   }
-  for (int c = 0; c < C; ++c) store_rows(acc[c].tree(), y + c * ldy, 0, rows);
+  for (int c = 0; c < C; ++c) store_rows(acc[c].tree(nb), y + c * ldy, 0, rows);
 }
 
 template <class TW, int CB, size_t... I>
@@ -410,8 +418,6 @@ template <int G, int C>
 void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
   Lanes32 acc[G][C];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) acc[g][c].zero();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
   const __m256i ones16 = _mm256_set1_epi16(1);
@@ -464,7 +470,7 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
   }
   for (int c = 0; c < C; ++c)
     for (int g = 0; g < G; ++g)
-      store_rows(acc[g][c].tree(), y + c * ldy + 8 * g, g == 0 ? row_lo : 0, g == G - 1 ? row_hi : 8);
+      store_rows(acc[g][c].tree(nb), y + c * ldy + 8 * g, g == 0 ? row_lo : 0, g == G - 1 ? row_hi : 8);
 }
 
 using TileX8Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
