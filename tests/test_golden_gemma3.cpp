@@ -16,6 +16,7 @@
 
 #include "executor_factories.hpp"
 #include "gemma3_test_support.hpp"
+#include "kv_test_support.hpp"
 #include "sha256.hpp"
 #include "tandem/requantize.hpp"
 #include "tandem/session.hpp"
@@ -40,14 +41,6 @@ constexpr bool kSanitizer = false;
 // golden at 63, 62 and 62 of 64 steps; every step with a margin above the tolerance
 // (45, 42, 32) is required.
 constexpr double kTolerance = 4.2e-2;
-
-int32_t argmax(std::span<const float> x) {
-  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 std::shared_ptr<const Model> gemma3_model() {
   static const auto model = [] {
@@ -145,7 +138,7 @@ TEST_CASE("Gemma 3 270M logits and teacher-forced greedy match llama.cpp (Q4_0 c
       const auto margin = c["greedy_top1_margin"].get<std::vector<double>>();
       int checked = 0, agreed = 0;
       for (size_t step = 0; step < greedy.size(); ++step) {
-        const bool same = argmax(session.logits()) == greedy[step];
+        const bool same = test::argmax(session.logits()) == greedy[step];
         agreed += same ? 1 : 0;
         if (margin[step] > tol) {
           INFO("teacher-forced step " << step << " margin " << margin[step]);
@@ -226,19 +219,19 @@ TEST_CASE("gemma3 sliding window (tiny model): one-shot, chunked and one-token s
     INFO(factory.name);
     auto exec = factory.make(model);
     const auto one_shot = run_rows(model, *exec, ids, 512);
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 5)));     // chunks across window edges
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 1)));     // decode steps
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 7, 4)));  // other pages
-    CHECK(same_bits(one_shot, run_rows(model, *exec, ids, 64, 32)));
+    CHECK(test::same_bits(one_shot, run_rows(model, *exec, ids, 5)));     // chunks across window edges
+    CHECK(test::same_bits(one_shot, run_rows(model, *exec, ids, 1)));     // decode steps
+    CHECK(test::same_bits(one_shot, run_rows(model, *exec, ids, 7, 4)));  // other pages
+    CHECK(test::same_bits(one_shot, run_rows(model, *exec, ids, 64, 32)));
     // The window is what it says: rows 0..7 see their whole past either way (same bits as
     // the wide window), later rows see only the last 8 positions on the sliding layers.
     auto exec_wide = factory.make(model_wide);
     const auto wide_rows = run_rows(model_wide, *exec_wide, ids, 512);
     const std::span<const float> a(one_shot), b(wide_rows);
-    CHECK(same_bits(a.subspan(0, 8 * nv), b.subspan(0, 8 * nv)));
+    CHECK(test::same_bits(a.subspan(0, 8 * nv), b.subspan(0, 8 * nv)));
     for (size_t r = 8; r < ids.size(); ++r) {
       INFO("row " << r);
-      CHECK_FALSE(same_bits(a.subspan(r * nv, nv), b.subspan(r * nv, nv)));
+      CHECK_FALSE(test::same_bits(a.subspan(r * nv, nv), b.subspan(r * nv, nv)));
     }
   }
 }
@@ -316,8 +309,8 @@ TEST_CASE("Gemma 3 270M: a 650-token prompt across the 512 window, one-shot = ch
     last[2].assign(s.logits().begin(), s.logits().end());
   }
   REQUIRE(last[0].size() == nv);
-  CHECK(same_bits(last[0], last[1]));
-  CHECK(same_bits(last[0], last[2]));
+  CHECK(test::same_bits(last[0], last[1]));
+  CHECK(test::same_bits(last[0], last[2]));
 }
 
 TEST_CASE("Gemma 3 270M: the Q4_0 conversion is llama.cpp's byte for byte (file SHA-256 of the goldens' model)",

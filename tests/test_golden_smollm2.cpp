@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "executor_factories.hpp"
+#include "kv_test_support.hpp"
 #include "tandem/session.hpp"
 #include "test_support.hpp"
 
@@ -38,10 +39,6 @@ constexpr bool kSanitizer = false;
 // the teacher-forced argmax is checked at every step whose margin exceeds it (29 to 45
 // of the 64 steps per case).
 constexpr double kTolerance = 5e-2;
-
-int32_t argmax(std::span<const float> x) {
-  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
-}
 
 }  // namespace
 
@@ -92,7 +89,7 @@ TEST_CASE("SmolLM2-135M-Instruct logits and teacher-forced greedy match llama.cp
       for (size_t step = 0; step < greedy.size(); ++step) {
         if (margin[step] > tol) {
           INFO("teacher-forced step " << step << " margin " << margin[step]);
-          CHECK(argmax(session.logits()) == greedy[step]);
+          CHECK(test::argmax(session.logits()) == greedy[step]);
           ++checked;
         }
         const int32_t next = greedy[step];

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,7 +21,7 @@
 namespace tandem::test {
 
 /// Same length and the same bytes (bit-identical floats, NaN payloads and -0.0 included).
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
