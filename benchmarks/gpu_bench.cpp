@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/gpu_q4_executor.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 
 using namespace tandem;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate lib/unicode_tables.cpp: general-category ranges used by the tokenizer's
+"""Generate lib/tokenizer/unicode_tables.cpp: general-category ranges used by the tokenizer's
 pre-tokenizers (\\p{L}, \\p{N}, ... and \\s).
 
 Target: Unicode 15.1, the version of llama.cpp's unicode-data.cpp (the reference the
@@ -8,14 +8,14 @@ so the characters assigned in 15.0 and 15.1 are listed below (UNICODE_15_ADDITIO
 applied on top; with a Python whose unicodedata is >= 15.1 they are redundant for the
 15.x characters; a Python newer than 15.1 is refused (the table must stay at 15.1).
 
-Usage: python3 scripts/gen_unicode_tables.py > lib/unicode_tables.cpp
+Usage: python3 scripts/gen_unicode_tables.py > lib/tokenizer/unicode_tables.cpp
 """
 import sys
 import unicodedata
 
 MAX_CP = 0x110000
 
-# Category codes written to the table (must match lib/tokenizer_internal.hpp).
+# Category codes written to the table (must match lib/tokenizer/tokenizer_internal.hpp).
 CAT = {"Cn": 0, "L": 1, "N": 2, "Z": 3, "M": 4, "P": 5, "S": 6, "C": 7}
 
 # Characters added in Unicode 15.0 and 15.1 (first, last, major category).

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "tandem/cpu_q4_executor.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #if TANDEM_HAVE_CUDA
-#include "tandem/gpu_q4_executor.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 #endif
 
 namespace tandem::test {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/gguf_writer.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
 #include "test_support.hpp"
 
 namespace tandem::test {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/kv_contract.hpp"
-#include "tandem/session.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/kv/kv_contract.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 namespace tandem::test {

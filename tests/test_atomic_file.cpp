@@ -13,8 +13,8 @@
 
 #include "file_size_limit.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/atomic_file.hpp"
-#include "tandem/gguf_writer.hpp"
+#include "tandem/core/atomic_file.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
 
 using namespace tandem;
 

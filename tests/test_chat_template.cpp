@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "tandem/chat_session.hpp"
-#include "tandem/chat_template.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/gguf.hpp"
-#include "tandem/model.hpp"
-#include "tandem/tokenizer.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/gguf/gguf.hpp"
+#include "tandem/model/model.hpp"
+#include "tandem/session/chat_session.hpp"
+#include "tandem/template/chat_template.hpp"
+#include "tandem/tokenizer/tokenizer.hpp"
 #include "test_support.hpp"
 
 using tandem::ChatMessage;

@@ -13,7 +13,7 @@
 
 #include "cpu/cpu_kernels.hpp"
 #include "cuda/block_math.cuh"
-#include "tandem/kv_store.hpp"
+#include "tandem/kv/kv_store.hpp"
 
 using namespace tandem;
 namespace k = tandem::kernels;

@@ -1,10 +1,10 @@
 // The per-token generation logic shared by Session::generate and the scheduler
-// (lib/generation.hpp), driven with chosen tokens: end-of-generation, UTF-8 held back
+// (lib/session/generation.hpp), driven with chosen tokens: end-of-generation, UTF-8 held back
 // across tokens, stop strings held back then cut, the output limit, the context clamp.
 #include <catch2/catch.hpp>
 
-#include "generation.hpp"
-#include "tandem/model.hpp"
+#include "session/generation.hpp"
+#include "tandem/model/model.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

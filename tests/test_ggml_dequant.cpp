@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "tandem/error.hpp"
-#include "tandem/ggml_dequant.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/gguf/ggml_dequant.hpp"
 
 using tandem::GgmlType;
 

@@ -17,8 +17,8 @@
 #include <sstream>
 #include <tuple>
 
-#include "tandem/error.hpp"
-#include "tandem/gguf.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/gguf/gguf.hpp"
 #include "test_support.hpp"
 
 using tandem::Error;

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "executor_factories.hpp"
-#include "tandem/session.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

@@ -18,8 +18,8 @@
 #include "gemma3_test_support.hpp"
 #include "kv_test_support.hpp"
 #include "sha256.hpp"
-#include "tandem/requantize.hpp"
-#include "tandem/session.hpp"
+#include "tandem/model/requantize.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

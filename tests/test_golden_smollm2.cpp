@@ -14,7 +14,7 @@
 
 #include "executor_factories.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/session.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/error.hpp"
-#include "tandem/jinja.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/template/jinja.hpp"
 
 using tandem::ErrorCode;
 using tandem::jinja::RenderOptions;

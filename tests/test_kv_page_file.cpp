@@ -12,7 +12,7 @@
 #include <cstdlib>
 
 #include "file_size_limit.hpp"
-#include "kv_page_file.hpp"
+#include "kv/kv_page_file.hpp"
 #include "kv_test_support.hpp"
 
 using namespace tandem;

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <functional>
 
-#include "tandem/gguf_writer.hpp"
-#include "tandem/model.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
+#include "tandem/model/model.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

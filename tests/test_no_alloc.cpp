@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <new>
 
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/paced_executor.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/exec/paced_executor.hpp"
 #include "test_support.hpp"
 
 namespace {

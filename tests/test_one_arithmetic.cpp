@@ -12,7 +12,7 @@
 
 #include "cpu_test_support.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/cpu_q4_executor.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "kv_test_support.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/error.hpp"
-#include "tandem/paced_executor.hpp"
-#include "tandem/scheduler.hpp"
-#include "tandem/session.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/exec/paced_executor.hpp"
+#include "tandem/sched/scheduler.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

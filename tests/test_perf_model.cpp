@@ -1,9 +1,9 @@
 // PerfModel against step times computed by hand from the datasheet figures and the
-// published hyper-parameters (include/tandem/perf_model.hpp states the formula).
+// published hyper-parameters (include/tandem/exec/perf_model.hpp states the formula).
 #include <catch2/catch.hpp>
 
-#include "tandem/error.hpp"
-#include "tandem/perf_model.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/exec/perf_model.hpp"
 
 using namespace tandem;
 

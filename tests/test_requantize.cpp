@@ -8,9 +8,9 @@
 #include <map>
 
 #include "sha256.hpp"
-#include "tandem/gguf_writer.hpp"
-#include "tandem/model.hpp"
-#include "tandem/requantize.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
+#include "tandem/model/model.hpp"
+#include "tandem/model/requantize.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "tandem/routing_policy.hpp"
+#include "tandem/sched/routing_policy.hpp"
 
 using namespace tandem;
 

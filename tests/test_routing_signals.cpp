@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "kv_test_support.hpp"
-#include "speed_signals.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/perf_model.hpp"
-#include "tandem/routing_policy.hpp"
-#include "tandem/scheduler.hpp"
+#include "sched/speed_signals.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/exec/perf_model.hpp"
+#include "tandem/sched/routing_policy.hpp"
+#include "tandem/sched/scheduler.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

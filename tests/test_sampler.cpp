@@ -9,8 +9,8 @@
 #include <set>
 #include <vector>
 
-#include "tandem/error.hpp"
-#include "tandem/sampler.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/session/sampler.hpp"
 
 using namespace tandem;
 

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tandem/scheduler.hpp"
+#include "tandem/sched/scheduler.hpp"
 
 #include "kv_test_support.hpp"
 
@@ -856,7 +856,7 @@ TEST_CASE("max_tokens far beyond the context is clamped: kLength at the context 
 }
 
 // Issue 12 item 6: one generation loop. Session::generate and a scheduler request run the
-// same per-token logic (lib/generation.hpp): for each case the tokens, the text, the
+// same per-token logic (lib/session/generation.hpp): for each case the tokens, the text, the
 // streamed pieces and the finish reason agree — stop strings (held back, then cut), an
 // end-of-generation token, the context limit, a seeded sampler.
 TEST_CASE("a request and a Session agree on tokens, text, streamed pieces and finish", "[scheduler][parity]") {

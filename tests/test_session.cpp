@@ -10,7 +10,7 @@
 
 #include "executor_factories.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/session.hpp"
+#include "tandem/session/session.hpp"
 
 using namespace tandem;
 using test::code_of;

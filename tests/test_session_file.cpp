@@ -32,7 +32,7 @@ void reseal(std::vector<char>& d) {
   std::memcpy(d.data() + d.size() - 8, &h, 8);
 }
 
-// Body offsets of fields (see lib/session_file.cpp): header is 24 bytes.
+// Body offsets of fields (see lib/session/session_file.cpp): header is 24 bytes.
 constexpr size_t kHeader = 24;
 constexpr size_t kTokenCountAt = kHeader + 4 + 8 + 8 + 4 * 3 + 8 + 4 + 4 + 4 + 4 * 2 + 4 + 4 * 5 + 8;
 

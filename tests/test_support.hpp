@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include "tandem/error.hpp"
+#include "tandem/core/error.hpp"
 
 namespace tandem::test {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "tandem/gguf.hpp"
-#include "tandem/tokenizer.hpp"
+#include "tandem/gguf/gguf.hpp"
+#include "tandem/tokenizer/tokenizer.hpp"
 #include "test_support.hpp"
-#include "tokenizer_internal.hpp"
+#include "tokenizer/tokenizer_internal.hpp"
 
 using tandem::Error;
 using tandem::ErrorCode;

@@ -58,7 +58,7 @@
  *            effect when the generation returns.
  *
  * Scheduler. tandem_scheduler runs many requests on one or more executors with
- *            continuous batching (include/tandem/scheduler.hpp). tandem_request is a
+ *            continuous batching (include/tandem/sched/scheduler.hpp). tandem_request is a
  *            submitted request: poll it for streamed tokens, wait for it, cancel it, read its
  *            result, free it. Freeing the scheduler (or shutting it down) while requests
  *            are outstanding cancels them: their handles stay valid and report a terminal
@@ -104,7 +104,7 @@ extern "C" {
 /* ---- status codes ------------------------------------------------------------------- */
 
 /* A status: TANDEM_OK or one of the TANDEM_E_* values below. Values 0..99 are the numbers
- * of tandem::ErrorCode in the C++ library (include/tandem/error.hpp), passed through
+ * of tandem::ErrorCode in the C++ library (include/tandem/core/error.hpp), passed through
  * unchanged (a code the C++ library gains before this header names it still arrives with
  * its number, and tandem_status_name knows it); 100 and up exist only at the C boundary.
  * Numbers never change meaning; new codes may be added. */
@@ -263,7 +263,7 @@ TANDEM_API tandem_status tandem_token_to_piece(const tandem_model* model, int32_
 
 /* ---- session ------------------------------------------------------------------------ */
 
-/* KV cache options (include/tandem/kv_store.hpp): the tier pages live in, the element type. */
+/* KV cache options (include/tandem/kv/kv_store.hpp): the tier pages live in, the element type. */
 enum tandem_kv_tier { TANDEM_KV_DEVICE = 0, TANDEM_KV_HOST = 1, TANDEM_KV_FILE = 2 };
 /* TANDEM_KV_Q8_0: ggml's Q8_0 blocks (34 bytes per 32 elements, about half of f16;
  * llama.cpp's --cache-type-k/-v q8_0); CPU executors only (TANDEM_E_UNSUPPORTED for a CUDA
@@ -369,7 +369,7 @@ TANDEM_API tandem_status tandem_session_restore(tandem_session* session, const c
 /* ---- sampling and generation -------------------------------------------------------- */
 
 /* The chain follows llama.cpp's common sampler: penalties -> top-k -> top-p -> min-p ->
- * temperature -> draw (see include/tandem/sampler.hpp for the formulas). */
+ * temperature -> draw (see include/tandem/session/sampler.hpp for the formulas). */
 typedef struct tandem_sampling_params {
   size_t struct_size;
   float temperature;       /* 0 = greedy (lowest id on ties); >= 0; default 0.8 */
@@ -463,7 +463,7 @@ TANDEM_API tandem_status tandem_generate_result_init(tandem_generate_result* res
  * that completed the piece (-1 for a final flush with no token). The concatenation of all
  * pieces is the generated text. Return 0 to continue, nonzero to stop (finish reason
  * TANDEM_FINISH_CANCELLED; the call still returns TANDEM_OK) -- the opposite sense of the
- * C++ GenerateOptions::on_text (include/tandem/session.hpp), whose true means continue. */
+ * C++ GenerateOptions::on_text (include/tandem/session/session.hpp), whose true means continue. */
 typedef int (*tandem_token_callback)(const char* piece, size_t len, int32_t token, void* user_data);
 
 /* Tokenize prompt_utf8 (NUL-terminated; BOS added when the session is empty and the
@@ -629,7 +629,7 @@ TANDEM_API tandem_status tandem_scheduler_shutdown(tandem_scheduler* scheduler);
 
 /* A JSON snapshot of the serving metrics (one object: submitted, finished, by_finish,
  * migrations, prefix reuse, queued, and per executor steps, tokens, utilisation, speeds,
- * KV usage per tier; see include/tandem/metrics.hpp). Buffer rules as tandem_detokenize
+ * KV usage per tier; see include/tandem/sched/metrics.hpp). Buffer rules as tandem_detokenize
  * (size query, TANDEM_E_BUFFER_TOO_SMALL, NUL-terminated). The size can change between
  * two calls: retry on TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
 TANDEM_API tandem_status tandem_scheduler_metrics_json(const tandem_scheduler* scheduler, char* buf, size_t capacity,

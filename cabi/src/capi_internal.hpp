@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "tandem.h"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/error.hpp"
-#include "tandem/model.hpp"
-#include "tandem/scheduler.hpp"
-#include "tandem/session.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/model/model.hpp"
+#include "tandem/sched/scheduler.hpp"
+#include "tandem/session/session.hpp"
 
 namespace tandem::capi {
 
@@ -124,7 +124,7 @@ struct SchedulerObj {
 
 /// Wakes tandem_request_next_event: the request's on_event (on a step-loop thread) bumps
 /// `seq` after the scheduler has appended the event to the handle's poll log (see
-/// lib/scheduler.cpp: log_event precedes on_event), so a waiter that saw seq unchanged
+/// lib/sched/scheduler.cpp: log_event precedes on_event), so a waiter that saw seq unchanged
 /// and found nothing to poll can sleep until seq moves.
 struct EventSignal {
   std::mutex mu;

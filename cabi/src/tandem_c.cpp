@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "tandem/gpu_q4_executor.hpp"
-#include "tandem/tokenizer.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
+#include "tandem/tokenizer/tokenizer.hpp"
 
 using namespace tandem;
 using namespace tandem::capi;
@@ -557,7 +557,7 @@ const char* tandem_last_error(void) {
 }
 
 const char* tandem_status_name(tandem_status status) {
-  // 0..99 are tandem::ErrorCode's numbers: its table (lib/error.cpp) is the one name table;
+  // 0..99 are tandem::ErrorCode's numbers: its table (lib/core/error.cpp) is the one name table;
   // only the codes of the C boundary itself are named here.
   switch (status) {
     case TANDEM_E_INVALID_HANDLE:

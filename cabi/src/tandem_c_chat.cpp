@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "tandem/chat_template.hpp"
-#include "tandem/gguf.hpp"
+#include "tandem/gguf/gguf.hpp"
+#include "tandem/template/chat_template.hpp"
 
 using namespace tandem;
 using namespace tandem::capi;

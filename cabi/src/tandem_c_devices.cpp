@@ -10,7 +10,7 @@
 
 #include "capi_internal.hpp"
 #include "cpu_kernels.hpp"
-#include "tandem/gpu_q4_executor.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 
 #if defined(TANDEM_HAVE_CUDA)
 #include <cuda_runtime_api.h>

@@ -11,7 +11,7 @@
 
 #include "http_transport.hpp"
 #include "sse_stream.hpp"
-#include "tandem/error.hpp"
+#include "tandem/core/error.hpp"
 
 namespace tandem::server {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "tandem/error.hpp"
+#include "tandem/core/error.hpp"
 
 namespace tandem::server {
 

@@ -16,11 +16,11 @@
 #include <string_view>
 #include <vector>
 
-#include "tandem/chat_template.hpp"
-#include "tandem/routing_policy.hpp"
-#include "tandem/sampler.hpp"
-#include "tandem/scheduler.hpp"
-#include "tandem/tokenizer.hpp"
+#include "tandem/sched/routing_policy.hpp"
+#include "tandem/sched/scheduler.hpp"
+#include "tandem/session/sampler.hpp"
+#include "tandem/template/chat_template.hpp"
+#include "tandem/tokenizer/tokenizer.hpp"
 
 namespace tandem::server {
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/metrics.hpp"
-#include "tandem/scheduler.hpp"
+#include "tandem/sched/metrics.hpp"
+#include "tandem/sched/scheduler.hpp"
 
 namespace tandem::server {
 

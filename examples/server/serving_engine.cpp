@@ -7,12 +7,12 @@
 #include <span>
 
 #include "executor_sets.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/error.hpp"
-#include "tandem/routing_policy.hpp"
-#include "tandem/thread_pool.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/core/thread_pool.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/sched/routing_policy.hpp"
 #if TANDEM_HAVE_CUDA
-#include "tandem/gpu_q4_executor.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 #endif
 
 namespace tandem::server {

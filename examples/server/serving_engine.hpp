@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "tandem/chat_template.hpp"
-#include "tandem/model.hpp"
-#include "tandem/scheduler.hpp"
+#include "tandem/model/model.hpp"
+#include "tandem/sched/scheduler.hpp"
+#include "tandem/template/chat_template.hpp"
 
 namespace tandem::server {
 

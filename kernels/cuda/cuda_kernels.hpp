@@ -1,10 +1,10 @@
 // Host-callable launchers of the CUDA kernels (kernels/cuda/*.cu). Plain C++: included by
-// the GPU executor's host code (lib/gpu/), compiled by the host compiler.
+// the GPU executor's host code (lib/exec/gpu/), compiled by the host compiler.
 //
 // Conventions as kernels/cpu: a weight matrix has n rows of k elements; activations X are
 // m rows of k floats; outputs Y[c * ldy + r] = dot(W row r, X row c). All pointers are
 // device pointers; every launcher enqueues on `stream` and returns at once.
-// Numerics mirror lib/cpu_q4_executor.cpp (see block_math.cuh and each kernel's comment).
+// Numerics mirror lib/exec/cpu/cpu_q4_executor.cpp (see block_math.cuh and each kernel's comment).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU), the KV row store and paged
-// attention. Numerics follow lib/cpu_q4_executor.cpp; the library is compiled with
+// attention. Numerics follow lib/exec/cpu/cpu_q4_executor.cpp; the library is compiled with
 // --fmad=false so a * b - c * d and friends round exactly as the CPU's (uncontracted)
 // arithmetic does.
 #include <cuda_runtime.h>

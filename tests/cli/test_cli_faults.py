@@ -29,7 +29,7 @@ def run(*args, stdin=None, stdout=subprocess.PIPE, env=None, preexec=None):
 
 def restored(session):
     """Tokens a run would restore from `session` (0 when it holds none): the u64 token count
-    at byte 116 of the file (the layout in lib/session_file.cpp), read without a run, which
+    at byte 116 of the file (the layout in lib/session/session_file.cpp), read without a run, which
     would save the file again."""
     try:
         with open(session, "rb") as f:

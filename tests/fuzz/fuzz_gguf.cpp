@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <span>
 
-#include "tandem/error.hpp"
-#include "tandem/gguf.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/gguf/gguf.hpp"
 
 namespace {
 

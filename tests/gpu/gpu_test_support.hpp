@@ -9,7 +9,7 @@
 #include <string>
 
 #if TANDEM_HAVE_CUDA
-#include "tandem/gpu_q4_executor.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 #endif
 
 namespace tandem::test {

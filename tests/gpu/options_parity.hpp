@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "tandem/gpu_q4_executor.hpp"
-#include "tandem/kv_store.hpp"
+#include "tandem/exec/gpu/gpu_q4_executor.hpp"
+#include "tandem/kv/kv_store.hpp"
 #include "test_support.hpp"
 
 namespace tandem::test {

@@ -16,9 +16,9 @@
 #include "gemma3_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/kv_contract.hpp"
-#include "tandem/session.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/kv/kv_contract.hpp"
+#include "tandem/session/session.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;

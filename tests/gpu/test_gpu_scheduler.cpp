@@ -13,7 +13,7 @@
 
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/scheduler.hpp"
+#include "tandem/sched/scheduler.hpp"
 
 using namespace tandem;
 

@@ -8,8 +8,8 @@
 
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
-#include "tandem/cpu_q4_executor.hpp"
-#include "tandem/session.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/session/session.hpp"
 
 using namespace tandem;
 

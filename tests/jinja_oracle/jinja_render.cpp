@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "tandem/error.hpp"
-#include "tandem/jinja.hpp"
+#include "tandem/core/error.hpp"
+#include "tandem/template/jinja.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

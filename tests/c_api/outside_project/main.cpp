@@ -1,5 +1,5 @@
 // Greedy generation through tandem.hpp (the installed C++ layer over the C ABI), printed
-// as examples/c/generate.c prints it with --ids (ids line, then the text) so that
+// as examples/samples/c/generate.c prints it with --ids (ids line, then the text) so that
 // scripts/test-ffi checks it against the golden continuation. It also checks that a
 // failure arrives as tandem::c::Error with the status, and that a scheduler session
 // continued over two requests, parked to the File tier between them and computing on a

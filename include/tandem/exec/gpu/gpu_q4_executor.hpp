@@ -1,0 +1,219 @@
+// GpuQ4Executor: the transformer forward pass on one CUDA device, with the same Q4_0
+// weights and the same numerics as CpuQ4Executor (lib/exec/cpu/cpu_q4_executor.cpp).
+//
+// Built when CMake finds CUDA: tandem_core then carries the compile definition
+// TANDEM_HAVE_CUDA=1 (public). The header compiles everywhere, but its functions are only
+// defined in CUDA builds: guard uses with `#if TANDEM_HAVE_CUDA`.
+//
+// Weights are uploaded once per (Model, device): executors of one model on one device share
+// them (weights_id()). Q4_0 and Q8_0 matrices are repacked into
+// separate quant-byte and scale arrays (a pure rearrangement of the GGUF blocks,
+// kernels/cuda/block_math.cuh); F32/F16/BF16 matrices are copied as they are; norms and
+// biases as F32. The token-embedding table stays on the host (one row per token is
+// dequantised there, exactly as the CPU does) unless the output projection is tied to it.
+//
+// Numerics: activations entering a Q4_0/Q8_0 matmul are quantised to Q8_0 on the device
+// bit-identically to kernels/cpu (amax / 127, round-half-even), each block's integer dot
+// is exact (dp4a, or int8 Tensor Core MMA for prefill steps of 16+ tokens, with the same
+// float operations in the same order as dp4a), so CPU and GPU differ only in the order of
+// float accumulation, and a token's GPU logits do not depend on its batch. RMSNorm
+// sums in double; RoPE uses the CPU's cos/sin table (computed on the host the same way);
+// with an f16 KV cache q is rounded to f16; softmax subtracts the max and sums in double.
+// Attention rounds the probabilities to f16 as the CPU does: multi-token steps (prefill)
+// take one block per (token, head); the single token of a decode step goes through split-KV
+// attention (attention_split in kernels/cuda/cuda_kernels.hpp: partitions of 128 absolute
+// positions, one block per GQA group and partition, log-sum-exp combination).
+// Tolerances against the CPU: tests/gpu/gpu_test_support.hpp.
+//
+// KV: the executor computes on Device pages (kv_tier() == kDevice) of a KvStore whose
+// Device tier is this executor's backend (make_kv_device_backend / make_kv_store): the
+// attention kernel reads them in place through the block table; a Session without a store
+// of its own gets such a Device store by default. Host and File pages are also readable
+// (a store without a Device tier): their pages are staged into VRAM for the step and the
+// written pages copied back, which is correct but moves the whole sequence's KV every
+// step — use a Device store for speed.
+//
+// Streams: all compute runs on the executor's own non-blocking stream; KV page copies of
+// a device backend run on the backend's own non-blocking stream with pinned staging, so
+// a scheduler thread moving pages overlaps with a step in progress. step() returns after
+// the logits are on the host (the compute stream is synchronised).
+//
+// Devices: every call makes the executor's device current and restores the caller's
+// current device before returning. The attention kernels' shared-memory attribute is set
+// once per device (at the first executor's construction) and checked.
+//
+// Memory: per-step device buffers grow (doubling) to the largest batch seen and are then
+// reused, so a steady decode loop allocates nothing; outgrown buffers are freed only at
+// destruction, since cudaFree would synchronise every stream on the device.
+//
+// CUDA graphs: a step whose pages are all Device-tier is captured and replayed as one
+// graph (GpuExecutorOptions::cuda_graphs); the logits come back through a pinned buffer.
+//
+// Thread-safety: as every executor, one step at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "tandem/exec/executor.hpp"
+#include "tandem/kv/kv_store.hpp"
+
+namespace tandem {
+
+struct GpuExecutorOptions {
+  int device = 0;  ///< CUDA device ordinal
+  /// Run each step whose KV pages are all in VRAM as a CUDA graph (captured, then updated
+  /// in place or re-instantiated when the batch's shape changes). Same results either way.
+  bool cuda_graphs = true;
+  /// Fused kernels on the per-token path: RMSNorm + Q8_0 quantisation, SwiGLU + Q8_0,
+  /// RoPE + KV store, and (steps where every token decodes, head_dim % 32 == 0) the split
+  /// attention's last kernel + the Q8_0 input of Wo, each in one launch
+  /// (kernels/cuda/cuda_kernels.hpp). Bit-identical results either way; off = the separate
+  /// launches (tests compare the two).
+  bool fused_kernels = true;
+  /// Multiply Q4_0/Q8_0 weights by the Q8_0 activations of steps with at least 16 token
+  /// rows (prefill) on the Tensor Cores (int8 WMMA, sm_72+) instead of the dp4a kernel.
+  /// Bit-identical results either way (kernels/cuda/cuda_kernels.hpp gemm()); off = dp4a
+  /// only (tests compare the two).
+  bool tensor_cores = true;
+  /// Attention of multi-token steps (prefill chunks) through the tiled flash-attention
+  /// kernel (kernels/cuda/cuda_kernels.hpp attention_prefill: one block per tile of up to
+  /// 16 query tokens and KV head, with the GQA group's heads; K/V tiles in shared memory;
+  /// online-softmax statistics) instead of one block per (token, head). Not bit-identical
+  /// (the softmax sum's order; both within the float64 bounds of
+  /// tests/gpu/test_gpu_attention.cpp); off = attention() for prefill tokens. Shapes whose
+  /// tile does not fit 48 KiB of shared memory use attention() either way; decode tokens
+  /// use the split-KV kernels either way.
+  bool flash_prefill = true;
+  /// Matrices that share their input in one launch where the step takes the dp4a kernels
+  /// (decode and small batches): Q, K and V with their biases added in the same launch;
+  /// gate and up (kernels/cuda/cuda_kernels.hpp gemm_parts). Bit-identical results either
+  /// way; off = a launch per matrix and per bias (tests compare the two).
+  bool merge_matmuls = true;
+};
+
+class GpuQ4Executor final : public Executor {
+ public:
+  /// Uploads the weights. Throws Error(kInvalidArgument) when there is no such CUDA device
+  /// or the model has a shape the kernels do not take (head_dim > 1024), kOutOfMemory when the weights do not fit,
+  /// kInternal on another CUDA error.
+  GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options = {});
+  ~GpuQ4Executor() override;
+
+  std::string_view name() const noexcept override { return "gpu"; }
+  KvTier kv_tier() const noexcept override { return KvTier::kDevice; }
+  /// Device pages are read in place; Host and File pages are staged through VRAM.
+  bool can_read(KvTier) const noexcept override { return true; }
+  /// f16 and f32 KV pages; q8_0 is unsupported (no CUDA kernel reads it yet): a step on a
+  /// q8_0 store is refused with Error(kInvalidArgument), and make_kv_device_backend /
+  /// make_kv_store refuse a q8_0 layout the same way.
+  bool supports(KvDtype dtype) const noexcept override { return dtype != KvDtype::kQ8_0; }
+
+  /// Number of CUDA devices visible (0 without a driver or device).
+  static int device_count() noexcept;
+  int device() const noexcept;
+  /// Bytes of VRAM holding the model's weights.
+  uint64_t weight_bytes() const noexcept;
+  /// Identity of the weights in VRAM: executors of one Model on one device share a single
+  /// upload (freed with the last of them) and return the same value.
+  const void* weights_id() const noexcept;
+  /// Bytes of VRAM held by per-step buffers (grow to the largest batch seen).
+  uint64_t scratch_bytes() const noexcept;
+  /// How many times a step's CUDA graph was instantiated (not just updated) so far.
+  int64_t graph_instantiations() const noexcept;
+  /// The compute stream (a cudaStream_t), for a scheduler that records events on it.
+  void* stream() const noexcept;
+
+  /// A Device tier of `pages` page slots in one VRAM allocation on this executor's device.
+  /// Throws Error(kOutOfMemory) when it does not fit.
+  std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const override;
+  /// A KvStore for this model with `device_pages` in VRAM and optional Host/File tiers.
+  std::shared_ptr<KvStore> make_kv_store(int32_t device_pages, int32_t host_pages = 0, int32_t page_size = 16,
+                                         KvDtype dtype = KvDtype::kF16, int32_t file_pages = 0) const;
+
+ protected:
+  void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override;
+
+ public:
+  struct Impl;  ///< opaque: device buffers, streams
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+namespace gpu_testing {
+/// Field case B09 harness: y[m][n] = W x^T on the device, W [n][k] Q4_0 blocks, x [m][k]
+/// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
+/// Throws Error(kInvalidArgument) without a device.
+void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
+/// Quantised GEMM on given blocks: W [n][k/32] GGUF Q4_0 blocks (or Q8_0 with
+/// `q8_weights`), X [m][k/32] GGUF Q8_0 blocks taken as they are (any int8, -128
+/// included); y [m][n] floats from kernels/cuda gemm() with `tensor_cores` as passed (the
+/// Tensor Core kernel for m >= 16 when true, the dp4a kernels otherwise). The device output
+/// is NaN-filled first. Throws Error(kInvalidArgument) without a device or for k % 32 != 0.
+void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
+                    bool tensor_cores, float* y, int device = 0);
+/// Several weight matrices times the same activations, as gemm_q8_blocks: w_blocks[i] with
+/// n[i] rows (all Q4_0, or all Q8_0 with `q8_weights`), y[i] resized to [m][n[i]], plus
+/// bias[i] ([n[i]] floats; none when `bias` or bias[i] is empty) on every row. merged: one
+/// kernels/cuda gemm_parts() call; else gemm() then add_bias() per matrix. Device outputs
+/// NaN-filled first. Throws Error(kInvalidArgument) without a device, for k % 32 != 0,
+/// n[i] < 1, m < 1, w_blocks and n of different sizes, or biases of the wrong counts.
+void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
+                          int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
+                          std::vector<std::vector<float>>& y, const std::vector<std::vector<float>>& bias = {},
+                          int device = 0);
+/// The calling thread's current CUDA device (cudaGetDevice), and setting it.
+int current_device();
+void set_current_device(int device);
+/// Q8_0 quantisation of x [m][k] on the device, returned as GGUF Q8_0 blocks (34 bytes each).
+void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int device = 0);
+/// Decode attention harness: lens.size() sequences, sequence s holding positions
+/// [0, lens[s]) and querying at position lens[s] - 1. k, v: the sequences' rows one after
+/// another, [sum lens][n_head_kv * head_dim] floats (stored to the pages as f16 when `f16`);
+/// q, out: [lens.size()][n_head][head_dim]. Pages of page_size positions, two layers, rows in
+/// layer 1, page pointers in reverse allocation order. part > 0: flash-decoding
+/// (attention_split) with partitions of `part` positions; part == 0: attention().
+/// page_shift: bytes every page starts past a 16-byte aligned address (a multiple of the
+/// KV element size, below 16; non-zero exercises the kernels' element-wise loads).
+/// q8_blocks_out (part > 0, head_dim % 32 == 0): also the Q8_0 blocks the split kernels'
+/// fused quantisation writes for `out` ([lens.size()][n_head * head_dim / 32] GGUF blocks).
+/// Output filled with NaN first. Throws Error(kInvalidArgument) without a device, for a
+/// bad page_shift or a q8_blocks_out the shape does not allow.
+void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                      const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
+                      int32_t part, int32_t page_shift = 0, void* q8_blocks_out = nullptr, int device = 0);
+/// Prefill attention harness: sequence s holds positions [0, lens[s]) (k, v as in
+/// attention_decode) and queries with its last chunks[s] positions, [lens[s] - chunks[s],
+/// lens[s]) (a later chunk of a prompt when chunks[s] < lens[s]); q, out: [sum chunks][n_head]
+/// [head_dim], sequence by sequence, all in one launch. tiled: the tiled flash-attention
+/// kernel (attention_prefill, tiles of its plan's bq tokens, the last one partial); else
+/// attention(). Pages (and page_shift) as in attention_decode. Output NaN-filled first.
+/// Throws Error(kInvalidArgument) without a device, for chunks outside [1, lens[s]], a bad
+/// page_shift, or (tiled) when no tile fits the shape.
+void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
+                       const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
+                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift = 0, int device = 0);
+/// Fused-kernel harnesses (tests/gpu/test_gpu_fused.cpp): with `fused` the one-launch
+/// kernel, else the separate launches it replaces; device outputs are NaN- or 0x5A-filled
+/// first. Throw Error(kInvalidArgument) without a device.
+/// RMSNorm of rows of x ([n_x_rows][n]; row i of the output is x row rows[i], or i when
+/// `rows` is empty) times w [n], then Q8_0 of the result (n % 32 == 0): y [m][n] floats,
+/// blocks_out [m][n/32] GGUF Q8_0 blocks, m = rows.empty() ? n_x_rows : rows.size().
+void rms_norm_q8_0(const float* x, const float* w, int64_t n_x_rows, int64_t n, float eps,
+                   const std::vector<int32_t>& rows, bool fused, float* y, void* blocks_out, int device = 0);
+/// h = silu(gate) * up over n values (n % 32 == 0), then Q8_0: h [n], blocks_out [n/32].
+void swiglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device = 0);
+/// RoPE of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim] (in place, by cs [T][n_rot]:
+/// cos of the n_rot/2 angles then their sin) and the K/V rows stored at each token's slot:
+/// token t is position pos[t] of sequence seq[t] (seq non-decreasing from 0); sequence s owns
+/// ceil((max pos of s + 1) / page_size) pages of two layers, rows written to layer 1.
+/// pages_out: every page's bytes (pages 0x5A-filled first), sequence by sequence.
+void rope_kv_store(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t n_rot, bool neox, int32_t page_size,
+                   bool f16, const std::vector<int32_t>& seq, const std::vector<int32_t>& pos, float* q, float* k,
+                   const float* v, const float* cs, std::vector<uint8_t>& pages_out, bool fused, int device = 0);
+}  // namespace gpu_testing
+
+}  // namespace tandem

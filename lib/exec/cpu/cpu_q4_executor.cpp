@@ -1,0 +1,584 @@
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+
+#include <strings.h>
+
+#include "cpu/cpu_kernels.hpp"
+
+namespace tandem {
+
+namespace k = kernels;
+
+namespace {
+
+// A growable buffer: grows to the largest size requested, never shrinks, so a steady
+// decode loop reuses it without allocating.
+template <class T>
+class Buffer {
+ public:
+  T* get(size_t n) {
+    if (v_.size() < n) v_.resize(n);
+    return v_.data();
+  }
+
+ private:
+  std::vector<T> v_;
+};
+
+// Where the activations of the current matmul input have been prepared.
+struct PreparedInput {
+  const float* x = nullptr;
+  int64_t m = 0, k = 0;
+  bool q8 = false, f16 = false;
+};
+
+// One token of the batch: which sequence, its position, its row in the batch.
+struct TokenRef {
+  const SequenceStep* seq;
+  int32_t pos;
+};
+
+// One attention task: positions [first, first + n_pos) of sequence `seq` (indices into
+// its tokens), all query heads of KV head `kv_head`.
+struct AttnTask {
+  int32_t seq, kv_head, first, n_pos;
+};
+
+// Query rows per attention task (positions x heads of a group): enough to amortise the
+// per-tile K/V conversion, small enough for the task's scratch to stay in L2.
+constexpr int64_t kAttnTileRows = 64;
+constexpr int64_t kAttnScoreFloats = int64_t{1} << 20;
+
+}  // namespace
+
+struct CpuQ4Executor::Scratch {
+  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope, rope_swa;
+  Buffer<k::BlockQ8_0> xq8;
+  Buffer<uint16_t> xf16;
+  Buffer<TokenRef> tokens;
+  Buffer<int64_t> out_index;
+  Buffer<float> fa_scratch;         // [n_threads][flash_attn_scratch_floats]
+  Buffer<AttnTask> attn_tasks;      // one per (sequence, KV head, query tile)
+  Buffer<const void*> kv_pages;     // per layer: K page pointers of every sequence, then V
+  Buffer<size_t> seq_pages;         // per sequence: its first entry in kv_pages
+  Buffer<int64_t> seq_first_token;  // per sequence: its first row in the batch
+  PreparedInput prepared;
+};
+
+struct CpuQ4Executor::Repacked {
+  // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry).
+  std::unordered_map<const std::byte*, std::vector<k::BlockQ4_0x8>> by_data;
+  // Per layer, the repacked copy of each matrix (null: not Q4_0 or not repackable), looked
+  // up once at construction so that a step indexes instead of hashing.
+  struct Layer {
+    const k::BlockQ4_0x8 *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+    const k::BlockQ4_0x8 *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;
+  };
+  std::vector<Layer> layers;  // empty when not repacking
+  const k::BlockQ4_0x8* output = nullptr;
+  const k::BlockQ4_0x8* find(const TensorView& W) const {
+    if (!W || W.type != GgmlType::kQ4_0) return nullptr;
+    const auto it = by_data.find(W.data);
+    return it == by_data.end() ? nullptr : it->second.data();
+  }
+};
+
+std::shared_ptr<ThreadPool> CpuQ4Executor::make_pool(int n_threads) {
+  return std::make_shared<ThreadPool>(n_threads, [] { k::cpu_thread_prepare(); });
+}
+
+std::shared_ptr<ThreadPool> CpuQ4Executor::node_pool() {
+  static std::mutex mu;
+  static std::weak_ptr<ThreadPool> node;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto p = node.lock()) return p;
+  auto p = make_pool(0);
+  node = p;
+  return p;
+}
+
+CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecutorOptions& options)
+    : Executor(std::move(model)),
+      pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
+      s_(std::make_unique<Scratch>()) {
+  repack_weights(options.repack_q4_0);
+}
+
+CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
+    : Executor(std::move(model)), pool_(std::move(pool)), s_(std::make_unique<Scratch>()) {
+  if (!pool_) throw Error(ErrorCode::kInvalidArgument, "cpu executor: the thread pool is null");
+  repack_weights(true);
+}
+
+CpuQ4Executor::~CpuQ4Executor() = default;
+
+bool CpuQ4Executor::repacked_weights() const noexcept {
+  return !repacked_->by_data.empty();
+}
+
+const void* CpuQ4Executor::repacked_weights_id() const noexcept {
+  return repacked_->by_data.empty() ? nullptr : repacked_.get();
+}
+
+void CpuQ4Executor::repack_weights(bool wanted) {
+  static const auto kEmpty = std::make_shared<const Repacked>();
+  repacked_ = kEmpty;
+  if (!wanted) return;
+  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {
+    for (const char* off : {"0", "false", "off", "no"})
+      if (strcasecmp(env, off) == 0) return;
+  }
+  // One copy per Model: an executor of a Model already repacked shares that copy. The
+  // registry's lock is held while repacking, so two executors built at once repack once.
+  static std::mutex registry_mu;
+  static std::unordered_map<const Model*, std::weak_ptr<const Repacked>> registry;
+  std::lock_guard<std::mutex> lock(registry_mu);
+  std::erase_if(registry, [](const auto& e) { return e.second.expired(); });
+  if (auto it = registry.find(model_ptr().get()); it != registry.end()) {
+    repacked_ = it->second.lock();
+    return;
+  }
+  auto repacked = std::make_shared<Repacked>();
+  const Model& m = model();
+  auto add = [&](const TensorView& W) {
+    if (!W || W.type != GgmlType::kQ4_0 || W.k % k::kQK != 0 || repacked->by_data.count(W.data) != 0) return;
+    std::vector<k::BlockQ4_0x8> packed;
+    try {
+      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)));
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the repacked Q4_0 weights");
+    }
+    const auto* src = reinterpret_cast<const k::BlockQ4_0*>(W.data);
+    pool_->parallel_for((W.n + 7) / 8, 4,
+                        [&](int64_t b, int64_t e, int) { k::repack_q4_0x8(src, W.n, W.k, packed.data(), b, e); });
+    repacked->by_data.emplace(W.data, std::move(packed));
+  };
+  for (const LayerWeights& L : m.layers())
+    for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);
+  add(m.output());
+  if (!repacked->by_data.empty()) {
+    repacked->layers.reserve(m.layers().size());
+    for (const LayerWeights& L : m.layers())
+      repacked->layers.push_back({repacked->find(L.wq), repacked->find(L.wk), repacked->find(L.wv),
+                                  repacked->find(L.wo), repacked->find(L.ffn_gate), repacked->find(L.ffn_up),
+                                  repacked->find(L.ffn_down)});
+    repacked->output = repacked->find(m.output());
+  }
+  registry[model_ptr().get()] = repacked;
+  repacked_ = std::move(repacked);
+}
+
+namespace {
+
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+  const float mean = static_cast<float>(sum / double(n));
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+}
+
+const float* f32_data(const TensorView& t) {
+  return reinterpret_cast<const float*>(t.data);
+}
+
+// ggml's GELU (tanh form) as its CPU backend computes it in a GEGLU (GGML_GELU_FP16): the
+// input rounded to f16 indexes a table of f16(gelu(x)) made with the formula below in f32;
+// x <= -10 gives 0 and x >= 10 gives x. Built once, on first use (thread-safe static).
+const uint16_t* gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(size_t{1} << 16);
+    constexpr float kCoefA = 0.044715f;
+    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const float x = k::fp16_to_fp32(static_cast<uint16_t>(h));
+      const float inner = kSqrt2OverPi * x * (1.0f + kCoefA * x * x);
+      t[h] = k::fp32_to_fp16(0.5f * x * (1.0f + std::tanh(inner)));
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+// gate[i] = gelu(gate[i]) * up[i] (ggml_geglu_split's arithmetic).
+void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64_t e) {
+  for (int64_t i = b; i < e; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      gate[i] = g * up[i];
+    } else {
+      gate[i] = k::fp16_to_fp32(table[k::fp32_to_fp16(g)]) * up[i];
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
+// packed: W repacked 8 rows at a time (kernels::gemm_q4_0x8_q8_0), or null.
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
+            const k::BlockQ4_0x8* packed);
+
+}  // namespace
+
+void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
+  Scratch& s = *s_;
+  if (!k::cpu_thread_prepare()) {  // the calling thread's kernel scratch (allocated on its first step only)
+    throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the kernels' per-thread scratch");
+  }
+  const Model& model = this->model();
+  const HParams& hp = model.hparams();
+  const int64_t n_embd = hp.n_embd;
+  const int64_t hd = hp.head_dim;
+  const int64_t q_w = int64_t{hp.n_head} * hd;
+  const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
+  const int n_threads = pool_->size();
+
+  const int64_t group = hp.n_head / hp.n_head_kv;
+  // Scratch is sized for the largest context of the batch, so decode steps never regrow it.
+  int64_t max_ctx = 1, max_kv_pages = 0;
+  for (const auto& sq : batch) {
+    max_ctx = std::max<int64_t>(max_ctx, sq.kv->max_tokens());
+    const int32_t P = sq.kv->store().layout().page_size;
+    max_kv_pages += (sq.kv->max_tokens() + P - 1) / P;
+  }
+  // Positions per attention task: about kAttnTileRows query rows, fewer when a long context
+  // would make the task's scores (rows x context) pass kAttnScoreFloats.
+  const int64_t attn_pos_per_task =
+      std::max<int64_t>(1, std::min(kAttnTileRows / group, kAttnScoreFloats / (group * max_ctx)));
+  int64_t T = 0;
+  int64_t n_attn_tasks = 0;
+  for (const auto& sq : batch) {
+    const auto n = static_cast<int64_t>(sq.tokens.size());
+    T += n;
+    n_attn_tasks += (n + attn_pos_per_task - 1) / attn_pos_per_task * hp.n_head_kv;
+  }
+  TokenRef* toks = s.tokens.get(size_t(T));
+  {
+    int64_t t = 0;
+    for (const auto& sq : batch) {
+      for (size_t j = 0; j < sq.tokens.size(); ++j) toks[t++] = TokenRef{&sq, sq.pos0 + static_cast<int32_t>(j)};
+    }
+  }
+
+  float* x = s.x.get(size_t(T * n_embd));
+  float* xn = s.xn.get(size_t(T * n_embd));
+  float* q = s.q.get(size_t(T * q_w));
+  float* kk = s.kbuf.get(size_t(T * kv_w));
+  float* v = s.v.get(size_t(T * kv_w));
+  float* attn = s.attn.get(size_t(T * q_w));
+  float* tmp = s.tmp.get(size_t(T * n_embd));
+  float* gate = s.gate.get(size_t(T * hp.n_ff));
+  float* up = s.up.get(size_t(T * hp.n_ff));
+  float* rope = s.rope.get(size_t(T * hp.n_rot));  // [T][n_rot/2] cos then sin
+  const size_t fa_floats = k::attn_tiled_scratch_floats(hd, attn_pos_per_task * group, max_ctx);
+  float* fa_scratch = s.fa_scratch.get(size_t(n_threads) * fa_floats);
+  const void** kpages = s.kv_pages.get(size_t(2 * max_kv_pages));
+  const void** vpages = kpages + max_kv_pages;
+  size_t* seq_pages = s.seq_pages.get(batch.size());
+  int64_t* seq_first_token = s.seq_first_token.get(batch.size());
+  AttnTask* attn_tasks = s.attn_tasks.get(size_t(n_attn_tasks));
+  {
+    // The longest tasks (latest positions) first, so the pool's threads end together.
+    int64_t t = 0, first_token = 0;
+    for (size_t si = 0; si < batch.size(); ++si) {
+      seq_first_token[si] = first_token;
+      const auto n = static_cast<int64_t>(batch[si].tokens.size());
+      first_token += n;
+      for (int64_t i0 = (n - 1) / attn_pos_per_task * attn_pos_per_task; i0 >= 0; i0 -= attn_pos_per_task)
+        for (int32_t h = 0; h < hp.n_head_kv; ++h)
+          attn_tasks[t++] = AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
+                                     static_cast<int32_t>(std::min(attn_pos_per_task, n - i0))};
+    }
+  }
+
+  // Token embeddings (gemma3: scaled by sqrtf(n_embd), as ggml_scale does).
+  {
+    int64_t t = 0;
+    for (const auto& sq : batch) {
+      for (int32_t id : sq.tokens) embedding_row(model.token_embd(), id, x + (t++) * n_embd);
+    }
+    if (hp.embd_scale != 1.0f)
+      for (int64_t i = 0; i < T * n_embd; ++i) x[i] *= hp.embd_scale;
+  }
+
+  // RoPE angles per token: theta_i = freq_scale * pos * base^(-2i/n_rot), with the power
+  // built by repeated multiplication as ggml does (RoFormer, arXiv:2104.09864).
+  // Sliding-window layers (gemma3) have their own base and no frequency scaling.
+  const int64_t half = hp.n_rot / 2;
+  auto rope_table = [&](float* table, float base, float freq_scale) {
+    const float theta_scale = std::pow(base, -2.0f / float(hp.n_rot));
+    for (int64_t t = 0; t < T; ++t) {
+      float theta = static_cast<float>(toks[t].pos);
+      float* c = table + t * hp.n_rot;
+      for (int64_t i = 0; i < half; ++i) {
+        const float th = freq_scale * theta;
+        c[i] = std::cos(th);
+        c[half + i] = std::sin(th);
+        theta *= theta_scale;
+      }
+    }
+  };
+  rope_table(rope, hp.rope_freq_base, hp.rope_freq_scale);
+  float* rope_swa = nullptr;
+  if (hp.n_swa > 0) {
+    rope_swa = s.rope_swa.get(size_t(T * hp.n_rot));
+    rope_table(rope_swa, hp.rope_freq_base_swa, 1.0f);
+  }
+  auto apply_rope = [&](float* vec, const float* c) {
+    if (hp.rope_type == RopeType::kNormal) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = vec[2 * i], x1 = vec[2 * i + 1];
+        vec[2 * i] = x0 * c[i] - x1 * c[half + i];
+        vec[2 * i + 1] = x0 * c[half + i] + x1 * c[i];
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = vec[i], x1 = vec[i + half];
+        vec[i] = x0 * c[i] - x1 * c[half + i];
+        vec[i + half] = x0 * c[half + i] + x1 * c[i];
+      }
+    }
+  };
+
+  // gemma3 scales q before attention (hp.q_scale, llama.cpp's f_attention_scale) and
+  // attends with scale 1; the others scale the scores by 1/sqrt(head_dim).
+  const bool scale_q = hp.q_scale != 1.0f;
+  const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
+  const uint16_t* gelu_table = hp.gelu_ffn ? gelu_f16_table() : nullptr;
+
+  // The repacked copies, indexed per layer (no lookup).
+  const bool packed = !repacked_->layers.empty();
+  static constexpr Repacked::Layer kNotPacked{};
+  for (int32_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = model.layers()[size_t(il)];
+    const Repacked::Layer& RL = packed ? repacked_->layers[size_t(il)] : kNotPacked;
+    const bool swa = hp.is_swa_layer(il);
+    const float* rope_l = swa ? rope_swa : rope;
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    s.prepared = {};
+    matmul(*pool_, s, L.wq, xn, T, q, RL.wq);
+    matmul(*pool_, s, L.wk, xn, T, kk, RL.wk);
+    matmul(*pool_, s, L.wv, xn, T, v, RL.wv);
+
+    pool_->parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        float* qt = q + t * q_w;
+        float* kt = kk + t * kv_w;
+        float* vt = v + t * kv_w;
+        if (L.bq) {
+          for (int64_t i = 0; i < q_w; ++i) qt[i] += f32_data(L.bq)[i];
+          for (int64_t i = 0; i < kv_w; ++i) kt[i] += f32_data(L.bk)[i];
+          for (int64_t i = 0; i < kv_w; ++i) vt[i] += f32_data(L.bv)[i];
+        }
+        for (int64_t h = 0; h < hp.n_head; ++h) {
+          if (L.q_norm) rms_norm_row(qt + h * hd, f32_data(L.q_norm), qt + h * hd, hd, hp.rms_eps);
+          apply_rope(qt + h * hd, rope_l + t * hp.n_rot);
+        }
+        if (scale_q)
+          for (int64_t i = 0; i < q_w; ++i) qt[i] *= hp.q_scale;
+        for (int64_t h = 0; h < hp.n_head_kv; ++h) {
+          if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
+          apply_rope(kt + h * hd, rope_l + t * hp.n_rot);
+        }
+        // Store K and V of this position (f16 rounded to nearest even, Q8_0 blocks as
+        // kernels::quantize_row_q8_0 makes them, or f32).
+        const TokenRef& tr = toks[t];
+        const KvStore& store = tr.seq->kv->store();
+        const KvLayout& layout = store.layout();
+        const int32_t P = layout.page_size;
+        std::byte* page = store.page_data(tr.seq->kv->block_table()[size_t(tr.pos / P)]);
+        const int32_t slot = tr.pos % P;
+        std::byte* krow = page + layout.row_offset(il, 0, slot);
+        std::byte* vrow = page + layout.row_offset(il, 1, slot);
+        if (layout.dtype == KvDtype::kF16) {
+          k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(krow), kv_w);
+          k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(vrow), kv_w);
+        } else if (layout.dtype == KvDtype::kQ8_0) {
+          k::quantize_row_q8_0(kt, reinterpret_cast<k::BlockQ8_0*>(krow), kv_w);
+          k::quantize_row_q8_0(vt, reinterpret_cast<k::BlockQ8_0*>(vrow), kv_w);
+        } else {
+          std::memcpy(krow, kt, size_t(kv_w) * sizeof(float));
+          std::memcpy(vrow, vt, size_t(kv_w) * sizeof(float));
+        }
+      }
+    });
+
+    // Causal GQA attention: tiled over the paged KV (kernels::attn_tiled), one task per
+    // (sequence, KV head, query tile); a task's query rows are all the heads of its KV head
+    // at kAttnTileRows / group consecutive positions, so each K/V row is read once per task.
+    {
+      size_t pg = 0;
+      for (size_t si = 0; si < batch.size(); ++si) {
+        const SequenceStep& sq = batch[si];
+        const KvStore& store = sq.kv->store();
+        const KvLayout& layout = store.layout();
+        const int32_t n_pages =
+            (sq.pos0 + static_cast<int32_t>(sq.tokens.size()) + layout.page_size - 1) / layout.page_size;
+        seq_pages[si] = pg;
+        for (int32_t j = 0; j < n_pages; ++j, ++pg) {
+          std::byte* page = store.page_data(sq.kv->block_table()[size_t(j)]);
+          kpages[pg] = page + layout.row_offset(il, 0, 0);
+          vpages[pg] = page + layout.row_offset(il, 1, 0);
+        }
+      }
+    }
+    pool_->parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
+      float* scratch = fa_scratch + size_t(th) * fa_floats;
+      for (int64_t task = b; task < e; ++task) {
+        const AttnTask& at = attn_tasks[task];
+        const SequenceStep& sq = batch[size_t(at.seq)];
+        const KvLayout& layout = sq.kv->store().layout();
+        k::FlashAttnArgs fa;
+        fa.k_pages = kpages + seq_pages[size_t(at.seq)];
+        fa.v_pages = vpages + seq_pages[size_t(at.seq)];
+        fa.page_size = layout.page_size;
+        fa.row_stride = static_cast<int64_t>(layout.row_elems());
+        fa.head_offset = int64_t{at.kv_head} * hd;
+        fa.kv_f16 = layout.dtype == KvDtype::kF16;
+        fa.kv_q8_0 = layout.dtype == KvDtype::kQ8_0;
+        fa.head_dim = hd;
+        const int64_t row0 = seq_first_token[size_t(at.seq)] + at.first;
+        fa.q = q + row0 * q_w + int64_t{at.kv_head} * group * hd;
+        fa.out = attn + row0 * q_w + int64_t{at.kv_head} * group * hd;
+        fa.q_stride = q_w;
+        fa.pos0 = sq.pos0 + at.first;
+        fa.n_pos = at.n_pos;
+        fa.group = static_cast<int32_t>(group);
+        fa.scale = kq_scale;
+        fa.window = swa ? hp.n_swa : 0;
+        k::attn_tiled(fa, scratch);
+      }
+    });
+
+    s.prepared = {};
+    matmul(*pool_, s, L.wo, attn, T, tmp, RL.wo);
+    if (L.attn_post_norm) {
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row(tmp + t * n_embd, f32_data(L.attn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
+    }
+    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
+
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+    s.prepared = {};
+    matmul(*pool_, s, L.ffn_gate, xn, T, gate, RL.ffn_gate);
+    matmul(*pool_, s, L.ffn_up, xn, T, up, RL.ffn_up);
+    const int64_t n_ff_total = T * hp.n_ff;
+    pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
+      if (gelu_table != nullptr) {
+        geglu(gelu_table, gate, up, b, e);  // GELU(tanh)-gated (gemma3)
+        return;
+      }
+      for (int64_t i = b; i < e; ++i) {
+        const float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202)
+      }
+    });
+    s.prepared = {};
+    matmul(*pool_, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
+    if (L.ffn_post_norm) {
+      for (int64_t t = 0; t < T; ++t)
+        rms_norm_row(tmp + t * n_embd, f32_data(L.ffn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
+    }
+    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
+  }
+
+  // Final norm and output projection for the requested rows only.
+  const int64_t n_out = logits_rows(batch);
+  if (n_out > 0) {
+    float* rows = s.out_rows.get(size_t(n_out * n_embd));
+    int64_t r = 0, t = 0;
+    for (const auto& sq : batch) {
+      const auto n = static_cast<int64_t>(sq.tokens.size());
+      for (int64_t j = 0; j < n; ++j, ++t) {
+        const bool want = sq.logits == LogitsRows::kAll || (sq.logits == LogitsRows::kLast && j == n - 1);
+        if (want)
+          rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
+      }
+    }
+    s.prepared = {};
+    matmul(*pool_, s, model.output(), rows, n_out, logits.data(), packed ? repacked_->output : nullptr);
+    if (hp.final_logit_softcap > 0.0f) {  // c * tanh(logits * (1 / c)), as three ggml ops
+      const float c = hp.final_logit_softcap, inv = 1.0f / c;
+      float* lg = logits.data();
+      pool_->parallel_for(n_out * hp.n_vocab, 4096, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) lg[i] = std::tanh(lg[i] * inv) * c;
+      });
+    }
+  }
+  for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
+}
+
+namespace {
+
+void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
+            const k::BlockQ4_0x8* packed) {
+  const int64_t kdim = W.k;
+  const int64_t n = W.n;
+  PreparedInput& prep = s.prepared;
+  if (prep.x != x || prep.m != m || prep.k != kdim) prep = PreparedInput{x, m, kdim, false, false};
+  constexpr int64_t kRowGrain = 16;
+  switch (W.type) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ8_0: {
+      const int64_t nb = kdim / k::kQK;
+      k::BlockQ8_0* xq = s.xq8.get(size_t(m * nb));
+      if (!prep.q8) {
+        pool.parallel_for(m, 1, [&](int64_t b, int64_t e, int) {
+          for (int64_t i = b; i < e; ++i) k::quantize_row_q8_0(x + i * kdim, xq + i * nb, kdim);
+        });
+        prep.q8 = true;
+      }
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        if (packed != nullptr) {  // row chunks start at multiples of kRowGrain (8 | 16): whole groups
+          k::gemm_q4_0x8_q8_0(packed, xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ4_0) {
+          k::gemm_q4_0_q8_0(reinterpret_cast<const k::BlockQ4_0*>(W.data), xq, y, kdim, m, n, b, e);
+        } else {
+          k::gemm_q8_0_q8_0(reinterpret_cast<const k::BlockQ8_0*>(W.data), xq, y, kdim, m, n, b, e);
+        }
+      });
+      break;
+    }
+    case GgmlType::kF16: {
+      uint16_t* xh = s.xf16.get(size_t(m * kdim));
+      if (!prep.f16) {
+        k::fp32_to_fp16_row(x, xh, m * kdim);
+        prep.f16 = true;
+      }
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_f16_f16(reinterpret_cast<const uint16_t*>(W.data), xh, y, kdim, m, n, b, e);
+      });
+      break;
+    }
+    case GgmlType::kBF16:
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_bf16_f32(reinterpret_cast<const uint16_t*>(W.data), x, y, kdim, m, n, b, e);
+      });
+      break;
+    case GgmlType::kF32:
+      pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
+        k::gemm_f32_f32(reinterpret_cast<const float*>(W.data), x, y, kdim, m, n, b, e);
+      });
+      break;
+    default:
+      break;  // Model::load converts every other type (model.hpp)
+  }
+}
+
+}  // namespace
+
+}  // namespace tandem

@@ -1,0 +1,499 @@
+#include "tandem/kv/kv_contract.hpp"
+
+#include <fmt/format.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/cpu_kernels.hpp"
+
+namespace tandem {
+
+KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype) {
+  KvLayout l;
+  l.n_layer = hp.n_layer;
+  l.layer_begin = 0;
+  l.n_head_kv = hp.n_head_kv;
+  l.head_dim = hp.head_dim;
+  l.page_size = page_size;
+  l.dtype = dtype;
+  if (dtype == KvDtype::kQ8_0 && l.row_elems() % kKvQ8Block != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("KV layout: a q8_0 KV cache needs n_head_kv x head_dim ({} x {} = {}) to be a multiple of "
+                            "32 (one Q8_0 block); use f16",
+                            l.n_head_kv, l.head_dim, l.row_elems()));
+  }
+  return l;
+}
+
+std::string_view kv_lease_state_name(KvLeaseState s) noexcept {
+  switch (s) {
+    case KvLeaseState::kPending:
+      return "pending";
+    case KvLeaseState::kReading:
+      return "reading";
+    case KvLeaseState::kConfirmed:
+      return "confirmed";
+    case KvLeaseState::kFailed:
+      return "failed";
+    case KvLeaseState::kExpired:
+      return "expired";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------------------ lease
+
+KvLease::KvLease(KvStore& store, std::vector<PageId> pages, std::chrono::steady_clock::time_point deadline)
+    : store_(&store), pages_(std::move(pages)), deadline_(deadline) {}
+
+KvLease::~KvLease() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == KvLeaseState::kPending || state_ == KvLeaseState::kReading) {
+    finish_locked(KvLeaseState::kExpired, "the lease was dropped before it was confirmed");
+  }
+}
+
+void KvLease::finish_locked(KvLeaseState s, const std::string& why) {
+  state_ = s;
+  failure_ = why;
+  for (PageId p : pages_) store_->release(p);
+  pages_.clear();
+}
+
+KvLeaseState KvLease::state() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == KvLeaseState::kPending && std::chrono::steady_clock::now() > deadline_) {
+    finish_locked(KvLeaseState::kExpired, "the deadline passed before the receiver read the pages");
+  }
+  return state_;
+}
+
+std::string KvLease::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+void KvLease::begin_read() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == KvLeaseState::kPending && std::chrono::steady_clock::now() > deadline_) {
+    finish_locked(KvLeaseState::kExpired, "the deadline passed before the receiver read the pages");
+  }
+  if (state_ == KvLeaseState::kExpired) {
+    throw Error(ErrorCode::kKvLeaseExpired, "KV hand-off: the lease expired: " + failure_);
+  }
+  if (state_ != KvLeaseState::kPending) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("KV hand-off: the lease is {}, not pending", kv_lease_state_name(state_)));
+  }
+  state_ = KvLeaseState::kReading;
+}
+
+void KvLease::confirm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == KvLeaseState::kReading) finish_locked(KvLeaseState::kConfirmed, "");
+}
+
+void KvLease::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == KvLeaseState::kReading || state_ == KvLeaseState::kPending) finish_locked(KvLeaseState::kFailed, why);
+}
+
+// ----------------------------------------------------------------------------- export
+
+namespace {
+
+uint64_t checksum(const std::byte* p, uint64_t n) {
+  return XXH3_64bits(p, size_t(n));
+}
+
+[[noreturn]] void mismatch(const std::string& what) {
+  throw Error(ErrorCode::kKvMismatch, "KV contract: " + what);
+}
+
+}  // namespace
+
+KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const int32_t> tokens,
+                    std::chrono::milliseconds ttl, int32_t layer_begin, int32_t layer_end) {
+  const KvStore& store = seq.store();
+  const KvLayout& l = store.layout();
+  const HParams& hp = model.hparams();
+  if (layer_end < 0) layer_end = l.layer_begin + l.n_layer;
+  if (static_cast<int64_t>(tokens.size()) != seq.n_tokens()) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("KV export: {} token ids given for a sequence of {} positions",
+                                                         tokens.size(), seq.n_tokens()));
+  }
+  if (layer_begin < l.layer_begin || layer_end > l.layer_begin + l.n_layer || layer_begin >= layer_end) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("KV export: layers [{}, {}) are not inside the pages' layers [{}, {})", layer_begin,
+                            layer_end, l.layer_begin, l.layer_begin + l.n_layer));
+  }
+  KvDescriptor d;
+  d.model_identity = model.identity_hash();
+  d.tokenizer_identity = model.tokenizer().identity_hash();
+  d.n_layer = hp.n_layer;
+  d.n_head_kv = l.n_head_kv;
+  d.head_dim = l.head_dim;
+  d.row_bytes = l.row_bytes();
+  d.rope_type = hp.rope_type;
+  d.rope_freq_base = hp.rope_freq_base;
+  d.rope_freq_scale = hp.rope_freq_scale;
+  d.n_rot = hp.n_rot;
+  d.n_ctx = seq.max_tokens();
+  d.dtype = l.dtype;
+  d.page_size = l.page_size;
+  d.layer_begin = layer_begin;
+  d.layer_end = layer_end;
+  d.token_begin = 0;
+  d.token_end = seq.n_tokens();
+  d.tokens.assign(tokens.begin(), tokens.end());
+  d.sequence_id = seq.id();
+  const int32_t n_pages = (seq.n_tokens() + l.page_size - 1) / l.page_size;
+  const size_t off = l.row_offset(layer_begin - l.layer_begin, 0, 0);
+  const uint64_t payload = d.page_payload_bytes();
+  std::vector<std::byte> buf;
+  std::vector<PageId> pages;
+  KvStore& mstore = seq.store();
+  for (int32_t i = 0; i < n_pages; ++i) {
+    const PageId p = seq.block_table()[size_t(i)];
+    const std::byte* bytes = store.page_data(p);
+    if (!bytes) {
+      buf.resize(l.page_bytes());
+      store.read_page(p, buf.data());
+      bytes = buf.data();
+    }
+    d.page_checksums.push_back(checksum(bytes + off, payload));
+    mstore.retain(p);
+    pages.push_back(p);
+  }
+  seq.mark_pages_shared();  // a sender that keeps writing copies its tail page first
+  KvHandoff h;
+  h.descriptor = std::move(d);
+  h.lease = std::make_shared<KvLease>(mstore, std::move(pages), std::chrono::steady_clock::now() + ttl);
+  return h;
+}
+
+// ----------------------------------------------------------------------------- import
+
+void kv_check_invariants(const KvDescriptor& d, const Model& model) {
+  const HParams& hp = model.hparams();
+  if (d.contract_version != kKvContractVersion) {
+    mismatch(fmt::format("contract version {} (this build speaks {})", d.contract_version, kKvContractVersion));
+  }
+  if (d.model_identity != model.identity_hash()) {
+    mismatch(fmt::format("model identity {:016x} differs from the receiver's {:016x} (other weights)", d.model_identity,
+                         model.identity_hash()));
+  }
+  if (d.tokenizer_identity != model.tokenizer().identity_hash()) {
+    mismatch(fmt::format("tokenizer identity {:016x} differs from the receiver's {:016x}", d.tokenizer_identity,
+                         model.tokenizer().identity_hash()));
+  }
+  if (d.n_layer != hp.n_layer || d.n_head_kv != hp.n_head_kv || d.head_dim != hp.head_dim) {
+    mismatch(fmt::format("attention layout {} layers x {} KV heads x {} dims, receiver {} x {} x {}", d.n_layer,
+                         d.n_head_kv, d.head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
+  }
+  if (d.rope_type != hp.rope_type || d.rope_freq_base != hp.rope_freq_base || d.rope_freq_scale != hp.rope_freq_scale ||
+      d.n_rot != hp.n_rot) {
+    mismatch(fmt::format("RoPE (type {}, base {}, scale {}, dims {}) differs from the receiver's ({}, {}, {}, {})",
+                         int(d.rope_type), d.rope_freq_base, d.rope_freq_scale, d.n_rot, int(hp.rope_type),
+                         hp.rope_freq_base, hp.rope_freq_scale, hp.n_rot));
+  }
+  // The dtype and the row size must agree (a q8_0 row is never taken for f16 or f32 bytes).
+  const uint64_t row = kv_row_bytes(d.dtype, uint64_t(d.n_head_kv) * uint64_t(d.head_dim));
+  if (row == 0 || d.row_bytes != row) {
+    mismatch(fmt::format("row size {} bytes does not fit dtype {} ({}) x {} KV heads x {} dims", d.row_bytes,
+                         static_cast<uint32_t>(d.dtype), kv_dtype_name(d.dtype), d.n_head_kv, d.head_dim));
+  }
+  if (d.page_size <= 0 || d.layer_begin < 0 || d.layer_end > d.n_layer || d.layer_begin >= d.layer_end) {
+    mismatch(fmt::format("page size {} or layer range [{}, {}) is invalid", d.page_size, d.layer_begin, d.layer_end));
+  }
+  if (d.token_begin != 0 || d.token_end < 0 || static_cast<size_t>(d.token_end) != d.tokens.size()) {
+    throw Error(ErrorCode::kKvTokenRange,
+                fmt::format("KV contract: token range [{}, {}) with {} ids does not start at position 0 or has a gap",
+                            d.token_begin, d.token_end, d.tokens.size()));
+  }
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    if (d.tokens[i] < 0 || d.tokens[i] >= hp.n_vocab) {
+      throw Error(ErrorCode::kKvTokenRange,
+                  fmt::format("KV contract: token id {} at position {} is outside the vocabulary", d.tokens[i], i));
+    }
+  }
+  const int64_t pages = (int64_t(d.token_end) + d.page_size - 1) / d.page_size;
+  if (pages != d.n_pages()) {
+    mismatch(fmt::format("{} page checksums for {} positions in pages of {}", d.n_pages(), d.token_end, d.page_size));
+  }
+}
+
+std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* const> parts,
+                                               const std::function<const std::byte*(size_t, int32_t)>& payload,
+                                               KvStore& dst, KvTier tier, int32_t max_tokens) {
+  if (parts.empty()) throw Error(ErrorCode::kInvalidArgument, "KV import: no hand-off given");
+  const KvDescriptor& first = *parts[0];
+  // The parts must be the same tokens and cover every layer exactly once.
+  std::vector<const KvDescriptor*> sorted(parts.begin(), parts.end());
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->layer_begin < b->layer_begin; });
+  int32_t next_layer = 0;
+  for (const KvDescriptor* d : sorted) {
+    if (d->tokens != first.tokens || d->dtype != first.dtype || d->page_size != first.page_size ||
+        d->sequence_id != first.sequence_id) {
+      mismatch("the layer ranges of one hand-off describe different tokens, dtypes, page sizes or sequences");
+    }
+    if (d->layer_begin != next_layer) {
+      mismatch(fmt::format("layer ranges leave a gap or overlap at layer {} (next range starts at {})", next_layer,
+                           d->layer_begin));
+    }
+    next_layer = d->layer_end;
+  }
+  if (next_layer != first.n_layer)
+    mismatch(fmt::format("layer ranges end at {} of {} layers", next_layer, first.n_layer));
+
+  const KvLayout& dl = dst.layout();
+  if (dl.layer_begin != 0 || dl.n_layer != first.n_layer || dl.n_head_kv != first.n_head_kv ||
+      dl.head_dim != first.head_dim) {
+    mismatch(fmt::format(
+        "the receiving store holds {} layers from {} x {} KV heads x {} dims, the hand-off {} x {} x {}", dl.n_layer,
+        dl.layer_begin, dl.n_head_kv, dl.head_dim, first.n_layer, first.n_head_kv, first.head_dim));
+  }
+  if (first.token_end > max_tokens) {
+    throw Error(ErrorCode::kKvTokenRange, fmt::format("KV import: {} positions do not fit the receiver's context of {}",
+                                                      first.token_end, max_tokens));
+  }
+  // Checksums first: nothing is allocated for a damaged hand-off.
+  for (size_t pi = 0; pi < parts.size(); ++pi) {
+    const KvDescriptor& d = *parts[pi];
+    for (int32_t i = 0; i < d.n_pages(); ++i) {
+      const std::byte* b = payload(pi, i);
+      if (checksum(b, d.page_payload_bytes()) != d.page_checksums[size_t(i)]) {
+        throw Error(ErrorCode::kKvChecksum, fmt::format("KV import: page {} (layers [{}, {})) fails its checksum", i,
+                                                        d.layer_begin, d.layer_end));
+      }
+    }
+  }
+
+  auto seq = std::make_unique<KvSequence>(dst, max_tokens, tier);
+  seq->reserve(first.token_end);
+  const size_t n_elem = size_t(first.n_head_kv) * size_t(first.head_dim);
+  const int32_t sp = first.page_size;
+  const int32_t dp = dl.page_size;
+  std::vector<std::byte> page(dl.page_bytes());
+  std::vector<std::byte> back(dl.page_bytes());
+  auto src_row = [&](size_t pi, int32_t layer, int kind, int32_t pos) {
+    const KvDescriptor& d = *parts[pi];
+    const std::byte* b = payload(pi, pos / sp);
+    const size_t idx = (size_t(layer - d.layer_begin) * 2 + size_t(kind)) * size_t(sp) + size_t(pos % sp);
+    return b + idx * d.row_bytes;
+  };
+  // One row from the hand-off's dtype to the store's: the same dtype is copied byte for
+  // byte; otherwise through f32 (exact from f16 and q8_0), then rounded to f16 (nearest
+  // even) or quantised to Q8_0 (kernels::quantize_row_q8_0) — lossy, so only when the
+  // receiving store's layout asks for another dtype.
+  std::vector<float> wide(n_elem);
+  // A payload may sit at any byte offset (a session file's pages follow its header), so a
+  // row is staged in an aligned buffer before it is read as uint16_t / BlockQ8_0 / float.
+  std::vector<std::byte> staged(size_t(first.row_bytes));
+  auto convert = [&](const std::byte* row, std::byte* out) {
+    if (first.dtype == dl.dtype) {
+      std::memcpy(out, row, size_t(first.row_bytes));
+      return;
+    }
+    std::memcpy(staged.data(), row, staged.size());
+    const std::byte* src = staged.data();
+    float* f = dl.dtype == KvDtype::kF32 ? reinterpret_cast<float*>(out) : wide.data();
+    switch (first.dtype) {
+      case KvDtype::kF16:
+        kernels::fp16_to_fp32_row(reinterpret_cast<const uint16_t*>(src), f, int64_t(n_elem));
+        break;
+      case KvDtype::kF32:
+        std::memcpy(f, src, n_elem * sizeof(float));
+        break;
+      case KvDtype::kQ8_0:
+        kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(src), f, int64_t(n_elem));
+        break;
+    }
+    if (dl.dtype == KvDtype::kF16) {
+      kernels::fp32_to_fp16_row(f, reinterpret_cast<uint16_t*>(out), int64_t(n_elem));
+    } else if (dl.dtype == KvDtype::kQ8_0) {
+      kernels::quantize_row_q8_0(f, reinterpret_cast<kernels::BlockQ8_0*>(out), int64_t(n_elem));
+    }
+  };
+  std::vector<std::byte> expect(dl.row_bytes());
+  const int32_t n_dst_pages = (first.token_end + dp - 1) / dp;
+  for (int32_t pg = 0; pg < n_dst_pages; ++pg) {
+    std::fill(page.begin(), page.end(), std::byte{0});
+    const int32_t p0 = pg * dp, p1 = std::min(first.token_end, p0 + dp);
+    for (size_t pi = 0; pi < parts.size(); ++pi) {
+      for (int32_t layer = parts[pi]->layer_begin; layer < parts[pi]->layer_end; ++layer) {
+        for (int kind = 0; kind < 2; ++kind) {
+          for (int32_t pos = p0; pos < p1; ++pos) {
+            convert(src_row(pi, layer, kind, pos), page.data() + dl.row_offset(layer, kind, pos - p0));
+          }
+        }
+      }
+    }
+    const PageId id = seq->block_table()[size_t(pg)];
+    dst.write_page(id, page.data());
+    // Verify what landed: each row read back equals an independent conversion of the source.
+    dst.read_page(id, back.data());
+    for (size_t pi = 0; pi < parts.size(); ++pi) {
+      for (int32_t layer = parts[pi]->layer_begin; layer < parts[pi]->layer_end; ++layer) {
+        for (int kind = 0; kind < 2; ++kind) {
+          for (int32_t pos = p0; pos < p1; ++pos) {
+            convert(src_row(pi, layer, kind, pos), expect.data());
+            if (std::memcmp(expect.data(), back.data() + dl.row_offset(layer, kind, pos - p0), expect.size()) != 0) {
+              throw Error(ErrorCode::kKvChecksum,
+                          fmt::format("KV import: converted row (layer {}, position {}) differs after writing page {}",
+                                      layer, pos, pg));
+            }
+          }
+        }
+      }
+    }
+  }
+  seq->set_n_tokens(first.token_end);
+  return seq;
+}
+
+std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Model& model, KvStore& dst, KvTier tier,
+                                      int32_t max_tokens, std::span<const int32_t> expected_tokens) {
+  size_t begun = 0;
+  try {
+    for (const auto& h : parts) {
+      if (!h.lease) throw Error(ErrorCode::kInvalidArgument, "KV import: a hand-off has no lease");
+      h.lease->begin_read();
+      ++begun;
+    }
+    std::vector<const KvDescriptor*> descs;
+    for (const auto& h : parts) {
+      kv_check_invariants(h.descriptor, model);
+      descs.push_back(&h.descriptor);
+    }
+    if (!expected_tokens.empty() && !std::equal(expected_tokens.begin(), expected_tokens.end(),
+                                                parts[0].descriptor.tokens.begin(), parts[0].descriptor.tokens.end())) {
+      throw Error(ErrorCode::kKvTokenRange, "KV import: the hand-off's token ids differ from the expected ones");
+    }
+    // Payloads straight from the sender's pages (held by the leases); Device pages are
+    // copied to host buffers first.
+    std::vector<std::vector<std::vector<std::byte>>> staged(parts.size());
+    auto payload = [&](size_t pi, int32_t page) -> const std::byte* {
+      const KvHandoff& h = parts[pi];
+      KvStore& src = h.lease->store();
+      const PageId id = h.lease->pages()[size_t(page)];
+      const size_t off = src.layout().row_offset(h.descriptor.layer_begin - src.layout().layer_begin, 0, 0);
+      if (const std::byte* p = src.page_data(id)) return p + off;
+      auto& st = staged[pi];
+      if (st.empty()) st.resize(size_t(h.descriptor.n_pages()));
+      if (st[size_t(page)].empty()) {
+        st[size_t(page)].resize(src.layout().page_bytes());
+        src.read_page(id, st[size_t(page)].data());
+      }
+      return st[size_t(page)].data() + off;
+    };
+    auto seq = kv_import_payloads(descs, payload, dst, tier, max_tokens);
+    for (const auto& h : parts) h.lease->confirm();
+    return seq;
+  } catch (const std::exception& e) {
+    for (size_t i = 0; i < begun; ++i) parts[i].lease->fail(e.what());
+    throw;
+  }
+}
+
+// ----------------------------------------------------------------------------- bytes
+
+namespace {
+
+/// The byte form's one field list, in order; `f(field, name)` for each (the writer and
+/// the reader both walk it, so they cannot disagree).
+template <class D, class F>
+void descriptor_fields(D& d, F&& f) {
+  f(d.contract_version, "contract version");
+  f(d.model_identity, "model identity");
+  f(d.tokenizer_identity, "tokenizer identity");
+  f(d.n_layer, "n_layer");
+  f(d.n_head_kv, "n_head_kv");
+  f(d.head_dim, "head_dim");
+  f(d.row_bytes, "row_bytes");
+  f(d.rope_type, "rope_type");
+  f(d.rope_freq_base, "rope_freq_base");
+  f(d.rope_freq_scale, "rope_freq_scale");
+  f(d.n_rot, "n_rot");
+  f(d.n_ctx, "n_ctx");
+  f(d.dtype, "dtype");
+  f(d.page_size, "page_size");
+  f(d.layer_begin, "layer_begin");
+  f(d.layer_end, "layer_end");
+  f(d.token_begin, "token_begin");
+  f(d.token_end, "token_end");
+  f(d.sequence_id, "sequence_id");
+  f(d.tokens, "token");
+  f(d.page_checksums, "page checksum");
+}
+
+template <class T>
+struct IsVector : std::false_type {};
+template <class T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+void append_bytes(std::vector<std::byte>& out, const void* p, size_t n) {
+  if (n == 0) return;
+  const size_t at = out.size();
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
+}
+
+}  // namespace
+
+void kv_descriptor_append(const KvDescriptor& d, std::vector<std::byte>& out) {
+  descriptor_fields(d, [&](const auto& v, const char*) {
+    using T = std::remove_cvref_t<decltype(v)>;
+    if constexpr (IsVector<T>::value) {  // u64 count, then the items
+      const uint64_t n = v.size();
+      append_bytes(out, &n, sizeof(n));
+      append_bytes(out, v.data(), v.size() * sizeof(typename T::value_type));
+    } else if constexpr (std::is_enum_v<T>) {  // enums are u32
+      const auto u = static_cast<uint32_t>(v);
+      append_bytes(out, &u, sizeof(u));
+    } else {
+      append_bytes(out, &v, sizeof(v));
+    }
+  });
+}
+
+size_t kv_descriptor_parse(std::span<const std::byte> bytes, KvDescriptor& d) {
+  size_t at = 0;
+  auto take = [&](void* p, size_t n, const char* what) {
+    if (n > bytes.size() - at) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("KV descriptor: truncated reading {} at offset {}", what, at));
+    }
+    std::memcpy(p, bytes.data() + at, n);
+    at += n;
+  };
+  descriptor_fields(d, [&](auto& v, const char* what) {
+    using T = std::remove_cvref_t<decltype(v)>;
+    if constexpr (IsVector<T>::value) {
+      uint64_t n = 0;
+      take(&n, sizeof(n), what);
+      constexpr size_t item = sizeof(typename T::value_type);
+      if (n > (bytes.size() - at) / item) {  // checked before anything is allocated
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("KV descriptor: {} count {} at offset {} exceeds the {} bytes left", what, n, at - 8,
+                                bytes.size() - at));
+      }
+      v.resize(size_t(n));
+      take(v.data(), size_t(n) * item, what);
+    } else if constexpr (std::is_enum_v<T>) {
+      uint32_t u = 0;
+      take(&u, sizeof(u), what);
+      v = static_cast<T>(u);
+    } else {
+      take(&v, sizeof(v), what);
+    }
+  });
+  return at;
+}
+
+}  // namespace tandem

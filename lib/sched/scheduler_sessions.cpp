@@ -1,0 +1,145 @@
+// The session registry: a session's KV stays parked (unpinned, unreserved, swappable down
+// the tiers) between its requests; one request runs on a session at a time.
+#include <fmt/format.h>
+
+#include "sched/scheduler_internal.hpp"
+
+namespace tandem {
+
+std::shared_ptr<SessionRec> Scheduler::Impl::take_session(uint64_t id, std::vector<int32_t>& tokens) {
+  std::shared_ptr<SessionRec> rec;
+  {
+    std::lock_guard<std::mutex> lk(sessions_mu);
+    auto it = sessions.find(id);
+    if (it == sessions.end()) throw Error(ErrorCode::kInvalidArgument, fmt::format("no session {}", id));
+    rec = it->second;
+  }
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->busy || rec->closed) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is busy or closed", id));
+  }
+  tokens = rec->tokens;
+  rec->busy = true;
+  return rec;
+}
+
+void Scheduler::Impl::park_session(Seq& s) noexcept {
+  std::shared_ptr<SessionRec> rec = std::move(s.session);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  try {
+    if (rec->closed) {
+      // closed meanwhile: the KV is released with the sequence
+    } else if (s.kv) {
+      const int32_t r = s.kv->reservation();
+      if (r > 0) {
+        s.kv->adopt_reservation(-r);
+        s.kv->store().unreserve(s.kv->tier(), r);
+      }
+      rec->tokens = s.tokens;  // the KV holds [0, kv->n_tokens()); further tokens are pending
+      rec->kv = std::move(s.kv);
+      rec->executor = s.kv_loop;
+    } else if (s.took_session_kv) {
+      // The KV was lost (dropped for recompute, or the hand-off failed): the session
+      // keeps its history and recomputes on its next use.
+      rec->tokens = s.tokens;
+    }
+  } catch (...) {  // no memory to copy the history: the session starts over
+    rec->tokens.clear();
+    rec->kv.reset();
+  }
+  rec->busy = false;
+}
+
+uint64_t Scheduler::open_session() {
+  auto s = std::make_shared<SessionRec>();
+  s->id = impl_->next_session.fetch_add(1);
+  std::lock_guard<std::mutex> lk(impl_->sessions_mu);
+  impl_->sessions[s->id] = s;
+  return s->id;
+}
+
+void Scheduler::close_session(uint64_t id) {
+  std::shared_ptr<SessionRec> s;
+  {
+    std::lock_guard<std::mutex> lk(impl_->sessions_mu);
+    auto it = impl_->sessions.find(id);
+    if (it == impl_->sessions.end()) return;
+    s = it->second;
+    impl_->sessions.erase(it);
+  }
+  std::lock_guard<std::mutex> lk(s->mu);
+  s->closed = true;
+  // A running request still holds the KV; it is released when that request ends.
+  if (!s->busy) s->kv.reset();
+}
+
+namespace {
+
+std::shared_ptr<SessionRec> find_session(Scheduler::Impl& I, uint64_t id) {
+  std::lock_guard<std::mutex> lk(I.sessions_mu);
+  auto it = I.sessions.find(id);
+  if (it == I.sessions.end()) throw Error(ErrorCode::kInvalidArgument, fmt::format("no session {}", id));
+  return it->second;
+}
+
+}  // namespace
+
+Scheduler::SessionInfo Scheduler::session_info(uint64_t id) const {
+  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  SessionInfo info;
+  info.id = id;
+  info.busy = rec->busy;
+  info.n_tokens = static_cast<int32_t>(rec->tokens.size());
+  if (rec->kv && !rec->busy) {  // while busy the KV is (or is about to be) the request's
+    info.executor = rec->executor;
+    info.kv_tokens = rec->kv->n_tokens();
+    for (PageId p : rec->kv->block_table()) ++info.pages[int(rec->kv->store().tier_of(p))];
+  }
+  return info;
+}
+
+namespace {
+
+// Moves an idle session's KV under its lock with `move(rec, loop)`, which returns what it
+// moved: false (nothing moved) while a request runs on the session, an error when the
+// session is closed. The session's KV is parked (owned by its SessionRec, unpinned): no
+// step reads its exclusive pages, and a request that takes it does so under rec->mu.
+template <class Move>
+bool move_idle_session(Scheduler::Impl& I, uint64_t id, KvMoveStats* stats, Move&& move) {
+  std::shared_ptr<SessionRec> rec = find_session(I, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  if (rec->busy) return false;
+  KvMoveStats st;
+  if (rec->kv) st = move(*rec, *I.loops[size_t(rec->executor)]);
+  if (stats != nullptr) *stats = st;
+  return true;
+}
+
+}  // namespace
+
+bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
+  return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
+    if (!rec.kv->store().has_tier(KvTier::kFile)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
+    }
+    KvMoveStats st = rec.kv->move_exclusive_to(KvTier::kFile);
+    impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
+    return st;
+  });
+}
+
+bool Scheduler::unpark_session(uint64_t id, KvMoveStats* stats) {
+  return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
+    KvMoveStats st = rec.kv->move_exclusive_to(loop.tier);
+    rec.kv->touch();
+    impl_->log(
+        fmt::format("session {} unparked to {}: {} pages, {:.4f}s", id, kv_tier_name(loop.tier), st.pages, st.seconds));
+    return st;
+  });
+}
+
+}  // namespace tandem

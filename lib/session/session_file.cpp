@@ -1,0 +1,278 @@
+// Session files: Session::save / Session::restore.
+//
+// Layout (little-endian):
+//   header  "TANDEMSS" | u32 version (1) | u32 flags (0) | u64 body_bytes
+//   body    the KV descriptor in its one byte form (kv_descriptor_append,
+//           include/tandem/kv/kv_contract.hpp)
+//           i32 pending (-1: none) | u32 n_logits | f32 logits[n_logits]
+//           u64 rng_len | rng state text (std::mt19937_64 operator<<)
+//           page payloads, n_pages x descriptor.page_payload_bytes()
+//   trailer u64 xxHash3-64 of header and body
+// Every length is checked against the bytes left before anything is allocated.
+#include <fmt/format.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "session/generation.hpp"
+#include "tandem/core/atomic_file.hpp"
+#include "tandem/kv/kv_contract.hpp"
+#include "tandem/session/session.hpp"
+
+namespace tandem {
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'S', 'S'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
+
+class Writer {
+ public:
+  template <class T>
+  void put(const T& v) {
+    bytes(&v, sizeof(T));
+  }
+  void bytes(const void* p, size_t n) {
+    if (n == 0) return;
+    const size_t at = out.size();
+    out.resize(at + n);  // (resize + memcpy: GCC 12 misreads vector::insert here, -Wstringop-overflow)
+    std::memcpy(out.data() + at, p, n);
+  }
+  std::vector<std::byte> out;
+};
+
+class Reader {
+ public:
+  Reader(const std::byte* p, size_t n) : p_(p), n_(n) {}
+  template <class T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, p_ + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  const std::byte* take(uint64_t n, const char* what) {
+    need(n, what);
+    const std::byte* r = p_ + at_;
+    at_ += size_t(n);
+    return r;
+  }
+  /// A count of items of `item_bytes` each, checked against the bytes left.
+  uint64_t count(uint64_t item_bytes, const char* what) {
+    const auto n = get<uint64_t>(what);
+    if (item_bytes != 0 && n > (n_ - at_) / item_bytes) {
+      throw Error(ErrorCode::kSessionCorrupt,
+                  fmt::format("session file: {} count {} at offset {} exceeds the {} bytes left", what, n,
+                              kHeaderBytes + at_ - 8, n_ - at_));
+    }
+    return n;
+  }
+  size_t left() const noexcept { return n_ - at_; }
+  std::span<const std::byte> rest() const noexcept { return {p_ + at_, n_ - at_}; }
+  void skip(size_t n) { take(n, "descriptor"); }
+
+ private:
+  void need(uint64_t n, const char* what) const {
+    if (n > n_ - at_) {
+      throw Error(ErrorCode::kSessionCorrupt,
+                  fmt::format("session file: truncated reading {} at body offset {}", what, at_));
+    }
+  }
+  const std::byte* p_;
+  size_t n_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+void Session::save(const std::filesystem::path& path) const {
+  const KvHandoff h = kv_export(*kv_, *model_, tokens_, std::chrono::seconds(60));
+  const KvDescriptor& d = h.descriptor;
+  Writer w;
+  w.bytes(kMagic, sizeof(kMagic));
+  w.put(kVersion);
+  w.put(uint32_t{0});
+  w.put(uint64_t{0});  // body size, patched below
+  kv_descriptor_append(d, w.out);
+  w.put(pending_ ? *pending_ : int32_t{-1});
+  const uint32_t n_logits = have_logits_ ? static_cast<uint32_t>(logits_.size()) : 0;
+  w.put(n_logits);
+  w.bytes(logits_.data(), size_t(n_logits) * sizeof(float));
+  std::ostringstream rng;
+  rng << rng_;
+  const std::string rs = rng.str();
+  w.put(uint64_t(rs.size()));
+  w.bytes(rs.data(), rs.size());
+  const KvStore& src = h.lease->store();
+  const size_t off = src.layout().row_offset(0, 0, 0);
+  std::vector<std::byte> page(src.layout().page_bytes());
+  for (PageId p : h.lease->pages()) {
+    const std::byte* b = src.page_data(p);
+    if (!b) {
+      src.read_page(p, page.data());
+      b = page.data();
+    }
+    w.bytes(b + off, size_t(d.page_payload_bytes()));
+  }
+  h.lease->begin_read();
+  h.lease->confirm();
+  const uint64_t body = w.out.size() - kHeaderBytes;
+  std::memcpy(w.out.data() + 16, &body, sizeof(body));
+  w.put(uint64_t(XXH3_64bits(w.out.data(), w.out.size())));
+  write_file_atomic(path, w.out);
+}
+
+namespace {
+
+/// The file's bytes, after the header, size and whole-file checksum are verified.
+std::vector<std::byte> read_verified(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f || std::filesystem::is_directory(path)) {
+    throw Error(ErrorCode::kIo, fmt::format("session file: cannot open '{}'", path.string()));
+  }
+  const auto size = static_cast<uint64_t>(f.tellg());
+  if (size < kHeaderBytes + 8) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': {} bytes is too short for a session file", path.string(), size));
+  }
+  std::vector<std::byte> data(size);
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(size));
+  if (!f) throw Error(ErrorCode::kIo, fmt::format("session file: cannot read '{}'", path.string()));
+
+  if (std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': bad magic (not a Tandem session)", path.string()));
+  }
+  uint32_t version = 0;
+  std::memcpy(&version, data.data() + 8, 4);
+  if (version > kVersion) {
+    throw Error(ErrorCode::kSessionVersion,
+                fmt::format("session file '{}': format version {} is newer than this build's {}", path.string(),
+                            version, kVersion));
+  }
+  if (version == 0) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': format version 0", path.string()));
+  }
+  uint64_t body = 0;
+  std::memcpy(&body, data.data() + 16, 8);
+  if (body != size - kHeaderBytes - 8) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': body of {} bytes declared, {} present (truncated or padded)",
+                            path.string(), body, size - kHeaderBytes - 8));
+  }
+  uint64_t stored = 0;
+  std::memcpy(&stored, data.data() + size - 8, 8);
+  if (stored != XXH3_64bits(data.data(), size_t(size - 8))) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': checksum mismatch (damaged)", path.string()));
+  }
+  return data;
+}
+
+/// The KV descriptor at the front of the body, checked against `model`.
+KvDescriptor read_descriptor(Reader& r, const Model& model, const std::filesystem::path& path) {
+  KvDescriptor d;
+  try {
+    r.skip(kv_descriptor_parse(r.rest(), d));
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {}", path.string(), e.what()));
+  }
+  if (d.model_identity != model.identity_hash() || d.tokenizer_identity != model.tokenizer().identity_hash()) {
+    throw Error(ErrorCode::kSessionModelMismatch,
+                fmt::format("session file '{}': saved with model {:016x} / tokenizer {:016x}, this session runs "
+                            "{:016x} / {:016x}",
+                            path.string(), d.model_identity, d.tokenizer_identity, model.identity_hash(),
+                            model.tokenizer().identity_hash()));
+  }
+  try {
+    kv_check_invariants(d, model);
+  } catch (const Error& e) {
+    throw Error(e.code() == ErrorCode::kKvMismatch ? ErrorCode::kSessionModelMismatch : ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': {}", path.string(), e.what()));
+  }
+  return d;
+}
+
+/// What follows the descriptor: the pending token, the last logits, the random state.
+struct SavedState {
+  int32_t pending = -1;
+  uint32_t n_logits = 0;
+  const std::byte* logits = nullptr;
+  std::mt19937_64 rng;
+};
+
+SavedState read_state(Reader& r, const HParams& hp, const std::filesystem::path& path) {
+  SavedState st;
+  st.pending = r.get<int32_t>("pending token");
+  if (st.pending < -1 || st.pending >= hp.n_vocab) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': pending token {} is invalid", path.string(), st.pending));
+  }
+  st.n_logits = r.get<uint32_t>("logits count");
+  if (st.n_logits != 0 && st.n_logits != uint32_t(hp.n_vocab)) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} logits for a vocabulary of {}",
+                                                        path.string(), st.n_logits, hp.n_vocab));
+  }
+  st.logits = r.take(uint64_t(st.n_logits) * sizeof(float), "logits");
+  const uint64_t rng_len = r.count(1, "random state byte");
+  const auto* rng_text = reinterpret_cast<const char*>(r.take(rng_len, "random state"));
+  std::istringstream in(std::string(rng_text, size_t(rng_len)));
+  in >> st.rng;
+  if (!in) throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad random state", path.string()));
+  return st;
+}
+
+}  // namespace
+
+Session::RestoreReport Session::restore(const std::filesystem::path& path) {
+  const std::vector<std::byte> data = read_verified(path);
+  Reader r(data.data() + kHeaderBytes, data.size() - kHeaderBytes - 8);
+  KvDescriptor d = read_descriptor(r, *model_, path);
+  const SavedState st = read_state(r, model_->hparams(), path);
+  // Only the evaluated tokens hold KV positions. A pending token with no position left
+  // (saved when the context was full) is restored as it was saved: the overflow surfaces
+  // when something needs that position, as in the live session (generate() refuses to
+  // continue; truncate() / reuse_prefix() / reset() make room).
+  if (int64_t(d.token_end) > n_ctx_) {
+    throw Error(ErrorCode::kContextOverflow,
+                fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), d.token_end, n_ctx_));
+  }
+  if (uint64_t(d.n_pages()) * d.page_payload_bytes() != r.left()) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': {} bytes of KV pages present, {} expected", path.string(), r.left(),
+                            uint64_t(d.n_pages()) * d.page_payload_bytes()));
+  }
+  const std::byte* pages = r.take(r.left(), "pages");
+  const KvDescriptor* parts[1] = {&d};
+  auto payload = [&](size_t, int32_t i) { return pages + uint64_t(i) * d.page_payload_bytes(); };
+  std::unique_ptr<KvSequence> seq;
+  try {
+    seq = kv_import_payloads(parts, payload, *store_, kv_->tier(), n_ctx_);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kKvChecksum || e.code() == ErrorCode::kKvMismatch) {
+      throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {}", path.string(), e.what()));
+    }
+    throw;
+  }
+  const KvDtype saved_dtype = d.dtype;
+  // Everything verified: replace the state (nothing below can fail).
+  kv_ = std::move(seq);
+  tokens_ = std::move(d.tokens);
+  tokens_.reserve(size_t(n_ctx_));
+  pending_ = st.pending >= 0 ? std::optional<int32_t>(st.pending) : std::nullopt;
+  have_logits_ = st.n_logits != 0;
+  if (have_logits_) std::memcpy(logits_.data(), st.logits, size_t(st.n_logits) * sizeof(float));
+  rng_ = st.rng;
+  gen_->discard_held();  // text held back from before the restore belongs to the old conversation
+  return {saved_dtype, store_->layout().dtype};
+}
+
+}  // namespace tandem
