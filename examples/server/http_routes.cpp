@@ -66,26 +66,6 @@ httplib::Server::Handler guarded(ServerState& st, std::string_view endpoint, F f
   };
 }
 
-/// Run a handler that takes the request body: the body is read first, bounded by
-/// --body-limit while it is read (chunked or not): 413 beyond it, 400 when cut short.
-template <class F>
-httplib::Server::HandlerWithContentReader guarded_body(ServerState& st, std::string_view endpoint, F f) {
-  return [&st, endpoint, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
-    guarded(st, endpoint, [&](const httplib::Request& rq, httplib::Response& rs) {
-      std::string body;
-      if (const int status = read_body(reader, st.options.body_limit, body); status != 0) {
-        rs.set_header("Connection", "close");
-        if (status == 413) {
-          throw ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
-                         "request_too_large");
-        }
-        throw ApiError(400, "the request body could not be read (malformed chunked encoding or cut short)");
-      }
-      f(rq, rs, body);
-    })(req, res);
-  };
-}
-
 /// The request carries a body httplib has not read (or will not read): the connection
 /// cannot be reused after the response.
 bool has_body(const httplib::Request& req) {
@@ -94,7 +74,54 @@ bool has_body(const httplib::Request& req) {
 
 void close_after(httplib::Response& res) {
   if (auto* c = current_connection()) c->close_after = true;
-  res.set_header("Connection", "close");
+  if (!res.has_header("Connection")) res.set_header("Connection", "close");
+}
+
+/// Run a handler that takes the request body: the body is read first, bounded by
+/// --body-limit while it is read (chunked or not): 413 beyond it, 400 when cut short.
+template <class F>
+httplib::Server::HandlerWithContentReader guarded_body(ServerState& st, std::string_view endpoint, F f) {
+  return [&st, endpoint, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    guarded(st, endpoint, [&](const httplib::Request& rq, httplib::Response& rs) {
+      std::string body;
+      // Without Content-Length and Transfer-Encoding a request has no body (RFC 9112 6.3).
+      if (const int status = has_body(rq) ? read_body(reader, st.options.body_limit, body) : 0; status != 0) {
+        close_after(rs);
+        if (status == 413) {
+          throw ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
+                         "request_too_large");
+        }
+        if (status == 408) {
+          throw ApiError(408, fmt::format("the request body did not arrive within {} s", st.options.body_timeout_s), "",
+                         "request_timeout");
+        }
+        throw ApiError(400, "the request body could not be read (malformed chunked encoding or cut short)");
+      }
+      f(rq, rs, body);
+    })(req, res);
+  };
+}
+
+/// The methods a route of this server answers ("" for a path it does not serve), for the
+/// Allow header of a 405.
+std::string allowed_methods(const std::string& path) {
+  static const std::set<std::string> kGet = {"/health", "/metrics", "/v1/models", "/models"};
+  static const std::set<std::string> kPost = {"/v1/chat/completions", "/chat/completions", "/v1/completions",
+                                              "/completions",         "/tokenize",         "/detokenize",
+                                              "/apply-template"};
+  if (kGet.count(path) || path.rfind("/v1/models/", 0) == 0 || path.rfind("/models/", 0) == 0) return "GET, HEAD";
+  if (kPost.count(path)) return "POST";
+  return "";
+}
+
+/// 404 for a path this server does not serve, 405 (with Allow) for a method it does not
+/// answer on a path it serves.
+ApiError no_route_error(const httplib::Request& req, httplib::Response& res) {
+  const std::string allow = allowed_methods(req.path);
+  if (allow.empty()) return ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found");
+  res.set_header("Allow", allow);
+  return ApiError(405, fmt::format("{} does not answer {} (allowed: {})", req.path, req.method, allow), "",
+                  "method_not_allowed");
 }
 
 bool public_path(const std::string& path) {
@@ -120,7 +147,7 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
   // authentication, then "loading" / "shutting down". Nothing of the body is read yet.
   svr.set_pre_routing_handler([&st, limits](const httplib::Request& req, httplib::Response& res) {
     using R = httplib::Server::HandlerResponse;
-    if (auto* c = current_connection()) c->in_headers = false;
+    if (auto* c = current_connection()) end_of_headers(*c, limits);
     const auto refuse = [&](const ApiError& e) {
       if (has_body(req)) close_after(res);
       send_error(res, e);
@@ -177,7 +204,9 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
           send_error(res, ApiError(413, fmt::format("the request body exceeds {} bytes", st.options.body_limit), "",
                                    "request_too_large"));
         } else if (res.status == 404) {
-          send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found"));
+          const ApiError e = no_route_error(req, res);
+          res.status = e.status();
+          send_error(res, e);
         } else {
           send_error(res, ApiError(res.status, fmt::format("HTTP {}", res.status)));
         }
@@ -313,10 +342,9 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
 
   // Any other route with a body: read it within the limit too (httplib would read it
   // whole before its 404), then 404.
-  const auto no_route =
-      guarded_body(st, "(no route)", [](const httplib::Request& req, httplib::Response&, const std::string&) {
-        throw ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found");
-      });
+  const auto no_route = guarded_body(
+      st, "(no route)",
+      [](const httplib::Request& req, httplib::Response& res, const std::string&) { throw no_route_error(req, res); });
   svr.Post(".*", no_route);
   svr.Put(".*", no_route);
   svr.Patch(".*", no_route);

@@ -66,8 +66,9 @@ void address_of(int sock, bool peer, std::string& ip, int& port) {
 }
 
 /// httplib's SocketStream plus the header deadline and byte cap: while `state.in_headers`,
-/// a read waits at most until the deadline and counts against the cap; after that (the
-/// body, the response) the server's read/write timeouts apply per call.
+/// a read waits at most until the deadline and counts against the cap; after that a body
+/// read waits at most until the body deadline (end_of_headers) and the server's read
+/// timeout; writes wait at most the write timeout per call.
 class ConnectionStream final : public httplib::Stream {
  public:
   ConnectionStream(int sock, const TransportLimits& limits, ConnectionState& state, int read_timeout_ms,
@@ -96,19 +97,18 @@ class ConnectionStream final : public httplib::Stream {
 
   ssize_t read(char* ptr, size_t size) override {
     if (off_ == len_) {
-      int timeout_ms = read_timeout_ms_;
-      if (state_.in_headers) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
-        if (left <= 0) {
-          state_.header_timeout = true;
-          return -1;
-        }
-        timeout_ms = int(std::min<long long>(left, 0x7fffffff));
+      const auto until = state_.in_headers ? deadline_ : state_.body_deadline;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+      bool& timed_out = state_.in_headers ? state_.header_timeout : state_.body_timeout;
+      if (left <= 0) {
+        timed_out = true;
+        return -1;
       }
+      const int timeout_ms = int(std::min<long long>(left, state_.in_headers ? 0x7fffffff : read_timeout_ms_));
       const int r =
           state_.in_headers ? wait_readable(sock_, timeout_ms, listening_) : wait_for(sock_, POLLIN, timeout_ms);
       if (r <= 0) {
-        if (r == 0 && state_.in_headers) state_.header_timeout = true;
+        if (r == 0 && timeout_ms == left) timed_out = true;
         return -1;
       }
       ssize_t n;
@@ -174,12 +174,16 @@ void linger(int sock) {
   }
 }
 
-Clock::time_point header_deadline(const TransportLimits& limits) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limits.header_timeout_s));
+Clock::time_point deadline_in(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 }  // namespace
+
+void end_of_headers(ConnectionState& c, const TransportLimits& limits) noexcept {
+  c.in_headers = false;
+  c.body_deadline = deadline_in(limits.body_timeout_s);
+}
 
 ConnectionState* current_connection() noexcept {
   return tls_connection;
@@ -290,11 +294,11 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     tls_connection = &state;
     ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
                           to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
-    Clock::time_point deadline = header_deadline(limits_);  // the first request: from accept
+    Clock::time_point deadline = deadline_in(limits_.header_timeout_s);  // the first request: from accept
     for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
       if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
         if (!strm.has_buffered() && wait_readable(sock, to_ms(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) break;
-        deadline = header_deadline(limits_);
+        deadline = deadline_in(limits_.header_timeout_s);
       }
       state = ConnectionState{};
       state.sock = sock;
@@ -323,8 +327,9 @@ int read_body(const httplib::ContentReader& reader, size_t limit, std::string& o
     return true;
   });
   if (ok && !over) return 0;
-  if (auto* c = current_connection()) c->close_after = true;
-  return over ? 413 : 400;
+  auto* c = current_connection();
+  if (c) c->close_after = true;
+  return over ? 413 : c && c->body_timeout ? 408 : 400;
 }
 
 size_t raise_open_file_limit(size_t want) {

@@ -21,6 +21,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -35,6 +36,7 @@ namespace tandem::server {
 struct TransportLimits {
   size_t max_connections = 1024;       ///< open connections; beyond: 503 and close
   double header_timeout_s = 10.0;      ///< request line + headers must arrive within this
+  double body_timeout_s = 60.0;        ///< then the whole body must arrive within this (beyond: 408)
   size_t header_max_bytes = 64 << 10;  ///< request line + headers, bytes (beyond: 431)
   size_t header_max_count = 100;       ///< header lines (beyond: 431)
 };
@@ -70,12 +72,18 @@ class ConnectionThreads : public httplib::TaskQueue {
 
 /// What a handler knows of its connection (thread-local: one connection per thread).
 struct ConnectionState {
-  bool in_headers = true;        ///< still reading the request line and headers
-  bool header_overflow = false;  ///< the header byte cap was hit
-  bool header_timeout = false;   ///< the header deadline passed
-  bool close_after = false;      ///< the body was not read whole: close after this response
-  int sock = -1;                 ///< the connection's socket
+  bool in_headers = true;                                 ///< still reading the request line and headers
+  bool header_overflow = false;                           ///< the header byte cap was hit
+  bool header_timeout = false;                            ///< the header deadline passed
+  bool close_after = false;                               ///< the body was not read whole: close after this response
+  bool body_timeout = false;                              ///< the body deadline passed
+  std::chrono::steady_clock::time_point body_deadline{};  ///< set by end_of_headers
+  int sock = -1;                                          ///< the connection's socket
 };
+
+/// The headers are read: from now on reads belong to the body and must all arrive within
+/// limits.body_timeout_s (a client trickling bytes cannot hold its thread for longer).
+void end_of_headers(ConnectionState& c, const TransportLimits& limits) noexcept;
 
 /// The calling thread's connection (nullptr outside a BoundedServer connection).
 ConnectionState* current_connection() noexcept;
@@ -102,8 +110,9 @@ class BoundedServer : public httplib::Server {
 };
 
 /// Read the request body through `reader`, at most `limit` bytes, into `out`. Returns 0,
-/// or the status to answer: 413 when larger (reading stops there), 400 when malformed or
-/// cut short. Either way the connection is closed after the response.
+/// or the status to answer: 413 when larger (reading stops there), 408 when it did not arrive
+/// within the body deadline, 400 when malformed or cut short. Either way the connection is
+/// closed after the response.
 int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out);
 
 /// Raise the soft open-file limit towards `want` descriptors; returns the limit now in force.

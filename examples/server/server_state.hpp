@@ -31,6 +31,7 @@ struct ServerOptions {
   int threads_http = 0;            ///< HTTP threads started at once (0 = enough for every slot and queue entry)
   size_t max_connections = 1024;   ///< open connections at most (a thread each); beyond: 503
   double header_timeout_s = 10.0;  ///< the request line and headers must arrive within this
+  double body_timeout_s = 60.0;    ///< then the whole request body must arrive within this
   double shutdown_grace_s = 30.0;
 };
 

@@ -5,7 +5,7 @@
 //                 [--port 8080] [-c N] [-np N] [-t N] [--api-key KEY] [--kv-tier host|file]
 //                 [--kv-dir DIR] [--max-queued N] [--alias NAME] [--log-format text|json]
 //                 [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
-//                 [--body-limit BYTES] [--max-connections N] [--header-timeout S]
+//                 [--body-limit BYTES] [--max-connections N] [--header-timeout S] [--body-timeout S]
 //                 [--shutdown-grace S]
 //
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
@@ -108,6 +108,10 @@ int main(int argc, char** argv) {
                  "seconds a client has to send the request line and headers (then the connection is closed)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--body-timeout", so.body_timeout_s,
+                 "seconds a client has, after its headers, to send the whole request body (then 408 and close)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   app.add_option("--shutdown-grace", so.shutdown_grace_s,
                  "seconds in-flight requests may take to finish after SIGTERM/SIGINT")
       ->capture_default_str()
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   ServerState st(so);
   TransportLimits limits;
   limits.header_timeout_s = so.header_timeout_s;
+  limits.body_timeout_s = so.body_timeout_s;
   // A descriptor per connection, plus the model, the KV files and the listener.
   const size_t nofile = raise_open_file_limit(so.max_connections + 64);
   limits.max_connections = std::min(so.max_connections, nofile > 128 ? nofile - 64 : size_t(64));
@@ -166,7 +171,8 @@ int main(int argc, char** argv) {
                 {"port", so.port},
                 {"http_threads", http_threads},
                 {"max_connections", limits.max_connections},
-                {"header_timeout_s", limits.header_timeout_s}});
+                {"header_timeout_s", limits.header_timeout_s},
+                {"body_timeout_s", limits.body_timeout_s}});
 
   int rc = 0;
   try {

@@ -109,7 +109,7 @@ def test_chunked_oversize_body_is_413_with_bounded_memory(guarded):
 def test_chunked_oversize_on_unguarded_route_is_413_with_bounded_memory(guarded):
     """POST /metrics (no API key needed, no POST handler) and an unknown route (with the key:
     without it, 401 comes first and nothing is read): the body is read within the limit
-    too, then 413; a small body gets 404."""
+    too, then 413; a small body gets 405 (the route answers GET only)."""
     reset_peak(guarded)
     before = vm_kib(guarded, "VmHWM")
     answers = [send_chunked(guarded, path, 200 * MIB, headers=headers)
@@ -119,7 +119,7 @@ def test_chunked_oversize_on_unguarded_route_is_413_with_bounded_memory(guarded)
     for status, _, body in answers:
         assert_openai_error(status, body, 413)
     status, _, body = send_chunked(guarded, "/metrics", 0)
-    assert_openai_error(status, body, 404)
+    assert_openai_error(status, body, 405)
 
 
 def test_declared_oversize_body_is_413_before_authentication(guarded):
@@ -218,6 +218,35 @@ def test_header_deadline_closes_a_stalled_connection(tmp_path):
         status, headers, body = read_response(c)  # read until the server closes (60 s socket timeout)
         c.close()
         assert_openai_error(status, body, 408)
+        assert httpx.get(s.url + "/health").status_code == 200
+    finally:
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_body_deadline_closes_a_trickling_upload(tmp_path):
+    """A client that sends its headers at once and then its body a byte at a time (each byte
+    well within the per-read timeout) is cut off at the body deadline, for a declared length
+    and for chunked encoding alike: 408, and the connection is closed."""
+    s = Server(tmp_path, extra=["--body-timeout", "0.5"])
+    assert s.wait_ready(), s.log_path.read_text()
+    try:
+        for framing, first in [("Content-Length: 1000\r\n", b"{"), ("Transfer-Encoding: chunked\r\n", b"3e8\r\n{")]:
+            c = connect(s)
+            c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      f"{framing}\r\n".encode() + first)
+            sent = 0
+            try:
+                while sent < 999:  # far more time than the deadline, one byte per 50 ms
+                    time.sleep(0.05)
+                    c.sendall(b" ")
+                    sent += 1
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered and closed
+            status, headers, body = read_response(c)
+            c.close()
+            assert sent < 999, "the whole body was accepted"
+            assert_openai_error(status, body, 408)
+            assert headers.get("connection") == "close"
         assert httpx.get(s.url + "/health").status_code == 200
     finally:
         assert s.stop() == 0, s.log_path.read_text()

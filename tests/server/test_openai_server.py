@@ -574,3 +574,24 @@ def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
         assert s.metric("vllm:request_success_total", finished_reason="length") <= 1
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("method,path,allow", [
+    ("GET", "/v1/completions", "POST"),
+    ("PUT", "/v1/chat/completions", "POST"),
+    ("DELETE", "/tokenize", "POST"),
+    ("POST", "/health", "GET, HEAD"),
+    ("POST", "/v1/models", "GET, HEAD"),
+])
+def test_wrong_method_on_a_route_is_405_with_allow(server, method, path, allow):
+    r = httpx.request(method, server.url + path)
+    assert r.status_code == 405, r.text
+    assert r.headers["allow"] == allow
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    assert httpx.request(method, server.url + "/no/such/route").status_code == 404
+
+
+def test_post_without_a_body_is_invalid_json_not_a_read_error(server):
+    r = httpx.post(server.url + "/v1/completions")  # no Content-Length, no Transfer-Encoding
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "invalid_json"
