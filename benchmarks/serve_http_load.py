@@ -3,9 +3,10 @@
 
 Replays a tandem-bench serve trace (benchmarks/traces/*.jsonl: "t", "prompt_tokens",
 "output_tokens", "sla", optional "prefix_id"/"prefix_tokens") through the official
-`openai` client, streaming, with random token-id prompts of the trace's lengths (the same
-construction as tandem-bench serve: BOS, the shared prefix, then random ids) and
-`ignore_eos`, so every request generates exactly its output_tokens.
+`openai` client, streaming, with prompts of about the trace's lengths (random English words,
+one token each with a byte-level BPE vocabulary; or, with --token-ids, random token ids as
+tandem-bench serve builds them) and `ignore_eos`, so every request generates exactly its
+output_tokens. The mean prompt length the server counted is printed.
 
   --clients N   closed loop: N clients, each sends its next request when the last ends
   --replay      open loop: each request starts at its trace time "t" (tandem-bench serve's mode)
@@ -44,6 +45,28 @@ def prompt_ids(item, n_vocab, salt):
     return ids
 
 
+# Prompt text: common English words drawn at random; with a byte-level BPE vocabulary (SmolLM2,
+# Llama 3, Qwen2) each " word" is one token, so a prompt of N words is about N tokens.
+WORDS = ("time year people way day man thing woman life child world school state family student group "
+         "country problem hand part place case week company system program question work government number "
+         "night point home water room mother area money story fact month lot right study book eye job word "
+         "business issue side kind head house service friend father power hour game line end member law car "
+         "city community name president team minute idea kid body information back parent face others level "
+         "office door health person art war history party result change morning reason research girl guy "
+         "moment air teacher force education").split()
+
+
+def prompt_text(item, salt):
+    words = []
+    prefix = random.Random(item.get("prefix_id", ""))
+    for _ in range(min(item.get("prefix_tokens", 0), item["prompt_tokens"] - 1)):
+        words.append(prefix.choice(WORDS))
+    rng = random.Random(salt)
+    while len(words) < item["prompt_tokens"] - 1:  # BOS is the first token
+        words.append(rng.choice(WORDS))
+    return " ".join(words)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080/v1")
@@ -52,6 +75,8 @@ def main():
     ap.add_argument("--clients", type=int, default=1)
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("-n", type=int, default=0, help="use the first N requests (0 = all)")
+    ap.add_argument("--token-ids", action="store_true",
+                    help="send random token-id prompts (default: random English words, which every server takes)")
     args = ap.parse_args()
 
     items = [json.loads(line) for line in open(args.trace) if line.strip()]
@@ -60,16 +85,17 @@ def main():
     client = openai.OpenAI(base_url=args.url, api_key="none", max_retries=0, timeout=600.0)
     model = client.models.list().data[0]
     n_vocab = (model.model_extra or {}).get("meta", {}).get("n_vocab", 32000)
-    prompts = [prompt_ids(it, n_vocab, 1000003 + i) for i, it in enumerate(items)]
+    prompts = [prompt_ids(it, n_vocab, 1000003 + i) if args.token_ids else prompt_text(it, 1000003 + i)
+               for i, it in enumerate(items)]
 
-    ttft, tpot, e2e, out_tokens = [], [], [], []
+    ttft, tpot, e2e, out_tokens, in_tokens = [], [], [], [], []
     lock = threading.Lock()
 
     def run(i):
         it = items[i]
         t0 = time.perf_counter()
         first = last = None
-        n = 0
+        n = n_in = 0
         stream = client.completions.create(
             model=args.model or model.id, prompt=prompts[i], max_tokens=it["output_tokens"], temperature=0,
             stream=True, stream_options={"include_usage": True},
@@ -81,9 +107,11 @@ def main():
                 last = now
             if ch.usage:
                 n = ch.usage.completion_tokens
+                n_in = ch.usage.prompt_tokens
         with lock:
             e2e.append(time.perf_counter() - t0)
             out_tokens.append(n)
+            in_tokens.append(n_in)
             if first is not None:
                 ttft.append(first - t0)
                 if n > 1:
@@ -104,7 +132,7 @@ def main():
     wall = time.perf_counter() - start
     ms = lambda v: [round(pct(v, p) * 1000, 1) for p in (50, 95, 99)]
     print(json.dumps({"mode": "replay" if args.replay else f"{args.clients} clients", "requests": len(items),
-                      "wall_s": round(wall, 2), "req_per_s": round(len(items) / wall, 2),
+                      "prompt_tokens_mean": round(sum(in_tokens) / len(in_tokens), 1), "wall_s": round(wall, 2), "req_per_s": round(len(items) / wall, 2),
                       "output_tok_per_s": round(sum(out_tokens) / wall, 1), "ttft_ms_p50_p95_p99": ms(ttft),
                       "tpot_ms_p50_p95_p99": ms(tpot), "e2e_ms_p50_p95_p99": ms(e2e)}))
 
