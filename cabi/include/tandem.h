@@ -618,6 +618,17 @@ TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* param
 TANDEM_API tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_request_params* params,
                                                  tandem_request** out_request);
 
+/* n choices of one prompt (OpenAI's `n`): n requests, out_requests[i] choice i (an array
+ * of n handles, each freed with tandem_request_free). The prompt is computed once: choice 0
+ * prefills it, the others wait for it and share its KV pages (only the last prompt token
+ * is recomputed per choice, for its logits). Choice i samples with seed params->sampling
+ * seed + i (mod 2^64); each request streams, finishes and is cancelled on its own. n == 1
+ * is tandem_scheduler_submit. Errors as tandem_scheduler_submit, plus TANDEM_E_INVALID_ARG
+ * for n outside [1, 128] or n > 1 with a session; on failure every out_requests[i] is NULL.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_submit_n(tandem_scheduler* scheduler, const tandem_request_params* params,
+                                                   uint32_t n, tandem_request** out_requests);
+
 /* Stop accepting requests (later submissions finish with TANDEM_FINISH_OVERLOADED) and
  * block until every submitted request has finished. Thread-safe. */
 TANDEM_API tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler);

@@ -282,6 +282,8 @@ request_result_init = _proto("tandem_request_result_init", _status, _ptr(Request
 scheduler_create = _proto("tandem_scheduler_create", _status, _handle, _ptr(SchedulerParams), _ptr(_handle))
 scheduler_free = _proto("tandem_scheduler_free", _status, _handle)
 scheduler_submit = _proto("tandem_scheduler_submit", _status, _handle, _ptr(RequestParams), _ptr(_handle))
+scheduler_submit_n = _proto("tandem_scheduler_submit_n", _status, _handle, _ptr(RequestParams), ctypes.c_uint32,
+                            _ptr(_handle))
 scheduler_drain = _proto("tandem_scheduler_drain", _status, _handle)
 scheduler_shutdown = _proto("tandem_scheduler_shutdown", _status, _handle)
 scheduler_metrics_json = _proto("tandem_scheduler_metrics_json", _status, _handle, ctypes.c_char_p, _size,

@@ -362,6 +362,20 @@ class TestSchedulerAsync(PackageTestCase):
                 self.assertEqual(text, s.text)
             self.assertEqual(len(solo[0].tokens), 24)
 
+    def test_submit_n_choices_share_the_prompt_and_follow_seed_plus_index(self):
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, max_running=4)], max_context=256) as sched:
+            prompt = self.case["prompt_text"]
+            greedy = [r.wait().tokens for r in sched.submit_n(prompt, 3, max_tokens=12, **GREEDY)]
+            solo = sched.submit(prompt, max_tokens=12, **GREEDY).wait().tokens
+            self.assertEqual(greedy, [solo] * 3)
+            kw = dict(max_tokens=12, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+            sampled = [r.wait().tokens for r in sched.submit_n(prompt, 3, seed=5, **kw)]
+            for i, toks in enumerate(sampled):
+                self.assertEqual(toks, sched.submit(prompt, seed=5 + i, **kw).wait().tokens)
+            self.assertEqual(len({tuple(t) for t in sampled}), 3)
+            with self.assertRaises(tandem.TandemError):
+                sched.submit_n(prompt, 0)
+
     def test_scheduler_session_over_three_requests_equals_one_generation(self):
         lines = []
         tandem.set_log_callback(lambda level, message: lines.append((level, message)), "debug")
