@@ -25,8 +25,7 @@ std::string_view trim(std::string_view s) {
 }
 
 /// A call object {"name": string, args_key: object or string}; nullopt when not one.
-std::optional<ToolCall> call_of(std::string_view text, std::initializer_list<std::string_view> args_keys) {
-  const auto j = nlohmann::json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
+std::optional<ToolCall> call_of(const nlohmann::json& j, std::initializer_list<std::string_view> args_keys) {
   if (!j.is_object()) return std::nullopt;
   const auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;
@@ -42,6 +41,23 @@ std::optional<ToolCall> call_of(std::string_view text, std::initializer_list<std
     break;
   }
   return c;
+}
+
+/// The calls of a JSON text: one call object, or an array of them (what the JSON schema of
+/// forced_tool_call_schema with `parallel` generates); empty when it is anything else.
+std::vector<ToolCall> calls_of(std::string_view text, std::initializer_list<std::string_view> args_keys) {
+  const auto j = nlohmann::json::parse(trim(text), nullptr, /*allow_exceptions=*/false);
+  std::vector<ToolCall> out;
+  if (j.is_array()) {
+    for (const auto& e : j) {
+      auto c = call_of(e, args_keys);
+      if (!c) return {};
+      out.push_back(std::move(*c));
+    }
+  } else if (auto c = call_of(j, args_keys)) {
+    out.push_back(std::move(*c));
+  }
+  return out;
 }
 
 /// End of the JSON value (object or array) starting at text[i] == '{' / '[': the offset
@@ -83,8 +99,8 @@ ParsedToolCalls parse_hermes(std::string_view text) {
     const size_t close = text.find(kClose, body);
     const size_t next = close == std::string_view::npos ? text.size() : close + kClose.size();
     const size_t body_end = close == std::string_view::npos ? text.size() : close;
-    if (auto c = call_of(text.substr(body, body_end - body), {"arguments", "parameters"})) {
-      out.calls.push_back(std::move(*c));
+    if (auto cs = calls_of(text.substr(body, body_end - body), {"arguments", "parameters"}); !cs.empty()) {
+      for (auto& c : cs) out.calls.push_back(std::move(c));
     } else {
       content.append(text.substr(start, next - start));  // not a call: left as text
     }
@@ -104,12 +120,12 @@ ParsedToolCalls parse_llama3(std::string_view text) {
   if (t.starts_with(kPythonTag)) t = trim(t.substr(kPythonTag.size()));
   size_t i = 0;
   while (i < t.size()) {
-    if (t[i] != '{') break;
+    if (t[i] != '{' && t[i] != '[') break;
     const size_t end = value_end(t, i);
     if (end == std::string_view::npos) break;
-    auto c = call_of(t.substr(i, end - i), {"parameters", "arguments"});
-    if (!c) break;
-    out.calls.push_back(std::move(*c));
+    auto cs = calls_of(t.substr(i, end - i), {"parameters", "arguments"});
+    if (cs.empty()) break;
+    for (auto& c : cs) out.calls.push_back(std::move(c));
     i = end;
     while (i < t.size() && (t[i] == ';' || t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t')) ++i;
   }
@@ -162,7 +178,7 @@ ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format) {
 size_t tool_call_start(std::string_view text, ToolCallFormat format) {
   if (format == ToolCallFormat::kLlama3) {
     const std::string_view t = trim(text);
-    if (t.empty() || t.front() == '{') return 0;
+    if (t.empty() || t.front() == '{' || t.front() == '[') return 0;
     if (kPythonTag.starts_with(t.substr(0, kPythonTag.size())) || t.starts_with(kPythonTag)) return 0;
     return text.size();
   }

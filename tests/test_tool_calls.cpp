@@ -55,6 +55,13 @@ TEST_CASE("Hermes tool calls: blocks parsed, content kept, malformed left as tex
     CHECK(p.calls.empty());
     CHECK(p.content == t);
   }
+  // An array of calls in one block (forced_tool_call_schema's parallel shape).
+  const auto arr = parse_tool_calls("<tool_call>[{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\"}]",
+                                    ToolCallFormat::kHermes);
+  REQUIRE(arr.calls.size() == 2);
+  CHECK(arr.calls[0].arguments == "{\"x\":1}");
+  CHECK(arr.calls[1].name == "b");
+  CHECK(parse_tool_calls("<tool_call>[{\"name\": \"a\"}, 3]</tool_call>", ToolCallFormat::kHermes).calls.empty());
   // One good call, one broken: the broken block stays in the content.
   const auto mixed =
       parse_tool_calls("<tool_call>{\"name\": \"a\"}</tool_call> <tool_call>oops</tool_call>", ToolCallFormat::kHermes);
@@ -76,6 +83,10 @@ TEST_CASE("Llama 3 JSON tool calls: the whole message, python_tag, ';'-separated
   const auto one = parse_tool_calls("\n {\"name\": \"f\", \"arguments\": {\"q\": \"a;b}\"}} ", ToolCallFormat::kLlama3);
   REQUIRE(one.calls.size() == 1);
   CHECK(one.calls[0].arguments == "{\"q\":\"a;b}\"}");
+  const auto arr = parse_tool_calls("[{\"name\": \"a\", \"parameters\": {}}, {\"name\": \"b\", \"parameters\": {}}]",
+                                    ToolCallFormat::kLlama3);
+  REQUIRE(arr.calls.size() == 2);
+  CHECK(arr.calls[1].name == "b");
   for (const std::string t : {"The answer is {\"name\": \"f\"}", "{\"name\": \"f\"} trailing words", "{\"city\": 1}",
                               "{\"name\": \"f\", \"parameters\": {"}) {
     const auto p = parse_tool_calls(t, ToolCallFormat::kLlama3);
@@ -93,6 +104,7 @@ TEST_CASE("tool_call_start: where a streamer must start holding text back", "[to
   CHECK(tool_call_start("", ToolCallFormat::kHermes) == 0);
   CHECK(tool_call_start("  ", ToolCallFormat::kLlama3) == 0);
   CHECK(tool_call_start(" {\"na", ToolCallFormat::kLlama3) == 0);
+  CHECK(tool_call_start("[{", ToolCallFormat::kLlama3) == 0);
   CHECK(tool_call_start("<|python", ToolCallFormat::kLlama3) == 0);
   CHECK(tool_call_start("Sure", ToolCallFormat::kLlama3) == 4);
 }

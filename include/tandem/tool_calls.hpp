@@ -12,7 +12,8 @@
 // A template that mentions neither gets kHermes with the tools described in the system
 // message by hermes_tool_messages() (tool_prompt_for_template() says which).
 //
-// Parsing is lenient as vLLM's parsers are: a call whose JSON does not parse, or lacks a
+// A call's JSON may also be an array of calls (what forced_tool_call_schema's parallel
+// schema generates). Parsing is lenient as vLLM's parsers are: a call whose JSON does not parse, or lacks a
 // string "name", is left in the content as text; a Hermes block the generation cut short
 // (no </tool_call>: a stop string or the end of the output) is parsed if its JSON is whole.
 //
@@ -60,7 +61,7 @@ struct ParsedToolCalls {
 ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format);
 
 /// Where, in streamed text, the tool-call part may begin: the offset of the first call
-/// marker (Hermes "<tool_call>"; Llama 3 a message whose first non-space character is '{'
+/// marker (Hermes "<tool_call>"; Llama 3 a message whose first non-space character is '{' or '['
 /// or that starts "<|python_tag|>": offset 0), or of a trailing partial marker that more
 /// text may complete; text.size() when everything so far is content. A streamer sends
 /// text[0, offset) as content and holds the rest until the output ends.
