@@ -305,7 +305,12 @@ std::vector<RequestHandle> Scheduler::submit_n(Request request, int32_t n) {
   const uint64_t group = states.front()->id;
   for (auto& s : seqs) s->group = group;
   const int target = I.route(*seqs.front());
-  for (size_t i = 1; i < seqs.size(); ++i) I.route_like(*seqs[i], *seqs.front());
+  // Every choice decodes where the prompt was computed: a hand-off would move each choice's
+  // KV on its own, the shared prompt pages copied n times.
+  Seq& first = *seqs.front();
+  I.settle_pending_handoff(first);
+  first.decode_exec = first.prefill_exec;
+  for (size_t i = 1; i < seqs.size(); ++i) I.route_like(*seqs[i], first);
   I.loops[size_t(target)]->push_all(seqs);
   return handles;
 }

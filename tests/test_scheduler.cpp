@@ -1163,3 +1163,24 @@ TEST_CASE("submit_n: n choices compute the prompt once and share its KV pages", 
   }
   rig.check_released();
 }
+
+TEST_CASE("submit_n on cpu+cpu: a routing that hands long prompts off still computes the prompt once",
+          "[scheduler][choices]") {
+  Rig::Opt o;
+  o.routing.long_prompt_tokens = 30;  // as the lifecycle test: 50-token prompts would be handed off
+  o.routing.decode_scarce_fraction = 0.0;
+  Rig rig(o);
+  const auto prompt = prompt_of(50, 6);
+  auto hs = rig.sched->submit_n(greedy_request(prompt, 10), 3);
+  for (size_t i = 0; i < hs.size(); ++i) {
+    const auto& r = hs[i].wait();
+    INFO("choice " << i);
+    CHECK(r.tokens == solo(prompt, 10));
+    CHECK(r.metrics.prefix_reused_tokens == (i == 0 ? 0 : 49));
+    CHECK(r.metrics.migrations == 0);
+  }
+  const auto m = rig.sched->metrics();
+  CHECK(m.executors[0].prefill_tokens + m.executors[1].prefill_tokens == 50);
+  CHECK(m.migrations == 0);
+  rig.check_released();
+}

@@ -205,11 +205,10 @@ class Scheduler {
   /// handle reports it. Throws Error(kInvalidArgument) only after shutdown().
   RequestHandle submit(Request request);
   /// n choices of one prompt (OpenAI's `n`): n requests, one handle each (index i = choice
-  /// i), routed together to one executor. The prompt is computed once: choice 0 prefills
-  /// it, and choices 1..n-1 wait until it is in the KV and then share every prompt position
-  /// but the last (KvSequence::share_prefix, copy-on-write; only the last prompt token is
-  /// recomputed per choice, for its logits). Choice i samples with seed
-  /// `request.sampling.seed + i` (mod 2^64), so a seeded request is reproducible and its
+  /// i), routed together to one executor, which also decodes them (no hand-off). The prompt is computed once: choice 0
+  /// prefills it, and choices 1..n-1 wait until it is in the KV and then share every prompt position but the last
+  /// (KvSequence::share_prefix, copy-on-write; only the last prompt token is recomputed per choice, for its logits).
+  /// Choice i samples with seed `request.sampling.seed + i` (mod 2^64), so a seeded request is reproducible and its
   /// choices differ. Each choice streams and ends on its own (on_event calls with its own
   /// request id and RequestEvent::choice == i, its own terminal event); cancelling one
   /// leaves the others. n == 1
