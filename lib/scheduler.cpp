@@ -296,6 +296,12 @@ std::vector<RequestHandle> Scheduler::submit_n(Request request, int32_t n) {
   } catch (const std::exception& e) {
     return refuse_all(RequestFinish::kError, error_code_of(e), e.what());
   }
+  if (n > I.opt.max_queued) {  // could never be queued at once: not a transient overload
+    for (auto& s : seqs) I.release_seq(*s);
+    return refuse_all(
+        RequestFinish::kError, ErrorCode::kInvalidArgument,
+        fmt::format("n {} exceeds the scheduler's queue of {} requests (max_queued)", n, I.opt.max_queued));
+  }
   if (I.queued.fetch_add(n) + n > I.opt.max_queued) {
     I.queued.fetch_sub(n);
     for (auto& s : seqs) I.release_seq(*s);

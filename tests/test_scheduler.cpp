@@ -1160,6 +1160,14 @@ TEST_CASE("submit_n: n choices compute the prompt once and share its KV pages", 
     REQUIRE(hs.size() == 1);
     CHECK(hs[0].wait().error == ErrorCode::kInvalidArgument);
     rig.sched->close_session(s.session);
+    Rig::Opt q;
+    q.n_exec = 1;
+    q.max_queued = 2;
+    Rig small(q);
+    auto many = small.sched->submit_n(greedy_request(prompt, 4), 3);  // can never be queued at once
+    REQUIRE(many.size() == 3);
+    for (auto& h : many) CHECK(h.wait().error == ErrorCode::kInvalidArgument);
+    small.check_released();
   }
   rig.check_released();
 }

@@ -213,7 +213,8 @@ class Scheduler {
   /// request id and RequestEvent::choice == i, its own terminal event); cancelling one
   /// leaves the others. n == 1
   /// is submit(). Never throws for a bad request (every handle reports it: n outside
-  /// [1, kMaxChoices], or n > 1 with a session -> kError kInvalidArgument); throws
+  /// [1, kMaxChoices], n > SchedulerOptions::max_queued, or n > 1 with a session -> kError
+  /// kInvalidArgument; the queue too full for all n at once -> kOverloaded); throws
   /// Error(kInvalidArgument) only after shutdown().
   std::vector<RequestHandle> submit_n(Request request, int32_t n);
   static constexpr int32_t kMaxChoices = 128;

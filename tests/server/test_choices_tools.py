@@ -103,6 +103,9 @@ def test_refusals(nserver):
     with pytest.raises(openai.BadRequestError) as e:
         c.completions.create(model=ALIAS, prompt="x", max_tokens=4, n=2, best_of=3)
     assert e.value.body["param"] == "best_of"
+    with pytest.raises(openai.BadRequestError) as e:  # more choices than the queue holds (--max-queued 64)
+        c.chat.completions.create(model=ALIAS, messages=MSG, max_tokens=4, n=100)
+    assert "max_queued" in e.value.body["message"]
     ok = c.completions.create(model=ALIAS, prompt="x", max_tokens=4, n=2, best_of=2)
     assert len(ok.choices) == 2
 
