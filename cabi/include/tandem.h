@@ -882,6 +882,19 @@ TANDEM_API tandem_status tandem_chat_apply_template(const tandem_model* model, c
 TANDEM_API tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const char* request_json,
                                                            int32_t* tokens, size_t capacity, size_t* out_n_tokens);
 
+/* Tool calls (OpenAI `tools`) in generated text, split off in the format the model's chat
+ * template asks for: <tool_call>{"name", "arguments"}</tool_call> blocks (Qwen, Hermes, and
+ * templates that do not render tools, e.g. SmolLM2's), or the whole message as {"name",
+ * "parameters"} objects, optionally after <|python_tag|> (Llama 3.x). Writes the JSON
+ * object {"content": the text outside the calls (trimmed) or null when that is empty,
+ * "tool_calls": [{"name", "arguments": the arguments object as JSON text}]}; text without a
+ * well-formed call gives {"content": the text unchanged, "tool_calls": []}. A call whose JSON
+ * does not parse stays in the content. Invalid UTF-8 is written as U+FFFD. Buffer rules as
+ * tandem_detokenize. Errors: TANDEM_E_INVALID_ARG (NULL text or out_len),
+ * TANDEM_E_INVALID_HANDLE, TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
+TANDEM_API tandem_status tandem_chat_parse_tool_calls(const tandem_model* model, const char* text, char* buf,
+                                                      size_t capacity, size_t* out_len);
+
 /* ---- stopping a generation from another thread ---------------------------------------- */
 
 /* Ask the tandem_session_generate / _generate_tokens call running on `session` to stop

@@ -2392,6 +2392,20 @@ static void test_metadata_and_chat(void) {
     CHECK_MSG_CONTAINS("not JSON");
     CHECK_STATUS(tandem_chat_apply_template(g_model, "{}", buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
     CHECK_STATUS(tandem_chat_apply_template(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    /* Tool calls in generated text: the tiny model has no template, so the Hermes format. */
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model,
+                                          "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                          "{\"city\": \"Paris\"}}\n</tool_call>",
+                                          buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":\"Sure.\",\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":"
+                      "\"{\\\"city\\\":\\\"Paris\\\"}\"}]}") == 0);
+    CHECK(len == strlen(buf));
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model, "<tool_call>{broken</tool_call>", buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":\"<tool_call>{broken</tool_call>\",\"tool_calls\":[]}") == 0);
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model, "", buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":null,\"tool_calls\":[]}") == 0);
+    CHECK_STATUS(tandem_chat_parse_tool_calls(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    CHECK_STATUS(tandem_chat_parse_tool_calls(g_model, "x", buf, 2, &len), TANDEM_E_BUFFER_TOO_SMALL);
     /* tools need the model's own template */
     CHECK_STATUS(tandem_chat_apply_template(g_model,
                                             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "

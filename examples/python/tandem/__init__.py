@@ -356,6 +356,16 @@ class Model(_Handle):
         h = self.handle
         return _c.read_text(lambda b, c, o: _c.chat_apply_template(h, body, b, c, o)).decode("utf-8", "replace")
 
+    def parse_tool_calls(self, text: str) -> Dict[str, Any]:
+        """Tool calls in generated text, in the format this model's chat template asks for
+        (tandem_chat_parse_tool_calls): {"content": the rest or None, "tool_calls":
+        [{"name", "arguments": JSON text}]}; text without a well-formed call comes back
+        as the content with no calls. Render the tools with apply_chat_template(messages,
+        tools) and generate first."""
+        data = _c.text_bytes("text", text)
+        h = self.handle
+        return json.loads(_c.read_text(lambda b, c, o: _c.chat_parse_tool_calls(h, data, b, c, o)).decode("utf-8"))
+
     def create_chat_completion(self, messages: List[Message], *, max_tokens: Optional[int] = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                                stop: Union[None, str, List[str]] = None, seed: Optional[int] = None,

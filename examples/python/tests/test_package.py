@@ -177,6 +177,14 @@ class TestChatCompletion(PackageTestCase):
                            tools=[{"type": "function", "function": {"name": "f"}}])
 
 
+class TestToolCalls(PackageTestCase):
+    def test_parse_tool_calls(self):
+        text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        self.assertEqual(self.model.parse_tool_calls(text),
+                         {"content": "Sure.", "tool_calls": [{"name": "get_weather", "arguments": '{"city":"Paris"}'}]})
+        self.assertEqual(self.model.parse_tool_calls("no call"), {"content": "no call", "tool_calls": []})
+
+
 class TestLogprobs(PackageTestCase):
     """logprobs through the C ABI: values equal a float64 log-softmax of the logits
     Session.eval gives for the same tokens (teacher-forced); OpenAI / llama-cpp-python shapes."""
