@@ -1093,3 +1093,102 @@ TEST_CASE("logprobs: Session and Scheduler report the log-softmax of each step's
   CHECK(rig.sched->submit(q).wait().finish == RequestFinish::kError);
   rig.check_released();
 }
+
+TEST_CASE("submit_n: n choices compute the prompt once and share its KV pages", "[scheduler][choices]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  Rig rig(o);
+  const auto prompt = prompt_of(50, 5);  // 3 whole pages of 16 + 2 positions: the last page is shared too
+  SECTION("greedy: every choice is the solo run") {
+    auto hs = rig.sched->submit_n(greedy_request(prompt, 12), 4);
+    REQUIRE(hs.size() == 4);
+    for (size_t i = 0; i < hs.size(); ++i) {
+      const auto& r = hs[i].wait();
+      INFO("choice " << i);
+      CHECK(r.finish == RequestFinish::kLength);
+      CHECK(r.tokens == solo(prompt, 12));
+      CHECK(r.metrics.prefix_reused_tokens == (i == 0 ? 0 : 49));  // all but the last prompt token
+    }
+    // The prompt computed once. Each later choice feeds its last prompt token (for its
+    // logits) as a one-token step, which the loop counts as a decode: 11 fed tokens per
+    // choice (the 12th is sampled, never fed) + 3.
+    const auto m = rig.sched->metrics().executors[0];
+    CHECK(m.prefill_tokens == 50);
+    CHECK(m.decode_tokens == 4 * 11 + 3);
+  }
+  SECTION("sampled: choice i is the single request seeded seed + i; choices differ") {
+    Request q = greedy_request(prompt, 12);
+    q.sampling.temperature = 1.0f;
+    q.sampling.top_k = 0;
+    q.sampling.top_p = 1.0f;
+    q.sampling.min_p = 0.0f;
+    q.sampling.seed = 42;
+    auto hs = rig.sched->submit_n(q, 4);
+    std::vector<std::vector<int32_t>> outs;
+    for (auto& h : hs) outs.push_back(h.wait().tokens);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Request one = q;
+      one.sampling.seed = 42 + i;
+      INFO("choice " << i);
+      CHECK(rig.sched->submit(one).wait().tokens == outs[i]);
+      for (size_t k = 0; k < i; ++k) CHECK(outs[k] != outs[i]);
+    }
+  }
+  SECTION("cancelling every choice mid-stream releases every page") {
+    std::atomic<int> finals{0};
+    Request q = greedy_request(prompt, 200);
+    q.on_event = [&](const RequestEvent& e) {
+      if (e.final) ++finals;
+      return true;
+    };
+    auto hs = rig.sched->submit_n(q, 3);
+    RequestEvent ev;
+    std::string text;
+    while (!hs[2].poll(ev, text)) std::this_thread::sleep_for(1ms);  // the last choice decodes: all hold pages
+    for (auto& h : hs) rig.sched->cancel(h);
+    for (auto& h : hs) CHECK(h.wait().finish == RequestFinish::kCancelled);
+    CHECK(finals.load() == 3);
+  }
+  SECTION("refusals: n out of range, or n > 1 on a session") {
+    auto bad = rig.sched->submit_n(greedy_request(prompt, 4), 0);
+    REQUIRE(bad.size() == 1);
+    CHECK(bad[0].wait().finish == RequestFinish::kError);
+    CHECK(bad[0].wait().error == ErrorCode::kInvalidArgument);
+    Request s = greedy_request(prompt, 4);
+    s.session = rig.sched->open_session();
+    auto hs = rig.sched->submit_n(s, 2);
+    REQUIRE(hs.size() == 1);
+    CHECK(hs[0].wait().error == ErrorCode::kInvalidArgument);
+    rig.sched->close_session(s.session);
+    Rig::Opt q;
+    q.n_exec = 1;
+    q.max_queued = 2;
+    Rig small(q);
+    auto many = small.sched->submit_n(greedy_request(prompt, 4), 3);  // can never be queued at once
+    REQUIRE(many.size() == 3);
+    for (auto& h : many) CHECK(h.wait().error == ErrorCode::kInvalidArgument);
+    small.check_released();
+  }
+  rig.check_released();
+}
+
+TEST_CASE("submit_n on cpu+cpu: a routing that hands long prompts off still computes the prompt once",
+          "[scheduler][choices]") {
+  Rig::Opt o;
+  o.routing.long_prompt_tokens = 30;  // as the lifecycle test: 50-token prompts would be handed off
+  o.routing.decode_scarce_fraction = 0.0;
+  Rig rig(o);
+  const auto prompt = prompt_of(50, 6);
+  auto hs = rig.sched->submit_n(greedy_request(prompt, 10), 3);
+  for (size_t i = 0; i < hs.size(); ++i) {
+    const auto& r = hs[i].wait();
+    INFO("choice " << i);
+    CHECK(r.tokens == solo(prompt, 10));
+    CHECK(r.metrics.prefix_reused_tokens == (i == 0 ? 0 : 49));
+    CHECK(r.metrics.migrations == 0);
+  }
+  const auto m = rig.sched->metrics();
+  CHECK(m.executors[0].prefill_tokens + m.executors[1].prefill_tokens == 50);
+  CHECK(m.migrations == 0);
+  rig.check_released();
+}

@@ -618,6 +618,17 @@ TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* param
 TANDEM_API tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_request_params* params,
                                                  tandem_request** out_request);
 
+/* n choices of one prompt (OpenAI's `n`): n requests, out_requests[i] choice i (an array
+ * of n handles, each freed with tandem_request_free). The prompt is computed once: choice 0
+ * prefills it, the others wait for it and share its KV pages (only the last prompt token
+ * is recomputed per choice, for its logits). Choice i samples with seed params->sampling
+ * seed + i (mod 2^64); each request streams, finishes and is cancelled on its own. n == 1
+ * is tandem_scheduler_submit. Errors as tandem_scheduler_submit, plus TANDEM_E_INVALID_ARG
+ * for n outside [1, 128] or n > 1 with a session; on failure every out_requests[i] is NULL.
+ * Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_submit_n(tandem_scheduler* scheduler, const tandem_request_params* params,
+                                                   uint32_t n, tandem_request** out_requests);
+
 /* Stop accepting requests (later submissions finish with TANDEM_FINISH_OVERLOADED) and
  * block until every submitted request has finished. Thread-safe. */
 TANDEM_API tandem_status tandem_scheduler_drain(tandem_scheduler* scheduler);
@@ -870,6 +881,19 @@ TANDEM_API tandem_status tandem_chat_apply_template(const tandem_model* model, c
  * Thread-safe. */
 TANDEM_API tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const char* request_json,
                                                            int32_t* tokens, size_t capacity, size_t* out_n_tokens);
+
+/* Tool calls (OpenAI `tools`) in generated text, split off in the format the model's chat
+ * template asks for: <tool_call>{"name", "arguments"}</tool_call> blocks (Qwen, Hermes, and
+ * templates that do not render tools, e.g. SmolLM2's), or the whole message as {"name",
+ * "parameters"} objects, optionally after <|python_tag|> (Llama 3.x). Writes the JSON
+ * object {"content": the text outside the calls (trimmed) or null when that is empty,
+ * "tool_calls": [{"name", "arguments": the arguments object as JSON text}]}; text without a
+ * well-formed call gives {"content": the text unchanged, "tool_calls": []}. A call whose JSON
+ * does not parse stays in the content. Invalid UTF-8 is written as U+FFFD. Buffer rules as
+ * tandem_detokenize. Errors: TANDEM_E_INVALID_ARG (NULL text or out_len),
+ * TANDEM_E_INVALID_HANDLE, TANDEM_E_BUFFER_TOO_SMALL. Thread-safe. */
+TANDEM_API tandem_status tandem_chat_parse_tool_calls(const tandem_model* model, const char* text, char* buf,
+                                                      size_t capacity, size_t* out_len);
 
 /* ---- stopping a generation from another thread ---------------------------------------- */
 

@@ -1174,6 +1174,59 @@ tandem_status tandem_scheduler_free(tandem_scheduler* scheduler) {
   });
 }
 
+namespace {
+
+/// tandem_request_params -> a Scheduler request (without its callback); throws the C
+/// ABI's errors naming `fn`.
+Request request_from_params(const SchedulerObj& s, const tandem_request_params* params, const char* fn) {
+  const SchedulerObj* sc = &s;
+  require(params, fn, "params");
+  tandem_request_params p = default_request_params();
+  read_struct(params, kRequestParamsV01, p, fn, "tandem_request_params");
+  check_flags(p.flags, kGenerateFlags, fn);
+  if (p.max_tokens < 1) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: max_tokens {} must be >= 1", fn, p.max_tokens));
+  if (p.deadline_ms < 0) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: deadline_ms {} must be >= 0 (0 = none)", fn, p.deadline_ms));
+  }
+  if (p.sla < TANDEM_SLA_INTERACTIVE || p.sla > TANDEM_SLA_BATCH) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: sla {} is not a tandem_sla_class (0..2)", fn, p.sla));
+  }
+  Request r;
+  if (p.prompt_tokens != nullptr) {
+    if (p.n_prompt_tokens == 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_prompt_tokens is 0", fn));
+    check_count(p.n_prompt_tokens, fn, "n_prompt_tokens");
+    const int32_t n_vocab = sc->model->model->hparams().n_vocab;
+    for (size_t i = 0; i < p.n_prompt_tokens; ++i) {
+      const int32_t id = p.prompt_tokens[i];
+      if (id < 0 || id >= n_vocab) {
+        fail(TANDEM_E_INVALID_ARG,
+             fmt::format("{}: prompt_tokens[{}] = {} is outside the vocabulary [0, {})", fn, i, id, n_vocab));
+      }
+    }
+    r.prompt_ids.assign(p.prompt_tokens, p.prompt_tokens + p.n_prompt_tokens);
+  } else {
+    if (p.n_prompt_tokens != 0) {
+      fail(TANDEM_E_INVALID_ARG,
+           fmt::format("{}: prompt_tokens is NULL but n_prompt_tokens is {}", fn, p.n_prompt_tokens));
+    }
+    if (p.prompt == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt and prompt_tokens are NULL", fn));
+    r.prompt_text = p.prompt;
+    check_utf8(r.prompt_text, fn, "the prompt");
+  }
+  r.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
+  r.ignore_eos = (p.flags & TANDEM_GENERATE_IGNORE_EOS) != 0;
+  r.sampling = to_sampling(p.sampling, fn);
+  r.max_tokens = p.max_tokens;
+  r.stop = read_stops(p.stop, p.n_stop, fn);
+  r.sla = static_cast<SlaClass>(p.sla);
+  if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
+  r.session = p.session;
+  r.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
+  return r;
+}
+
+}  // namespace
+
 tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_request_params* params,
                                       tandem_request** out_request) {
   static constexpr const char* fn = "tandem_scheduler_submit";
@@ -1181,48 +1234,7 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
   return guard([&] {
     require(out_request, fn, "out_request");
     auto sc = get_scheduler(scheduler, fn);
-    require(params, fn, "params");
-    tandem_request_params p = default_request_params();
-    read_struct(params, kRequestParamsV01, p, fn, "tandem_request_params");
-    check_flags(p.flags, kGenerateFlags, fn);
-    if (p.max_tokens < 1) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: max_tokens {} must be >= 1", fn, p.max_tokens));
-    if (p.deadline_ms < 0) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: deadline_ms {} must be >= 0 (0 = none)", fn, p.deadline_ms));
-    }
-    if (p.sla < TANDEM_SLA_INTERACTIVE || p.sla > TANDEM_SLA_BATCH) {
-      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: sla {} is not a tandem_sla_class (0..2)", fn, p.sla));
-    }
-    Request r;
-    if (p.prompt_tokens != nullptr) {
-      if (p.n_prompt_tokens == 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n_prompt_tokens is 0", fn));
-      check_count(p.n_prompt_tokens, fn, "n_prompt_tokens");
-      const int32_t n_vocab = sc->model->model->hparams().n_vocab;
-      for (size_t i = 0; i < p.n_prompt_tokens; ++i) {
-        const int32_t id = p.prompt_tokens[i];
-        if (id < 0 || id >= n_vocab) {
-          fail(TANDEM_E_INVALID_ARG,
-               fmt::format("{}: prompt_tokens[{}] = {} is outside the vocabulary [0, {})", fn, i, id, n_vocab));
-        }
-      }
-      r.prompt_ids.assign(p.prompt_tokens, p.prompt_tokens + p.n_prompt_tokens);
-    } else {
-      if (p.n_prompt_tokens != 0) {
-        fail(TANDEM_E_INVALID_ARG,
-             fmt::format("{}: prompt_tokens is NULL but n_prompt_tokens is {}", fn, p.n_prompt_tokens));
-      }
-      if (p.prompt == nullptr) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt and prompt_tokens are NULL", fn));
-      r.prompt_text = p.prompt;
-      check_utf8(r.prompt_text, fn, "the prompt");
-    }
-    r.parse_special = (p.flags & TANDEM_GENERATE_PARSE_SPECIAL) != 0;
-    r.ignore_eos = (p.flags & TANDEM_GENERATE_IGNORE_EOS) != 0;
-    r.sampling = to_sampling(p.sampling, fn);
-    r.max_tokens = p.max_tokens;
-    r.stop = read_stops(p.stop, p.n_stop, fn);
-    r.sla = static_cast<SlaClass>(p.sla);
-    if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
-    r.session = p.session;
-    r.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
+    Request r = request_from_params(*sc, params, fn);
     auto obj = std::make_shared<RequestObj>();
     r.on_event = [signal = obj->signal](const RequestEvent&) {
       {
@@ -1235,6 +1247,44 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
     obj->scheduler = sc;
     obj->handle = sc->scheduler->submit(std::move(r));  // kInvalidArgument after shutdown
     *out_request = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, std::move(obj)));
+  });
+}
+
+tandem_status tandem_scheduler_submit_n(tandem_scheduler* scheduler, const tandem_request_params* params, uint32_t n,
+                                        tandem_request** out_requests) {
+  static constexpr const char* fn = "tandem_scheduler_submit_n";
+  if (out_requests != nullptr) {
+    for (uint32_t i = 0; i < n && i <= uint32_t(Scheduler::kMaxChoices); ++i) out_requests[i] = nullptr;
+  }
+  return guard([&] {
+    require(out_requests, fn, "out_requests");
+    if (n < 1 || n > uint32_t(Scheduler::kMaxChoices)) {
+      fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n {} must be in [1, {}]", fn, n, Scheduler::kMaxChoices));
+    }
+    auto sc = get_scheduler(scheduler, fn);
+    Request r = request_from_params(*sc, params, fn);
+    if (n > 1 && r.session != 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: n > 1 cannot continue a session", fn));
+    std::vector<std::shared_ptr<RequestObj>> objs;
+    for (uint32_t i = 0; i < n; ++i) {
+      objs.push_back(std::make_shared<RequestObj>());
+      objs.back()->scheduler = sc;
+    }
+    std::vector<std::shared_ptr<EventSignal>> signals;
+    for (const auto& o : objs) signals.push_back(o->signal);
+    r.on_event = [signals = std::move(signals)](const RequestEvent& e) {
+      EventSignal& signal = *signals[size_t(e.choice)];
+      {
+        std::lock_guard<std::mutex> lock(signal.mu);
+        ++signal.seq;
+      }
+      signal.cv.notify_all();
+      return true;
+    };
+    auto handles = sc->scheduler->submit_n(std::move(r), int32_t(n));  // kInvalidArgument after shutdown
+    for (uint32_t i = 0; i < n; ++i) {
+      objs[i]->handle = handles[i];
+      out_requests[i] = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, objs[i]));
+    }
   });
 }
 

@@ -8,6 +8,7 @@
 #include "capi_internal.hpp"
 #include "tandem/gguf/gguf.hpp"
 #include "tandem/template/chat_template.hpp"
+#include "tandem/template/tool_calls.hpp"
 
 using namespace tandem;
 using namespace tandem::capi;
@@ -216,6 +217,24 @@ tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const
                                                                       r.add_generation_prompt, r.tools, r.kwargs);
     *out_n_tokens = ids.size();
     if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
+  });
+}
+
+tandem_status tandem_chat_parse_tool_calls(const tandem_model* model, const char* text, char* buf, size_t capacity,
+                                           size_t* out_len) {
+  static constexpr const char* fn = "tandem_chat_parse_tool_calls";
+  return guard([&] {
+    auto m = get_model(model, fn);
+    require(text, fn, "text");
+    require(out_len, fn, "out_len");
+    const ToolPrompt tp = tool_prompt_for_template(m->model->tokenizer().chat_template());
+    const ParsedToolCalls p = parse_tool_calls(text, tp.format);
+    nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+    for (const auto& c : p.calls) calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+    const nlohmann::ordered_json out = {
+        {"content", p.content.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(p.content)},
+        {"tool_calls", std::move(calls)}};
+    write_text(out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace), buf, capacity, out_len, fn);
   });
 }
 

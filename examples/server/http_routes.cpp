@@ -279,7 +279,7 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
           const json body = parse_body(raw);
           const std::string sla = req.get_header_value("x-tandem-sla");
           GenerationSpec spec =
-              chat ? parse_chat_request(body, st.info, sla) : parse_completion_request(body, st.info, sla);
+              chat ? parse_chat_request(body, st.info, sla, raw) : parse_completion_request(body, st.info, sla);
           run_generation(st, std::move(spec), res, endpoint);
         });
   };

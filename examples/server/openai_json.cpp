@@ -3,9 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "tandem/core/error.hpp"
 
@@ -117,11 +119,14 @@ std::vector<int32_t> token_ids(const json& arr, const std::string& param, const 
 void parse_common(const json& body, const ModelInfo& info, std::string_view sla_header, GenerationSpec& s) {
   check_model(body, info);
   s.model = info.names.front();
-  if (const auto n = integer(body, "n"); n && *n != 1) {
-    throw ApiError(400, "only n = 1 is supported", "n", "unsupported_value");
+  if (const auto n = integer(body, "n")) {
+    if (*n < 1 || *n > Scheduler::kMaxChoices) {
+      bad("n", fmt::format("'n' must be in [1, {}], got {}", Scheduler::kMaxChoices, *n));
+    }
+    s.n = int32_t(*n);
   }
-  if (const auto best_of = integer(body, "best_of"); best_of && *best_of != 1) {
-    throw ApiError(400, "only best_of = 1 is supported", "best_of", "unsupported_value");
+  if (const auto best_of = integer(body, "best_of"); best_of && *best_of != s.n) {  // vLLM: best_of == n only
+    throw ApiError(400, "best_of is supported only equal to n", "best_of", "unsupported_value");
   }
   if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty())) {
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_parameter");
@@ -140,8 +145,8 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
     }
     s.logprobs = int32_t(*n);
   }
-  if (const json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty())) {
-    throw ApiError(400, "tools are not supported", "tools", "unsupported_parameter");
+  if (const json* tools = field(body, "tools"); !s.chat && tools && !(tools->is_array() && tools->empty())) {
+    throw ApiError(400, "tools are a chat completions parameter", "tools", "unsupported_parameter");
   }
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text") {
@@ -278,13 +283,104 @@ void check_model(const json& body, const ModelInfo& info) {
                  "model", "model_not_found");
 }
 
-GenerationSpec parse_chat_request(const json& body, const ModelInfo& info, std::string_view sla_header) {
+namespace {
+
+/// The request names tools, a tool choice, or carries tool calls or tool results.
+bool uses_tools(const json& body, const json& msgs) {
+  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty())) return true;
+  if (field(body, "tool_choice") || field(body, "parallel_tool_calls")) return true;
+  return std::any_of(msgs.begin(), msgs.end(), [](const json& m) {
+    return m.is_object() && (m.value("role", "") == "tool" || m.contains("tool_calls"));
+  });
+}
+
+/// The tool path of parse_chat_request: validates tools / tool_choice / messages, renders
+/// the prompt, and says how to parse the output.
+void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, GenerationSpec& s) {
+  const nlohmann::ordered_json ordered =
+      raw.empty() ? nlohmann::ordered_json::parse(body.dump()) : nlohmann::ordered_json::parse(raw);
+  nlohmann::ordered_json tools = ordered.value("tools", nlohmann::ordered_json());
+  if (tools.is_null()) tools = nlohmann::ordered_json::array();
+  if (!tools.is_array()) bad_type("tools", body["tools"], "an array");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const auto& t = tools[i];
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+      bad(fmt::format("tools[{}]", i), "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (const auto p = t["function"].find("parameters"); p != t["function"].end() && !p->is_object()) {
+      bad(fmt::format("tools[{}].function.parameters", i), "'parameters' must be a JSON schema object");
+    }
+  }
+  std::string choice = tools.empty() ? "none" : "auto";
+  std::optional<std::string> forced_name;
+  if (const json* tc = field(body, "tool_choice")) {
+    if (tc->is_string()) {
+      choice = tc->get<std::string>();
+      if (choice != "none" && choice != "auto" && choice != "required") {
+        bad("tool_choice", fmt::format("'tool_choice' must be none, auto, required or a function, got '{}'", choice));
+      }
+    } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+               (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
+               (*tc)["function"]["name"].is_string()) {
+      choice = "function";
+      forced_name = (*tc)["function"]["name"].get<std::string>();
+      const bool known =
+          std::any_of(tools.begin(), tools.end(), [&](const auto& t) { return t["function"]["name"] == *forced_name; });
+      if (!known) bad("tool_choice", fmt::format("tool_choice names '{}', which is not in tools", *forced_name));
+    } else {
+      bad_type("tool_choice", *tc, "a string or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+    if (choice != "none" && tools.empty()) bad("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (choice == "required" && tools.size() == 1) forced_name = tools[0]["function"]["name"].get<std::string>();
+  const bool parallel = boolean(body, "parallel_tool_calls", true);
+  const bool use = choice != "none";
+  const nlohmann::ordered_json no_tools = nullptr;
+  const nlohmann::ordered_json& messages = ordered["messages"];
+  try {
+    if (info.tool_prompt.template_renders_tools) {
+      s.prompt_ids = info.chat_template->tokenize_json(*info.tokenizer, messages, /*add_generation_prompt=*/true,
+                                                       use ? tools : no_tools);
+    } else {
+      s.prompt_ids = info.chat_template->tokenize_json(
+          *info.tokenizer, hermes_tool_messages(messages, use ? tools : nlohmann::ordered_json::array()), true);
+    }
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
+    throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()), "messages",
+                   std::string(error_code_name(e.code())));
+  }
+  if (!use) return;
+  GenerationSpec::Tools t;
+  t.format = info.tool_prompt.format;
+  t.parallel = parallel;
+  if (choice == "required" || choice == "function") {
+    t.prefix = forced_call_prefix(t.format, forced_name);
+    const auto ids = info.tokenizer->tokenize(t.prefix, /*add_special=*/false, /*parse_special=*/true);
+    s.prompt_ids.insert(s.prompt_ids.end(), ids.begin(), ids.end());
+  }
+  s.tools = std::move(t);
+}
+
+}  // namespace
+
+GenerationSpec parse_chat_request(const json& body, const ModelInfo& info, std::string_view sla_header,
+                                  std::string_view raw) {
   GenerationSpec s;
   s.chat = true;
   const json* msgs = field(body, "messages");
   if (!msgs) bad("messages", "'messages' is required");
   if (!msgs->is_array()) bad_type("messages", *msgs, "an array");
   if (msgs->empty()) bad("messages", "'messages' must not be empty");
+  if (uses_tools(body, *msgs)) {
+    parse_tools(body, info, raw, s);
+    parse_common(body, info, sla_header, s);
+    if (s.tools && !s.tools->prefix.empty() && !s.tools->parallel && s.tools->format == ToolCallFormat::kHermes) {
+      s.stop.push_back("</tool_call>");  // one forced call: stop at its end
+    }
+    return s;
+  }
   std::vector<ChatMessage> conv;
   conv.reserve(msgs->size());
   for (size_t i = 0; i < msgs->size(); ++i) {
@@ -429,35 +525,65 @@ json logprobs_json(const GenerationSpec& spec, const Tokenizer& tok, std::span<c
           {"text_offset", std::move(offsets)}};
 }
 
-json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created, const std::string& text,
-                     RequestFinish finish, int32_t prompt_tokens, int32_t completion_tokens, json logprobs) {
-  json j = envelope(spec, id, created, false);
-  json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish_reason_name(finish)}};
-  if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
-  if (spec.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+json tool_calls_json(std::span<const ToolCall> calls, bool with_index) {
+  static constexpr std::string_view kAlnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    std::string id = "call_";
+    for (int k = 0; k < 24; ++k) id += kAlnum[rng() % kAlnum.size()];
+    json c = {
+        {"id", id}, {"type", "function"}, {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
   }
-  j["choices"] = json::array({choice});
+  return out;
+}
+
+json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created,
+                     std::span<const ChoiceResult> choices, int32_t prompt_tokens, int32_t completion_tokens) {
+  json j = envelope(spec, id, created, false);
+  j["choices"] = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceResult& c = choices[i];
+    const bool called = c.parsed && !c.parsed->calls.empty();
+    json choice = {{"index", i},
+                   {"logprobs", c.logprobs},
+                   {"finish_reason", called ? std::string_view("tool_calls") : finish_reason_name(c.finish)}};
+    if (c.finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
+    if (spec.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (called) {
+        choice["message"]["content"] = c.parsed->content.empty() ? json(nullptr) : json(c.parsed->content);
+        choice["message"]["tool_calls"] = tool_calls_json(c.parsed->calls, false);
+      }
+    } else {
+      choice["text"] = c.text;
+    }
+    j["choices"].push_back(std::move(choice));
+  }
   j["usage"] = usage(prompt_tokens, completion_tokens);
   return j;
 }
 
-json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
-                  bool role_only, std::optional<RequestFinish> finish, json logprobs) {
+json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t index,
+                  std::string_view text, bool role_only, std::optional<RequestFinish> finish, json logprobs,
+                  json tool_calls, bool tools_called) {
   json j = envelope(spec, id, created, true);
-  json choice = {{"index", 0}, {"logprobs", std::move(logprobs)}};
-  choice["finish_reason"] = finish ? json(finish_reason_name(*finish)) : json(nullptr);
+  json choice = {{"index", index}, {"logprobs", std::move(logprobs)}};
+  choice["finish_reason"] = !finish        ? json(nullptr)
+                            : tools_called ? json("tool_calls")
+                                           : json(finish_reason_name(*finish));
   if (finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
   if (spec.chat) {
     json delta = json::object();
     if (role_only) {
       delta["role"] = "assistant";
       delta["content"] = "";
-    } else if (!text.empty() || !finish) {
+    } else if (!text.empty() || (!finish && tool_calls.is_null())) {
       delta["content"] = text;
     }
+    if (!tool_calls.is_null()) delta["tool_calls"] = std::move(tool_calls);
     choice["delta"] = delta;
   } else {
     choice["text"] = text;

@@ -20,6 +20,7 @@
 #include "tandem/sched/scheduler.hpp"
 #include "tandem/session/sampler.hpp"
 #include "tandem/template/chat_template.hpp"
+#include "tandem/template/tool_calls.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
 namespace tandem::server {
@@ -47,6 +48,7 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
   int32_t n_ctx = 0;               ///< positions per sequence
+  ToolPrompt tool_prompt;          ///< the template's tool-call format (tool_prompt_for_template)
   std::vector<std::string> names;  ///< accepted `model` values (alias first)
 };
 
@@ -66,6 +68,23 @@ struct GenerationSpec {
   /// -1: no logprobs; 0 .. kMaxTopLogprobs: each token's log-probability and this many
   /// alternatives (chat: `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
   int32_t logprobs = -1;
+  int32_t n = 1;  ///< choices (`n`, 1..Scheduler::kMaxChoices): choice i samples with seed + i
+  /// Chat with `tools` (tool_choice not "none"): the output is parsed for tool calls.
+  struct Tools {
+    ToolCallFormat format = ToolCallFormat::kHermes;
+    std::string prefix;    ///< a forced call's opening (forced_call_prefix), already in the prompt
+    bool parallel = true;  ///< parallel_tool_calls: false keeps the first call only
+  };
+  std::optional<Tools> tools;
+};
+
+/// One finished choice: its text (a forced call's prefix included), finish, logprobs (or
+/// null) and the tool calls parsed from the text (`content` the rest).
+struct ChoiceResult {
+  std::string text;
+  RequestFinish finish = RequestFinish::kLength;
+  nlohmann::json logprobs;
+  std::optional<ParsedToolCalls> parsed;  ///< set when GenerationSpec::tools
 };
 
 /// Parse a body as JSON (ApiError 400 for malformed JSON or a non-object).
@@ -73,8 +92,19 @@ nlohmann::json parse_body(std::string_view body);
 /// Check `model` (absent is accepted, an unknown name -> ApiError 404).
 void check_model(const nlohmann::json& body, const ModelInfo& info);
 
-/// POST /v1/chat/completions. `sla_header`: the x-tandem-sla header ("" = absent).
-GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
+/// POST /v1/chat/completions. `sla_header`: the x-tandem-sla header ("" = absent). `raw`:
+/// the body's text, whose key order the template sees when it renders `tools` and tool
+/// calls (as transformers renders the client's dicts); "" = `body`'s order.
+///
+/// Tools: `tools` (function tools), `tool_choice` ("none": tools neither rendered nor parsed,
+/// as vLLM; "auto", the default with tools; "required" or {"type": "function", "function":
+/// {"name"}}: the prompt ends with the opening of a call, forced_call_prefix, so the model
+/// continues inside one; no grammar enforces it yet, see forced_tool_call_schema),
+/// `parallel_tool_calls` (false: the first call only). The model's own template renders the
+/// tools and earlier tool_calls / tool messages when it knows them (ModelInfo::tool_prompt),
+/// else hermes_tool_messages() rewrites the conversation for it.
+GenerationSpec parse_chat_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header,
+                                  std::string_view raw = {});
 /// POST /v1/completions: `prompt` a string (special tokens parsed), token ids, or a
 /// one-element list of either; a batch of several prompts is refused (400).
 GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelInfo& info, std::string_view sla_header);
@@ -95,16 +125,24 @@ std::string_view finish_reason_name(RequestFinish f) noexcept;
 nlohmann::json logprobs_json(const GenerationSpec& spec, const Tokenizer& tok, std::span<const TokenLogprob> entries,
                              size_t& text_offset);
 
-/// The non-streaming response (chat.completion or text_completion). `logprobs`: the
-/// choice's logprobs (logprobs_json) or null.
+/// The non-streaming response (chat.completion or text_completion), one choice per entry
+/// (`index` = position). A chat choice with tool calls: message.content the text outside the
+/// calls (null when none), message.tool_calls (tool_calls_json), finish_reason "tool_calls".
+/// `usage`: the prompt counted once, the completion tokens of all choices together.
 nlohmann::json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created,
-                               const std::string& text, RequestFinish finish, int32_t prompt_tokens,
-                               int32_t completion_tokens, nlohmann::json logprobs = nullptr);
-/// One streaming chunk: `text` (delta content), `role_only` (the chat's opening chunk with
-/// the assistant role), `finish` (the last choice chunk; text may be empty), `logprobs` the
-/// entries of the tokens this chunk accounts for (see sse_stream.hpp) or null.
-nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, std::string_view text,
-                            bool role_only, std::optional<RequestFinish> finish, nlohmann::json logprobs = nullptr);
+                               std::span<const ChoiceResult> choices, int32_t prompt_tokens, int32_t completion_tokens);
+/// One streaming chunk of choice `index`: `text` (delta content), `role_only` (the chat's
+/// opening chunk with the assistant role), `finish` (the last choice chunk; text may be
+/// empty), `logprobs` the entries of the tokens this chunk accounts for (see sse_stream.hpp)
+/// or null, `tool_calls` a delta's tool_calls array or null, `tools_called` (with `finish`):
+/// finish_reason "tool_calls".
+nlohmann::json stream_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t index,
+                            std::string_view text, bool role_only, std::optional<RequestFinish> finish,
+                            nlohmann::json logprobs = nullptr, nlohmann::json tool_calls = nullptr,
+                            bool tools_called = false);
+/// OpenAI's tool_calls array: {"id": "call_" + 24 random alphanumerics, "type": "function",
+/// "function": {"name", "arguments"}}; `with_index` adds each call's "index" (stream deltas).
+nlohmann::json tool_calls_json(std::span<const ToolCall> calls, bool with_index);
 /// The usage-only chunk sent last when stream_options.include_usage (choices empty).
 nlohmann::json usage_chunk(const GenerationSpec& spec, const std::string& id, int64_t created, int32_t prompt_tokens,
                            int32_t completion_tokens);

@@ -114,4 +114,11 @@ RequestHandle ServingEngine::submit(Request r, RouteInfo& route) {
   return h;
 }
 
+std::vector<RequestHandle> ServingEngine::submit_n(Request r, int32_t n, RouteInfo& route) {
+  t_last_route = {};
+  std::vector<RequestHandle> hs = scheduler_->submit_n(std::move(r), n);
+  route = std::move(t_last_route);
+  return hs;
+}
+
 }  // namespace tandem::server

@@ -61,6 +61,8 @@ class ServingEngine {
   ~ServingEngine();
 
   RequestHandle submit(Request r, RouteInfo& route);
+  /// n choices of one prompt (Scheduler::submit_n): one handle per choice, one route.
+  std::vector<RequestHandle> submit_n(Request r, int32_t n, RouteInfo& route);
   void cancel(const RequestHandle& h) noexcept { scheduler_->cancel(h); }
   SchedulerMetrics metrics() const { return scheduler_->metrics(); }
   /// Cancel everything outstanding and stop the step loops.

@@ -25,16 +25,17 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-/// Events copied out of the Scheduler's callback for the HTTP worker.
+/// Events copied out of the Scheduler's callbacks (every choice's) for the HTTP worker.
 class EventChannel {
  public:
   struct Piece {
+    int32_t index = 0;  ///< the choice
     std::string text;
     bool final = false;
     std::optional<TokenLogprob> logprob;  ///< with Request::logprobs >= 0, on a token's event
   };
-  void push(const RequestEvent& e) {
-    Piece p{std::string(e.text), e.final, std::nullopt};
+  void push(int32_t index, const RequestEvent& e) {
+    Piece p{index, std::string(e.text), e.final, std::nullopt};
     if (e.logprob != nullptr) p.logprob = *e.logprob;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -62,20 +63,34 @@ struct Job {
   std::string id;
   int64_t created = 0;
   std::string endpoint;
-  RequestHandle handle;
+  std::vector<RequestHandle> handles;  ///< one per choice (index i)
   RouteInfo route;
   std::shared_ptr<EventChannel> channel = std::make_shared<EventChannel>();
   std::atomic<bool> finished{false};
 };
 
-int32_t completion_tokens(const RequestResult& r) {
-  return int32_t(r.tokens.size());
+int32_t completion_tokens(const std::vector<RequestResult>& rs) {
+  int32_t n = 0;
+  for (const auto& r : rs) n += int32_t(r.tokens.size());
+  return n;
+}
+
+void cancel_all(ServerState& st, Job& job) {
+  for (const auto& h : job.handles) st.engine->cancel(h);
+}
+
+/// Every choice's result (waits for each: its KV pages are released then).
+std::vector<RequestResult> wait_all(const Job& job) {
+  std::vector<RequestResult> rs;
+  for (const auto& h : job.handles) rs.push_back(h.wait());
+  return rs;
 }
 
 /// Once per submitted request: metrics, the request log line, the in-flight count.
-void finish_job(ServerState& st, Job& job, const RequestResult& r, int status, std::string_view note) {
+void finish_job(ServerState& st, Job& job, const std::vector<RequestResult>& rs, int status, std::string_view note) {
   if (job.finished.exchange(true)) return;
-  st.metrics->observe(r.metrics, r.finish);
+  for (const auto& r : rs) st.metrics->observe(r.metrics, r.finish);
+  const RequestResult& r = rs.front();
   json f = {{"id", job.id},
             {"endpoint", job.endpoint},
             {"status", status},
@@ -87,12 +102,18 @@ void finish_job(ServerState& st, Job& job, const RequestResult& r, int status, s
             {"route_reason", job.route.reason},
             {"finish_reason", request_finish_name(r.finish)},
             {"prompt_tokens", job.spec.prompt_ids.size()},
-            {"completion_tokens", completion_tokens(r)},
+            {"completion_tokens", completion_tokens(rs)},
             {"ttft_s", r.metrics.ttft_s},
             {"tpot_s", r.metrics.tpot_s},
             {"e2e_s", r.metrics.e2e_s}};
+  if (rs.size() > 1) f["n"] = rs.size();
   if (!note.empty()) f["note"] = note;
-  if (!r.message.empty()) f["error"] = r.message;
+  for (const auto& x : rs) {
+    if (!x.message.empty()) {
+      f["error"] = x.message;
+      break;
+    }
+  }
   st.log.write("info", "request", std::move(f));
   st.in_flight.fetch_sub(1);
 }
@@ -113,6 +134,22 @@ bool answered(RequestFinish f) {
          f == RequestFinish::kTimeout;
 }
 
+/// The first choice that ended without an answer, or null.
+const RequestResult* unanswered(const std::vector<RequestResult>& rs) {
+  for (const auto& r : rs) {
+    if (!answered(r.finish)) return &r;
+  }
+  return nullptr;
+}
+
+/// A choice's text parsed for tool calls (GenerationSpec::tools): the forced call's prefix
+/// first; parallel_tool_calls false keeps the first call.
+ParsedToolCalls parse_calls(const GenerationSpec& spec, std::string_view text) {
+  ParsedToolCalls p = parse_tool_calls(text, spec.tools->format);
+  if (!spec.tools->parallel && p.calls.size() > 1) p.calls.resize(1);
+  return p;
+}
+
 std::string header_value(std::string_view v) {
   std::string out;
   for (const char c : v) out += (c == '\r' || c == '\n') ? ' ' : c;
@@ -124,59 +161,96 @@ bool write_event(httplib::DataSink& sink, const json& j) {
   return sink.write(s.data(), s.size());
 }
 
-/// The SSE body: returns false (and cancels the request) when the client went away.
+/// One choice's streaming state.
+struct ChoiceStream {
+  std::vector<TokenLogprob> pending;  ///< logprob entries since the last chunk with text
+  size_t text_offset = 0;
+  std::string text;  ///< with tools: the forced prefix and everything generated so far
+  size_t sent = 0;   ///< with tools: bytes of `text` sent as content (the rest may be a call)
+};
+
+/// The SSE body: returns false (and cancels every choice) when the client went away.
+/// Choices' chunks interleave as their tokens arrive, each with its `index`.
 bool stream_body(ServerState& st, Job& job, httplib::DataSink& sink) {
   const GenerationSpec& spec = job.spec;
   const auto abort = [&](std::string_view why) {
-    st.engine->cancel(job.handle);
-    const RequestResult r = job.handle.wait();  // terminal: its KV pages are released
-    finish_job(st, job, r, 499, why);
+    cancel_all(st, job);
+    finish_job(st, job, wait_all(job), 499, why);  // terminal: their KV pages are released
     return false;
   };
-  if (spec.chat && !write_event(sink, stream_chunk(spec, job.id, job.created, "", true, std::nullopt))) {
-    return abort("client disconnected");
+  const int32_t n = int32_t(job.handles.size());
+  std::vector<ChoiceStream> cs(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    if (spec.chat && !write_event(sink, stream_chunk(spec, job.id, job.created, i, "", true, std::nullopt))) {
+      return abort("client disconnected");
+    }
+    if (spec.tools) cs[size_t(i)].text = spec.tools->prefix;
   }
-  // Logprobs: the entries of the tokens since the last chunk that carried text.
-  std::vector<TokenLogprob> pending;
-  size_t text_offset = 0;
-  const auto take_logprobs = [&]() -> json {
-    if (spec.logprobs < 0 || pending.empty()) return nullptr;
-    json j = logprobs_json(spec, *st.info.tokenizer, pending, text_offset);
-    pending.clear();
+  const auto take_logprobs = [&](ChoiceStream& c) -> json {
+    if (spec.logprobs < 0 || c.pending.empty()) return nullptr;
+    json j = logprobs_json(spec, *st.info.tokenizer, c.pending, c.text_offset);
+    c.pending.clear();
     return j;
   };
-  for (;;) {
+  int32_t open = n;
+  while (open > 0) {
     EventChannel::Piece p;
     if (!job.channel->pop(p, std::chrono::milliseconds(1000))) {
       static constexpr std::string_view kPing = ": keep-alive\n\n";
       if (!sink.write(kPing.data(), kPing.size())) return abort("client disconnected");
       continue;
     }
-    if (p.logprob) pending.push_back(*p.logprob);
-    if (!p.text.empty() &&
-        !write_event(sink, stream_chunk(spec, job.id, job.created, p.text, false, std::nullopt, take_logprobs()))) {
+    ChoiceStream& c = cs[size_t(p.index)];
+    if (p.logprob) c.pending.push_back(*p.logprob);
+    std::string_view out = p.text;
+    if (spec.tools) {  // content streams; from a possible call's start on, text is held
+      c.text += p.text;
+      const size_t hold = std::max(c.sent, tool_call_start(c.text, spec.tools->format));
+      out = std::string_view(c.text).substr(c.sent, hold - c.sent);
+      c.sent = hold;
+    }
+    if (!out.empty() && !write_event(sink, stream_chunk(spec, job.id, job.created, p.index, out, false, std::nullopt,
+                                                        take_logprobs(c)))) {
       return abort("client disconnected");
     }
     if (!p.final) continue;
-    const RequestResult r = job.handle.wait();
-    int status = 200;
-    if (answered(r.finish)) {
-      write_event(sink, stream_chunk(spec, job.id, job.created, "", false, r.finish, take_logprobs()));
-      if (spec.include_usage) {
-        write_event(sink,
-                    usage_chunk(spec, job.id, job.created, int32_t(spec.prompt_ids.size()), completion_tokens(r)));
-      }
-    } else {
+    --open;
+    const RequestResult& r = job.handles[size_t(p.index)].wait();
+    if (!answered(r.finish)) {  // one choice failed: the request fails
+      cancel_all(st, job);
+      const auto rs = wait_all(job);
       const ApiError e = error_of(r);
-      status = e.status();
       write_event(sink, e.body());
+      static constexpr std::string_view kDone = "data: [DONE]\n\n";
+      sink.write(kDone.data(), kDone.size());
+      finish_job(st, job, rs, e.status(), "");
+      sink.done();
+      return true;
     }
-    static constexpr std::string_view kDone = "data: [DONE]\n\n";
-    sink.write(kDone.data(), kDone.size());
-    finish_job(st, job, r, status, "");
-    sink.done();
-    return true;
+    bool called = false;
+    if (spec.tools) {  // the held text: calls (sent whole, after any content) or content
+      const std::string_view held = std::string_view(c.text).substr(c.sent);
+      const ParsedToolCalls parsed = parse_calls(spec, held);
+      called = !parsed.calls.empty();
+      const std::string_view rest = called ? std::string_view(parsed.content) : held;
+      if (!rest.empty()) write_event(sink, stream_chunk(spec, job.id, job.created, p.index, rest, false, std::nullopt));
+      if (called) {
+        write_event(sink, stream_chunk(spec, job.id, job.created, p.index, "", false, std::nullopt, nullptr,
+                                       tool_calls_json(parsed.calls, true)));
+      }
+    }
+    write_event(
+        sink, stream_chunk(spec, job.id, job.created, p.index, "", false, r.finish, take_logprobs(c), nullptr, called));
   }
+  const auto rs = wait_all(job);
+  if (spec.include_usage) {
+    write_event(sink, usage_chunk(spec, job.id, job.created, int32_t(spec.prompt_ids.size()), completion_tokens(rs)));
+  }
+  static constexpr std::string_view kDone = "data: [DONE]\n\n";
+  sink.write(kDone.data(), kDone.size());
+  finish_job(st, job, rs, 200, "");
+  sink.done();
+  return true;
 }
 
 }  // namespace
@@ -202,14 +276,14 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*s.timeout_s));
   if (s.stream) {
     r.on_event = [ch = job->channel](const RequestEvent& e) {
-      ch->push(e);
+      ch->push(e.choice, e);
       return true;
     };
   }
   st.in_flight.fetch_add(1);
-  job->handle = st.engine->submit(std::move(r), job->route);
-  if (job->handle.done()) {
-    const RequestResult& rr = job->handle.wait();
+  job->handles = st.engine->submit_n(std::move(r), s.n, job->route);
+  if (job->handles.front().done()) {  // refused at submission (all choices alike)
+    const RequestResult& rr = job->handles.front().wait();
     if (rr.finish == RequestFinish::kOverloaded || rr.finish == RequestFinish::kError) {
       job->finished = true;
       st.in_flight.fetch_sub(1);
@@ -227,29 +301,38 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
   }
 
   if (!s.stream) {
-    // A client that disconnects while it waits cancels its request (its slot and KV pages
+    // A client that disconnects while it waits cancels its request (its slots and KV pages
     // are freed at the next step), as a closed stream does.
-    while (!job->handle.wait_for(std::chrono::milliseconds(100))) {
-      if (client_gone()) {
-        st.engine->cancel(job->handle);
-        break;
+    for (const auto& h : job->handles) {
+      while (!h.wait_for(std::chrono::milliseconds(100))) {
+        if (client_gone()) {
+          cancel_all(st, *job);
+          break;
+        }
       }
     }
-    const RequestResult rr = job->handle.wait();
-    if (!answered(rr.finish)) {
-      const ApiError e = error_of(rr);
-      finish_job(st, *job, rr, e.status(), "");
+    const auto rs = wait_all(*job);
+    if (const RequestResult* bad = unanswered(rs)) {
+      const ApiError e = error_of(*bad);
+      finish_job(st, *job, rs, e.status(), "");
       throw e;
     }
-    finish_job(st, *job, rr, 200, "");
-    json logprobs = nullptr;
-    if (s.logprobs >= 0) {
-      size_t text_offset = 0;
-      logprobs = logprobs_json(s, *st.info.tokenizer, rr.logprobs, text_offset);
+    finish_job(st, *job, rs, 200, "");
+    std::vector<ChoiceResult> choices;
+    for (const auto& rr : rs) {
+      ChoiceResult c;
+      c.text = s.tools ? s.tools->prefix + rr.text : rr.text;
+      c.finish = rr.finish;
+      if (s.logprobs >= 0) {
+        size_t text_offset = 0;
+        c.logprobs = logprobs_json(s, *st.info.tokenizer, rr.logprobs, text_offset);
+      }
+      if (s.tools) c.parsed = parse_calls(s, c.text);
+      choices.push_back(std::move(c));
     }
-    res.set_content(dump(completion_body(s, job->id, job->created, rr.text, rr.finish, int32_t(s.prompt_ids.size()),
-                                         completion_tokens(rr), std::move(logprobs))),
-                    "application/json");
+    res.set_content(
+        dump(completion_body(s, job->id, job->created, choices, int32_t(s.prompt_ids.size()), completion_tokens(rs))),
+        "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
@@ -257,9 +340,8 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
       "text/event-stream", [&st, job](size_t, httplib::DataSink& sink) { return stream_body(st, *job, sink); },
       [&st, job](bool) {
         if (job->finished.load()) return;  // the connection died before the body started
-        st.engine->cancel(job->handle);
-        const RequestResult rr = job->handle.wait();
-        finish_job(st, *job, rr, 499, "client disconnected before the stream started");
+        cancel_all(st, *job);
+        finish_job(st, *job, wait_all(*job), 499, "client disconnected before the stream started");
       });
 }
 

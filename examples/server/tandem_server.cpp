@@ -182,6 +182,7 @@ int main(int argc, char** argv) {
     st.engine = std::make_unique<ServingEngine>(eo, sched_log);
     st.info.tokenizer = &st.engine->model().tokenizer();
     st.info.chat_template = &st.engine->chat_template();
+    st.info.tool_prompt = tandem::tool_prompt_for_template(st.engine->model().tokenizer().chat_template());
     st.info.n_ctx = st.engine->n_ctx();
     st.info.names = {so.alias, eo.model_path};
     CacheConfigInfo cache;

@@ -105,6 +105,7 @@ void Scheduler::Impl::finish(Seq* seq, const std::shared_ptr<RequestState>& rs, 
   if (rs->req.on_event) {
     RequestEvent ev;
     ev.request_id = rs->id;
+    ev.choice = rs->choice;
     ev.text = tail;
     ev.final = true;
     ev.finish = f;

@@ -136,19 +136,30 @@ int Scheduler::Impl::route(Seq& seq) {
   };
   if (!offered(d.prefill)) d.prefill = views.front().index;
   if (!offered(d.decode)) d.decode = d.prefill;
-  seq.prefill_exec = d.prefill;
-  seq.decode_exec = d.decode;
-  if (d.decode != d.prefill) {  // counted on its decode loop until the hand-off arrives
-    loops[size_t(d.decode)]->handoffs_pending.fetch_add(1, std::memory_order_relaxed);
-    seq.handoff_pending_at = d.decode;
+  place(seq, d.prefill, d.decode, std::move(d.reason));
+  return d.prefill;
+}
+
+int Scheduler::Impl::route_like(Seq& seq, const Seq& like) {
+  std::lock_guard<std::mutex> lk(route_mu);
+  seq.prefix_hashes = like.prefix_hashes;
+  place(seq, like.prefill_exec, like.decode_exec, like.rs->result.route);
+  return like.prefill_exec;
+}
+
+void Scheduler::Impl::place(Seq& seq, int prefill, int decode, std::string reason) {
+  seq.prefill_exec = prefill;
+  seq.decode_exec = decode;
+  if (decode != prefill) {  // counted on its decode loop until the hand-off arrives
+    loops[size_t(decode)]->handoffs_pending.fetch_add(1, std::memory_order_relaxed);
+    seq.handoff_pending_at = decode;
   }
-  seq.rs->result.route = d.reason;
-  log(fmt::format("route req={} {}", seq.rs->id, d.reason));
-  auto& L = *loops[size_t(d.prefill)];
+  seq.rs->result.route = std::move(reason);
+  log(fmt::format("route req={} {}", seq.rs->id, seq.rs->result.route));
+  auto& L = *loops[size_t(prefill)];
   L.n_queued.fetch_add(1, std::memory_order_relaxed);
   seq.charge = seq.n_prompt_end - seq.n_history;
   L.queued_tokens.fetch_add(seq.charge, std::memory_order_relaxed);
-  return d.prefill;
 }
 
 namespace {
@@ -184,26 +195,23 @@ void prepare(Seq& seq, const Request& q, const Model& model, int32_t n_ctx) {
   seq.n_prompt_end = int32_t(seq.tokens.size());
 }
 
-}  // namespace
-
-RequestHandle Scheduler::submit(Request request) {
-  Impl& I = *impl_;
-  if (I.stopped.load()) throw Error(ErrorCode::kInvalidArgument, "scheduler: submit after shutdown");
+/// A request's state before it is queued: its id, submission time and a poll log with room
+/// for a refusal's terminal event.
+std::shared_ptr<RequestState> new_request_state(Scheduler::Impl& I, Request request) {
   auto rs = std::make_shared<RequestState>();
   rs->id = I.next_id.fetch_add(1);
   rs->t_submit = Clock::now();
   rs->req = std::move(request);
-  rs->init_log(1, 0);  // room for a refusal's terminal event; resized once the output is known
-  const Request& q = rs->req;
+  rs->init_log(1, 0);  // resized once the output is known
   I.submitted.fetch_add(1, std::memory_order_relaxed);
   I.outstanding.fetch_add(1);
-  RequestHandle h(rs);
-  auto refuse = [&](RequestFinish f, ErrorCode ec, std::string msg) {
-    I.finish(nullptr, rs, f, ec, std::move(msg));
-    return h;
-  };
-  if (!I.accepting.load()) return refuse(RequestFinish::kOverloaded, ErrorCode::kOk, "scheduler is draining");
+  return rs;
+}
 
+/// The sequence of a validated request (its poll log sized for its output); throws Error
+/// for a bad request, after parking a session it took.
+std::unique_ptr<Seq> new_seq(Scheduler::Impl& I, const std::shared_ptr<RequestState>& rs) {
+  const Request& q = rs->req;
   auto seq = std::make_unique<Seq>();
   seq->rs = rs;
   seq->n_ctx = I.n_ctx;
@@ -214,10 +222,35 @@ RequestHandle Scheduler::submit(Request request) {
     for (const auto& s : q.stop) stop_bytes += s.size();
     const size_t n_events = size_t(seq->max_new) + 2;
     rs->init_log(n_events, n_events * I.max_piece + stop_bytes);
-  } catch (const std::exception& e) {
+  } catch (...) {
     if (seq->session) I.park_session(*seq);
-    const auto* te = dynamic_cast<const Error*>(&e);
-    return refuse(RequestFinish::kError, te ? te->code() : ErrorCode::kOutOfMemory, e.what());
+    throw;
+  }
+  return seq;
+}
+
+ErrorCode error_code_of(const std::exception& e) {
+  const auto* te = dynamic_cast<const Error*>(&e);
+  return te ? te->code() : ErrorCode::kOutOfMemory;
+}
+
+}  // namespace
+
+RequestHandle Scheduler::submit(Request request) {
+  Impl& I = *impl_;
+  if (I.stopped.load()) throw Error(ErrorCode::kInvalidArgument, "scheduler: submit after shutdown");
+  auto rs = new_request_state(I, std::move(request));
+  RequestHandle h(rs);
+  auto refuse = [&](RequestFinish f, ErrorCode ec, std::string msg) {
+    I.finish(nullptr, rs, f, ec, std::move(msg));
+    return h;
+  };
+  if (!I.accepting.load()) return refuse(RequestFinish::kOverloaded, ErrorCode::kOk, "scheduler is draining");
+  std::unique_ptr<Seq> seq;
+  try {
+    seq = new_seq(I, rs);
+  } catch (const std::exception& e) {
+    return refuse(RequestFinish::kError, error_code_of(e), e.what());
   }
   // Back-pressure: a bounded queue.
   if (I.queued.fetch_add(1) >= I.opt.max_queued) {
@@ -229,6 +262,63 @@ RequestHandle Scheduler::submit(Request request) {
   const int target = I.route(*seq);
   I.dispatch(std::move(seq), target);
   return h;
+}
+
+std::vector<RequestHandle> Scheduler::submit_n(Request request, int32_t n) {
+  if (n == 1) return {submit(std::move(request))};
+  Impl& I = *impl_;
+  if (I.stopped.load()) throw Error(ErrorCode::kInvalidArgument, "scheduler: submit after shutdown");
+  std::vector<RequestHandle> handles;
+  std::vector<std::shared_ptr<RequestState>> states;
+  auto refuse_all = [&](RequestFinish f, ErrorCode ec, const std::string& msg) {
+    for (auto& rs : states) I.finish(nullptr, rs, f, ec, msg);
+    return handles;
+  };
+  if (n < 1 || n > kMaxChoices || request.session != 0) {
+    states.push_back(new_request_state(I, std::move(request)));
+    handles.emplace_back(states.back());
+    return refuse_all(RequestFinish::kError, ErrorCode::kInvalidArgument,
+                      n < 1 || n > kMaxChoices ? fmt::format("n {} must be in [1, {}]", n, kMaxChoices)
+                                               : std::string("n > 1 cannot continue a session"));
+  }
+  const uint64_t seed = request.sampling.seed;
+  for (int32_t i = 0; i < n; ++i) {
+    Request q = i + 1 < n ? request : std::move(request);
+    q.sampling.seed = seed + uint64_t(i);
+    states.push_back(new_request_state(I, std::move(q)));
+    states.back()->choice = i;
+    handles.emplace_back(states.back());
+  }
+  if (!I.accepting.load()) return refuse_all(RequestFinish::kOverloaded, ErrorCode::kOk, "scheduler is draining");
+  std::vector<std::unique_ptr<Seq>> seqs;
+  try {
+    for (const auto& rs : states) seqs.push_back(new_seq(I, rs));
+  } catch (const std::exception& e) {
+    return refuse_all(RequestFinish::kError, error_code_of(e), e.what());
+  }
+  if (n > I.opt.max_queued) {  // could never be queued at once: not a transient overload
+    for (auto& s : seqs) I.release_seq(*s);
+    return refuse_all(
+        RequestFinish::kError, ErrorCode::kInvalidArgument,
+        fmt::format("n {} exceeds the scheduler's queue of {} requests (max_queued)", n, I.opt.max_queued));
+  }
+  if (I.queued.fetch_add(n) + n > I.opt.max_queued) {
+    I.queued.fetch_sub(n);
+    for (auto& s : seqs) I.release_seq(*s);
+    return refuse_all(RequestFinish::kOverloaded, ErrorCode::kOk,
+                      fmt::format("overloaded: {} requests already waiting", I.opt.max_queued));
+  }
+  const uint64_t group = states.front()->id;
+  for (auto& s : seqs) s->group = group;
+  const int target = I.route(*seqs.front());
+  // Every choice decodes where the prompt was computed: a hand-off would move each choice's
+  // KV on its own, the shared prompt pages copied n times.
+  Seq& first = *seqs.front();
+  I.settle_pending_handoff(first);
+  first.decode_exec = first.prefill_exec;
+  for (size_t i = 1; i < seqs.size(); ++i) I.route_like(*seqs[i], first);
+  I.loops[size_t(target)]->push_all(seqs);
+  return handles;
 }
 
 void Scheduler::cancel(const RequestHandle& handle) noexcept {

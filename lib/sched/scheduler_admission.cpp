@@ -175,6 +175,7 @@ void Loop::admit() {
       waiting.pop_front();
       continue;
     }
+    if (awaits_sibling_prefill(s)) break;  // admitted once its prompt is in the KV (a few steps)
     bool admitted = false;
     try {
       admitted = try_admit(s);

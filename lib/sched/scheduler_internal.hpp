@@ -44,6 +44,7 @@ inline int32_t pages_for(int64_t tokens, int32_t page_size) {
 /// Shared between the handle and the scheduler.
 struct RequestState {
   uint64_t id = 0;
+  int32_t choice = 0;  // submit_n's index
   Request req;
   Clock::time_point t_submit{}, t_admit{}, t_first{}, t_last{};
   bool admitted_once = false;
@@ -98,6 +99,7 @@ struct Seq {
   int32_t charge = 0;                   // prompt tokens counted in a loop's queued_tokens
   int handoff_pending_at = -1;          // decode loop counting this request in handoffs_pending
   std::vector<uint64_t> prefix_hashes;  // page-boundary hashes of the prompt (routing index)
+  uint64_t group = 0;                   // submit_n: the first choice's request id (0 = alone)
 
   int32_t pending() const { return int32_t(tokens.size()) - (kv ? kv->n_tokens() : 0); }
   /// Positions whose KV this request can need: prompt + clamped output - 1 (the last
@@ -201,6 +203,11 @@ struct Scheduler::Impl {
   void dispatch(std::unique_ptr<Seq> seq, int loop);
   /// Routing: pick the executors for a validated sequence; returns the prefill loop.
   int route(Seq& seq);
+  /// Place a sequence where `like` was routed (submit_n's later choices); returns the
+  /// prefill loop.
+  int route_like(Seq& seq, const Seq& like);
+  /// Count a routed sequence on its loops (queue, hand-off pending) and record the reason.
+  void place(Seq& seq, int prefill, int decode, std::string reason);
   /// The request no longer waits to be handed to its decode loop (pushed there, decoding
   /// where it prefilled, or ended): that loop's handoffs_pending drops by one, once.
   void settle_pending_handoff(Seq& seq) noexcept;
@@ -270,6 +277,8 @@ struct Scheduler::Impl::Loop {
   bool can_hold(int64_t positions) const { return pages_for(positions, ps) <= capacity_pages(); }
 
   void push(std::unique_ptr<Seq> s);
+  /// Several at once (submit_n's choices): one inbox batch, so the loop admits them together.
+  void push_all(std::vector<std::unique_ptr<Seq>>& seqs);
   void wake();
 
   // scheduler_prefix_cache.cpp
@@ -281,8 +290,12 @@ struct Scheduler::Impl::Loop {
   void drop_cache();
   void count_cache_only_pages();
   /// The longest resident prefix of s.tokens held by the cache or a running sequence,
-  /// in whole pages (shared, never written); returns the tokens shared.
+  /// in whole pages (shared, never written), or from a running sibling (same submit_n)
+  /// every position it holds up to the last prompt token; returns the tokens shared.
   int32_t share_cached_prefix(Seq& s);
+  /// submit_n: `s` is a later choice whose prompt another choice running here is still
+  /// computing; it waits for that prefill (then shares it) instead of computing it again.
+  bool awaits_sibling_prefill(const Seq& s) const;
 
   // scheduler_admission.cpp
   void take_inbox();

@@ -30,6 +30,15 @@ void boundary_hashes(std::span<const int32_t> tokens, int32_t ps, std::vector<ui
 
 using Loop = Scheduler::Impl::Loop;
 
+bool Loop::awaits_sibling_prefill(const Seq& s) const {
+  if (s.group == 0 || s.kv || s.session || s.handoff) return false;
+  const int32_t want = s.n_prompt_end - 1;  // what share_cached_prefix takes from a sibling
+  for (const auto& r : running) {
+    if (r && r->group == s.group && r->kv && r->kv->n_tokens() < want) return true;
+  }
+  return false;
+}
+
 int32_t Loop::prefix_tokens_for(std::span<const uint64_t> hashes) {
   std::lock_guard<std::mutex> lk(idx_mu);
   size_t best = 0;
@@ -102,22 +111,27 @@ int32_t Loop::share_cached_prefix(Seq& s) {
   const int32_t limit = int32_t(s.tokens.size()) - 1;  // the last token must be computed
   const KvSequence* best = nullptr;
   int32_t best_n = 0;
-  auto consider = [&](const KvSequence& kv, std::span<const int32_t> toks) {
+  bool best_sibling = false;
+  auto consider = [&](const KvSequence& kv, std::span<const int32_t> toks, bool sibling) {
     if (kv.tier() != tier || kv.pages_outside(tier) > 0) return;
     const int32_t n = std::min({kv.n_tokens(), int32_t(toks.size()), limit});
     int32_t i = 0;
     while (i < n && toks[size_t(i)] == s.tokens[size_t(i)]) ++i;
+    // Whole pages only (nobody writes a shared page), except from another choice of the
+    // same submit_n: it shares the partly filled last page too, and whichever of the two
+    // writes into that page first copies it (KvSequence::reserve, copy-on-write).
+    if (!sibling) i = i / ps * ps;
     if (i > best_n) {
       best_n = i;
       best = &kv;
+      best_sibling = sibling;
     }
   };
-  for (const auto& e : cache) consider(*e.kv, e.tokens);
+  for (const auto& e : cache) consider(*e.kv, e.tokens, false);
   for (const auto& r : running) {
-    if (r && r->kv) consider(*r->kv, r->tokens);
+    if (r && r->kv) consider(*r->kv, r->tokens, s.group != 0 && r->group == s.group);
   }
-  best_n = best_n / ps * ps;  // whole pages only: nobody ever writes a shared page
-  if (!best || best_n < ps) return 0;
+  if (!best || best_n == 0 || (best_n < ps && !best_sibling)) return 0;
   s.kv->share_prefix(*best, best_n);
   return best_n;
 }

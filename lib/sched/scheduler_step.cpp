@@ -65,6 +65,18 @@ void Loop::push(std::unique_ptr<Seq> s) {
   sc->finish(s.get(), s->rs, RequestFinish::kCancelled, ErrorCode::kOk, "scheduler shut down");
 }
 
+void Loop::push_all(std::vector<std::unique_ptr<Seq>>& seqs) {
+  {
+    std::lock_guard<std::mutex> lk(in_mu);
+    if (!closed) {
+      for (auto& s : seqs) inbox.push_back(std::move(s));
+      in_cv.notify_all();
+      return;
+    }
+  }
+  for (auto& s : seqs) push(std::move(s));  // the loop has stopped: each ends there
+}
+
 void Loop::wake() {
   std::lock_guard<std::mutex> lk(in_mu);
   in_cv.notify_all();
@@ -93,6 +105,7 @@ bool Loop::emit(std::unique_ptr<Seq>& slot, int32_t token, std::string_view piec
   if (!cb) return true;
   try {
     RequestEvent ev{s.rs->id, token, piece, false, f};
+    ev.choice = s.rs->choice;
     if (!s.logprobs.empty() && s.logprobs.back().token == token) ev.logprob = &s.logprobs.back();
     if (cb(ev)) return true;
     retire(slot, RequestFinish::kCancelled);

@@ -1837,6 +1837,63 @@ static void test_scheduler_golden(const golden_case* g) {
   CHECK_STATUS(tandem_scheduler_submit(sched, &rp, &r1), TANDEM_E_INVALID_HANDLE);
 }
 
+/* n choices (tandem_scheduler_submit_n): greedy choices are the golden tokens; seeded
+ * sampled choice i is the single request seeded seed + i; refusals. */
+static void test_scheduler_choices(const golden_case* g) {
+  tandem_scheduler* sched = new_scheduler(1, 4, 1024);
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, (int32_t)g->n_greedy);
+  tandem_request* r[3] = {NULL, NULL, NULL};
+  tandem_request* one = NULL;
+  tandem_request_result res;
+  int32_t ids[3][64], ref[64];
+  size_t i, k;
+
+  rp.prompt_tokens = g->prompt_ids;
+  rp.n_prompt_tokens = g->n_prompt;
+  REQUIRE_OK(tandem_scheduler_submit_n(sched, &rp, 3, r));
+  for (i = 0; i < 3; ++i) {
+    CHECK_OK(tandem_request_result_init(&res, sizeof res));
+    res.tokens = ids[i];
+    res.tokens_cap = 64;
+    CHECK_OK(tandem_request_wait(r[i], -1, &res));
+    CHECK(res.finished && res.n_tokens == g->n_greedy);
+    CHECK(memcmp(ids[i], g->greedy_ids, g->n_greedy * sizeof(int32_t)) == 0);
+    CHECK_OK(tandem_request_free(r[i]));
+  }
+
+  smp.temperature = 1.0f;
+  smp.top_k = 0;
+  smp.top_p = 1.0f;
+  smp.min_p = 0.0f;
+  smp.seed = 42;
+  REQUIRE_OK(tandem_scheduler_submit_n(sched, &rp, 3, r));
+  for (i = 0; i < 3; ++i) {
+    CHECK_OK(tandem_request_result_init(&res, sizeof res));
+    res.tokens = ids[i];
+    res.tokens_cap = 64;
+    CHECK_OK(tandem_request_wait(r[i], -1, &res));
+    CHECK_OK(tandem_request_free(r[i]));
+    smp.seed = 42 + i;
+    REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &one));
+    CHECK_OK(tandem_request_result_init(&res, sizeof res));
+    res.tokens = ref;
+    res.tokens_cap = 64;
+    CHECK_OK(tandem_request_wait(one, -1, &res));
+    CHECK(memcmp(ids[i], ref, g->n_greedy * sizeof(int32_t)) == 0);
+    CHECK_OK(tandem_request_free(one));
+    smp.seed = 42;
+  }
+  for (k = 1; k < 3; ++k) CHECK(memcmp(ids[0], ids[k], g->n_greedy * sizeof(int32_t)) != 0);
+
+  CHECK_STATUS(tandem_scheduler_submit_n(sched, &rp, 0, r), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_submit_n(sched, NULL, 2, r), TANDEM_E_INVALID_ARG);
+  CHECK(r[0] == NULL && r[1] == NULL);
+  CHECK_STATUS(tandem_scheduler_submit_n(sched, &rp, 129, r), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_submit_n(sched, &rp, 2, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_OK(tandem_scheduler_free(sched));
+}
+
 /* Cancel, deadline, overload, errors finishing a request, and freeing the scheduler with
  * requests outstanding. One executor with one decode slot: requests queue behind a long
  * one, so the queued ones are certainly still waiting when they are cancelled. */
@@ -2335,6 +2392,20 @@ static void test_metadata_and_chat(void) {
     CHECK_MSG_CONTAINS("not JSON");
     CHECK_STATUS(tandem_chat_apply_template(g_model, "{}", buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
     CHECK_STATUS(tandem_chat_apply_template(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    /* Tool calls in generated text: the tiny model has no template, so the Hermes format. */
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model,
+                                          "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                          "{\"city\": \"Paris\"}}\n</tool_call>",
+                                          buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":\"Sure.\",\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":"
+                      "\"{\\\"city\\\":\\\"Paris\\\"}\"}]}") == 0);
+    CHECK(len == strlen(buf));
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model, "<tool_call>{broken</tool_call>", buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":\"<tool_call>{broken</tool_call>\",\"tool_calls\":[]}") == 0);
+    CHECK_OK(tandem_chat_parse_tool_calls(g_model, "", buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":null,\"tool_calls\":[]}") == 0);
+    CHECK_STATUS(tandem_chat_parse_tool_calls(g_model, NULL, buf, sizeof buf, &len), TANDEM_E_INVALID_ARG);
+    CHECK_STATUS(tandem_chat_parse_tool_calls(g_model, "x", buf, 2, &len), TANDEM_E_BUFFER_TOO_SMALL);
     /* tools need the model's own template */
     CHECK_STATUS(tandem_chat_apply_template(g_model,
                                             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
@@ -3207,6 +3278,7 @@ int main(int argc, char** argv) {
   test_last_error_is_per_thread();
   test_session_save_restore(&g);
   test_scheduler_golden(&g);
+  test_scheduler_choices(&g);
   test_scheduler_lifecycle(&g);
   test_scheduler_errors();
   test_version_number();

@@ -78,6 +78,8 @@ struct RequestEvent {
   /// With Request::logprobs >= 0, on a token's event: its log-probability and alternatives
   /// (valid during the callback only; poll() does not carry it: RequestResult::logprobs).
   const TokenLogprob* logprob = nullptr;
+  /// The choice this event belongs to (Scheduler::submit_n's index i; 0 for submit()).
+  int32_t choice = 0;
 };
 
 struct Request {
@@ -202,6 +204,20 @@ class Scheduler {
   /// Never throws for a bad request: it is finished with kError (or kOverloaded) and the
   /// handle reports it. Throws Error(kInvalidArgument) only after shutdown().
   RequestHandle submit(Request request);
+  /// n choices of one prompt (OpenAI's `n`): n requests, one handle each (index i = choice
+  /// i), routed together to one executor, which also decodes them (no hand-off). The prompt is computed once: choice 0
+  /// prefills it, and choices 1..n-1 wait until it is in the KV and then share every prompt position but the last
+  /// (KvSequence::share_prefix, copy-on-write; only the last prompt token is recomputed per choice, for its logits).
+  /// Choice i samples with seed `request.sampling.seed + i` (mod 2^64), so a seeded request is reproducible and its
+  /// choices differ. Each choice streams and ends on its own (on_event calls with its own
+  /// request id and RequestEvent::choice == i, its own terminal event); cancelling one
+  /// leaves the others. n == 1
+  /// is submit(). Never throws for a bad request (every handle reports it: n outside
+  /// [1, kMaxChoices], n > SchedulerOptions::max_queued, or n > 1 with a session -> kError
+  /// kInvalidArgument; the queue too full for all n at once -> kOverloaded); throws
+  /// Error(kInvalidArgument) only after shutdown().
+  std::vector<RequestHandle> submit_n(Request request, int32_t n);
+  static constexpr int32_t kMaxChoices = 128;
   /// Ask the request to stop; its terminal event (kCancelled, unless it already finished)
   /// follows within one step. Safe from any thread, including callbacks.
   void cancel(const RequestHandle& handle) noexcept;

@@ -356,6 +356,16 @@ class Model(_Handle):
         h = self.handle
         return _c.read_text(lambda b, c, o: _c.chat_apply_template(h, body, b, c, o)).decode("utf-8", "replace")
 
+    def parse_tool_calls(self, text: str) -> Dict[str, Any]:
+        """Tool calls in generated text, in the format this model's chat template asks for
+        (tandem_chat_parse_tool_calls): {"content": the rest or None, "tool_calls":
+        [{"name", "arguments": JSON text}]}; text without a well-formed call comes back
+        as the content with no calls. Render the tools with apply_chat_template(messages,
+        tools) and generate first."""
+        data = _c.text_bytes("text", text)
+        h = self.handle
+        return json.loads(_c.read_text(lambda b, c, o: _c.chat_parse_tool_calls(h, data, b, c, o)).decode("utf-8"))
+
     def create_chat_completion(self, messages: List[Message], *, max_tokens: Optional[int] = None,
                                temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
                                stop: Union[None, str, List[str]] = None, seed: Optional[int] = None,
@@ -1182,6 +1192,22 @@ class Scheduler(_Handle):
         "batch"; deadline_ms > 0 ends it with "timeout" after that long; session: a
         SchedulerSession id to continue (see open_session). Sampling keywords and
         `logprobs` (0..20: RequestResult.logprobs) as Session.generate."""
+        return self._submit(prompt, 1, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, session,
+                            logprobs, sampling)[0]
+
+    def submit_n(self, prompt: Prompt, n: int, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
+                 ignore_eos: bool = False, parse_special: bool = False, sla: str = "standard", deadline_ms: int = 0,
+                 logprobs: Optional[int] = None, **sampling) -> List[Request]:
+        """n choices of one prompt (OpenAI's `n`, 1..128; tandem_scheduler_submit_n): the
+        prompt is computed once and its KV pages shared; choice i samples with seed + i.
+        One Request per choice, each finished and cancelled on its own. Other arguments as
+        submit (no session)."""
+        n = _c.check_int("n", n, 1, 128)
+        return self._submit(prompt, n, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, 0, logprobs,
+                            sampling)
+
+    def _submit(self, prompt, n, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, session, logprobs,
+                sampling) -> List[Request]:
         if sla not in _c.SLA_CLASSES:
             raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(_c.SLA_CLASSES)}")
         max_tokens = _c.check_int("max_tokens", max_tokens, 1, _c.INT32_MAX)
@@ -1203,11 +1229,17 @@ class Scheduler(_Handle):
         p.deadline_ms = _c.check_int("deadline_ms", deadline_ms, 0, _c.INT32_MAX)
         p.session = _c.check_int("session", session, 0, _c.UINT64_MAX)
         p.logprobs = call.params.logprobs
-        handle = _c.handle_t()
-        _c.check(_c.scheduler_submit(self.handle, ctypes.byref(p), ctypes.byref(handle)))
-        req = Request(handle.value, max_tokens, self._pool)
-        req._logprobs = logprobs is not None
-        return req
+        handles = (_c.handle_t * n)()
+        if n == 1:
+            _c.check(_c.scheduler_submit(self.handle, ctypes.byref(p), handles))
+        else:
+            _c.check(_c.scheduler_submit_n(self.handle, ctypes.byref(p), n, handles))
+        reqs = []
+        for h in handles:
+            req = Request(h, max_tokens, self._pool)
+            req._logprobs = logprobs is not None
+            reqs.append(req)
+        return reqs
 
     def open_session(self) -> SchedulerSession:
         """A conversation continued over several requests (see SchedulerSession)."""

@@ -249,6 +249,8 @@ chat_tokenize = _proto("tandem_chat_tokenize", _status, _handle, ctypes.c_char_p
                        _ptr(ctypes.c_char_p), _size, ctypes.c_int32, _i32p, _size, _ptr(_size))
 chat_apply_template = _proto("tandem_chat_apply_template", _status, _handle, ctypes.c_char_p, ctypes.c_char_p, _size,
                              _ptr(_size))
+chat_parse_tool_calls = _proto("tandem_chat_parse_tool_calls", _status, _handle, ctypes.c_char_p, ctypes.c_char_p,
+                               _size, _ptr(_size))
 tokenize = _proto("tandem_tokenize", _status, _handle, ctypes.c_char_p, _size, ctypes.c_uint32, _i32p, _size,
                   _ptr(_size))
 detokenize = _proto("tandem_detokenize", _status, _handle, _i32p, _size, ctypes.c_uint32, ctypes.c_char_p, _size,
@@ -282,6 +284,8 @@ request_result_init = _proto("tandem_request_result_init", _status, _ptr(Request
 scheduler_create = _proto("tandem_scheduler_create", _status, _handle, _ptr(SchedulerParams), _ptr(_handle))
 scheduler_free = _proto("tandem_scheduler_free", _status, _handle)
 scheduler_submit = _proto("tandem_scheduler_submit", _status, _handle, _ptr(RequestParams), _ptr(_handle))
+scheduler_submit_n = _proto("tandem_scheduler_submit_n", _status, _handle, _ptr(RequestParams), ctypes.c_uint32,
+                            _ptr(_handle))
 scheduler_drain = _proto("tandem_scheduler_drain", _status, _handle)
 scheduler_shutdown = _proto("tandem_scheduler_shutdown", _status, _handle)
 scheduler_metrics_json = _proto("tandem_scheduler_metrics_json", _status, _handle, ctypes.c_char_p, _size,

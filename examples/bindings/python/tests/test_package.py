@@ -177,6 +177,14 @@ class TestChatCompletion(PackageTestCase):
                            tools=[{"type": "function", "function": {"name": "f"}}])
 
 
+class TestToolCalls(PackageTestCase):
+    def test_parse_tool_calls(self):
+        text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+        self.assertEqual(self.model.parse_tool_calls(text),
+                         {"content": "Sure.", "tool_calls": [{"name": "get_weather", "arguments": '{"city":"Paris"}'}]})
+        self.assertEqual(self.model.parse_tool_calls("no call"), {"content": "no call", "tool_calls": []})
+
+
 class TestLogprobs(PackageTestCase):
     """logprobs through the C ABI: values equal a float64 log-softmax of the logits
     Session.eval gives for the same tokens (teacher-forced); OpenAI / llama-cpp-python shapes."""
@@ -361,6 +369,20 @@ class TestSchedulerAsync(PackageTestCase):
                 self.assertEqual(result.tokens, s.tokens)
                 self.assertEqual(text, s.text)
             self.assertEqual(len(solo[0].tokens), 24)
+
+    def test_submit_n_choices_share_the_prompt_and_follow_seed_plus_index(self):
+        with tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, max_running=4)], max_context=256) as sched:
+            prompt = self.case["prompt_text"]
+            greedy = [r.wait().tokens for r in sched.submit_n(prompt, 3, max_tokens=12, **GREEDY)]
+            solo = sched.submit(prompt, max_tokens=12, **GREEDY).wait().tokens
+            self.assertEqual(greedy, [solo] * 3)
+            kw = dict(max_tokens=12, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+            sampled = [r.wait().tokens for r in sched.submit_n(prompt, 3, seed=5, **kw)]
+            for i, toks in enumerate(sampled):
+                self.assertEqual(toks, sched.submit(prompt, seed=5 + i, **kw).wait().tokens)
+            self.assertEqual(len({tuple(t) for t in sampled}), 3)
+            with self.assertRaises(tandem.TandemError):
+                sched.submit_n(prompt, 0)
 
     def test_scheduler_session_over_three_requests_equals_one_generation(self):
         lines = []
