@@ -31,6 +31,14 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
 
+/// Q4_1: weight j = fp16(d) * q_j + fp16(m), q_j in 0..15 (low nibbles: j < 16).
+struct BlockQ4_1 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint16_t m;  ///< IEEE fp16 bits of the offset (the block's minimum)
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
+
 struct BlockQ8_0 {
   uint16_t d;  ///< IEEE fp16 bits of the scale
   int8_t qs[kQK];

@@ -224,8 +224,9 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 struct Lanes32 {
   __m256 a[32];
   /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S), from +0 on first use.
-  void add(int64_t b, __m256 d, __m256i s) noexcept {
-    const __m256 p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+  void add(int64_t b, __m256 d, __m256i s) noexcept { add_p(b, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))); }
+  /// Block b's terms p (8 outputs) into lane b % 32, as add() does.
+  void add_p(int64_t b, __m256 p) noexcept {
     if (b < 32) {
       a[b] = _mm256_add_ps(_mm256_setzero_ps(), p);
     } else {
@@ -276,12 +277,14 @@ inline __m256i unpack_q4(const uint8_t* qs) noexcept {
 // tile_q<TW, C>: y[c * ldy + r] = dot(W row r, X column c) for r < rows (<= 8), c < C, on
 // the weights in the GGUF layout (rows nb blocks apart). Per block: each row's 8 exact i32
 // lane dots, summed across lanes into one vector (lane = row, transpose_sum8), Q4_0 minus
-// 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add. Rows past `rows` repeat
+// 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add; Q4_1 adds its offset
+// term (m_w * d_x) * sum(x) to the scaled dot (cpu_kernels.hpp). Rows past `rows` repeat
 // the last row and are not stored. pf: if not null, the start of the weights the next call
 // reads (the next 8 rows), prefetched at the pace this tile consumes its own.
 template <class TW, int C>
 void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
+  constexpr bool kQ41 = std::is_same_v<TW, BlockQ4_1>;
   const TW* wr[8];
   for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * nb;
   Lanes32 acc[C];
@@ -294,10 +297,17 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
         static_cast<int16_t>(wr[0][b].d), static_cast<int16_t>(wr[1][b].d), static_cast<int16_t>(wr[2][b].d),
         static_cast<int16_t>(wr[3][b].d), static_cast<int16_t>(wr[4][b].d), static_cast<int16_t>(wr[5][b].d),
         static_cast<int16_t>(wr[6][b].d), static_cast<int16_t>(wr[7][b].d)));
-    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q8_0 |q|
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (kQ41) {
+      mw = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(wr[0][b].m), static_cast<int16_t>(wr[1][b].m),
+                                          static_cast<int16_t>(wr[2][b].m), static_cast<int16_t>(wr[3][b].m),
+                                          static_cast<int16_t>(wr[4][b].m), static_cast<int16_t>(wr[5][b].m),
+                                          static_cast<int16_t>(wr[6][b].m), static_cast<int16_t>(wr[7][b].m)));
+    }
+    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 nibbles (q), Q8_0 |q|
     __m256i wq[8];
     for (int r = 0; r < 8; ++r) {
-      if constexpr (kQ4) {
+      if constexpr (kQ4 || kQ41) {
         u[r] = unpack_q4(wr[r][b].qs);
       } else {
         wq[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r][b].qs));
@@ -308,14 +318,24 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       const BlockQ8_0& xb = x[c * nb + b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       __m256i v[8];
-      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kQ4 ? xq : _mm256_sign_epi8(xq, wq[r]));
+      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], (kQ4 || kQ41) ? xq : _mm256_sign_epi8(xq, wq[r]));
       __m256i s = transpose_sum8(v);
-      if constexpr (kQ4) {
-        const __m256i xs = dot_u8s8(_mm256_set1_epi8(8), xq);  // 8 * sum(x), in 8 lanes
+      if constexpr (kQ4 || kQ41) {
+        // sum(x) times 8 (Q4_0's offset, subtracted) or 1 (Q4_1's T_b), in 8 lanes, then all.
+        const __m256i xs = dot_u8s8(_mm256_set1_epi8(kQ4 ? 8 : 1), xq);
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(xs), _mm256_extracti128_si256(xs, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(t));
+        const __m256i tb = _mm256_broadcastd_epi32(t);
+        if constexpr (kQ4) {
+          s = _mm256_sub_epi32(s, tb);
+        } else {
+          const __m256 dx = _mm256_set1_ps(h2f(xb.d));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(tb));
+          acc[c].add_p(b, _mm256_add_ps(ps, pm));
+          continue;
+        }
       }
       acc[c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(h2f(xb.d))), s);
     }
@@ -365,6 +385,11 @@ float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexc
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   float out = 0.0f;
   gemm_q<BlockQ8_0>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ4_1>(w, x, &out, k, 1, 1, 0, 1);
   return out;
 }
 
@@ -527,6 +552,10 @@ void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   gemm_q<BlockQ8_0>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ4_1>(w, x, y, k, m, ldy, r0, r1);
 }
 
 // ---------------------------------------------------------------- float-family ----------
@@ -1012,7 +1041,7 @@ inline const KernelTable& table() noexcept {
       dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0};
+      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0};
   return t;
 }
 
