@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     fmt::print("\nFinal estimate: PPL = {:.4f} +/- {:.5f}\n", r.ppl, r.uncertainty);
     fmt::print(stderr, "perplexity: {} tokens scored in {:.2f} s\n", r.n_scored, s);
-    if (std::fflush(stdout) != 0) throw tandem::Error(tandem::ErrorCode::kIo, "cannot write to stdout");
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      throw tandem::Error(tandem::ErrorCode::kIo, "cannot write standard output");
+    }
   } catch (const tandem::Error& e) {
     fmt::print(stderr, "\ntandem-perplexity: error [{}]: {}\n", tandem::error_code_name(e.code()), e.what());
     return 1;
