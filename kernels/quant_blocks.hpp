@@ -39,6 +39,15 @@ struct BlockQ4_1 {
 };
 static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
 
+/// Q5_0: weight j = fp16(d) * (q_j - 16), q_j = its nibble (low nibbles: j < 16) plus 16
+/// times bit j of qh (little-endian u32).
+struct BlockQ5_0 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
+
 struct BlockQ8_0 {
   uint16_t d;  ///< IEEE fp16 bits of the scale
   int8_t qs[kQK];

@@ -206,6 +206,7 @@ void embedding_row(const TensorView& t, int32_t id, float* y) noexcept {
       kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
       break;
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
       dequantize_row(t.type, row, y, t.k);  // ggml's dequantisation
       break;
     default:
@@ -289,7 +290,7 @@ void Model::convert_weights(int n_threads, GgmlType convert_to) {
   // Types with a CPU kernel run as the file has them.
   auto native = [](const GgufTensorInfo* t) {
     return !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0 ||
-           t->type == GgmlType::kQ4_1;
+           t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_0;
   };
   // Q8_0: each weight without a kernel becomes Q8_0, the others stay. Q4_0 (asked for): a
   // file with weights other than Q4_0, Q8_0 and floats gets llama-quantize's whole Q4_0

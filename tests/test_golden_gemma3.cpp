@@ -43,12 +43,13 @@ constexpr bool kSanitizer = false;
 // (45, 42, 32) is required.
 constexpr double kTolerance = 4.2e-2;
 
-// Tandem's default load of the hub file (its Q5_0 / Q4_K / Q6_K weights converted to Q8_0,
-// model.hpp) against llama.cpp running the hub file itself: not the same bytes, so the
+// Tandem's default load of the hub file (its Q5_0 and Q8_0 weights as they are, Q4_K / Q6_K
+// converted to Q8_0, model.hpp) against llama.cpp running the hub file itself: not the same bytes, so the
 // bound is the issue's, llama.cpp's own build-to-build spread on this file (its AVX2 and
 // AVX-512 builds differ by up to 1.1e-1 x max|logit|, shared/golden/README.md). Measured
-// here (both CPU executors): 5.76e-2 (`text_capital`), 5.44e-2 (`code_sort`), 5.88e-2
-// (`long_lighthouse`); argmax = golden at 63, 64 and 63 of 64 teacher-forced steps.
+// here (both CPU executors): 6.02e-2 (`text_capital`), 5.41e-2 (`code_sort`), 5.60e-2
+// (`long_lighthouse`); argmax = golden at 63, 64 and 63 of 64 teacher-forced steps. (With
+// every Q5_0 weight converted to Q8_0 as well: 5.76e-2, 5.44e-2, 5.88e-2.)
 constexpr double kHubTolerance = 1.1e-1;
 
 std::shared_ptr<const Model> gemma3_model() {
@@ -172,8 +173,7 @@ TEST_CASE("Gemma 3 270M logits and teacher-forced greedy match llama.cpp (Q4_0 c
   check_goldens(gemma3_model(), test::golden_dir() / "gemma-3-270m-q4_0", kTolerance);
 }
 
-TEST_CASE("Gemma 3 270M as loaded by default (Q8_0 conversion) against llama.cpp on the hub's Q4_K_M",
-          "[golden][gemma3][parity]") {
+TEST_CASE("Gemma 3 270M as loaded by default against llama.cpp on the hub's Q4_K_M", "[golden][gemma3][parity]") {
   const auto path = test::gemma3_q4_k_m_path();
   if (!std::filesystem::exists(path)) {
     WARN("SKIPPED: " << path << " is absent (scripts/fetch-gemma3 downloads it)");
@@ -184,9 +184,14 @@ TEST_CASE("Gemma 3 270M as loaded by default (Q8_0 conversion) against llama.cpp
   mo.n_threads = 2;
   const auto model = Model::load(path, mo);
   CHECK(model->token_embd().type == GgmlType::kQ8_0);
-  for (const LayerWeights& L : model->layers())
-    for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down})
-      CHECK(W->type == GgmlType::kQ8_0);
+  // Q5_0 and Q8_0 weights run as the file has them; Q4_K and Q6_K (no kernel) become Q8_0.
+  for (const LayerWeights& L : model->layers()) {
+    for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      const GgmlType in_file = W->info->type;
+      const bool native = in_file == GgmlType::kQ5_0 || in_file == GgmlType::kQ8_0;
+      CHECK(W->type == (native ? in_file : GgmlType::kQ8_0));
+    }
+  }
   check_goldens(model, test::golden_dir() / "gemma-3-270m-q4_k_m", kHubTolerance);
 }
 

@@ -127,6 +127,10 @@ TEST_CASE("SmolLM2 perplexity on GPL-3 is llama.cpp's on the same bytes (within 
     WARN("SKIPPED: " << path << " (scripts/fetch-smollm2) or " << text_path << " (Debian base-files) is absent");
     return;
   }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  WARN("SKIPPED under a sanitizer (about 1.5 min in Release): the Release run covers it");
+  return;
+#endif
   std::ifstream f(text_path, std::ios::binary);
   std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (!text.empty() && text.back() == '\n') text.pop_back();
@@ -148,4 +152,31 @@ TEST_CASE("SmolLM2 perplexity on GPL-3 is llama.cpp's on the same bytes (within 
     CHECK(r.n_chunks == 14);
     CHECK(std::fabs(r.ppl / reference - 1.0) < 5e-3);
   }
+}
+
+// Gemma 3 270M's Q4_K_M hub file as Tandem loads it by default (Q5_0 and Q8_0 weights as they
+// are, Q4_K / Q6_K converted to Q8_0) against llama.cpp's 13.88 on the hub file itself
+// (issue 23; its Q8_0 conversion gives 13.88 too): within 0.5 %.
+TEST_CASE("Gemma 3 perplexity on GPL-3 is llama.cpp's on the hub file (within 0.5 %)", "[perplexity][gemma3][golden]") {
+  const auto path = test::gemma3_q4_k_m_path();
+  const std::filesystem::path text_path = "/usr/share/common-licenses/GPL-3";
+  if (!std::filesystem::exists(path) || !std::filesystem::exists(text_path)) {
+    WARN("SKIPPED: " << path << " (scripts/fetch-gemma3) or " << text_path << " (Debian base-files) is absent");
+    return;
+  }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  WARN("SKIPPED under a sanitizer (about 1 min in Release): the Release run covers it");
+  return;
+#endif
+  std::ifstream f(text_path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  ModelOptions mo;
+  mo.n_threads = 2;
+  const auto model = Model::load(path, mo);
+  CpuQ4Executor exec(model, CpuExecutorOptions{2});
+  const auto r = perplexity(exec, model->tokenizer().tokenize(text, true, false), PerplexityOptions{});
+  WARN("Gemma 3 Q4_K_M, default load: PPL " << r.ppl << " +/- " << r.uncertainty << " (llama.cpp 13.88)");
+  CHECK(r.n_chunks == 14);
+  CHECK(std::fabs(r.ppl / 13.88 - 1.0) < 5e-3);
 }

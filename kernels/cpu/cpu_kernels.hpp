@@ -72,6 +72,9 @@ float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexc
 /// S_b = sum_j q_w[j] * q_x[j] (q_w = the nibble, 0..15) and T_b = sum_j q_x[j], both exact
 /// in i32 (docs/arithmetic.md).
 float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_0 weights (the file's own blocks) x Q8_0 activations: the arithmetic above with
+/// q_w = the 5-bit value - 16.
+float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
 float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept;  ///< f32 accumulate
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
@@ -84,6 +87,8 @@ void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 /// Q4_0 weights repacked 8 rows at a time for the SIMD kernel below (the interleaving
 /// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and

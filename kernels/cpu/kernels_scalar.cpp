@@ -70,6 +70,12 @@ float sum8(const float* a) noexcept {
 inline int32_t q_at(const BlockQ4_0& w, int e) noexcept {
   return e < kHalf ? (w.qs[e] & 0x0F) - 8 : (w.qs[e - kHalf] >> 4) - 8;
 }
+inline int32_t q_at(const BlockQ5_0& w, int e) noexcept {
+  uint32_t qh;
+  std::memcpy(&qh, w.qh, sizeof qh);
+  const int32_t hi = static_cast<int32_t>((qh >> e) & 1u) << 4;
+  return (e < kHalf ? (w.qs[e] & 0x0F) : (w.qs[e - kHalf] >> 4)) + hi - 16;
+}
 inline int32_t q_at(const BlockQ8_0& w, int e) noexcept {
   return w.qs[e];
 }
@@ -101,6 +107,9 @@ float s_vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noe
   return s_dot_q(w, x, k);
 }
 float s_vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q(w, x, k);
+}
+float s_vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return s_dot_q(w, x, k);
 }
 /// Q4_1: p_b = ((d_w * d_x) * f32(S_b)) + ((m_w * d_x) * f32(T_b)), S_b over the nibbles.
@@ -190,6 +199,10 @@ void s_gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t 
 void s_gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   s_gemm<BlockQ4_1, BlockQ8_0, s_vec_dot_q4_1_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ5_0, BlockQ8_0, s_vec_dot_q5_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
 }
 void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
@@ -402,7 +415,9 @@ const KernelTable& table_scalar() noexcept {
                                  s_attn_tiled,
                                  s_gemm_q4_0x8_q8_0,
                                  s_vec_dot_q4_1_q8_0,
-                                 s_gemm_q4_1_q8_0};
+                                 s_gemm_q4_1_q8_0,
+                                 s_vec_dot_q5_0_q8_0,
+                                 s_gemm_q5_0_q8_0};
   return t;
 }
 
