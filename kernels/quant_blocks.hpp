@@ -31,6 +31,23 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "Q4_0 block must be 18 bytes");
 
+/// Q4_1: weight j = fp16(d) * q_j + fp16(m), q_j in 0..15 (low nibbles: j < 16).
+struct BlockQ4_1 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint16_t m;  ///< IEEE fp16 bits of the offset (the block's minimum)
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ4_1) == 20, "Q4_1 block must be 20 bytes");
+
+/// Q5_0: weight j = fp16(d) * (q_j - 16), q_j = its nibble (low nibbles: j < 16) plus 16
+/// times bit j of qh (little-endian u32).
+struct BlockQ5_0 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
+
 struct BlockQ8_0 {
   uint16_t d;  ///< IEEE fp16 bits of the scale
   int8_t qs[kQK];

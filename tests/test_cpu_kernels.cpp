@@ -1155,3 +1155,117 @@ TEST_CASE("softmax_exp: within 2 ulp of exp on [-87, 0], exact at 0, 0 below the
   CHECK(softmax_exp(-INFINITY) == 0.0f);
   CHECK(std::isnan(softmax_exp(NAN)));
 }
+
+namespace {
+
+// A weight type run natively (the file's own blocks) x Q8_0 activations: the scalar path
+// against float64 references (the dequantised blocks times the quantised activations, and
+// times the float activations with the Q8_0 rounding bound), then every ISA, a column of a
+// batch alone, vec_dot and a row range all giving the scalar path's bits.
+template <class TW, class MakeBlocks, class WAt, class Gemm, class VecDot>
+void check_native_q(std::mt19937& g, MakeBlocks make_blocks, WAt w_at, Gemm gemm, VecDot vec_dot) {
+  const int64_t n = 11, m = 9;
+  for (int64_t k : {32, 64, 96, 576, 1536, 4128}) {
+    const int64_t nb = k / 32;
+    const std::vector<TW> w = make_blocks(size_t(n * nb));
+    const auto xf = rand_f32(g, size_t(m * k));
+    std::vector<BlockQ8_0> xq(size_t(m * nb));
+    for (int64_t c = 0; c < m; ++c) quantize_row_q8_0(xf.data() + c * k, xq.data() + c * nb, k);
+    // The scalar path's bits are the reference every ISA must give.
+    std::vector<float> ref_bits(size_t(m * n));
+    {
+      IsaScope s("scalar");
+      gemm(w.data(), xq.data(), ref_bits.data(), k, m, n, 0, n);
+    }
+    for (int64_t c = 0; c < m; ++c) {
+      for (int64_t r = 0; r < n; ++r) {
+        INFO("k " << k << " column " << c << " row " << r);
+        // (a) against the dequantised blocks times the quantised activations, in fp64: only
+        // the f32 roundings of the written arithmetic separate them.
+        double exact = 0, terms = 0, bound_q = 0;
+        // (b) against the float activations themselves: each Q8_0 element is off by at most
+        // amax / 254 (rounding q) + amax * 2^-11 (d rounded to fp16, |q| <= 127).
+        double vs_float = 0;
+        for (int64_t b = 0; b < nb; ++b) {
+          const TW& wb = w[size_t(r * nb + b)];
+          const BlockQ8_0& xb = xq[size_t(c * nb + b)];
+          double amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double(xf[size_t(c * k + b * 32 + j)])));
+          for (int j = 0; j < 32; ++j) {
+            const double wj = w_at(wb, j);
+            const double t = wj * double(fp16_to_fp32(xb.d)) * xb.qs[j];
+            exact += t;
+            terms += std::fabs(t);
+            vs_float += wj * double(xf[size_t(c * k + b * 32 + j)]);
+            bound_q += std::fabs(wj) * amax * (1.0 / 254 + std::ldexp(1.0, -11));
+          }
+        }
+        const float got = ref_bits[size_t(c * n + r)];
+        CHECK(std::fabs(double(got) - exact) <= kRelTol * terms);
+        CHECK(std::fabs(double(got) - vs_float) <= bound_q + kRelTol * terms);
+      }
+    }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      std::vector<float> all(static_cast<size_t>(m * n)), one(static_cast<size_t>(n));
+      gemm(w.data(), xq.data(), all.data(), k, m, n, 0, n);
+      for (int64_t c = 0; c < m; ++c) {
+        gemm(w.data(), xq.data() + c * nb, one.data(), k, 1, n, 0, n);
+        for (int64_t r = 0; r < n; ++r) {
+          INFO(isa << " k " << k << " column " << c << " row " << r);
+          CHECK(bits(all[size_t(c * n + r)]) == bits(ref_bits[size_t(c * n + r)]));
+          CHECK(bits(one[size_t(r)]) == bits(ref_bits[size_t(c * n + r)]));
+          CHECK(bits(vec_dot(w.data() + r * nb, xq.data() + c * nb, k)) == bits(ref_bits[size_t(c * n + r)]));
+        }
+      }
+      // A row range (as a thread pool splits it) gives the same bits.
+      std::vector<float> part(static_cast<size_t>(m * n), -1.0f);
+      gemm(w.data(), xq.data(), part.data(), k, m, n, 3, 8);
+      for (int64_t c = 0; c < m; ++c)
+        for (int64_t r = 3; r < 8; ++r) CHECK(bits(part[size_t(c * n + r)]) == bits(ref_bits[size_t(c * n + r)]));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Q4_1 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q4_1]") {
+  std::mt19937 g(41);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f), mn(-0.4f, 0.1f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ4_1> v(nblocks);
+    for (auto& b : v) {
+      b.d = fp32_to_fp16(sc(g));
+      b.m = fp32_to_fp16(mn(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    return v;
+  };
+  auto w_at = [](const BlockQ4_1& b, int j) {  // ggml's dequantisation, in fp64
+    const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+    return double(fp16_to_fp32(b.d)) * q + double(fp16_to_fp32(b.m));
+  };
+  check_native_q<BlockQ4_1>(g, make, w_at, gemm_q4_1_q8_0, vec_dot_q4_1_q8_0);
+}
+
+TEST_CASE("Q5_0 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_0]") {
+  std::mt19937 g(50);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ5_0> v(nblocks);
+    for (auto& b : v) {
+      b.d = fp32_to_fp16(sc(g));
+      for (auto& h : b.qh) h = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    return v;
+  };
+  auto w_at = [](const BlockQ5_0& b, int j) {  // ggml's dequantisation, in fp64: bit j of qh is bit 4 of q_j
+    const uint32_t qh = uint32_t(b.qh[0]) | uint32_t(b.qh[1]) << 8 | uint32_t(b.qh[2]) << 16 | uint32_t(b.qh[3]) << 24;
+    const int lo = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+    return double(fp16_to_fp32(b.d)) * ((lo | int((qh >> j) & 1u) << 4) - 16);
+  };
+  check_native_q<BlockQ5_0>(g, make, w_at, gemm_q5_0_q8_0, vec_dot_q5_0_q8_0);
+}

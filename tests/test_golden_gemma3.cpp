@@ -2,7 +2,8 @@
 // section), its tokenizer goldens, and the interleaved sliding window (real model and a
 // tiny random gemma3 written here, which always runs).
 //
-// Tandem loads the hub's Q4_K_M file and converts it to Q4_0 at load (model.hpp), which is
+// Tandem loads the hub's Q4_K_M file and converts it to Q4_0 at load when asked
+// (ModelOptions::convert_to, model.hpp), which is
 // what llama.cpp's `llama-quantize --allow-requantize ... Q4_0` makes; the goldens used are
 // those of that Q4_0 conversion (`gemma-3-270m-q4_0/`): the last test proves the converted
 // bytes are that file's (its SHA-256). Prompts are token ids (cases.json).
@@ -42,10 +43,20 @@ constexpr bool kSanitizer = false;
 // (45, 42, 32) is required.
 constexpr double kTolerance = 4.2e-2;
 
+// Tandem's default load of the hub file (its Q5_0 and Q8_0 weights as they are, Q4_K / Q6_K
+// converted to Q8_0, model.hpp) against llama.cpp running the hub file itself: not the same bytes, so the
+// bound is the issue's, llama.cpp's own build-to-build spread on this file (its AVX2 and
+// AVX-512 builds differ by up to 1.1e-1 x max|logit|, shared/golden/README.md). Measured
+// here (both CPU executors): 6.02e-2 (`text_capital`), 5.41e-2 (`code_sort`), 5.60e-2
+// (`long_lighthouse`); argmax = golden at 63, 64 and 63 of 64 teacher-forced steps. (With
+// every Q5_0 weight converted to Q8_0 as well: 5.76e-2, 5.44e-2, 5.88e-2.)
+constexpr double kHubTolerance = 1.1e-1;
+
 std::shared_ptr<const Model> gemma3_model() {
   static const auto model = [] {
     ModelOptions mo;
     mo.n_threads = 2;
+    mo.convert_to = GgmlType::kQ4_0;                     // the goldens' conversion (the default is Q8_0)
     return Model::load(test::gemma3_q4_k_m_path(), mo);  // converted once for every test
   }();
   return model;
@@ -55,6 +66,67 @@ std::vector<test::ExecutorFactory> cpu_factories() {
   auto f = test::executor_factories();
   std::erase_if(f, [](const test::ExecutorFactory& e) { return e.name.rfind("cpu", 0) != 0; });
   return f;
+}
+
+// Every case of the golden directory `dir`, every CPU executor: logits at the listed rows
+// within `tolerance` x max|logit|, and teacher-forced greedy equal wherever the reference
+// margin exceeds it.
+void check_goldens(const std::shared_ptr<const Model>& model, const std::filesystem::path& dir, double tolerance) {
+  const auto golden = test::read_json(dir / "cases.json");
+  const int32_t n_vocab = model->hparams().n_vocab;
+  REQUIRE(n_vocab == 262144);
+
+  auto factories = cpu_factories();
+  if (kSanitizer) factories.resize(1);
+  for (const auto& factory : factories) {
+    auto exec = factory.make(model);
+    for (const auto& c : golden["cases"]) {
+      const std::string name = c["name"];
+      if (kSanitizer && name != "text_capital") continue;
+      INFO(factory.name << " / " << name);
+      const auto ids = c["prompt_ids"].get<std::vector<int32_t>>();
+      const auto rows = c["logits_rows"].get<std::vector<size_t>>();
+      const auto ref = test::read_f32(dir / c["logits_file"].get<std::string>());
+      REQUIRE(ref.size() == rows.size() * size_t(n_vocab));
+      const double max_abs = c["logits_max_abs"];
+      const double tol = tolerance * max_abs;
+
+      Session session(model, *exec, {.n_ctx = 512});
+      std::vector<float> logits(ids.size() * size_t(n_vocab));
+      session.eval(ids, logits);
+      double max_diff = 0.0;
+      for (size_t j = 0; j < rows.size(); ++j) {
+        const float* mine = logits.data() + rows[j] * size_t(n_vocab);
+        const float* theirs = ref.data() + j * size_t(n_vocab);
+        double row_diff = 0.0;
+        for (int32_t v = 0; v < n_vocab; ++v) row_diff = std::max(row_diff, double(std::fabs(mine[v] - theirs[v])));
+        UNSCOPED_INFO(name << " row " << rows[j] << ": max |diff| / max|logit| = " << row_diff / max_abs);
+        max_diff = std::max(max_diff, row_diff);
+      }
+      INFO("max |diff| = " << max_diff << " = " << max_diff / max_abs << " x max|logit|");
+      CHECK(max_diff <= tol);
+
+      const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+      const auto margin = c["greedy_top1_margin"].get<std::vector<double>>();
+      int checked = 0, agreed = 0;
+      for (size_t step = 0; step < greedy.size(); ++step) {
+        const bool same = test::argmax(session.logits()) == greedy[step];
+        agreed += same ? 1 : 0;
+        if (margin[step] > tol) {
+          INFO("teacher-forced step " << step << " margin " << margin[step]);
+          CHECK(same);
+          ++checked;
+        }
+        const int32_t next = greedy[step];
+        session.eval(std::span<const int32_t>(&next, 1));
+      }
+      WARN(factory.name << " / " << name << ": max |diff| = " << max_diff / max_abs
+                        << " x max|logit|; argmax = golden at " << agreed << " of " << greedy.size()
+                        << " teacher-forced steps; " << checked
+                        << " steps have a margin above the tolerance and were required");
+      CHECK(checked > 0);
+    }
+  }
 }
 
 }  // namespace
@@ -98,63 +170,29 @@ TEST_CASE("Gemma 3 270M logits and teacher-forced greedy match llama.cpp (Q4_0 c
     WARN("SKIPPED: " << path << " is absent (scripts/fetch-gemma3 downloads it)");
     return;
   }
-  const auto dir = test::golden_dir() / "gemma-3-270m-q4_0";
-  const auto golden = test::read_json(dir / "cases.json");
-  const auto model = gemma3_model();
-  const int32_t n_vocab = model->hparams().n_vocab;
-  REQUIRE(n_vocab == 262144);
+  check_goldens(gemma3_model(), test::golden_dir() / "gemma-3-270m-q4_0", kTolerance);
+}
 
-  auto factories = cpu_factories();
-  if (kSanitizer) factories.resize(1);
-  for (const auto& factory : factories) {
-    auto exec = factory.make(model);
-    for (const auto& c : golden["cases"]) {
-      const std::string name = c["name"];
-      if (kSanitizer && name != "text_capital") continue;
-      INFO(factory.name << " / " << name);
-      const auto ids = c["prompt_ids"].get<std::vector<int32_t>>();
-      const auto rows = c["logits_rows"].get<std::vector<size_t>>();
-      const auto ref = test::read_f32(dir / c["logits_file"].get<std::string>());
-      REQUIRE(ref.size() == rows.size() * size_t(n_vocab));
-      const double max_abs = c["logits_max_abs"];
-      const double tol = kTolerance * max_abs;
-
-      Session session(model, *exec, {.n_ctx = 512});
-      std::vector<float> logits(ids.size() * size_t(n_vocab));
-      session.eval(ids, logits);
-      double max_diff = 0.0;
-      for (size_t j = 0; j < rows.size(); ++j) {
-        const float* mine = logits.data() + rows[j] * size_t(n_vocab);
-        const float* theirs = ref.data() + j * size_t(n_vocab);
-        double row_diff = 0.0;
-        for (int32_t v = 0; v < n_vocab; ++v) row_diff = std::max(row_diff, double(std::fabs(mine[v] - theirs[v])));
-        UNSCOPED_INFO(name << " row " << rows[j] << ": max |diff| / max|logit| = " << row_diff / max_abs);
-        max_diff = std::max(max_diff, row_diff);
-      }
-      INFO("max |diff| = " << max_diff << " = " << max_diff / max_abs << " x max|logit|");
-      CHECK(max_diff <= tol);
-
-      const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-      const auto margin = c["greedy_top1_margin"].get<std::vector<double>>();
-      int checked = 0, agreed = 0;
-      for (size_t step = 0; step < greedy.size(); ++step) {
-        const bool same = test::argmax(session.logits()) == greedy[step];
-        agreed += same ? 1 : 0;
-        if (margin[step] > tol) {
-          INFO("teacher-forced step " << step << " margin " << margin[step]);
-          CHECK(same);
-          ++checked;
-        }
-        const int32_t next = greedy[step];
-        session.eval(std::span<const int32_t>(&next, 1));
-      }
-      WARN(factory.name << " / " << name << ": max |diff| = " << max_diff / max_abs
-                        << " x max|logit|; argmax = golden at " << agreed << " of " << greedy.size()
-                        << " teacher-forced steps; " << checked
-                        << " steps have a margin above the tolerance and were required");
-      CHECK(checked > 0);
+TEST_CASE("Gemma 3 270M as loaded by default against llama.cpp on the hub's Q4_K_M", "[golden][gemma3][parity]") {
+  const auto path = test::gemma3_q4_k_m_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-gemma3 downloads it)");
+    return;
+  }
+  if (kSanitizer) return;  // CI time
+  ModelOptions mo;
+  mo.n_threads = 2;
+  const auto model = Model::load(path, mo);
+  CHECK(model->token_embd().type == GgmlType::kQ8_0);
+  // Q5_0 and Q8_0 weights run as the file has them; Q4_K and Q6_K (no kernel) become Q8_0.
+  for (const LayerWeights& L : model->layers()) {
+    for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      const GgmlType in_file = W->info->type;
+      const bool native = in_file == GgmlType::kQ5_0 || in_file == GgmlType::kQ8_0;
+      CHECK(W->type == (native ? in_file : GgmlType::kQ8_0));
     }
   }
+  check_goldens(model, test::golden_dir() / "gemma-3-270m-q4_k_m", kHubTolerance);
 }
 
 TEST_CASE("Gemma 3 270M tokenizer matches llama.cpp", "[golden][gemma3][tokenizer]") {

@@ -1,9 +1,9 @@
 // Golden tests on a real model: SmolLM2-135M-Instruct, the Q4_0 file llama.cpp's
 // quantizer makes from the PyPI wheel's Q4_1 file (shared/golden/README.md, SmolLM2
-// section). Tandem loads the Q4_1 file and converts it at load; test_requantize.cpp
-// proves those bytes equal llama.cpp's Q4_0 file tensor for tensor, so the goldens apply.
-// Every case, every executor of the parity suite: logits at the listed rows within the
-// tolerance, and teacher-forced greedy equal wherever the reference margin exceeds it.
+// section). Tandem loads the Q4_1 file and, asked to (ModelOptions::convert_to), converts it to Q4_0 at load;
+// test_requantize.cpp proves those bytes equal llama.cpp's Q4_0 file tensor for tensor, so the goldens apply. Every
+// case, every executor of the parity suite: logits at the listed rows within the tolerance, and teacher-forced greedy
+// equal wherever the reference margin exceeds it.
 //
 // Prompts are token ids (cases.json), so no tokenizer or chat template is involved.
 // Under AddressSanitizer only the shortest case on one executor runs (CI time).
@@ -52,6 +52,7 @@ TEST_CASE("SmolLM2-135M-Instruct logits and teacher-forced greedy match llama.cp
   const auto golden = test::read_json(dir / "cases.json");
   ModelOptions mo;
   mo.n_threads = 2;
+  mo.convert_to = GgmlType::kQ4_0;                  // the goldens' conversion (the default is Q8_0)
   static const auto model = Model::load(path, mo);  // converted once for every executor
   const int32_t n_vocab = model->hparams().n_vocab;
   REQUIRE(n_vocab == 49152);

@@ -134,6 +134,7 @@ TEST_CASE("quantize_file and Model::load reproduce llama.cpp's Q4_0 conversion o
   // executors read; the converted file loads with nothing to convert.
   ModelOptions mo;
   mo.n_threads = 2;
+  mo.convert_to = GgmlType::kQ4_0;
   const auto converted = Model::load(src, mo);
   const auto direct = Model::load(out, mo);
   CHECK(converted->converted_tensors() == 210);

@@ -67,6 +67,14 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept;
 /// Dot product of one Q4_0 row and one Q8_0 row of k elements (the arithmetic above).
 float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q4_1 weights (the file's own blocks, not converted) x Q8_0 activations: the same lanes
+/// and tree, with block b's term p_b = ((d_w * d_x) * f32(S_b)) + ((m_w * d_x) * f32(T_b)),
+/// S_b = sum_j q_w[j] * q_x[j] (q_w = the nibble, 0..15) and T_b = sum_j q_x[j], both exact
+/// in i32 (docs/arithmetic.md).
+float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_0 weights (the file's own blocks) x Q8_0 activations: the arithmetic above with
+/// q_w = the 5-bit value - 16.
+float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
 float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept;  ///< f32 accumulate
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
@@ -77,6 +85,10 @@ float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
 void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 /// Q4_0 weights repacked 8 rows at a time for the SIMD kernel below (the interleaving
 /// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and

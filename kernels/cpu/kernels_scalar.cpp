@@ -70,6 +70,12 @@ float sum8(const float* a) noexcept {
 inline int32_t q_at(const BlockQ4_0& w, int e) noexcept {
   return e < kHalf ? (w.qs[e] & 0x0F) - 8 : (w.qs[e - kHalf] >> 4) - 8;
 }
+inline int32_t q_at(const BlockQ5_0& w, int e) noexcept {
+  uint32_t qh;
+  std::memcpy(&qh, w.qh, sizeof qh);
+  const int32_t hi = static_cast<int32_t>((qh >> e) & 1u) << 4;
+  return (e < kHalf ? (w.qs[e] & 0x0F) : (w.qs[e - kHalf] >> 4)) + hi - 16;
+}
 inline int32_t q_at(const BlockQ8_0& w, int e) noexcept {
   return w.qs[e];
 }
@@ -102,6 +108,25 @@ float s_vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noe
 }
 float s_vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return s_dot_q(w, x, k);
+}
+float s_vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q(w, x, k);
+}
+/// Q4_1: p_b = ((d_w * d_x) * f32(S_b)) + ((m_w * d_x) * f32(T_b)), S_b over the nibbles.
+float s_vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    int32_t s = 0, t = 0;
+    for (int e = 0; e < kQK; ++e) {
+      const int32_t q = e < kHalf ? (w[b].qs[e] & 0x0F) : (w[b].qs[e - kHalf] >> 4);
+      s += q * x[b].qs[e];
+      t += x[b].qs[e];
+    }
+    const float ps = block_scale_product(w[b].d, x[b].d) * static_cast<float>(s);
+    const float pm = block_scale_product(w[b].m, x[b].d) * static_cast<float>(t);
+    lanes.add(b, ps + pm);
+  }
+  return lanes.tree();
 }
 
 struct F16 {
@@ -170,6 +195,14 @@ void s_gemm(const TW* w, const TX* x, float* y, int64_t k, int64_t m, int64_t ld
 void s_gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   s_gemm<BlockQ4_0, BlockQ8_0, s_vec_dot_q4_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ4_1, BlockQ8_0, s_vec_dot_q4_1_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ5_0, BlockQ8_0, s_vec_dot_q5_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
 }
 void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
@@ -380,7 +413,11 @@ const KernelTable& table_scalar() noexcept {
                                  s_thread_prepare,
                                  s_flash_attn,
                                  s_attn_tiled,
-                                 s_gemm_q4_0x8_q8_0};
+                                 s_gemm_q4_0x8_q8_0,
+                                 s_vec_dot_q4_1_q8_0,
+                                 s_gemm_q4_1_q8_0,
+                                 s_vec_dot_q5_0_q8_0,
+                                 s_gemm_q5_0_q8_0};
   return t;
 }
 

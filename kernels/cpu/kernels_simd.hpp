@@ -207,7 +207,7 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
 // horizontal float sum is ever taken.
 
 /// The exact i32 lane sums of 32 byte products, lane l taking bytes 4l .. 4l + 3: u (u8)
-/// times s (i8). No i16 step saturates for the operands used here (Q4_0 nibbles <= 15,
+/// times s (i8). No i16 step saturates for the operands used here (Q4_0 / Q4_1 nibbles <= 15, Q5_0 values <= 31,
 /// Q8_0 |w| <= 128 against |x| <= 127), so vpdpbusd and maddubs + madd agree exactly.
 inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 #if TANDEM_ISA_VNNI
@@ -224,8 +224,9 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 struct Lanes32 {
   __m256 a[32];
   /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S), from +0 on first use.
-  void add(int64_t b, __m256 d, __m256i s) noexcept {
-    const __m256 p = _mm256_mul_ps(d, _mm256_cvtepi32_ps(s));
+  void add(int64_t b, __m256 d, __m256i s) noexcept { add_p(b, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))); }
+  /// Block b's terms p (8 outputs) into lane b % 32, as add() does.
+  void add_p(int64_t b, __m256 p) noexcept {
     if (b < 32) {
       a[b] = _mm256_add_ps(_mm256_setzero_ps(), p);
     } else {
@@ -273,15 +274,32 @@ inline __m256i unpack_q4(const uint8_t* qs) noexcept {
   return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
+/// Q5_0's fifth bits: byte e = 0x10 where bit e of the block's qh (little-endian) is set.
+/// Byte e takes qh's byte e / 8 (a shuffle within each 128-bit lane of the broadcast), then
+/// its bit e % 8 is tested by setting every other bit and comparing with 0xFF.
+inline __m256i q5_high_bits(const uint8_t* qh) noexcept {
+  uint32_t h;
+  std::memcpy(&h, qh, sizeof h);
+  const __m256i rep = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(h)),
+      _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i all_but = _mm256_or_si256(rep, _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(all_but, _mm256_set1_epi8(-1)), _mm256_set1_epi8(0x10));
+}
+
 // tile_q<TW, C>: y[c * ldy + r] = dot(W row r, X column c) for r < rows (<= 8), c < C, on
 // the weights in the GGUF layout (rows nb blocks apart). Per block: each row's 8 exact i32
 // lane dots, summed across lanes into one vector (lane = row, transpose_sum8), Q4_0 minus
-// 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add. Rows past `rows` repeat
+// 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add; Q4_1 adds its offset
+// term (m_w * d_x) * sum(x) to the scaled dot (cpu_kernels.hpp). Rows past `rows` repeat
 // the last row and are not stored. pf: if not null, the start of the weights the next call
 // reads (the next 8 rows), prefetched at the pace this tile consumes its own.
 template <class TW, int C>
 void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
+  constexpr bool kQ41 = std::is_same_v<TW, BlockQ4_1>;
+  constexpr bool kQ5 = std::is_same_v<TW, BlockQ5_0>;
+  constexpr bool kNib = kQ4 || kQ41 || kQ5;  // nibble-packed weights
   const TW* wr[8];
   for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * nb;
   Lanes32 acc[C];
@@ -294,10 +312,19 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
         static_cast<int16_t>(wr[0][b].d), static_cast<int16_t>(wr[1][b].d), static_cast<int16_t>(wr[2][b].d),
         static_cast<int16_t>(wr[3][b].d), static_cast<int16_t>(wr[4][b].d), static_cast<int16_t>(wr[5][b].d),
         static_cast<int16_t>(wr[6][b].d), static_cast<int16_t>(wr[7][b].d)));
-    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q8_0 |q|
+    __m256 mw = _mm256_setzero_ps();
+    if constexpr (kQ41) {
+      mw = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(wr[0][b].m), static_cast<int16_t>(wr[1][b].m),
+                                          static_cast<int16_t>(wr[2][b].m), static_cast<int16_t>(wr[3][b].m),
+                                          static_cast<int16_t>(wr[4][b].m), static_cast<int16_t>(wr[5][b].m),
+                                          static_cast<int16_t>(wr[6][b].m), static_cast<int16_t>(wr[7][b].m)));
+    }
+    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 nibbles (q), Q5_0 (q + 16), Q8_0 |q|
     __m256i wq[8];
     for (int r = 0; r < 8; ++r) {
-      if constexpr (kQ4) {
+      if constexpr (kQ5) {
+        u[r] = _mm256_or_si256(unpack_q4(wr[r][b].qs), q5_high_bits(wr[r][b].qh));
+      } else if constexpr (kNib) {
         u[r] = unpack_q4(wr[r][b].qs);
       } else {
         wq[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r][b].qs));
@@ -308,14 +335,25 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       const BlockQ8_0& xb = x[c * nb + b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       __m256i v[8];
-      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kQ4 ? xq : _mm256_sign_epi8(xq, wq[r]));
+      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kNib ? xq : _mm256_sign_epi8(xq, wq[r]));
       __m256i s = transpose_sum8(v);
-      if constexpr (kQ4) {
-        const __m256i xs = dot_u8s8(_mm256_set1_epi8(8), xq);  // 8 * sum(x), in 8 lanes
+      if constexpr (kNib) {
+        // sum(x) times the offset (Q4_0: 8, Q5_0: 16; subtracted) or 1 (Q4_1's T_b), in 8
+        // lanes, then all.
+        const __m256i xs = dot_u8s8(_mm256_set1_epi8(kQ4 ? 8 : kQ5 ? 16 : 1), xq);
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(xs), _mm256_extracti128_si256(xs, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        s = _mm256_sub_epi32(s, _mm256_broadcastd_epi32(t));
+        const __m256i tb = _mm256_broadcastd_epi32(t);
+        if constexpr (kQ4 || kQ5) {
+          s = _mm256_sub_epi32(s, tb);
+        } else {
+          const __m256 dx = _mm256_set1_ps(h2f(xb.d));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(tb));
+          acc[c].add_p(b, _mm256_add_ps(ps, pm));
+          continue;
+        }
       }
       acc[c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(h2f(xb.d))), s);
     }
@@ -365,6 +403,16 @@ float vec_dot_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, int64_t k) noexc
 float vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   float out = 0.0f;
   gemm_q<BlockQ8_0>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ4_1>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ5_0>(w, x, &out, k, 1, 1, 0, 1);
   return out;
 }
 
@@ -527,6 +575,14 @@ void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   gemm_q<BlockQ8_0>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ4_1>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ5_0>(w, x, y, k, m, ldy, r0, r1);
 }
 
 // ---------------------------------------------------------------- float-family ----------
@@ -1012,7 +1068,8 @@ inline const KernelTable& table() noexcept {
       dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0};
+      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
+      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0};
   return t;
 }
 

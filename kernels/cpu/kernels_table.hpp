@@ -37,6 +37,12 @@ struct KernelTable {
   void (*attn_tiled)(const FlashAttnArgs&, float*) noexcept;
   void (*gemm_q4_0x8_q8_0)(const BlockQ4_0x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
+  float (*vec_dot_q4_1_q8_0)(const BlockQ4_1*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q4_1_q8_0)(const BlockQ4_1*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  float (*vec_dot_q5_0_q8_0)(const BlockQ5_0*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q5_0_q8_0)(const BlockQ5_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction

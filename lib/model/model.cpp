@@ -15,6 +15,7 @@
 
 #include "cpu/cpu_kernels.hpp"
 #include "tandem/core/thread_pool.hpp"
+#include "tandem/gguf/ggml_dequant.hpp"
 #include "tandem/model/requantize.hpp"
 
 namespace tandem {
@@ -204,12 +205,20 @@ void embedding_row(const TensorView& t, int32_t id, float* y) noexcept {
     case GgmlType::kQ8_0:
       kernels::dequantize_row_q8_0(reinterpret_cast<const kernels::BlockQ8_0*>(row), y, t.k);
       break;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+      dequantize_row(t.type, row, y, t.k);  // ggml's dequantisation
+      break;
     default:
       break;  // Model::load converts every other type (model.hpp)
   }
 }
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, const ModelOptions& options) {
+  if (options.convert_to != GgmlType::kQ8_0 && options.convert_to != GgmlType::kQ4_0) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("ModelOptions::convert_to must be Q8_0 or Q4_0, not {}",
+                                                         ggml_type_name(options.convert_to)));
+  }
   std::shared_ptr<Model> m(new Model());
   m->gguf_ = GgufFile::open(path, options.gguf);
   const GgufFile& f = *m->gguf_;
@@ -256,7 +265,7 @@ std::shared_ptr<const Model> Model::load(const std::filesystem::path& path, cons
       L.ffn_post_norm = b.get(p + "post_ffw_norm.weight", hp.n_embd, 0);
     }
   }
-  m->convert_weights(options.n_threads);
+  m->convert_weights(options.n_threads, options.convert_to);
   return m;
 }
 
@@ -264,7 +273,7 @@ void Model::AlignedFree::operator()(std::byte* p) const noexcept {
   ::operator delete[](p, std::align_val_t{kConvertedAlignment});
 }
 
-void Model::convert_weights(int n_threads) {
+void Model::convert_weights(int n_threads, GgmlType convert_to) {
   // Every bound 2-D weight, once (a tied output shares token_embd's view).
   std::vector<TensorView*> views{&token_embd_, &output_};
   for (LayerWeights& L : layers_) {
@@ -278,23 +287,25 @@ void Model::convert_weights(int n_threads) {
   std::vector<Conversion> todo;
   uint64_t total = 0;
   const bool has_output = !hp_.tied_output;
-  auto executable = [](const GgufTensorInfo* t) {
-    return !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0;
+  // Types with a CPU kernel run as the file has them.
+  auto native = [](const GgufTensorInfo* t) {
+    return !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0 ||
+           t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_0;
   };
-  // A file the executors cannot run as it is gets llama-quantize's whole Q4_0 rule, so the
-  // result is the file `tandem-quantize IN OUT q4_0` (and llama.cpp) would make: its Q8_0
-  // weights (e.g. a Q4_K_M's) become Q4_0 too. A file with executable types only is used
-  // as it is.
+  // Q8_0: each weight without a kernel becomes Q8_0, the others stay. Q4_0 (asked for): a
+  // file with weights other than Q4_0, Q8_0 and floats gets llama-quantize's whole Q4_0
+  // rule, so the result is the file `tandem-quantize IN OUT q4_0` (and llama.cpp) would
+  // make: its Q8_0 weights (e.g. a Q4_K_M's) become Q4_0 too; other files stay as they are.
   const bool convert_all = std::any_of(views.begin(), views.end(), [&](const TensorView* v) {
-    return ggml_is_quantized(v->info->type) && !executable(v->info);
+    const GgmlType t = v->info->type;
+    return ggml_is_quantized(t) && t != GgmlType::kQ4_0 && t != GgmlType::kQ8_0;
   });
   for (TensorView* v : views) {
     const GgufTensorInfo* t = v->info;
-    if (!convert_all || !ggml_is_quantized(t->type) ||
-        std::any_of(todo.begin(), todo.end(), [t](const Conversion& c) { return c.info == t; })) {
-      continue;
-    }
-    const GgmlType type = requantized_type(*t, has_output, GgmlType::kQ4_0, false);
+    const bool skip = convert_to == GgmlType::kQ8_0 ? native(t) : !convert_all || !ggml_is_quantized(t->type);
+    if (skip || std::any_of(todo.begin(), todo.end(), [t](const Conversion& c) { return c.info == t; })) continue;
+    const GgmlType type =
+        convert_to == GgmlType::kQ8_0 ? GgmlType::kQ8_0 : requantized_type(*t, has_output, GgmlType::kQ4_0, false);
     if (type == t->type) continue;
     todo.push_back({t, type, total});
     total += (requantized_bytes(*t, type) + kConvertedAlignment - 1) / kConvertedAlignment * kConvertedAlignment;
@@ -328,10 +339,12 @@ void Model::convert_weights(int n_threads) {
     what += fmt::format("{}{} {} -> {}", what.empty() ? "" : ", ", count, ggml_type_name(from_to.first),
                         ggml_type_name(from_to.second));
   }
-  fmt::print(stderr,
-             "tandem: converted {} weights of {} at load ({}) in {:.2f} s on {} threads; "
-             "tandem-quantize writes a file that needs no conversion\n",
-             todo.size(), gguf_->path().filename().string(), what, seconds, pool.size());
+  fmt::print(stderr, "tandem: converted {} weights of {} at load ({}) in {:.2f} s on {} threads: {}\n", todo.size(),
+             gguf_->path().filename().string(), what, seconds, pool.size(),
+             convert_to == GgmlType::kQ8_0
+                 ? "these types have no kernel yet; Q8_0 keeps their accuracy (a Q4_0 conversion is smaller and "
+                   "faster but loses accuracy)"
+                 : "Q4_0 as asked (llama-quantize's rule; it compounds the file's rounding)");
 }
 
 std::string Model::name() const {

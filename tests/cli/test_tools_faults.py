@@ -4,7 +4,11 @@ trace file and line named), exit 1 when every request failed or stdout cannot be
 and never replace a device with a regular file; tandem-quantize refuses to write over its
 own input and bad flags with exit 2.
 
-Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR TANDEM_QUANTIZE   (TANDEM_SHARED wins)
+tandem-perplexity: bad flags exit 2, a missing or too short text exits 1 naming the cause,
+its output has llama-perplexity's shape, a full or closed stdout exits 1.
+
+Usage: test_tools_faults.py TANDEM_BENCH TANDEM_SYNTH SHARED_DIR TANDEM_QUANTIZE TANDEM_PERPLEXITY
+(TANDEM_SHARED wins)
 """
 import json
 import os
@@ -13,7 +17,7 @@ import sys
 
 from faults_support import Checks, model_path
 
-bench, synth, quantize = sys.argv[1], sys.argv[2], sys.argv[4]
+bench, synth, quantize, perplexity = sys.argv[1], sys.argv[2], sys.argv[4], sys.argv[5]
 model = model_path(sys.argv[3])
 check = Checks("tandem-tools-faults-")
 tmp = check.tmp
@@ -189,6 +193,29 @@ for out in (src, os.path.join(tmp, ".", "in.gguf")):
 p = run(quantize, src, os.path.join(tmp, "out.gguf"), "q5_k")
 check("quantize to an unknown type: exit 2", p.returncode == 2 and not os.path.exists(os.path.join(tmp, "out.gguf")),
       f"rc {p.returncode}")
+
+# tandem-perplexity on the f32 stories model (a tiny text, -c 16: chunks of 16 tokens).
+f32_model = model_path(sys.argv[3], "aidreams260K-f32.gguf")
+text = trace("story.txt", "Once upon a time there was a little girl who liked to play in the park. " * 12)
+p = run(perplexity, "-m", f32_model, "-f", text, "-c", "16", "-t", "1", "--chunks", "3")
+out = p.stdout.decode(errors="replace")
+check("perplexity: [1]..[3] running values and the final estimate", p.returncode == 0 and "[1]" in out
+      and "[3]" in out and "[4]" not in out and "Final estimate: PPL = " in out and " +/- " in out,
+      f"rc {p.returncode} {out[-200:]!r} {p.stderr[-200:]!r}")
+for args, named in ((["-c", "2"], b"--ctx-size"), (["-b", "0"], b"--batch-size"), (["--convert", "q5_k"], b"--convert"),
+                    (["--chunks", "-2"], b"--chunks")):
+    p = run(perplexity, "-m", f32_model, "-f", text, *args)
+    check(f"perplexity {args}: exit 2 naming the flag", p.returncode == 2 and named in p.stderr,
+          f"rc {p.returncode} {p.stderr[-200:]!r}")
+p = run(perplexity, "-m", f32_model, "-f", os.path.join(tmp, "no-such.txt"))
+check("perplexity: a missing text exits 1 naming it", p.returncode == 1 and b"no-such.txt" in p.stderr,
+      f"rc {p.returncode} {p.stderr[-200:]!r}")
+p = run(perplexity, "-m", f32_model, "-f", text, "-c", "4096")
+check("perplexity: a text shorter than 2 chunks exits 1 saying how long it is",
+      p.returncode == 1 and b"at least 8192 tokens" in p.stderr, f"rc {p.returncode} {p.stderr[-200:]!r}")
+with open("/dev/full", "wb") as full:
+    p = run(perplexity, "-m", f32_model, "-f", text, "-c", "16", "-t", "1", "--chunks", "1", stdout=full)
+    check("perplexity > /dev/full exits 1", p.returncode == 1, f"rc {p.returncode} {p.stderr[-200:]!r}")
 
 # A simulated trace whose prompts do not fit -c: a warning up front (every request would be
 # refused and count as missed), and the capacity line says neither configuration met the

@@ -19,17 +19,27 @@
 // "<arch>.attention.head_count_kv", ...). When `output.weight` is absent the output
 // projection is tied to `token_embd.weight`.
 //
-// Weight formats: the executors compute with F32, F16, BF16, Q4_0 and Q8_0 weights. A 2-D
-// weight of any other type the reader accepts (Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) is converted
-// once at load, on a thread pool, by llama-quantize's rule for a Q4_0 target
-// (requantize.hpp): the output projection (`output.weight`, or a tied `token_embd.weight`)
-// becomes Q8_0, every other weight Q4_0 (Q8_0 weights of such a file too, e.g. those of a
-// Q4_K_M), with ggml's reference quantiser, so the bytes equal those
-// `tandem-quantize IN OUT q4_0` writes. A file whose weights are all executable types is
-// not converted. The converted blocks live in one
-// 64-byte aligned allocation owned by the Model; both executors read (the GPU uploads)
-// those bytes. Load prints one line on stderr saying what was converted and how long it
-// took. Float weights are not converted (the executors use them as they are).
+// Weight formats: the executors compute with F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0
+// weights (Q4_1, Q5_0: the CPU executor's own kernels; the GPU executor converts them to
+// Q8_0 at upload and says so), and a file's weights of those types are used as they are
+// (memory-mapped). A 2-D weight of any other type the reader accepts (Q5_1, Q2_K..Q6_K)
+// has no kernel yet and is converted once at load, on a thread pool, as
+// ModelOptions::convert_to says:
+//   - kQ8_0 (the default): each such weight becomes Q8_0 (ggml's dequantisation, then its
+//     reference Q8_0 quantiser: llama-quantize's bytes for a Q8_0 target); every other
+//     weight stays as it is. The loss is negligible: llama.cpp's own perplexity of such a
+//     Q8_0 conversion is within 0.01 % of the original file's (SmolLM2 Q4_1, Gemma 3
+//     Q4_K_M; benchmarks/README.md);
+//   - kQ4_0: for a file with any weight other than Q4_0, Q8_0 or float (Q4_1 included),
+//     llama-quantize's whole Q4_0 rule (requantize.hpp): the output projection
+//     (`output.weight`, or a tied `token_embd.weight`) becomes Q8_0, every other weight
+//     Q4_0 (Q8_0 weights of such a file too), so the bytes equal those `tandem-quantize IN
+//     OUT q4_0` writes: half the bytes of Q8_0 and faster, but requantising compounds the
+//     rounding (+25 % perplexity on SmolLM2's Q4_1 file, +50 % on Gemma 3's Q4_K_M).
+// The converted blocks live in one 64-byte aligned allocation owned by the Model; both
+// executors read (the GPU uploads) those bytes. Load prints one line on stderr saying what
+// was converted to what and how long it took. Float weights are not converted (the
+// executors use them as they are).
 //
 // Thread-safety: a Model is immutable after load(); share it (std::shared_ptr) between
 // any number of executors and threads.
@@ -97,8 +107,8 @@ struct TensorView {
   explicit operator bool() const noexcept { return data != nullptr; }
 };
 
-/// Row `id` of an embedding table `t` (F32, F16, BF16, Q4_0 or Q8_0: the types Model::load
-/// leaves) as `t.k` floats into `y`. The one dequantisation of token embeddings shared by
+/// Row `id` of an embedding table `t` (F32, F16, BF16, Q4_0, Q4_1, Q5_0 or Q8_0: the types
+/// Model::load leaves) as `t.k` floats into `y`. The one dequantisation of token embeddings shared by
 /// the CPU and GPU executors, so both start from the same bits. `id` must be in [0, t.n)
 /// (callers check token ids); other types write nothing. Thread-safe (reads only).
 void embedding_row(const TensorView& t, int32_t id, float* y) noexcept;
@@ -115,6 +125,9 @@ struct ModelOptions {
   GgufOpenOptions gguf;
   /// Threads converting weights at load (see above); <= 0: physical_core_count().
   int n_threads = 0;
+  /// What a weight without a kernel becomes at load (see above): kQ8_0 or kQ4_0. Any
+  /// other value: load() throws Error(kInvalidArgument).
+  GgmlType convert_to = GgmlType::kQ8_0;
 };
 
 class Model {
@@ -153,7 +166,7 @@ class Model {
  private:
   Model() = default;
   static constexpr size_t kConvertedAlignment = 64;
-  void convert_weights(int n_threads);
+  void convert_weights(int n_threads, GgmlType convert_to);
   std::shared_ptr<const GgufFile> gguf_;
   std::unique_ptr<Tokenizer> tokenizer_;
   HParams hp_;

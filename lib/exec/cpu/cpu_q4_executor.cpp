@@ -533,6 +533,8 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
   constexpr int64_t kRowGrain = 16;
   switch (W.type) {
     case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
     case GgmlType::kQ8_0: {
       const int64_t nb = kdim / k::kQK;
       k::BlockQ8_0* xq = s.xq8.get(size_t(m * nb));
@@ -547,6 +549,10 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
           k::gemm_q4_0x8_q8_0(packed, xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ4_0) {
           k::gemm_q4_0_q8_0(reinterpret_cast<const k::BlockQ4_0*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ4_1) {
+          k::gemm_q4_1_q8_0(reinterpret_cast<const k::BlockQ4_1*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ5_0) {
+          k::gemm_q5_0_q8_0(reinterpret_cast<const k::BlockQ5_0*>(W.data), xq, y, kdim, m, n, b, e);
         } else {
           k::gemm_q8_0_q8_0(reinterpret_cast<const k::BlockQ8_0*>(W.data), xq, y, kdim, m, n, b, e);
         }

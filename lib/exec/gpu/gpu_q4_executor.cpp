@@ -16,6 +16,7 @@
 
 #include "cpu/cpu_kernels.hpp"
 #include "cuda/cuda_kernels.hpp"
+#include "tandem/model/requantize.hpp"
 
 namespace tandem {
 
@@ -260,7 +261,15 @@ struct DeviceWeights {
     }
     output_norm = upload_f32(m.output_norm(), "output_norm");
     output = upload_matrix(m.output());
+    if (converted > 0) {
+      fmt::print(stderr,
+                 "tandem: GPU executor: {} Q4_1 / Q5_0 weights converted to Q8_0 for the GPU (it has no kernel for "
+                 "them yet; the CPU executor runs them as they are, so this model's CPU and GPU logits differ "
+                 "slightly)\n",
+                 converted);
+    }
   }
+  int converted = 0;  ///< weights converted to Q8_0 at upload
 
   const void* upload_bytes(const void* src, size_t n) {
     mem.emplace_back(n);
@@ -305,6 +314,18 @@ struct DeviceWeights {
         w.q = upload_bytes(qs.data(), qs.size());
         w.d = static_cast<const uint16_t*>(upload_bytes(d.data(), d.size() * sizeof(uint16_t)));
         break;
+      }
+      case GgmlType::kQ4_1:
+      case GgmlType::kQ5_0: {  // no GPU kernel yet: Q8_0 (the CPU's load conversion bytes), said at load
+        std::vector<std::byte> q8(n * (size_t(t.k) / kernels::kQK) * sizeof(kernels::BlockQ8_0));
+        std::vector<float> scratch(size_t(t.k));
+        requantize_rows(*t.info, GgmlType::kQ8_0, 0, t.n, q8.data(), scratch.data());
+        TensorView c = t;
+        c.type = GgmlType::kQ8_0;
+        c.data = q8.data();
+        c.row_bytes = q8.size() / n;
+        ++converted;
+        return upload_matrix(c);
       }
       case GgmlType::kF32:
         w.type = ck::WType::kF32;
