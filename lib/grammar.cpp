@@ -62,6 +62,17 @@ std::shared_ptr<VocabCompiler> compiler_for(const Tokenizer& tok) {
   return compilers.emplace(key, std::move(c)).first->second;  // a racing thread's entry wins
 }
 
+// xgrammar's message without its "[hh:mm:ss] path/file.cc:line: " prefix and final newline.
+std::string_view reason(std::string_view m) {
+  if (m.starts_with('[')) {
+    if (const size_t at = m.find(".cc:"); at != m.npos) {
+      if (const size_t colon = m.find(": ", at + 4); colon != m.npos) m.remove_prefix(colon + 2);
+    }
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
+  return m;
+}
+
 template <typename F>
 std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, F&& f) {
   auto vc = compiler_for(tok);
@@ -70,7 +81,7 @@ std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, F
     std::lock_guard lock(vc->mu);
     compiled.emplace(f(vc->compiler));
   } catch (const std::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", what, e.what()));
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", what, reason(e.what())));
   }
   auto impl =
       std::make_shared<const Grammar::Impl>(Grammar::Impl{std::move(*compiled), tok.identity_hash(), vc->n_vocab});

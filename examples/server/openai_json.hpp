@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "tandem/chat_template.hpp"
+#include "tandem/grammar.hpp"
 #include "tandem/routing_policy.hpp"
 #include "tandem/sampler.hpp"
 #include "tandem/scheduler.hpp"
@@ -66,6 +68,10 @@ struct GenerationSpec {
   /// -1: no logprobs; 0 .. kMaxTopLogprobs: each token's log-probability and this many
   /// alternatives (chat: `logprobs: true` + `top_logprobs`; completions: `logprobs: N`).
   int32_t logprobs = -1;
+  /// Structured output: response_format json_object / json_schema, or llama-server's
+  /// `json_schema` / `grammar` fields; null = unconstrained. A schema or grammar that does
+  /// not compile is ApiError 400 with the engine's reason.
+  std::shared_ptr<const Grammar> grammar;
 };
 
 /// Parse a body as JSON (ApiError 400 for malformed JSON or a non-object).
