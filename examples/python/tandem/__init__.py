@@ -424,7 +424,8 @@ class Model(_Handle):
                           stop: Union[None, str, List[str]] = None, seed: Optional[int] = None, stream: bool = False,
                           logprobs: Optional[int] = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, n_ctx: int = 0,
-                          model: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                          model: Optional[str] = None, response_format: Optional[Dict[str, Any]] = None,
+                          grammar: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped text completion with the field names and defaults of
         llama-cpp-python's ``Llama.create_completion``: a "text_completion" dict
         (choices[0].text, finish_reason, usage) or, with stream=True, an iterator of them
@@ -432,7 +433,8 @@ class Model(_Handle):
         as tandem-server) or token ids. logprobs 0..20: choices[0]["logprobs"] is the
         legacy {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
         "text_offset"} (offsets in code points from the completion's start); streamed, the
-        entries ride on the last chunk. max_tokens None: until the context is full."""
+        entries ride on the last chunk. max_tokens None: until the context is full.
+        response_format / grammar: structured output, as Session.generate."""
         if isinstance(prompt, (str, bytes)):
             ids = self.tokenize(prompt, add_special=True, parse_special=True)
         else:
@@ -445,7 +447,8 @@ class Model(_Handle):
                         repeat_penalty=repeat_penalty)
         if seed is not None:
             sampling["seed"] = seed
-        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, **sampling)
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                               response_format=response_format, grammar=grammar, **sampling)
         ident = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         name = model if model is not None else self.info.name

@@ -216,6 +216,8 @@ class TestStructuredOutput(PackageTestCase):
         self.check("".join(c["choices"][0]["delta"].get("content", "") for c in chunks))
 
     def test_gbnf_and_errors(self):
+        r = self.model.create_completion("Once", max_tokens=10, temperature=1.0, seed=2, grammar='root ::= [a-c] "."')
+        self.assertIn(r["choices"][0]["text"], ("a.", "b.", "c."))
         with self.session() as s:
             r = s.complete("Once", max_tokens=10, temperature=1.0, seed=1, grammar='root ::= ("cat" | "dog") "!"')
         self.assertIn(r.text, ("cat!", "dog!"))
