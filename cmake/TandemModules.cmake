@@ -7,23 +7,25 @@
 #   gguf       GGUF read/write, ggml block (de)quantisation
 #   tokenizer  tokenizers, pre-tokenizers, Unicode tables
 #   model      Model (hyper-parameters, weights, tokenizer), requantisation
-#   template   the Jinja interpreter and chat templates
+#   template   the Jinja interpreter, chat templates, tool-call formats
+#   grammar    constrained decoding (xgrammar): JSON schema, any JSON, GBNF
 #   kv         paged KV store, page file, KV contract
 #   exec       executor interface, paced executor, performance model; exec/cpu, exec/gpu
 #   session    session, session files, chat session, generation, sampler, stop strings
 #   sched      scheduler, routing policy, speed signals, metrics, request handles
-set(TANDEM_MODULES core gguf tokenizer model template kv exec exec/cpu exec/gpu session sched)
+set(TANDEM_MODULES core gguf tokenizer model template grammar kv exec exec/cpu exec/gpu session sched)
 set(TANDEM_MODULE_DEPS_core "")
 set(TANDEM_MODULE_DEPS_gguf core)
 set(TANDEM_MODULE_DEPS_tokenizer core gguf)
 set(TANDEM_MODULE_DEPS_model core gguf tokenizer)
 set(TANDEM_MODULE_DEPS_template core model tokenizer)
+set(TANDEM_MODULE_DEPS_grammar core tokenizer)
 set(TANDEM_MODULE_DEPS_kv core model)
 set(TANDEM_MODULE_DEPS_exec core kv model)
 set(TANDEM_MODULE_DEPS_exec/cpu core exec kv model)
 set(TANDEM_MODULE_DEPS_exec/gpu core exec kv model)
-set(TANDEM_MODULE_DEPS_session core exec kv model template tokenizer)
-set(TANDEM_MODULE_DEPS_sched core exec kv model session tokenizer)
+set(TANDEM_MODULE_DEPS_session core exec grammar kv model template tokenizer)
+set(TANDEM_MODULE_DEPS_sched core exec grammar kv model session tokenizer)
 
 # Fails configuration for an include across modules that the including module does not
 # declare above, and for a library file outside every module. Sets TANDEM_MODULE_SOURCES.

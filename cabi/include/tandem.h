@@ -398,7 +398,27 @@ typedef struct tandem_generate_params {
                        token's log-probability and this many most likely alternatives
                        (OpenAI's logprobs / top_logprobs), into tandem_generate_result.logprobs */
   int32_t reserved; /* 0 */
+  /* ---- structured outputs (a struct_size without them is still accepted) ---- */
+  const char* grammar;  /* the schema or grammar text (NUL-terminated UTF-8) for grammar_type;
+                           NULL for TANDEM_GRAMMAR_NONE and TANDEM_GRAMMAR_JSON_OBJECT */
+  int32_t grammar_type; /* a tandem_grammar_type; default TANDEM_GRAMMAR_NONE */
+  int32_t reserved2;    /* 0 */
 } tandem_generate_params;
+
+/* Structured outputs (include/tandem/grammar/grammar.hpp): every sampled token is one the grammar
+ * allows, and generation ends at end-of-generation only where the grammar is complete
+ * (max_tokens can still cut it). Compiled with xgrammar for the model's vocabulary and
+ * cached by text, so repeating a schema is cheap. A schema or grammar that does not
+ * compile, a text for NONE / JSON_OBJECT or none for the others, TANDEM_GENERATE_IGNORE_EOS
+ * with a grammar, or a library built without xgrammar: TANDEM_E_INVALID_ARG with the reason
+ * in tandem_last_error. */
+enum tandem_grammar_type {
+  TANDEM_GRAMMAR_NONE = 0,        /* unconstrained */
+  TANDEM_GRAMMAR_JSON_SCHEMA = 1, /* grammar: a JSON schema (OpenAI response_format json_schema;
+                                     strict: only the properties it names) */
+  TANDEM_GRAMMAR_JSON_OBJECT = 2, /* any JSON object (response_format json_object); grammar NULL */
+  TANDEM_GRAMMAR_GBNF = 3         /* grammar: GBNF text with a `root` rule (llama.cpp's format) */
+};
 
 /* Most alternatives a tandem_token_logprob carries (OpenAI's top_logprobs limit). */
 #define TANDEM_MAX_TOP_LOGPROBS 20
@@ -602,6 +622,10 @@ typedef struct tandem_request_params {
                        tandem_generate_params.logprobs, into tandem_request_result.logprobs
                        (the result only: events do not carry them) */
   int32_t reserved; /* 0 */
+  /* ---- structured outputs (a struct_size without them is still accepted) ---- */
+  const char* grammar;  /* as tandem_generate_params.grammar */
+  int32_t grammar_type; /* a tandem_grammar_type; default TANDEM_GRAMMAR_NONE */
+  int32_t reserved2;    /* 0 */
 } tandem_request_params;
 
 TANDEM_API tandem_status tandem_request_params_init(tandem_request_params* params, size_t struct_size);

@@ -16,6 +16,7 @@
 
 #include "capi_internal.hpp"
 #include "tandem/exec/gpu/gpu_q4_executor.hpp"
+#include "tandem/grammar/grammar.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
 using namespace tandem;
@@ -106,11 +107,11 @@ TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
 TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
-TANDEM_NO_TAIL_PADDING(tandem_generate_params, reserved);
+TANDEM_NO_TAIL_PADDING(tandem_generate_params, reserved2);
 TANDEM_NO_TAIL_PADDING(tandem_generate_result, n_logprobs);
 TANDEM_NO_TAIL_PADDING(tandem_executor_params, pool);
 TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, reserved);
-TANDEM_NO_TAIL_PADDING(tandem_request_params, reserved);
+TANDEM_NO_TAIL_PADDING(tandem_request_params, reserved2);
 TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_result, n_logprobs);
 TANDEM_NO_TAIL_PADDING(tandem_token_logprob, top_logprobs);
@@ -318,6 +319,27 @@ void write_logprobs(const std::vector<TokenLogprob>& in, tandem_token_logprob* o
   }
 }
 
+/// tandem_generate_params / tandem_request_params .grammar, .grammar_type, .reserved2.
+std::shared_ptr<const Grammar> read_grammar(const char* text, int32_t type, int32_t reserved2, const Tokenizer& tok,
+                                            const char* fn) {
+  if (reserved2 != 0) fail(TANDEM_E_INVALID_ARG, fmt::format("{}: reserved2 is {}, must be 0", fn, reserved2));
+  const bool needs_text = type == TANDEM_GRAMMAR_JSON_SCHEMA || type == TANDEM_GRAMMAR_GBNF;
+  if (type < TANDEM_GRAMMAR_NONE || type > TANDEM_GRAMMAR_GBNF) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: grammar_type {} is not a tandem_grammar_type", fn, type));
+  }
+  if (needs_text && text == nullptr) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: grammar is NULL but grammar_type is {}", fn, type));
+  }
+  if (!needs_text && text != nullptr) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: grammar is set but grammar_type {} takes no text", fn, type));
+  }
+  if (type == TANDEM_GRAMMAR_NONE) return nullptr;
+  if (type == TANDEM_GRAMMAR_JSON_OBJECT) return Grammar::json_object(tok);
+  const std::string_view sv(text);
+  check_utf8(sv, fn, "the grammar");
+  return type == TANDEM_GRAMMAR_JSON_SCHEMA ? Grammar::from_json_schema(tok, sv) : Grammar::from_gbnf(tok, sv);
+}
+
 struct PreparedGenerate {
   GenerateOptions options;
   bool parse_special = false;
@@ -325,7 +347,8 @@ struct PreparedGenerate {
   size_t result_bytes = 0;
 };
 
-PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_generate_result* result, const char* fn) {
+PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_generate_result* result,
+                                  const Tokenizer& tok, const char* fn) {
   PreparedGenerate g;
   tandem_generate_params p = default_generate_params();
   if (user != nullptr) read_struct(user, kGenerateParamsV01, p, fn, "tandem_generate_params");
@@ -337,6 +360,10 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
   g.options.sampling = to_sampling(p.sampling, fn);
   g.options.stop = read_stops(p.stop, p.n_stop, fn);
   g.options.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
+  g.options.grammar = read_grammar(p.grammar, p.grammar_type, p.reserved2, tok, fn);
+  if (g.options.grammar && g.options.ignore_eos) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: TANDEM_GENERATE_IGNORE_EOS cannot be combined with a grammar", fn));
+  }
   if (result != nullptr) {
     g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
     std::memcpy(&g.result, result, g.result_bytes);
@@ -916,7 +943,7 @@ tandem_status tandem_session_generate(tandem_session* session, const char* promp
     require(prompt_utf8, fn, "prompt_utf8");
     const std::string_view prompt(prompt_utf8);
     check_utf8(prompt, fn, "the prompt");
-    PreparedGenerate g = prepare_generate(params, result, fn);
+    PreparedGenerate g = prepare_generate(params, result, s->session->model().tokenizer(), fn);
     BusyGuard busy(*s, fn);
     attach_callback(g, *s, callback, user_data);
     // BOS when the conversation is empty (as Session::generate(text) adds it).
@@ -936,7 +963,7 @@ tandem_status tandem_session_generate_tokens(tandem_session* session, const int3
       fail(TANDEM_E_INVALID_ARG, fmt::format("{}: prompt is NULL but n_prompt is {}", fn, n_prompt));
     }
     check_count(n_prompt, fn, "n_prompt");
-    PreparedGenerate g = prepare_generate(params, result, fn);
+    PreparedGenerate g = prepare_generate(params, result, s->session->model().tokenizer(), fn);
     BusyGuard busy(*s, fn);
     attach_callback(g, *s, callback, user_data);
     const GenerateResult r = generate_abortable(*s, std::span<const int32_t>(prompt, n_prompt), g.options);
@@ -1222,6 +1249,10 @@ Request request_from_params(const SchedulerObj& s, const tandem_request_params* 
   if (p.deadline_ms > 0) r.deadline = Clock::now() + std::chrono::milliseconds(p.deadline_ms);
   r.session = p.session;
   r.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
+  r.grammar = read_grammar(p.grammar, p.grammar_type, p.reserved2, sc->model->model->tokenizer(), fn);
+  if (r.grammar && r.ignore_eos) {
+    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: TANDEM_GENERATE_IGNORE_EOS cannot be combined with a grammar", fn));
+  }
   return r;
 }
 

@@ -115,6 +115,72 @@ std::vector<int32_t> token_ids(const json& arr, const std::string& param, const 
   return ids;
 }
 
+// Structured outputs: OpenAI's response_format (text, json_object, json_schema) and
+// llama-server's `json_schema` (a schema object) and `grammar` (GBNF text); at most one.
+void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s) {
+  enum class Kind { kNone, kObject, kSchema, kGbnf };
+  Kind kind = Kind::kNone;
+  std::string param, source;
+  auto set = [&](Kind k, std::string p, std::string src) {
+    if (kind != Kind::kNone) {
+      bad(p, fmt::format("'{}' and '{}' both constrain the output; give one", param, p));
+    }
+    kind = k;
+    param = std::move(p);
+    source = std::move(src);
+  };
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object()) bad_type("response_format", *rf, "an object");
+    const json* type = field(*rf, "type");
+    if (!type || !type->is_string()) bad("response_format.type", "'response_format.type' must be a string");
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      set(Kind::kObject, "response_format", "");
+    } else if (t == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object())
+        bad("response_format.json_schema", "'response_format.json_schema' must be an object");
+      if (const json* name = field(*js, "name"); name && !name->is_string()) {
+        bad_type("response_format.json_schema.name", *name, "a string");
+      }
+      if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean()) {
+        bad_type("response_format.json_schema.strict", *strict, "a boolean");
+      }
+      const json* schema = field(*js, "schema");
+      if (!schema || !schema->is_object()) {
+        bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object");
+      }
+      set(Kind::kSchema, "response_format.json_schema.schema", schema->dump());
+    } else if (t != "text") {
+      throw ApiError(400, fmt::format("response_format type '{}' is not supported (text, json_object, json_schema)", t),
+                     "response_format.type", "unsupported_value");
+    }
+  }
+  if (const json* js = field(body, "json_schema")) {
+    if (!js->is_object()) bad_type("json_schema", *js, "an object");
+    set(Kind::kSchema, "json_schema", js->dump());
+  }
+  if (const json* g = field(body, "grammar"); g && !(g->is_string() && g->get<std::string>().empty())) {
+    if (!g->is_string()) bad_type("grammar", *g, "a string (GBNF)");
+    set(Kind::kGbnf, "grammar", g->get<std::string>());
+  }
+  if (kind == Kind::kNone) return;
+  if (s.grammar) bad(param, fmt::format("'{}' cannot be combined with a forced tool call (tool_choice)", param));
+  if (!Grammar::available()) {
+    throw ApiError(400, "structured outputs are not available: this tandem-server was built without xgrammar", param,
+                   "unsupported_parameter");
+  }
+  if (s.ignore_eos) bad("ignore_eos", fmt::format("'ignore_eos' cannot be combined with '{}'", param));
+  try {
+    const Tokenizer& tok = *info.tokenizer;
+    s.grammar = kind == Kind::kObject   ? Grammar::json_object(tok)
+                : kind == Kind::kSchema ? Grammar::from_json_schema(tok, source)
+                                        : Grammar::from_gbnf(tok, source);
+  } catch (const Error& e) {
+    bad(param, e.what());
+  }
+}
+
 // Fields shared by chat and completions: sampling, limits, stop, stream, SLA, timeout.
 void parse_common(const json& body, const ModelInfo& info, std::string_view sla_header, GenerationSpec& s) {
   check_model(body, info);
@@ -148,14 +214,9 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
   if (const json* tools = field(body, "tools"); !s.chat && tools && !(tools->is_array() && tools->empty())) {
     throw ApiError(400, "tools are a chat completions parameter", "tools", "unsupported_parameter");
   }
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text") {
-      throw ApiError(400, "only response_format {\"type\": \"text\"} is supported", "response_format",
-                     "unsupported_parameter");
-    }
-  }
   s.stream = boolean(body, "stream", false);
   s.ignore_eos = boolean(body, "ignore_eos", false);
+  parse_structured(body, info, s);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_type("stream_options", *so, "an object");
     if (!s.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
@@ -355,8 +416,20 @@ void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, 
   GenerationSpec::Tools t;
   t.format = info.tool_prompt.format;
   t.parallel = parallel;
-  if (choice == "required" || choice == "function") {
+  if ((choice == "required" || choice == "function") && Grammar::available()) {
+    // The call is decoded under a grammar: {"name": ..., "arguments": <the tool's parameters
+    // schema>} (an array of such calls when parallel), so its arguments always parse.
+    t.prefix = t.format == ToolCallFormat::kHermes ? "<tool_call>\n" : "";
+    try {
+      s.grammar =
+          Grammar::from_json_schema(*info.tokenizer, forced_tool_call_schema(tools, forced_name, parallel).dump());
+    } catch (const Error& e) {
+      bad("tools", fmt::format("the forced tool call's schema does not compile: {}", e.what()));
+    }
+  } else if (choice == "required" || choice == "function") {  // without a grammar engine: prompted only
     t.prefix = forced_call_prefix(t.format, forced_name);
+  }
+  if (!t.prefix.empty()) {
     const auto ids = info.tokenizer->tokenize(t.prefix, /*add_special=*/false, /*parse_special=*/true);
     s.prompt_ids.insert(s.prompt_ids.end(), ids.begin(), ids.end());
   }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/grammar/grammar.hpp"
 #include "tandem/sched/routing_policy.hpp"
 #include "tandem/sched/scheduler.hpp"
 #include "tandem/session/sampler.hpp"
@@ -76,6 +78,10 @@ struct GenerationSpec {
     bool parallel = true;  ///< parallel_tool_calls: false keeps the first call only
   };
   std::optional<Tools> tools;
+  /// Structured output: response_format json_object / json_schema, or llama-server's
+  /// `json_schema` / `grammar` fields; null = unconstrained. A schema or grammar that does
+  /// not compile is ApiError 400 with the engine's reason.
+  std::shared_ptr<const Grammar> grammar;
 };
 
 /// One finished choice: its text (a forced call's prefix included), finish, logprobs (or

@@ -270,6 +270,7 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
   r.stop = s.stop;
   r.ignore_eos = s.ignore_eos;
   r.logprobs = s.logprobs;
+  r.grammar = s.grammar;
   r.sla = s.sla;
   if (s.timeout_s)
     r.deadline =

@@ -188,7 +188,7 @@ void prepare(Seq& seq, const Request& q, const Model& model, int32_t n_ctx) {
                 fmt::format("context overflow: {} positions needed, n_ctx is {}", total, n_ctx));
   }
   seq.max_new = clamp_output_tokens(q.max_tokens, total, n_ctx);
-  seq.gen->begin(q.sampling, n_vocab, q.stop, q.ignore_eos, seq.max_new, q.logprobs);
+  seq.gen->begin(q.sampling, n_vocab, q.stop, q.ignore_eos, seq.max_new, q.logprobs, q.grammar);
   if (q.logprobs >= 0) seq.logprobs.reserve(size_t(seq.max_new));
   seq.tokens.reserve(size_t(total + seq.max_new));
   seq.tokens.insert(seq.tokens.end(), prompt.begin(), prompt.end());

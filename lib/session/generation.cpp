@@ -14,7 +14,8 @@ int32_t clamp_output_tokens(int32_t max_tokens, int64_t positions, int32_t n_ctx
 }
 
 void Generation::begin(const SamplingParams& sampling, int32_t n_vocab, const std::vector<std::string>& stops,
-                       bool ignore_eos, int32_t max_new, int32_t logprobs) {
+                       bool ignore_eos, int32_t max_new, int32_t logprobs,
+                       const std::shared_ptr<const Grammar>& grammar) {
   for (const auto& s : stops) {
     if (s.empty()) throw Error(ErrorCode::kInvalidArgument, "a stop string is empty");
   }
@@ -22,7 +23,18 @@ void Generation::begin(const SamplingParams& sampling, int32_t n_vocab, const st
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("logprobs: {} alternatives requested, at most {}", logprobs, kMaxTopLogprobs));
   }
+  if (grammar) {
+    if (grammar->vocab_hash() != tok_->identity_hash()) {
+      throw Error(ErrorCode::kInvalidArgument, "grammar: compiled for another vocabulary than this model's");
+    }
+    if (ignore_eos) throw Error(ErrorCode::kInvalidArgument, "grammar: cannot be combined with ignore_eos");
+  }
   sampler_.emplace(sampling, n_vocab);
+  if (grammar) {
+    matcher_.emplace(grammar);
+  } else {
+    matcher_.reset();
+  }
   stops_ = &stops;
   ignore_eos_ = ignore_eos;
   max_new_ = max_new;
@@ -33,7 +45,11 @@ void Generation::begin(const SamplingParams& sampling, int32_t n_vocab, const st
 }
 
 TokenStep Generation::next(std::span<const float> logits, std::span<const int32_t> history) {
-  const int32_t id = sampler_->sample(logits, history);
+  const std::span<const uint32_t> mask = matcher_ ? matcher_->fill_mask() : std::span<const uint32_t>{};
+  const int32_t id = sampler_->sample(logits, history, mask);
+  if (matcher_ && !matcher_->accept(id)) {
+    throw Error(ErrorCode::kInternal, fmt::format("grammar: token {} was in the mask but not accepted", id));
+  }
   TokenStep t = accept(id);
   if (logprobs_ >= 0) {
     token_logprobs(logits, id, logprobs_, logprob_);

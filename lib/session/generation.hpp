@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tandem/grammar/grammar.hpp"
 #include "tandem/session/sampler.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
@@ -55,8 +56,11 @@ class Generation {
   /// string or bad sampling parameters (see Sampler), leaving the object unchanged.
   /// `logprobs`: -1 none; 0 .. kMaxTopLogprobs: next() reports each token's log-probability
   /// with that many alternatives (TokenStep::logprob); other values are refused.
+  /// `grammar`: null, or a grammar compiled for this tokenizer's vocabulary whose mask
+  /// constrains every sampled token (Error(kInvalidArgument) for another vocabulary or with
+  /// ignore_eos, which would run past the grammar's end).
   void begin(const SamplingParams& sampling, int32_t n_vocab, const std::vector<std::string>& stops, bool ignore_eos,
-             int32_t max_new, int32_t logprobs = -1);
+             int32_t max_new, int32_t logprobs = -1, const std::shared_ptr<const Grammar>& grammar = nullptr);
 
   Sampler& sampler() noexcept { return *sampler_; }
 
@@ -85,6 +89,7 @@ class Generation {
   const Tokenizer* tok_;
   StreamingDetokenizer detok_;
   std::optional<Sampler> sampler_;
+  std::optional<GrammarMatcher> matcher_;
   const std::vector<std::string>* stops_ = nullptr;
   bool ignore_eos_ = false;
   int32_t max_new_ = 0;

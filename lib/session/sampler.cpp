@@ -74,7 +74,8 @@ Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
   counts_.assign(size_t(n_vocab), 0);
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history,
+                        std::span<const uint32_t> allowed) {
   if (static_cast<int64_t>(logits.size()) != n_vocab_) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("sampling: {} logits given for a vocabulary of {}", logits.size(), n_vocab_));
@@ -99,19 +100,30 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     }
   }
 
+  // A grammar's mask: keep only the allowed candidates (in id order).
+  size_t n = cand_.size();
+  if (!allowed.empty()) {
+    size_t kept = 0;
+    for (size_t i = 0; i < cand_.size(); ++i) {
+      if (i / 32 < allowed.size() && ((allowed[i / 32] >> (i % 32)) & 1u) != 0) cand_[kept++] = cand_[i];
+    }
+    if (kept == 0) throw Error(ErrorCode::kInvalidArgument, "sampling: the grammar allows no token");
+    n = kept;
+  }
+  const auto end = cand_.begin() + std::ptrdiff_t(n);
+
   auto by_logit = [](const Candidate& a, const Candidate& b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
   };
   if (p.temperature == 0.0f || p.top_p == 0.0f || p.top_k == 1) {
-    return std::min_element(cand_.begin(), cand_.end(), by_logit)->id;
+    return std::min_element(cand_.begin(), end, by_logit)->id;
   }
 
-  size_t n = cand_.size();
-  if (p.top_k > 0 && p.top_k < n_vocab_) {
+  if (p.top_k > 0 && size_t(p.top_k) < n) {
     n = size_t(p.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), cand_.end(), by_logit);
+    std::partial_sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), end, by_logit);
   } else {
-    std::sort(cand_.begin(), cand_.end(), by_logit);
+    std::sort(cand_.begin(), end, by_logit);
   }
 
   // Softmax at temperature 1 for the top-p and min-p filters (sorted, so max is first).

@@ -181,7 +181,8 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Generate
   // Output clamped to the context (an overflowing prompt is refused by eval below).
   const int64_t positions = int64_t(tokens_.size() + prompt.size()) + (pending_ ? 1 : 0);
   const int32_t max_new = std::max(0, clamp_output_tokens(options.max_tokens, positions, n_ctx_));
-  gen_->begin(options.sampling, model_->hparams().n_vocab, options.stop, options.ignore_eos, max_new, options.logprobs);
+  gen_->begin(options.sampling, model_->hparams().n_vocab, options.stop, options.ignore_eos, max_new, options.logprobs,
+              options.grammar);
   if (options.sampling.seed == SamplingParams::kSessionSeed) gen_->sampler().set_rng(rng_);
   GenerateResult r;
   const auto t0 = std::chrono::steady_clock::now();

@@ -133,7 +133,7 @@ def test_disconnect_mid_stream_frees_every_choice(nserver):
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}}}
 
 
 def smollm2_q4_0():
@@ -213,12 +213,48 @@ HISTORY = [  # one worked example, so that the 135M model has the call's shape i
 PREFIX = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "  # forced_call_prefix, Hermes
 
 
+def has_grammar_engine(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1, "grammar": 'root ::= "a"'},
+                   timeout=60.0)
+    return not (r.status_code == 400 and "without xgrammar" in r.text)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_calls_always_parse_under_the_grammar(smol, choice):
+    """With the grammar engine a forced call is decoded under the JSON schema of
+    {"name", "arguments": the tool's parameters}: every one of 8 seeded choices at
+    temperature 1 is a tool call whose arguments validate against the tool's parameters
+    (checked with Python's jsonschema), streamed and not."""
+    if not has_grammar_engine(smol):
+        pytest.skip("tandem-server was built without xgrammar")
+    import jsonschema
+    c = client(smol)
+    kw = dict(model="smollm2", messages=HISTORY, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False,
+              max_tokens=64, temperature=1.0, seed=3, n=8)
+    r = c.chat.completions.create(**kw)
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls", ch
+        assert ch.message.content is None and len(ch.message.tool_calls) == 1
+        call = ch.message.tool_calls[0]
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    stream = c.chat.completions.create(stream=True, **kw)
+    args = {}
+    for chunk in stream:
+        for d in chunk.choices:
+            for tc in d.delta.tool_calls or []:
+                args[d.index] = tc.function.arguments
+    assert args == {i: ch.message.tool_calls[0].function.arguments for i, ch in enumerate(r.choices)}
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_forced_tool_calls_parse_or_come_back_as_text(smol, choice):
     """Without a grammar the 135M model does not always close its JSON (greedy it writes
     `15C` unquoted and drops a brace): a call that parses is a tool call, one that does not
     comes back as the text, forced prefix included, never an error. Seeded, 8 choices."""
     c = client(smol)
+    if has_grammar_engine(smol):
+        pytest.skip("forced calls are decoded under the grammar (the test above)")
     kw = dict(model="smollm2", messages=HISTORY, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False,
               max_tokens=30, temperature=0.7, seed=0, n=8)
     r = c.chat.completions.create(**kw)

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "tandem/exec/executor.hpp"
+#include "tandem/grammar/grammar.hpp"
 #include "tandem/kv/kv_store.hpp"
 #include "tandem/sched/metrics.hpp"
 #include "tandem/sched/routing_policy.hpp"
@@ -97,6 +98,9 @@ struct Request {
   /// -1: none; 0 .. kMaxTopLogprobs: each token's log-probability and that many
   /// alternatives (GenerateOptions::logprobs), in the events and RequestResult::logprobs.
   int32_t logprobs = -1;
+  /// Structured output (GenerateOptions::grammar): null = unconstrained. Requests without
+  /// one in the same batch are unaffected.
+  std::shared_ptr<const Grammar> grammar;
   SlaClass sla = SlaClass::kStandard;
   std::optional<Clock::time_point> deadline;  ///< the request ends with kTimeout after it
   uint64_t session = 0;                       ///< continue this session (open_session()); 0 = none

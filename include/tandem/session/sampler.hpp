@@ -4,7 +4,8 @@
 // The chain and the parameter meanings follow llama.cpp's common sampler:
 //   penalties (CTRL, arXiv:1909.05858: divide a positive logit by repeat_penalty,
 //   multiply a negative one; OpenAI frequency/presence penalties subtract
-//   count * frequency_penalty + (count > 0) * presence_penalty) -> top-k -> top-p
+//   count * frequency_penalty + (count > 0) * presence_penalty) -> a grammar's mask
+//   (optional, tandem/grammar/grammar.hpp) -> top-k -> top-p
 //   (Holtzman et al., arXiv:1904.09751) -> min-p (Nguyen et al., arXiv:2407.01082)
 //   -> temperature -> draw.
 // temperature == 0 is greedy: the largest logit, lowest token id on ties.
@@ -84,8 +85,13 @@ class Sampler {
 
   const SamplingParams& params() const noexcept { return params_; }
   /// Choose the next token from `logits` ([n_vocab]) given the token history (for the
-  /// penalties). Throws Error(kInvalidArgument) if logits.size() != n_vocab.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+  /// penalties). `allowed`, when not empty, is a grammar's mask (GrammarMatcher::fill_mask:
+  /// bit id % 32 of word id / 32): only tokens whose bit is set are candidates, applied after
+  /// the penalties and before top-k (ids past the mask are not allowed). Empty: no mask, the
+  /// chain unchanged. Throws Error(kInvalidArgument) if logits.size() != n_vocab or the mask
+  /// allows no token.
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> history,
+                 std::span<const uint32_t> allowed = {});
 
   /// The random engine's state, for saving and restoring a session.
   const std::mt19937_64& rng() const noexcept { return rng_; }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tandem/exec/executor.hpp"
+#include "tandem/grammar/grammar.hpp"
 #include "tandem/kv/kv_store.hpp"
 #include "tandem/model/model.hpp"
 #include "tandem/session/sampler.hpp"
@@ -77,6 +78,11 @@ struct GenerateOptions {
   /// this many most likely alternatives (OpenAI's logprobs / top_logprobs). Other values:
   /// Error(kInvalidArgument).
   int32_t logprobs = -1;
+  /// Structured output (include/tandem/grammar/grammar.hpp): every sampled token is one the grammar
+  /// allows, and generation ends at an end-of-generation token only where the grammar is
+  /// complete (max_tokens or a stop string can still cut it). Null: unconstrained. A grammar
+  /// for another vocabulary, or with ignore_eos, is Error(kInvalidArgument).
+  std::shared_ptr<const Grammar> grammar;
 };
 
 struct GenerateResult {

@@ -372,7 +372,8 @@ class Model(_Handle):
                                stream: bool = False, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
                                repeat_penalty: float = 1.0, n_ctx: int = 0, template: Optional[str] = None,
                                model: Optional[str] = None, logprobs: bool = False,
-                               top_logprobs: Optional[int] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                               top_logprobs: Optional[int] = None, response_format: Optional[Dict[str, Any]] = None,
+                               grammar: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped chat completion, with the field names and defaults of
         llama-cpp-python's ``Llama.create_chat_completion``: returns a "chat.completion"
         dict (choices[0].message.content, finish_reason "stop" / "length", usage), or with
@@ -382,7 +383,9 @@ class Model(_Handle):
         full. Runs on a session of its own (any number of calls may run at once).
         logprobs=True (top_logprobs 0..20 alternatives, ignored without it): choices[0]
         ["logprobs"] is OpenAI's {"content": [{"token", "logprob", "bytes", "top_logprobs"}]};
-        streamed, every entry rides on the finish chunk (the entries are known at the end)."""
+        streamed, every entry rides on the finish chunk (the entries are known at the end).
+        response_format / grammar: structured output, as Session.generate (llama-cpp-python's
+        {"type": "json_object", "schema": {...}} and OpenAI's json_schema shape)."""
         ids = self.chat_tokenize(messages, True, template)
         session = Session(self, n_ctx=n_ctx, n_threads=self.n_threads)
         limit = session.info.n_ctx - len(ids)
@@ -394,7 +397,8 @@ class Model(_Handle):
         if seed is not None:
             sampling["seed"] = seed
         n_top = (0 if top_logprobs is None else top_logprobs) if logprobs else None
-        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=n_top, **sampling)
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=n_top,
+                               response_format=response_format, grammar=grammar, **sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         name = model if model is not None else self.info.name
@@ -430,7 +434,8 @@ class Model(_Handle):
                           stop: Union[None, str, List[str]] = None, seed: Optional[int] = None, stream: bool = False,
                           logprobs: Optional[int] = None, frequency_penalty: float = 0.0,
                           presence_penalty: float = 0.0, repeat_penalty: float = 1.0, n_ctx: int = 0,
-                          model: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                          model: Optional[str] = None, response_format: Optional[Dict[str, Any]] = None,
+                          grammar: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped text completion with the field names and defaults of
         llama-cpp-python's ``Llama.create_completion``: a "text_completion" dict
         (choices[0].text, finish_reason, usage) or, with stream=True, an iterator of them
@@ -438,7 +443,8 @@ class Model(_Handle):
         as tandem-server) or token ids. logprobs 0..20: choices[0]["logprobs"] is the
         legacy {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
         "text_offset"} (offsets in code points from the completion's start); streamed, the
-        entries ride on the last chunk. max_tokens None: until the context is full."""
+        entries ride on the last chunk. max_tokens None: until the context is full.
+        response_format / grammar: structured output, as Session.generate."""
         if isinstance(prompt, (str, bytes)):
             ids = self.tokenize(prompt, add_special=True, parse_special=True)
         else:
@@ -451,7 +457,8 @@ class Model(_Handle):
                         repeat_penalty=repeat_penalty)
         if seed is not None:
             sampling["seed"] = seed
-        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs, **sampling)
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=logprobs,
+                               response_format=response_format, grammar=grammar, **sampling)
         ident = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         name = model if model is not None else self.info.name
@@ -531,14 +538,45 @@ def _sampling(sampling: Dict[str, Any]) -> "_c.SamplingParams":
     return s
 
 
+def _grammar(response_format: Optional[Dict[str, Any]], grammar: Optional[str]):
+    """(tandem_grammar_type, text bytes or None) for llama-cpp-python's response_format
+    ({"type": "text"}, {"type": "json_object"} optionally with a "schema"), OpenAI's
+    {"type": "json_schema", "json_schema": {"schema": ...}}, or a GBNF `grammar` string."""
+    kind, text = _c.GRAMMAR_NONE, None
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise TypeError("response_format must be a dict")
+        t = response_format.get("type", "text")
+        if t == "json_object" and response_format.get("schema") is not None:
+            kind, text = _c.GRAMMAR_JSON_SCHEMA, json.dumps(response_format["schema"])
+        elif t == "json_object":
+            kind = _c.GRAMMAR_JSON_OBJECT
+        elif t == "json_schema":
+            js = response_format.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise ValueError("response_format json_schema needs {'json_schema': {'schema': {...}}}")
+            kind, text = _c.GRAMMAR_JSON_SCHEMA, json.dumps(js["schema"])
+        elif t != "text":
+            raise ValueError(f"response_format type {t!r} is not supported (text, json_object, json_schema)")
+    if grammar is not None:
+        if kind != _c.GRAMMAR_NONE:
+            raise ValueError("give response_format or grammar, not both")
+        if not isinstance(grammar, str):
+            raise TypeError("grammar must be a GBNF string")
+        kind, text = _c.GRAMMAR_GBNF, grammar
+    return kind, (text.encode("utf-8") if text is not None else None)
+
+
 class _Call:
     """The C structs and buffers of one generate call (kept alive for its duration)."""
 
     def __init__(self, max_tokens: int, stop, ignore_eos: bool, parse_special: bool, sampling: Dict[str, Any],
-                 n_ctx: int, logprobs: Optional[int] = None):
+                 n_ctx: int, logprobs: Optional[int] = None, grammar=(0, None)):
         max_tokens = _c.check_int("max_tokens", max_tokens, 0, _c.INT32_MAX)
         self.sampling = _sampling(sampling)
         self.params = _c.init(_c.GenerateParams, _c.generate_params_init)
+        self.params.grammar_type, self.grammar_text = grammar
+        self.params.grammar = self.grammar_text
         self.params.logprobs = -1 if logprobs is None else _c.check_int("logprobs", logprobs, 0, _c.MAX_TOP_LOGPROBS)
         self.params.sampling = ctypes.pointer(self.sampling)
         self.params.max_tokens = max_tokens
@@ -823,7 +861,8 @@ class Session(_Handle):
 
     def generate(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                  ignore_eos: bool = False, parse_special: bool = False, lookahead: int = 256,
-                 logprobs: Optional[int] = None, **sampling) -> Generation:
+                 logprobs: Optional[int] = None, response_format: Optional[Dict[str, Any]] = None,
+                 grammar: Optional[str] = None, **sampling) -> Generation:
         """Stream a generation: returns a Generation, an iterator of text pieces. `prompt`
         is text (UTF-8; BOS added on an empty session) or a list of token ids; an empty
         prompt continues the conversation. `stop`: one stop string or a list of them.
@@ -831,8 +870,12 @@ class Session(_Handle):
         repeat_last_n, frequency_penalty, presence_penalty, seed. `lookahead`: how many
         pieces generation may run ahead of the consumer before it waits (backpressure).
         `logprobs` 0..20: result.logprobs gets each token's TokenLogprob with that many
-        alternatives."""
-        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx, logprobs)
+        alternatives. Structured output: `response_format` as llama-cpp-python's
+        ({"type": "json_object"}, optionally with "schema") or OpenAI's ({"type":
+        "json_schema", "json_schema": {"schema": {...}}}), or `grammar` a GBNF string; a
+        schema that does not compile raises TandemError (INVALID_ARG) with the reason."""
+        call = _Call(max_tokens, stop, ignore_eos, parse_special, sampling, self.info.n_ctx, logprobs,
+                     _grammar(response_format, grammar))
         lookahead = _c.check_int("lookahead", lookahead, 1, _c.INT32_MAX)
         gen = Generation(self.handle, self._starter(prompt, call), call, lookahead)
         self._active = weakref.ref(gen)
@@ -841,6 +884,7 @@ class Session(_Handle):
     def complete(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                  ignore_eos: bool = False, parse_special: bool = False,
                  on_piece: Optional[Callable[[str, int], Optional[bool]]] = None, logprobs: Optional[int] = None,
+                 response_format: Optional[Dict[str, Any]] = None, grammar: Optional[str] = None,
                  **sampling) -> GenerateResult:
         """Generate and return the whole result. `on_piece(text, token)` is called in this
         thread for each piece; returning True stops the generation ("cancelled"). An
@@ -848,7 +892,7 @@ class Session(_Handle):
         propagates; the session stays usable."""
         # lookahead 1: the model waits while on_piece runs, so a stop takes effect at once.
         gen = self.generate(prompt, max_tokens, stop, ignore_eos, parse_special, lookahead=1, logprobs=logprobs,
-                            **sampling)
+                            response_format=response_format, grammar=grammar, **sampling)
         with gen:
             for piece in gen:
                 if on_piece is not None and on_piece(piece, gen.last_token):

@@ -139,7 +139,12 @@ class GenerateParams(ctypes.Structure):
     _fields_ = [("struct_size", _size), ("sampling", ctypes.POINTER(SamplingParams)),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size),
                 ("max_tokens", ctypes.c_int32), ("flags", ctypes.c_uint32), ("logprobs", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
+                ("reserved", ctypes.c_int32), ("grammar", ctypes.c_char_p), ("grammar_type", ctypes.c_int32),
+                ("reserved2", ctypes.c_int32)]
+
+
+# enum tandem_grammar_type
+GRAMMAR_NONE, GRAMMAR_JSON_SCHEMA, GRAMMAR_JSON_OBJECT, GRAMMAR_GBNF = 0, 1, 2, 3
 
 
 MAX_TOP_LOGPROBS = 20
@@ -185,7 +190,8 @@ class RequestParams(ctypes.Structure):
                 ("n_prompt_tokens", _size), ("sampling", ctypes.POINTER(SamplingParams)),
                 ("stop", ctypes.POINTER(ctypes.c_char_p)), ("n_stop", _size), ("max_tokens", ctypes.c_int32),
                 ("flags", ctypes.c_uint32), ("sla", ctypes.c_int32), ("deadline_ms", ctypes.c_int32),
-                ("session", ctypes.c_uint64), ("logprobs", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+                ("session", ctypes.c_uint64), ("logprobs", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("grammar", ctypes.c_char_p), ("grammar_type", ctypes.c_int32), ("reserved2", ctypes.c_int32)]
 
 
 class RequestEvent(ctypes.Structure):

@@ -46,8 +46,8 @@ class TestLibrary(TandemTestCase):
         if ctypes.sizeof(ctypes.c_void_p) != 8:
             self.skipTest("sizes below are LP64")
         sizes = {"ModelParams": 16, "ModelInfo": 64, "SessionParams": 48, "SessionInfo": 32,
-                 "SamplingParams": 48, "GenerateParams": 48, "GenerateResult": 104, "ExecutorParams": 64,
-                 "SchedulerParams": 56, "RequestParams": 88, "RequestEvent": 48, "RequestResult": 136,
+                 "SamplingParams": 48, "GenerateParams": 64, "GenerateResult": 104, "ExecutorParams": 64,
+                 "SchedulerParams": 56, "RequestParams": 104, "RequestEvent": 48, "RequestResult": 136,
                  "DeviceInfo": 48, "SchedulerSessionInfo": 40, "TokenLogprob": 172}
         for name, size in sizes.items():
             self.assertEqual(ctypes.sizeof(getattr(_capi, name)), size, name)

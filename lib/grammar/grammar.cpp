@@ -1,0 +1,228 @@
+#include "tandem/grammar/grammar.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "tandem/core/error.hpp"
+
+#if TANDEM_HAVE_GRAMMAR
+#include <xgrammar/xgrammar.h>
+#endif
+
+namespace tandem {
+
+#if TANDEM_HAVE_GRAMMAR
+
+struct Grammar::Impl {
+  xgrammar::CompiledGrammar compiled;
+  uint64_t vocab_hash = 0;
+  int32_t n_vocab = 0;
+};
+
+namespace {
+
+// Compiled-grammar cache per vocabulary (xgrammar's compiler caches by source text).
+constexpr int64_t kCacheBytes = int64_t(256) << 20;
+
+struct VocabCompiler {
+  VocabCompiler(const xgrammar::TokenizerInfo& info, int threads, int32_t n)
+      : compiler(info, threads, /*cache_enabled=*/true, kCacheBytes), n_vocab(n) {}
+  xgrammar::GrammarCompiler compiler;
+  int32_t n_vocab;
+  std::mutex mu;  // GrammarCompiler is documented thread-safe; serialising keeps compile threads bounded
+};
+
+xgrammar::TokenizerInfo tokenizer_info(const Tokenizer& tok) {
+  const int32_t n = tok.n_vocab();
+  std::vector<std::string> pieces(static_cast<size_t>(n));
+  // The bytes each token adds to generated text; "" (control, unused) marks a token the
+  // grammar never allows.
+  for (int32_t i = 0; i < n; ++i) pieces[size_t(i)] = tok.token_to_piece(i, /*special=*/false);
+  const std::vector<int32_t>& eog = tok.eog_ids();
+  return xgrammar::TokenizerInfo(pieces, xgrammar::VocabType::RAW, n, eog, /*add_prefix_space=*/false);
+}
+
+std::shared_ptr<VocabCompiler> compiler_for(const Tokenizer& tok) {
+  static std::mutex mu;
+  static std::map<uint64_t, std::shared_ptr<VocabCompiler>> compilers;
+  const uint64_t key = tok.identity_hash();
+  {
+    std::lock_guard lock(mu);
+    if (auto it = compilers.find(key); it != compilers.end()) return it->second;
+  }
+  const int threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+  auto c = std::make_shared<VocabCompiler>(tokenizer_info(tok), threads, tok.n_vocab());
+  std::lock_guard lock(mu);
+  return compilers.emplace(key, std::move(c)).first->second;  // a racing thread's entry wins
+}
+
+// xgrammar's message without its "[hh:mm:ss] path/file.cc:line: " prefix and final newline.
+std::string_view reason(std::string_view m) {
+  if (m.starts_with('[')) {
+    if (const size_t at = m.find(".cc:"); at != m.npos) {
+      if (const size_t colon = m.find(": ", at + 4); colon != m.npos) m.remove_prefix(colon + 2);
+    }
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
+  return m;
+}
+
+template <typename F>
+std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, F&& f) {
+  auto vc = compiler_for(tok);
+  std::optional<xgrammar::CompiledGrammar> compiled;
+  try {
+    std::lock_guard lock(vc->mu);
+    compiled.emplace(f(vc->compiler));
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", what, reason(e.what())));
+  }
+  auto impl =
+      std::make_shared<const Grammar::Impl>(Grammar::Impl{std::move(*compiled), tok.identity_hash(), vc->n_vocab});
+  return std::make_shared<const Grammar>(std::move(impl));
+}
+
+}  // namespace
+
+bool Grammar::available() noexcept {
+  return true;
+}
+
+std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer& tokenizer, std::string_view schema) {
+  return compile(tokenizer, "json_schema", [&](xgrammar::GrammarCompiler& c) {
+    return c.CompileJSONSchema(std::string(schema), /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                               /*strict_mode=*/true);
+  });
+}
+
+std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer& tokenizer) {
+  return compile(tokenizer, "json_object", [&](xgrammar::GrammarCompiler& c) {
+    return c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
+                               /*strict_mode=*/false);
+  });
+}
+
+std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf) {
+  return compile(tokenizer, "grammar",
+                 [&](xgrammar::GrammarCompiler& c) { return c.CompileGrammar(std::string(gbnf), "root"); });
+}
+
+uint64_t Grammar::vocab_hash() const noexcept {
+  return impl_->vocab_hash;
+}
+int32_t Grammar::n_vocab() const noexcept {
+  return impl_->n_vocab;
+}
+
+struct GrammarMatcher::State {
+  std::shared_ptr<const Grammar> grammar;
+  xgrammar::GrammarMatcher matcher;
+  std::vector<uint32_t> mask;
+  int64_t shape = 0;
+  DLTensor tensor{};
+};
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) {
+  if (!grammar) throw Error(ErrorCode::kInvalidArgument, "grammar matcher: no grammar");
+  const int32_t words = xgrammar::GetBitmaskSize(grammar->n_vocab());
+  s_ = std::unique_ptr<State>(new State{grammar,
+                                        xgrammar::GrammarMatcher(grammar->impl().compiled, std::nullopt,
+                                                                 /*terminate_without_stop_token=*/false,
+                                                                 /*max_rollback_tokens=*/0),
+                                        std::vector<uint32_t>(size_t(words)),
+                                        words,
+                                        {}});
+  s_->tensor.data = s_->mask.data();
+  s_->tensor.device = DLDevice{kDLCPU, 0};
+  s_->tensor.ndim = 1;
+  s_->tensor.dtype = xgrammar::GetBitmaskDLType();
+  s_->tensor.shape = &s_->shape;
+}
+
+std::span<const uint32_t> GrammarMatcher::fill_mask() {
+  if (s_->matcher.IsTerminated()) {
+    std::fill(s_->mask.begin(), s_->mask.end(), 0u);
+  } else {
+    s_->matcher.FillNextTokenBitmask(&s_->tensor);
+  }
+  return s_->mask;
+}
+
+bool GrammarMatcher::accept(int32_t token) {
+  if (token < 0 || token >= s_->grammar->n_vocab() || s_->matcher.IsTerminated()) return false;
+  return s_->matcher.AcceptToken(token);
+}
+
+bool GrammarMatcher::is_completed() const {
+  return s_->matcher.IsCompleted();
+}
+bool GrammarMatcher::is_terminated() const {
+  return s_->matcher.IsTerminated();
+}
+void GrammarMatcher::reset() {
+  s_->matcher.Reset();
+}
+
+#else  // built without xgrammar
+
+struct Grammar::Impl {};
+struct GrammarMatcher::State {};
+
+namespace {
+[[noreturn]] void unavailable() {
+  throw Error(ErrorCode::kInvalidArgument,
+              "structured outputs: this build of Tandem has no grammar engine (xgrammar was not available when it "
+              "was configured; see cmake/TandemXgrammar.cmake)");
+}
+}  // namespace
+
+bool Grammar::available() noexcept {
+  return false;
+}
+std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer&, std::string_view) {
+  unavailable();
+}
+std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer&) {
+  unavailable();
+}
+std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer&, std::string_view) {
+  unavailable();
+}
+uint64_t Grammar::vocab_hash() const noexcept {
+  return 0;
+}
+int32_t Grammar::n_vocab() const noexcept {
+  return 0;
+}
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar>) {
+  unavailable();
+}
+std::span<const uint32_t> GrammarMatcher::fill_mask() {
+  unavailable();
+}
+bool GrammarMatcher::accept(int32_t) {
+  unavailable();
+}
+bool GrammarMatcher::is_completed() const {
+  unavailable();
+}
+bool GrammarMatcher::is_terminated() const {
+  unavailable();
+}
+void GrammarMatcher::reset() {
+  unavailable();
+}
+
+#endif
+
+GrammarMatcher::~GrammarMatcher() = default;
+GrammarMatcher::GrammarMatcher(GrammarMatcher&&) noexcept = default;
+GrammarMatcher& GrammarMatcher::operator=(GrammarMatcher&&) noexcept = default;
+
+}  // namespace tandem

@@ -1,0 +1,157 @@
+"""Structured outputs through the official OpenAI client: response_format json_schema and
+json_object, llama-server's `json_schema` and `grammar` fields, chat and completions,
+streamed and not. Every sample (200 over the schemas, temperature 1) is validated with
+Python's `jsonschema`, an implementation independent of the grammar engine. A schema or
+grammar the engine cannot compile is a 400 with the reason.
+
+What the schemas exercise and xgrammar enforces: nested objects, arrays with minItems /
+maxItems, enums, const, integers with minimum / maximum, numbers with minimum / maximum
+and exclusiveMinimum, strings with maxLength / minLength, required fields and
+additionalProperties false (strict mode generates only the named properties).
+"""
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from conftest import ALIAS
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {"type": "object",
+                     "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999},
+                                    "name": {"type": "string", "minLength": 1, "maxLength": 6}},
+                     "required": ["id", "name"], "additionalProperties": False},
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"], "additionalProperties": False,
+    },
+    "array": {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
+                                "minItems": 1, "maxItems": 3},
+                       "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},
+                                  "maxItems": 4}},
+        "required": ["tags", "scores"], "additionalProperties": False,
+    },
+    "enum": {
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]},
+                       "size": {"type": "string", "enum": ["S", "M", "L"]},
+                       "kind": {"const": "shirt"}},
+        "required": ["color", "size", "kind"], "additionalProperties": False,
+    },
+    "numbers": {
+        "type": "object",
+        "properties": {"temp": {"type": "number", "minimum": -10.5, "maximum": 40},
+                       "ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+                       "count": {"type": "integer", "minimum": -5, "maximum": 5}},
+        "required": ["temp", "ratio", "count"], "additionalProperties": False,
+    },
+    "optional": {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 100},
+                       "b": {"type": ["string", "null"], "maxLength": 5},
+                       "c": {"type": "boolean"}},
+        "required": ["a"], "additionalProperties": False,
+    },
+}
+SAMPLES = 40  # per schema: 200 in all
+
+
+@pytest.fixture(autouse=True)
+def needs_grammar_engine(server):
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1, "grammar": 'root ::= "a"'},
+                   timeout=60.0)
+    if r.status_code == 400 and "without xgrammar" in r.text:
+        pytest.skip("tandem-server was built without xgrammar (cmake/TandemXgrammar.cmake)")
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120.0)
+
+
+def response_format(name):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_samples_validate(server, name):
+    c = client(server)
+    schema = SCHEMAS[name]
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for i in range(SAMPLES):
+        if i % 4 == 3:  # a quarter of them streamed
+            chunks = c.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": f"item {i}"}],
+                                               max_tokens=80, temperature=1.0, seed=i, stream=True,
+                                               response_format=response_format(name))
+            text, finish = "", None
+            for ch in chunks:
+                if ch.choices:
+                    text += ch.choices[0].delta.content or ""
+                    finish = ch.choices[0].finish_reason or finish
+        else:
+            r = c.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": f"item {i}"}],
+                                          max_tokens=80, temperature=1.0, seed=i,
+                                          response_format=response_format(name))
+            text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        assert finish == "stop", (i, text)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_and_llama_server_fields(server):
+    c = client(server)
+    for i in range(5):
+        r = c.chat.completions.create(model=ALIAS, messages=[{"role": "user", "content": "json"}], max_tokens=80,
+                                      temperature=1.0, seed=100 + i, response_format={"type": "json_object"})
+        if r.choices[0].finish_reason == "stop":  # any object may run past max_tokens
+            assert isinstance(json.loads(r.choices[0].message.content), dict)
+    # Completions with llama-server's json_schema (streamed) and grammar fields.
+    schema = SCHEMAS["enum"]
+    chunks = c.completions.create(model=ALIAS, prompt="Once", max_tokens=60, temperature=1.0, seed=7, stream=True,
+                                  extra_body={"json_schema": schema})
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    jsonschema.validate(json.loads(text), schema)
+    for i in range(10):
+        r = c.completions.create(model=ALIAS, prompt="Once", max_tokens=20, temperature=1.0, seed=i,
+                                 extra_body={"grammar": 'root ::= ("yes" | "no") " " [0-9]'})
+        assert r.choices[0].finish_reason == "stop"
+        word, digit = r.choices[0].text.split(" ")
+        assert word in ("yes", "no") and digit.isdigit() and len(digit) == 1
+
+
+@pytest.mark.parametrize("body,param,needle", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format.json_schema.schema", "nope"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}}}},
+     "response_format.json_schema.schema", "missing"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "must be an object"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
+    ({"grammar": "root ::= undefined_rule"}, "grammar", "undefined_rule"),
+    ({"grammar": 'start ::= "a"'}, "grammar", "root"),
+    ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "grammar", "give one"),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos", "ignore_eos"),
+])
+def test_bad_schema_is_400(server, body, param, needle):
+    for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        r = httpx.post(server.url + path, json={**base, "max_tokens": 8, **body}, timeout=60.0)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param
+        assert needle in err["message"], err["message"]
+    # The server still answers afterwards.
+    assert httpx.get(server.url + "/health", timeout=5.0).status_code == 200
+
+
+def test_openai_client_refusal_is_bad_request(server):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(server).chat.completions.create(
+            model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 42}}})
+    assert e.value.status_code == 400
