@@ -2401,8 +2401,9 @@ static void test_metadata_and_chat(void) {
                                           "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
                                           "{\"city\": \"Paris\"}}\n</tool_call>",
                                           buf, sizeof buf, &len));
-    CHECK(strcmp(buf, "{\"content\":\"Sure.\",\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":"
-                      "\"{\\\"city\\\":\\\"Paris\\\"}\"}]}") == 0);
+    CHECK(strcmp(buf,
+                 "{\"content\":\"Sure.\",\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":"
+                 "\"{\\\"city\\\":\\\"Paris\\\"}\"}]}") == 0);
     CHECK(len == strlen(buf));
     CHECK_OK(tandem_chat_parse_tool_calls(g_model, "<tool_call>{broken</tool_call>", buf, sizeof buf, &len));
     CHECK(strcmp(buf, "{\"content\":\"<tool_call>{broken</tool_call>\",\"tool_calls\":[]}") == 0);
