@@ -185,7 +185,9 @@ TEST_CASE("chat template: SmolLM2 chat goldens and control-token injection (Chat
 TEST_CASE("chat session: each turn evaluates only its new tokens", "[chat]") {
   auto model = tandem::Model::load(tandem::test::model_path("aidreams260K-q4_0"));
   tandem::CpuQ4Executor cpu(model, {.n_threads = 1});
-  tandem::Session session(model, cpu, {.n_ctx = 128});
+  tandem::SessionOptions so;
+  so.n_ctx = 128;
+  tandem::Session session(model, cpu, so);
   const ChatTemplate t = ChatTemplate::by_name("llama2");
   tandem::ChatSession chat(session, t, "Be kind.");
   tandem::GenerateOptions go;
@@ -214,7 +216,9 @@ TEST_CASE("chat session: each turn evaluates only its new tokens", "[chat]") {
 TEST_CASE("chat session: a small context drops the oldest exchanges, keeps the system message", "[chat][shift]") {
   auto model = tandem::Model::load(tandem::test::model_path("aidreams260K-q4_0"));
   tandem::CpuQ4Executor cpu(model, {.n_threads = 1});
-  tandem::Session session(model, cpu, {.n_ctx = 96});
+  tandem::SessionOptions so;
+  so.n_ctx = 96;
+  tandem::Session session(model, cpu, so);
   const ChatTemplate t = ChatTemplate::by_name("llama2");
   const auto& tok = model->tokenizer();
   tandem::ChatSession chat(session, t, "Be kind.");
@@ -385,7 +389,9 @@ TEST_CASE("chat template: Jinja rendering keeps message text apart from control 
 TEST_CASE("chat session over a Jinja template evaluates only each turn's new tokens", "[chat][jinja]") {
   auto model = tandem::Model::load(tandem::test::model_path("aidreams260K-q4_0"));
   tandem::CpuQ4Executor cpu(model, {.n_threads = 1});
-  tandem::Session session(model, cpu, {.n_ctx = 192});
+  tandem::SessionOptions so;
+  so.n_ctx = 192;
+  tandem::Session session(model, cpu, so);
   const auto& tok = model->tokenizer();
   const ChatTemplate t = ChatTemplate::from_jinja(
       "{{ bos_token }}{% for m in messages %}{{ '[' + m.role|upper + '] ' + m.content|trim + ' ' + eos_token }}"

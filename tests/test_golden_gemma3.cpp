@@ -91,7 +91,9 @@ void check_goldens(const std::shared_ptr<const Model>& model, const std::filesys
       const double max_abs = c["logits_max_abs"];
       const double tol = tolerance * max_abs;
 
-      Session session(model, *exec, {.n_ctx = 512});
+      SessionOptions so;
+      so.n_ctx = 512;
+      Session session(model, *exec, so);
       std::vector<float> logits(ids.size() * size_t(n_vocab));
       session.eval(ids, logits);
       double max_diff = 0.0;
@@ -230,7 +232,11 @@ namespace {
 std::vector<float> run_rows(const std::shared_ptr<const Model>& model, Executor& exec, std::span<const int32_t> ids,
                             int32_t n_batch, int32_t page_size = 16) {
   const size_t nv = size_t(model->hparams().n_vocab);
-  Session s(model, exec, {.n_ctx = int32_t(ids.size()) + 16, .n_batch = n_batch, .page_size = page_size});
+  SessionOptions so;
+  so.n_ctx = int32_t(ids.size()) + 16;
+  so.n_batch = n_batch;
+  so.page_size = page_size;
+  Session s(model, exec, so);
   std::vector<float> out(ids.size() * nv);
   if (n_batch == 1) {
     for (size_t i = 0; i < ids.size(); ++i) s.eval(ids.subspan(i, 1), std::span<float>(out).subspan(i * nv, nv));
@@ -331,17 +337,26 @@ TEST_CASE("Gemma 3 270M: a 650-token prompt across the 512 window, one-shot = ch
   // the tiles' 64); 500 in one step then one token at a time (the decode path across it).
   std::vector<std::vector<float>> last(3);
   {
-    Session s(model, exec, {.n_ctx = 700, .n_batch = 1024});
+    SessionOptions so;
+    so.n_ctx = 700;
+    so.n_batch = 1024;
+    Session s(model, exec, so);
     s.eval(prompt);
     last[0].assign(s.logits().begin(), s.logits().end());
   }
   {
-    Session s(model, exec, {.n_ctx = 700, .n_batch = 97});
+    SessionOptions so;
+    so.n_ctx = 700;
+    so.n_batch = 97;
+    Session s(model, exec, so);
     s.eval(prompt);
     last[1].assign(s.logits().begin(), s.logits().end());
   }
   {
-    Session s(model, exec, {.n_ctx = 700, .n_batch = 1024});
+    SessionOptions so;
+    so.n_ctx = 700;
+    so.n_batch = 1024;
+    Session s(model, exec, so);
     s.eval(prompt.subspan(0, 500));
     for (size_t i = 500; i < ids.size(); ++i) s.eval(prompt.subspan(i, 1));
     last[2].assign(s.logits().begin(), s.logits().end());

@@ -72,7 +72,9 @@ TEST_CASE("SmolLM2-135M-Instruct logits and teacher-forced greedy match llama.cp
       const double max_abs = c["logits_max_abs"];
       const double tol = kTolerance * max_abs;
 
-      Session session(model, *exec, {.n_ctx = 512});
+      SessionOptions so;
+      so.n_ctx = 512;
+      Session session(model, *exec, so);
       std::vector<float> logits(ids.size() * size_t(n_vocab));
       session.eval(ids, logits);
       double max_diff = 0.0;

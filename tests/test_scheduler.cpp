@@ -18,6 +18,7 @@
 
 #include "tandem/sched/scheduler.hpp"
 
+#include "cancel_storm.hpp"
 #include "kv_test_support.hpp"
 
 using namespace tandem;
@@ -309,34 +310,12 @@ TEST_CASE("cancellations injected at every stage leave zero KV pages and one ter
   o.prefix_cache = 2;
   Rig rig(o);
   std::mt19937 rng(11);
-  const int N = 120;
-  std::vector<RequestHandle> hs(N);
-  std::vector<std::atomic<int>> finals(N), tokens(N);
-  std::vector<int> cancel_at(N);
-  for (int i = 0; i < N; ++i) {
-    cancel_at[i] = int(rng() % 12);  // 0: cancel from outside at a random moment
-    Request r = greedy_request(prompt_of(2 + int32_t(rng() % 90), i % 5), 4 + int32_t(rng() % 16), SlaClass(i % 3));
-    r.on_event = [&, i](const RequestEvent& ev) {
-      if (ev.final) {
-        ++finals[size_t(i)];
-        return true;
-      }
-      return ++tokens[size_t(i)] != cancel_at[size_t(i)];  // false = cancel via the callback
-    };
-    hs[size_t(i)] = rig.sched->submit(std::move(r));
-    if (cancel_at[size_t(i)] == 0 || rng() % 4 == 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
-      rig.sched->cancel(hs[size_t(rng() % size_t(i + 1))]);
-    }
-  }
+  test::CancelStorm storm(120);
+  storm.submit(*rig.sched, rng, 12, 300, [&](int i) {
+    return greedy_request(prompt_of(2 + int32_t(rng() % 90), i % 5), 4 + int32_t(rng() % 16), SlaClass(i % 3));
+  });
   rig.check_released();
-  int cancelled = 0;
-  for (int i = 0; i < N; ++i) {
-    CHECK(hs[size_t(i)].done());
-    CHECK(finals[size_t(i)].load() == 1);
-    if (hs[size_t(i)].wait().finish == RequestFinish::kCancelled) ++cancelled;
-  }
-  CHECK(cancelled > 10);
+  CHECK(storm.check_and_count_cancelled() > 10);
 }
 
 TEST_CASE("a full queue answers overloaded; deadlines answer timeout", "[scheduler][admission]") {

@@ -273,4 +273,68 @@ size_t utf8_invalid_at(std::string_view s) noexcept;
 /// Returns true when the data should be written.
 bool check_capacity(const void* buf, size_t capacity, size_t needed, const char* fn, const char* what);
 
+// ---- shared by the objects' files (defined in tandem_c.cpp) -------------------------------
+//
+// The smallest struct_size each function accepts. These numbers are frozen: when a field is
+// added, sizeof grows and these stay. No struct may have tail padding (a later field could
+// hide in it), hence the checks in tandem_c.cpp.
+
+constexpr size_t kModelParamsV01 = sizeof(tandem_model_params);
+constexpr size_t kModelInfoV01 = sizeof(tandem_model_info);
+constexpr size_t kSessionParamsV01 = offsetof(tandem_session_params, kv_tier);
+constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);
+constexpr size_t kSamplingParamsV01 = sizeof(tandem_sampling_params);
+constexpr size_t kGenerateParamsV01 = offsetof(tandem_generate_params, logprobs);
+constexpr size_t kGenerateResultV01 = offsetof(tandem_generate_result, logprobs);
+constexpr size_t kExecutorParamsV01 = offsetof(tandem_executor_params, device_kind);
+constexpr size_t kSchedulerParamsV01 = offsetof(tandem_scheduler_params, executor_handles);
+constexpr size_t kRequestParamsV01 = offsetof(tandem_request_params, session);
+constexpr size_t kRequestEventV01 = sizeof(tandem_request_event);
+constexpr size_t kRequestResultV01 = offsetof(tandem_request_result, logprobs);
+constexpr size_t kSchedulerSessionInfoV01 = sizeof(tandem_scheduler_session_info);
+
+/// The most threads a pool or executor may ask for.
+constexpr int32_t kMaxThreads = 512;
+constexpr uint32_t kTokenizeFlags = TANDEM_TOKENIZE_ADD_SPECIAL | TANDEM_TOKENIZE_PARSE_SPECIAL;
+constexpr uint32_t kDetokenizeFlags = TANDEM_DETOKENIZE_REMOVE_SPECIAL | TANDEM_DETOKENIZE_UNPARSE_SPECIAL;
+constexpr uint32_t kGenerateFlags = TANDEM_GENERATE_IGNORE_EOS | TANDEM_GENERATE_PARSE_SPECIAL;
+
+tandem_model_params default_model_params();
+tandem_session_params default_session_params();
+tandem_sampling_params default_sampling_params();
+tandem_generate_params default_generate_params();
+tandem_executor_params default_executor_params();
+tandem_scheduler_params default_scheduler_params();
+tandem_request_params default_request_params();
+
+template <class T>
+T zeroed() {
+  T v{};
+  v.struct_size = sizeof v;
+  return v;
+}
+
+/// Unknown bits of a flags field: TANDEM_E_INVALID_ARG.
+void check_flags(uint32_t flags, uint32_t known, const char* fn);
+/// Token counts beyond int32 cannot fit any context (and n * n_vocab must not overflow).
+void check_count(size_t n, const char* fn, const char* what);
+/// Text that is not UTF-8: TANDEM_E_INVALID_ARG naming the first bad byte.
+void check_utf8(std::string_view text, const char* fn, const char* what);
+/// Copy text + NUL into a caller buffer under the size-query rules.
+void write_text(const std::string& text, char* buf, size_t capacity, size_t* out_len, const char* fn);
+/// The machine's physical memory in bytes (infinity when unknown).
+double physical_memory_bytes();
+/// A caller's tandem_sampling_params (NULL: the defaults) as validated SamplingParams.
+SamplingParams to_sampling(const tandem_sampling_params* user, const char* fn);
+/// A caller's stop strings: non-NULL, non-empty, UTF-8.
+std::vector<std::string> read_stops(const char* const* stop, size_t n_stop, const char* fn);
+/// tandem_generate_params / tandem_request_params .logprobs (-1 .. 20) and .reserved (0).
+int32_t read_logprobs(int32_t logprobs, int32_t reserved, const char* fn);
+/// The first min(size, cap) entries of `in` into `out` (NULL: nothing).
+void write_logprobs(const std::vector<TokenLogprob>& in, tandem_token_logprob* out, size_t cap);
+/// tandem_generate_params / tandem_request_params .grammar, .grammar_type, .reserved2 -> the
+/// compiled grammar (null for TANDEM_GRAMMAR_NONE); throws the C ABI's errors naming `fn`.
+std::shared_ptr<const Grammar> read_grammar(const char* text, int32_t type, int32_t reserved2, const Tokenizer& tok,
+                                            const char* fn);
+
 }  // namespace tandem::capi

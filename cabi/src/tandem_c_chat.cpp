@@ -15,14 +15,6 @@ using namespace tandem::capi;
 
 namespace {
 
-void write_text(const std::string& text, char* buf, size_t capacity, size_t* out_len, const char* fn) {
-  *out_len = text.size();
-  if (check_capacity(buf, capacity, text.size() + 1, fn, "buf")) {
-    std::memcpy(buf, text.data(), text.size());
-    buf[text.size()] = '\0';
-  }
-}
-
 std::string_view value_type_name(GgufValueType t) {
   switch (t) {
     case GgufValueType::kUint8:

@@ -24,8 +24,6 @@ namespace {
 constexpr size_t kDeviceInfoV01 = sizeof(tandem_device_info);
 static_assert(offsetof(tandem_device_info, compute_capability) + sizeof(int32_t) == sizeof(tandem_device_info),
               "tandem_device_info has tail padding");
-constexpr int32_t kMaxThreads = 512;
-
 uint64_t physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);

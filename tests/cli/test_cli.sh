@@ -81,11 +81,15 @@ check "apply-template missing file exits 1" $([ $? -eq 1 ] && echo 0 || echo 1)
 check "apply-template without --messages exits 2" $([ $? -eq 2 ] && echo 0 || echo 1)
 
 # Chat on SmolLM2 (its own Jinja template, which adds its default system message; stops at
-# an end-of-generation token): the answer starts as llama.cpp's does on this file. Skipped when the cached wheel file is absent.
+# an end-of-generation token): the answer starts as llama.cpp's does on this file, whose Q4_1
+# weights both run as they are (llama-server, llama-cpp-python 0.3.17's build 49bfdde,
+# --jinja, temperature 0: "L'Étoile, la Marseillaise, la femme au roi, ..."; the Q4_0
+# conversion that scripts/demo runs answers "The capital of France is Paris").
+# Skipped when the cached wheel file is absent.
 smol="${TANDEM_SMOLLM2:-${TANDEM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ -f "$smol" ]; then
   out=$("$cli" -m "$smol" --chat -p "What is the capital of France?" -st --temp 0 -n 48 -t 2 < /dev/null 2> "$tmp/err")
-  check "chat -st answers Paris ($out)" $(case "$out" in "The capital of France is Paris"*) echo 0 ;; *) echo 1 ;; esac)
+  check "chat -st answers as llama.cpp on the Q4_1 file ($out)" $(case "$out" in "L'Étoile, la Marseillaise"*) echo 0 ;; *) echo 1 ;; esac)
   check "chat uses the chatml template" $(grep -q "chat template chatml" "$tmp/err" && echo 0 || echo 1)
   check "chat runs the model's own template" $(grep -q "the model's own Jinja template" "$tmp/err" && echo 0 || echo 1)
   # apply-template runs the GGUF's template: SmolLM2's default system message

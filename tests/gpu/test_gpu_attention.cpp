@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
 #include "quant_blocks.hpp"
 #include "test_support.hpp"
 

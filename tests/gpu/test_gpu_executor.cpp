@@ -15,6 +15,7 @@
 #include "cpu_test_support.hpp"
 #include "gemma3_test_support.hpp"
 #include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
 #include "kv_test_support.hpp"
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/kv/kv_contract.hpp"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
 #include "quant_blocks.hpp"
 
 using namespace tandem;

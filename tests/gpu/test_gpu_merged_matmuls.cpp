@@ -16,6 +16,7 @@
 
 #include "gemm_test_support.hpp"
 #include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
 #include "kv_test_support.hpp"
 #include "options_parity.hpp"
 #include "quant_blocks.hpp"

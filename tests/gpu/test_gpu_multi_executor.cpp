@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
 #include "kv_test_support.hpp"
 
 using namespace tandem;

@@ -11,6 +11,7 @@
 #include <random>
 #include <thread>
 
+#include "cancel_storm.hpp"
 #include "gpu_test_support.hpp"
 #include "kv_test_support.hpp"
 #include "tandem/sched/scheduler.hpp"
@@ -225,33 +226,11 @@ TEST_CASE("cpu+gpu: cancellations at every stage leave zero KV pages and one ter
   o.routing.decode_scarce_fraction = 0.0;
   GpuRig rig(o);
   std::mt19937 rng(13);
-  const int N = 24;
-  std::vector<RequestHandle> hs(N);
-  std::vector<std::atomic<int>> finals(N), tokens(N);
-  std::vector<int> cancel_at(N);
-  for (int i = 0; i < N; ++i) {
-    cancel_at[size_t(i)] = int(rng() % 8);  // 0: cancelled from outside at a random moment
-    Request r = greedy_request(prompt_of(2 + int32_t(rng() % 70), i % 5), 4 + int32_t(rng() % 10), SlaClass(i % 3));
-    r.on_event = [&, i](const RequestEvent& ev) {
-      if (ev.final) {
-        ++finals[size_t(i)];
-        return true;
-      }
-      return ++tokens[size_t(i)] != cancel_at[size_t(i)];  // false = cancel via the callback
-    };
-    hs[size_t(i)] = rig.sched->submit(std::move(r));
-    if (cancel_at[size_t(i)] == 0 || rng() % 4 == 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
-      rig.sched->cancel(hs[size_t(rng() % size_t(i + 1))]);
-    }
-  }
+  test::CancelStorm storm(24);
+  storm.submit(*rig.sched, rng, 8, 2000, [&](int i) {
+    return greedy_request(prompt_of(2 + int32_t(rng() % 70), i % 5), 4 + int32_t(rng() % 10), SlaClass(i % 3));
+  });
   rig.check_released();
-  int cancelled = 0;
-  for (int i = 0; i < N; ++i) {
-    CHECK(hs[size_t(i)].done());
-    CHECK(finals[size_t(i)].load() == 1);
-    if (hs[size_t(i)].wait().finish == RequestFinish::kCancelled) ++cancelled;
-  }
-  CHECK(cancelled > 3);
+  CHECK(storm.check_and_count_cancelled() > 3);
 #endif
 }
