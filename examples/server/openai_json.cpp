@@ -417,12 +417,14 @@ void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, 
   t.format = info.tool_prompt.format;
   t.parallel = parallel;
   if ((choice == "required" || choice == "function") && Grammar::available()) {
-    // The call is decoded under a grammar: {"name": ..., "arguments": <the tool's parameters
-    // schema>} (an array of such calls when parallel), so its arguments always parse.
+    // The call is decoded under a grammar: one {"name": ..., "arguments": <the tool's
+    // parameters schema>}, so a call that completes within max_tokens always parses. One call
+    // even with parallel_tool_calls: an array would let the model run on with calls until
+    // max_tokens cuts them all off.
     t.prefix = t.format == ToolCallFormat::kHermes ? "<tool_call>\n" : "";
+    t.parallel = false;
     try {
-      s.grammar =
-          Grammar::from_json_schema(*info.tokenizer, forced_tool_call_schema(tools, forced_name, parallel).dump());
+      s.grammar = Grammar::from_json_schema(*info.tokenizer, forced_tool_call_schema(tools, forced_name, false).dump());
     } catch (const Error& e) {
       bad("tools", fmt::format("the forced tool call's schema does not compile: {}", e.what()));
     }

@@ -219,17 +219,19 @@ def has_grammar_engine(server):
     return not (r.status_code == 400 and "without xgrammar" in r.text)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_tool_calls_always_parse_under_the_grammar(smol, choice):
-    """With the grammar engine a forced call is decoded under the JSON schema of
-    {"name", "arguments": the tool's parameters}: every one of 8 seeded choices at
-    temperature 1 is a tool call whose arguments validate against the tool's parameters
+def test_forced_tool_calls_always_parse_under_the_grammar(smol, choice, parallel):
+    """With the grammar engine a forced call is decoded under the JSON schema of one
+    {"name", "arguments": the tool's parameters} (also with parallel_tool_calls, where an
+    array of calls let the model run on until max_tokens): every one of 8 seeded choices at
+    temperature 1 is one tool call whose arguments validate against the tool's parameters
     (checked with Python's jsonschema), streamed and not."""
     if not has_grammar_engine(smol):
         pytest.skip("tandem-server was built without xgrammar")
     import jsonschema
     c = client(smol)
-    kw = dict(model="smollm2", messages=HISTORY, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=False,
+    kw = dict(model="smollm2", messages=HISTORY, tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel,
               max_tokens=64, temperature=1.0, seed=3, n=8)
     r = c.chat.completions.create(**kw)
     for ch in r.choices:
