@@ -30,13 +30,25 @@ inline std::filesystem::path shared_dir() {
   if (const char* env = std::getenv("TANDEM_SHARED"); env && *env) return env;
   return std::filesystem::path(TANDEM_SOURCE_DIR) / ".." / "shared";
 }
-/// Model directory, overridable by TANDEM_MODELS.
+/// The shared data is absent: the test cannot run. The message makes ctest count it as
+/// skipped (SKIP_REGULAR_EXPRESSION in tests/CMakeLists.txt), never as passed.
+struct SharedDataMissing : std::runtime_error {
+  explicit SharedDataMissing(const std::filesystem::path& dir)
+      : std::runtime_error("SKIPPED: " + dir.string() + " is absent (TANDEM_SHARED / TANDEM_MODELS)") {}
+};
+/// Model directory, overridable by TANDEM_MODELS. Throws SharedDataMissing when it does not
+/// exist (a missing file inside it is left to the test: some tests want that error).
 inline std::filesystem::path models_dir() {
-  if (const char* env = std::getenv("TANDEM_MODELS"); env && *env) return env;
-  return shared_dir() / "models";
+  const char* env = std::getenv("TANDEM_MODELS");
+  std::filesystem::path dir = env && *env ? std::filesystem::path(env) : shared_dir() / "models";
+  if (!std::filesystem::is_directory(dir)) throw SharedDataMissing(dir);
+  return dir;
 }
+/// The golden data; throws SharedDataMissing when the directory does not exist.
 inline std::filesystem::path golden_dir() {
-  return shared_dir() / "golden";
+  std::filesystem::path dir = shared_dir() / "golden";
+  if (!std::filesystem::is_directory(dir)) throw SharedDataMissing(dir);
+  return dir;
 }
 inline std::filesystem::path model_path(const std::string& name) {
   return models_dir() / (name + ".gguf");
