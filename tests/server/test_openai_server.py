@@ -541,10 +541,11 @@ def test_smollm2_chat_template(tmp_path):
         by_text = c.completions.create(model="smollm2", prompt=chatml, max_tokens=48, temperature=0)
         assert by_text.usage.prompt_tokens == len(ids)
         assert by_text.choices[0].text == r.choices[0].message.content
-        # llama.cpp's greedy answer on this file without the system message
-        # (../shared/golden/smollm2-135m-instruct-q4_0, case chat_capital) starts so; with it
-        # the answer starts the same.
-        assert r.choices[0].message.content.startswith("The capital of France is Paris")
+        # llama.cpp's greedy answer on this file, whose Q4_1 weights both run as they are:
+        # llama-server --jinja (llama-cpp-python 0.3.17's build 49bfdde), temperature 0, the same
+        # request: "L'Étoile, la Marseillaise, la femme au roi, ..." (its Q4_0 conversion, the
+        # goldens' file, answers "The capital of France is Paris").
+        assert r.choices[0].message.content.startswith("L'Étoile, la Marseillaise")
         assert (r.choices[0].finish_reason == "length") == (r.usage.completion_tokens == 48)
         assert "<|im_end|>" not in r.choices[0].message.content
     finally:
