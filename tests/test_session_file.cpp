@@ -269,7 +269,7 @@ TEST_CASE("a session saved at a full context restores and continues as the live 
   // but for the KV sequence's id (the u64 before the token count) and so the checksum.
   auto state = [](std::vector<char> d) {
     std::fill_n(d.begin() + std::ptrdiff_t(kTokenCountAt - 8), 8, char{0});
-    d.resize(d.size() - 8);
+    d.erase(d.end() - 8, d.end());  // the checksum (resize(size - 8) trips GCC 12's -Wstringop-overflow under ASan)
     return d;
   };
   r.save(dir / "again.session");
