@@ -1263,8 +1263,8 @@ class Scheduler(_Handle):
             p.prompt = data
             keep.append(data)
         else:
-            arr, n = _c.ids_array(prompt)
-            p.prompt_tokens, p.n_prompt_tokens = arr, n
+            arr, n_ids = _c.ids_array(prompt)
+            p.prompt_tokens, p.n_prompt_tokens = arr, n_ids
             keep.append(arr)
         p.sampling = ctypes.pointer(call.sampling)
         p.stop, p.n_stop = call.params.stop, call.params.n_stop
