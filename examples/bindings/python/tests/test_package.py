@@ -61,9 +61,15 @@ class TestLibrary(PackageTestCase):
         self.assertGreater(devs[0].memory_bytes, 0)
         self.assertTrue(devs[0].isa)
         if not any(d.kind == "cuda" for d in devs):
-            e = self.assertRefused(tandem.Scheduler, self.model, [tandem.Executor(device="cuda")],
-                                   status=tandem.E_UNSUPPORTED)
-            self.assertIn("CUDA", e.message)
+            # A library built without CUDA refuses the kind; one built with it, the absent device.
+            with self.assertRaises(tandem.TandemError) as cm:
+                tandem.Scheduler(self.model, [tandem.Executor(device="cuda")])
+            e = cm.exception
+            if e.status == tandem.E_UNSUPPORTED:
+                self.assertIn("built without CUDA", e.message)
+            else:
+                self.assertEqual(e.status, tandem.E_INVALID_ARG, e)
+                self.assertIn("CUDA device 0 requested, 0 visible", e.message)
         self.assertRefused(tandem.Scheduler, self.model, [tandem.Executor(device="tpu")], needle="device")
 
     def test_metadata(self):
