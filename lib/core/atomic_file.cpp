@@ -73,7 +73,7 @@ AtomicFileWriter::AtomicFileWriter(const std::filesystem::path& path) : requeste
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, exists ? 0600 : 0666);
     if (fd_ < 0 && (errno != EEXIST || attempt == 100)) {
       throw Error(ErrorCode::kIo, fmt::format("cannot save '{}': cannot create a temporary file in '{}': {}",
-                                              path.string(), target_.parent_path().string(), std::strerror(errno)));
+                                              path.string(), target_.parent_path().string(), errno_message(errno)));
     }
   }
   if (exists) {
@@ -95,7 +95,7 @@ void AtomicFileWriter::fail(const char* what) {
   ::unlink(temp_.c_str());
   temp_.clear();
   throw Error(ErrorCode::kIo, fmt::format("cannot save '{}': {} '{}': {}; '{}' is unchanged", requested_.string(), what,
-                                          target_.parent_path().string(), std::strerror(err), requested_.string()));
+                                          target_.parent_path().string(), errno_message(err), requested_.string()));
 }
 
 void AtomicFileWriter::write(const void* data, size_t n) {

@@ -1,5 +1,7 @@
-// Stable names of tandem::ErrorCode values (see include/tandem/core/error.hpp).
+// Stable names of tandem::ErrorCode values and errno texts (see include/tandem/core/error.hpp).
 #include "tandem/core/error.hpp"
+
+#include <cstring>
 
 namespace tandem {
 
@@ -65,6 +67,12 @@ std::string_view error_code_name(ErrorCode code) noexcept {
       return "INTERNAL";
   }
   return "UNKNOWN";
+}
+
+std::string errno_message(int err) {
+  char buf[256];
+  // The GNU strerror_r: returns the message, in buf or a static string.
+  return std::string(::strerror_r(err, buf, sizeof buf));
 }
 
 }  // namespace tandem

@@ -657,7 +657,7 @@ void GgufFile::Impl::check_values() const {
 namespace {
 
 [[noreturn]] void io_fail(const std::filesystem::path& path, const std::string& what, int err) {
-  throw Error(ErrorCode::kIo, "GGUF: cannot " + what + " " + path.string() + ": " + std::strerror(err));
+  throw Error(ErrorCode::kIo, "GGUF: cannot " + what + " " + path.string() + ": " + errno_message(err));
 }
 
 }  // namespace

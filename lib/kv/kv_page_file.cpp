@@ -50,14 +50,14 @@ std::filesystem::path kv_page_file_dir(const std::filesystem::path& dir) {
   std::filesystem::path d = dir;
   std::string from;
   if (d.empty()) {
-    const char* env = std::getenv("TMPDIR");
+    const char* env = std::getenv("TMPDIR");  // NOLINT(concurrency-mt-unsafe): the library never calls setenv
     d = env && *env ? env : "/tmp";
     if (env && *env) from = " (from TMPDIR)";
   }
   struct stat st {};
   if (::stat(d.c_str(), &st) != 0) {
     throw Error(ErrorCode::kIo,
-                fmt::format("KV file tier: directory '{}'{}: {}", d.string(), from, std::strerror(errno)));
+                fmt::format("KV file tier: directory '{}'{}: {}", d.string(), from, errno_message(errno)));
   }
   if (!S_ISDIR(st.st_mode)) {
     throw Error(ErrorCode::kIo, fmt::format("KV file tier: '{}'{} is not a directory", d.string(), from));
@@ -93,14 +93,14 @@ int create_kv_page_file(const std::filesystem::path& dir, std::filesystem::path&
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw Error(ErrorCode::kIo,
-                fmt::format("KV store: cannot create the file tier '{}': {}", path.string(), std::strerror(errno)));
+                fmt::format("KV store: cannot create the file tier '{}': {}", path.string(), errno_message(errno)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || ::unlink(path.c_str()) != 0) {
     const int err = errno;
     ::close(fd);
     ::unlink(path.c_str());
     throw Error(ErrorCode::kIo, fmt::format("KV store: cannot lock and unlink the file tier '{}': {}", path.string(),
-                                            std::strerror(err)));
+                                            errno_message(err)));
   }
   return fd;
 }
@@ -108,7 +108,7 @@ int create_kv_page_file(const std::filesystem::path& dir, std::filesystem::path&
 void grow_kv_page_file(int fd, const std::filesystem::path& path, off_t offset, off_t bytes) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    throw Error(ErrorCode::kIo, fmt::format("KV file tier '{}': fstat: {}", path.string(), std::strerror(errno)));
+    throw Error(ErrorCode::kIo, fmt::format("KV file tier '{}': fstat: {}", path.string(), errno_message(errno)));
   }
   if (st.st_size >= offset + bytes) return;
   // posix_fallocate returns the error (it does not set errno). A file size limit also
@@ -118,7 +118,7 @@ void grow_kv_page_file(int fd, const std::filesystem::path& path, off_t offset, 
   if (err != 0) {
     if (::ftruncate(fd, st.st_size) != 0) errno = 0;  // best effort: give back partly allocated blocks
     throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot grow '{}' (unlinked) to {} bytes: {}", path.string(),
-                                            static_cast<long long>(offset + bytes), std::strerror(err)));
+                                            static_cast<long long>(offset + bytes), errno_message(err)));
   }
 }
 

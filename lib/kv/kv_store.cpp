@@ -113,7 +113,7 @@ struct KvStore::Tier {
                        static_cast<off_t>(c * chunk_bytes));
       if (p == MAP_FAILED) {
         throw Error(ErrorCode::kIo, fmt::format("KV file tier: cannot map chunk {} of '{}': {}", c, path.string(),
-                                                std::strerror(errno)));
+                                                errno_message(errno)));
       }
       chunks[c] = static_cast<std::byte*>(p);
     }

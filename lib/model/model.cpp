@@ -166,7 +166,8 @@ HParams read_hparams(const GgufFile& f) {
     // (1/sqrt(n_embd / n_head), integer division); with a sliding window, the pattern 6
     // and the local RoPE base 10000 are constants, not GGUF keys.
     hp.embd_scale = std::sqrt(static_cast<float>(hp.n_embd));
-    hp.q_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(hp.n_embd / hp.n_head))
+    const int32_t embd_per_head = hp.n_embd / hp.n_head;  // integer division, as llama.cpp
+    hp.q_scale = hp.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(embd_per_head))
                                   : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
     hp.gelu_ffn = true;
     hp.post_norms = true;

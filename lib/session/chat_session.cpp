@@ -9,7 +9,7 @@
 namespace tandem {
 
 ChatSession::ChatSession(Session& session, ChatTemplate chat_template, std::string system_prompt)
-    : session_(session), template_(chat_template), system_prompt_(std::move(system_prompt)) {
+    : session_(session), template_(std::move(chat_template)), system_prompt_(std::move(system_prompt)) {
   continued_ = !session_.tokens().empty();
   if (!continued_ && !system_prompt_.empty()) messages_.push_back({"system", system_prompt_});
 }

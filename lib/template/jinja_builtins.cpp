@@ -582,8 +582,7 @@ std::string Interp::percent_format(const std::string& f, const Value& args) {
         if (!p.empty()) s = encode(code_points(s), 0, size_t(std::stoi(p.substr(0, 6))));
       }
       const size_t len = code_points(s).size();
-      if (int(len) < width)
-        s = left ? s + std::string(size_t(width) - len, ' ') : std::string(size_t(width) - len, ' ') + s;
+      if (int(len) < width) s.insert(left ? s.size() : 0, size_t(width) - len, ' ');
     } else if (conv == 'd' || conv == 'i') {
       if (!v.is_number()) error(fmt::format("%d format: a number is required, not {}", type_name(v)));
       const long long x = v.kind == Value::Kind::kFloat ? (long long)v.f : (long long)to_int(v);
@@ -802,7 +801,7 @@ Value Interp::apply_filter(const std::string& name, const Value& v, CallArgs& a,
   }
   if (name == "int") {
     const Value* dflt = arg(a, 0, "default");
-    const Value fallback = dflt != nullptr ? *dflt : Value::integer(0);
+    Value fallback = dflt != nullptr ? *dflt : Value::integer(0);
     const int base = int(arg_int(*this, a, 1, "base", 10));
     if (v.kind == Value::Kind::kInt) return v;
     if (v.kind == Value::Kind::kBool) return Value::integer(v.b);
@@ -829,7 +828,7 @@ Value Interp::apply_filter(const std::string& name, const Value& v, CallArgs& a,
   }
   if (name == "float") {
     const Value* dflt = arg(a, 0, "default");
-    const Value fallback = dflt != nullptr ? *dflt : Value::number(0.0);
+    Value fallback = dflt != nullptr ? *dflt : Value::number(0.0);
     if (v.is_number()) return Value::number(v.kind == Value::Kind::kFloat ? v.f : double(to_int(v)));
     if (v.is_string()) {
       const std::string s = py_strip(v.str(), nullptr, true, true);
@@ -910,6 +909,7 @@ Value Interp::apply_filter(const std::string& name, const Value& v, CallArgs& a,
       return items[best];
     }
     std::vector<std::pair<Value, Value>> keyed;
+    keyed.reserve(items.size());
     for (const Value& x : items) keyed.emplace_back(key(x), x);
     std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& p, const auto& q) {
       return reverse ? order(q.first, p.first, "<") < 0 : order(p.first, q.first, "<") < 0;

@@ -466,7 +466,7 @@ Value Interp::eval(const Expr& e) {
       return Value::boolean(e.negated ? !r : r);
     }
     case Expr::Kind::kUnary: {
-      const Value v = eval(*e.a);
+      Value v = eval(*e.a);
       line_ = e.line;
       if (e.name == "not") return Value::boolean(!truthy(v));
       if (v.is_undefined()) error(fmt::format("'{}' is undefined", v.s ? *v.s : std::string("value")));

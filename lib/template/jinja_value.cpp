@@ -294,9 +294,7 @@ void py_repr_string(std::string_view s, std::string& out) {
       out += "\\n";
     } else if (cp == '\r') {
       out += "\\r";
-    } else if (cp < 0x20 || cp == 0x7F) {
-      out += fmt::format("\\x{:02x}", cp);
-    } else if (cp < 0x7F) {
+    } else if (cp >= 0x20 && cp < 0x7F) {
       out += char(cp);
     } else if (py_isprintable(cp)) {
       append_utf8(out, cp);

@@ -240,12 +240,13 @@ void Tokenizer::Impl::find_eog(size_t n) {
     }
     return kNull;
   };
+  // DeepSeek's "<｜end▁of▁sentence｜>" (fullwidth bars, U+2581 spaces), spelt in bytes.
+  constexpr std::string_view kDeepSeekEndOfSentence =
+      "<\xef\xbd\x9c"
+      "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>";
   if (m.eot == kNull) {
     m.eot = first_of({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-                      "<EOT>", "_<EOT>",
-                      "<\xef\xbd\x9c"
-                      "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-                      "<end_of_utterance>"});
+                      "<EOT>", "_<EOT>", kDeepSeekEndOfSentence, "<end_of_utterance>"});
     if (m.eot != kNull) force_control(m.eot);
   }
   if (m.eom == kNull) {

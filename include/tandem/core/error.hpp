@@ -52,6 +52,10 @@ enum class ErrorCode : int32_t {
 /// "INVALID_ARG" as in TANDEM_E_INVALID_ARG).
 std::string_view error_code_name(ErrorCode code) noexcept;
 
+/// The text of an errno value ("No space left on device"), as strerror gives it but
+/// thread-safe (strerror_r); unknown values give "Unknown error N".
+std::string errno_message(int err);
+
 /// The exception type thrown by all Tandem library code.
 class Error : public std::runtime_error {
  public:

@@ -131,7 +131,8 @@ void CpuQ4Executor::repack_weights(bool wanted) {
   static const auto kEmpty = std::make_shared<const Repacked>();
   repacked_ = kEmpty;
   if (!wanted) return;
-  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {
+  // The library never calls setenv: reading the environment cannot race with a write of ours.
+  if (const char* env = std::getenv("TANDEM_CPU_REPACK"); env != nullptr) {  // NOLINT(concurrency-mt-unsafe)
     for (const char* off : {"0", "false", "off", "no"})
       if (strcasecmp(env, off) == 0) return;
   }
