@@ -155,6 +155,12 @@ class Registry {
  public:
   static Registry& instance();
   uintptr_t add(Kind kind, std::shared_ptr<void> obj);
+  /// add(), as the C handle type the caller returns (the value is an id, not an address).
+  template <class Handle>
+  Handle* add_handle(Kind kind, std::shared_ptr<void> obj) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): a handle is never dereferenced (see above)
+    return reinterpret_cast<Handle*>(add(kind, std::move(obj)));
+  }
   /// The object of a live handle of this kind; throws INVALID_HANDLE otherwise.
   std::shared_ptr<void> get(uintptr_t handle, Kind kind, const char* fn) const;
   /// Unregister; false if the handle was not live (or of another kind).

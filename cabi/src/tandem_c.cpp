@@ -19,8 +19,9 @@ using namespace tandem::capi;
 #include "tandem/grammar/grammar.hpp"
 // ---- the status numbers are tandem::ErrorCode's ----------------------------------------
 
-#define TANDEM_SAME_CODE(c_name, cpp_name) \
-  static_assert(c_name == static_cast<int32_t>(ErrorCode::cpp_name), #c_name " != ErrorCode::" #cpp_name)
+#define TANDEM_SAME_CODE(c_name, cpp_name)                                                                    \
+  static_assert(c_name == static_cast<int32_t>(ErrorCode::cpp_name), /* NOLINT(bugprone-macro-parentheses) */ \
+                #c_name " != ErrorCode::" #cpp_name)
 TANDEM_SAME_CODE(TANDEM_OK, kOk);
 TANDEM_SAME_CODE(TANDEM_E_INVALID_ARG, kInvalidArgument);
 TANDEM_SAME_CODE(TANDEM_E_IO, kIo);
@@ -79,12 +80,12 @@ static_assert(static_cast<int>(KvDtype::kQ8_0) == TANDEM_KV_Q8_0);
   static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
 TANDEM_NO_TAIL_PADDING(tandem_model_params, max_alignment);
 TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
-TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);
+TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);  // NOLINT(bugprone-sizeof-expression): the pointer is the member
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);
 TANDEM_NO_TAIL_PADDING(tandem_sampling_params, seed);
 TANDEM_NO_TAIL_PADDING(tandem_generate_params, reserved2);
 TANDEM_NO_TAIL_PADDING(tandem_generate_result, n_logprobs);
-TANDEM_NO_TAIL_PADDING(tandem_executor_params, pool);
+TANDEM_NO_TAIL_PADDING(tandem_executor_params, pool);  // NOLINT(bugprone-sizeof-expression): the pointer is the member
 TANDEM_NO_TAIL_PADDING(tandem_scheduler_params, reserved);
 TANDEM_NO_TAIL_PADDING(tandem_request_params, reserved2);
 TANDEM_NO_TAIL_PADDING(tandem_request_event, reserved);

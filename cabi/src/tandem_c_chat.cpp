@@ -83,6 +83,7 @@ std::vector<ChatMessage> read_messages(const char* const* roles, const char* con
 
 // An OpenAI chat request body: its messages, tools, add_generation_prompt (default true)
 // and chat_template_kwargs. Keys keep their order (tojson prints them as sent).
+// NOLINTNEXTLINE(bugprone-exception-escape): its implicit move is nlohmann::json's, noexcept
 struct ChatRequest {
   nlohmann::ordered_json messages, tools, kwargs;
   bool add_generation_prompt = true;

@@ -39,7 +39,7 @@ struct DeviceList {
 const DeviceList& device_list() {
   static const DeviceList* list = [] {
     auto* l = new DeviceList;  // never destroyed: the strings are handed out as static storage
-    l->strings.reserve(2 * 65);
+    l->strings.reserve(size_t{2} * 65);
     tandem_device_info cpu{};
     cpu.struct_size = sizeof cpu;
     cpu.name = "cpu";
@@ -174,7 +174,7 @@ tandem_status tandem_pool_create(int32_t n_threads, tandem_pool** out_pool) {
     auto obj = std::make_shared<PoolObj>();
     obj->pool = CpuQ4Executor::make_pool(n_threads);
     log_line(TANDEM_LOG_INFO, fmt::format("pool: {} threads", obj->pool->size()));
-    *out_pool = reinterpret_cast<tandem_pool*>(Registry::instance().add(Kind::kPool, std::move(obj)));
+    *out_pool = Registry::instance().add_handle<tandem_pool>(Kind::kPool, std::move(obj));
   });
 }
 
@@ -239,7 +239,7 @@ tandem_status tandem_executor_create(const tandem_model* model, const tandem_exe
       read_struct(params, offsetof(tandem_executor_params, device_kind), p, fn, "tandem_executor_params");
     check_executor_params(p, 0, fn);
     auto obj = make_executor(m, p, fn);
-    *out_executor = reinterpret_cast<tandem_executor*>(Registry::instance().add(Kind::kExecutor, std::move(obj)));
+    *out_executor = Registry::instance().add_handle<tandem_executor>(Kind::kExecutor, std::move(obj));
   });
 }
 

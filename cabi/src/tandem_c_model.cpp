@@ -39,7 +39,7 @@ tandem_status tandem_model_load(const char* path, const tandem_model_params* par
     auto obj = std::make_shared<ModelObj>();
     obj->model = Model::load(path, options);
     obj->name = obj->model->name();
-    *out_model = reinterpret_cast<tandem_model*>(Registry::instance().add(Kind::kModel, std::move(obj)));
+    *out_model = Registry::instance().add_handle<tandem_model>(Kind::kModel, std::move(obj));
   });
 }
 

@@ -356,7 +356,7 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
       so.executors.push_back(std::move(c));
     }
     obj->scheduler = std::make_unique<Scheduler>(std::move(so));
-    *out_scheduler = reinterpret_cast<tandem_scheduler*>(Registry::instance().add(Kind::kScheduler, std::move(obj)));
+    *out_scheduler = Registry::instance().add_handle<tandem_scheduler>(Kind::kScheduler, std::move(obj));
   });
 }
 
@@ -393,7 +393,7 @@ tandem_status tandem_scheduler_submit(tandem_scheduler* scheduler, const tandem_
     };
     obj->scheduler = sc;
     obj->handle = sc->scheduler->submit(std::move(r));  // kInvalidArgument after shutdown
-    *out_request = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, std::move(obj)));
+    *out_request = Registry::instance().add_handle<tandem_request>(Kind::kRequest, std::move(obj));
   });
 }
 
@@ -578,6 +578,7 @@ tandem_status tandem_scheduler_submit_n(tandem_scheduler* scheduler, const tande
       objs.back()->scheduler = sc;
     }
     std::vector<std::shared_ptr<EventSignal>> signals;
+    signals.reserve(objs.size());
     for (const auto& o : objs) signals.push_back(o->signal);
     r.on_event = [signals = std::move(signals)](const RequestEvent& e) {
       EventSignal& signal = *signals[size_t(e.choice)];
@@ -591,7 +592,7 @@ tandem_status tandem_scheduler_submit_n(tandem_scheduler* scheduler, const tande
     auto handles = sc->scheduler->submit_n(std::move(r), int32_t(n));  // kInvalidArgument after shutdown
     for (uint32_t i = 0; i < n; ++i) {
       objs[i]->handle = handles[i];
-      out_requests[i] = reinterpret_cast<tandem_request*>(Registry::instance().add(Kind::kRequest, objs[i]));
+      out_requests[i] = Registry::instance().add_handle<tandem_request>(Kind::kRequest, objs[i]);
     }
   });
 }

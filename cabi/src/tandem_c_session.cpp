@@ -223,7 +223,7 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
     s->session = std::make_unique<Session>(m->model, *s->executor, session_options);
     s->n_batch = p.n_batch;
     s->page_size = p.page_size;
-    *out_session = reinterpret_cast<tandem_session*>(Registry::instance().add(Kind::kSession, std::move(s)));
+    *out_session = Registry::instance().add_handle<tandem_session>(Kind::kSession, std::move(s));
   });
 }
 

@@ -131,13 +131,11 @@ struct GrammarMatcher::State {
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const Grammar> grammar) {
   if (!grammar) throw Error(ErrorCode::kInvalidArgument, "grammar matcher: no grammar");
   const int32_t words = xgrammar::GetBitmaskSize(grammar->n_vocab());
-  s_ = std::unique_ptr<State>(new State{grammar,
-                                        xgrammar::GrammarMatcher(grammar->impl().compiled, std::nullopt,
-                                                                 /*terminate_without_stop_token=*/false,
-                                                                 /*max_rollback_tokens=*/0),
-                                        std::vector<uint32_t>(size_t(words)),
-                                        words,
-                                        {}});
+  xgrammar::GrammarMatcher matcher(grammar->impl().compiled, std::nullopt,
+                                   /*terminate_without_stop_token=*/false,
+                                   /*max_rollback_tokens=*/0);
+  s_ = std::unique_ptr<State>(
+      new State{std::move(grammar), std::move(matcher), std::vector<uint32_t>(size_t(words)), words, {}});
   s_->tensor.data = s_->mask.data();
   s_->tensor.device = DLDevice{kDLCPU, 0};
   s_->tensor.ndim = 1;

@@ -283,6 +283,7 @@ std::vector<RequestHandle> Scheduler::submit_n(Request request, int32_t n) {
   }
   const uint64_t seed = request.sampling.seed;
   for (int32_t i = 0; i < n; ++i) {
+    // NOLINTNEXTLINE(bugprone-use-after-move): moved on the last pass only
     Request q = i + 1 < n ? request : std::move(request);
     q.sampling.seed = seed + uint64_t(i);
     states.push_back(new_request_state(I, std::move(q)));

@@ -68,7 +68,7 @@ PerplexityResult perplexity(Executor& executor, std::span<const int32_t> tokens,
       for (int32_t j = 0; j < n; ++j) {
         const double v =
             neg_log_prob(std::span<const float>(logits).subspan(size_t(j) * size_t(n_vocab), size_t(n_vocab)),
-                         chunk[size_t(b + j + 1)]);
+                         chunk[size_t(b) + size_t(j) + 1]);
         nll += v;
         nll2 += v * v;
       }
