@@ -173,8 +173,18 @@ TEST_CASE("page rule: bad specs and counts past INT32_MAX are clear errors", "[n
   ns.n_ctx = 64;
   CHECK(code_of([&] { kv_page_counts(hp, ns); }) == ErrorCode::kInvalidArgument);  // no executors
   ns.executors = {spec(ExecutorKind::kCpu, 1)};
+  CHECK(kv_page_counts(hp, ns).size() == 1);  // the spec below differs in one field each
   ns.executors[0].file_pages = -2;
   CHECK(code_of([&] { kv_page_counts(hp, ns); }) == ErrorCode::kInvalidArgument);
+  ns.executors[0].file_pages = 0;
+  ns.executors[0].max_running = 0;
+  CHECK(code_of([&] { kv_page_counts(hp, ns); }) == ErrorCode::kInvalidArgument);
+  ns.executors[0].max_running = 1;
+  ns.executors[0].kv_pages = 4;  // explicit pages: the page size is still checked
+  ns.page_size = 0;
+  CHECK(code_of([&] { kv_page_counts(hp, ns); }) == ErrorCode::kInvalidArgument);
+  ns.page_size = 16;
+  CHECK(code_of([&] { kv_page_counts(shape(0, 2, 32), ns); }) == ErrorCode::kInvalidArgument);  // empty pages
 }
 
 TEST_CASE("build_node: a cpu+cpu node serves a request through the Scheduler as a Session does", "[node]") {

@@ -98,6 +98,11 @@ uint64_t physical_memory_bytes() noexcept {
 
 std::vector<KvPageCounts> kv_page_counts(const HParams& hp, const NodeSpec& spec) {
   if (spec.executors.empty()) throw Error(ErrorCode::kInvalidArgument, "node: no executors");
+  if (spec.n_ctx < 1 || spec.page_size < 1 || spec.prefix_cache_entries < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("node: n_ctx {} and page_size {} must be >= 1, prefix_cache_entries {} >= 0", spec.n_ctx,
+                            spec.page_size, spec.prefix_cache_entries));
+  }
   std::vector<KvPageCounts> out(spec.executors.size());
   std::vector<uint64_t> page_bytes(spec.executors.size());
   // Host bytes: what the budget allows, less the CPU executors' compute tiers.
@@ -110,16 +115,21 @@ std::vector<KvPageCounts> kv_page_counts(const HParams& hp, const NodeSpec& spec
           ErrorCode::kInvalidArgument,
           fmt::format("node: executor {} ({}): q8_0 KV pages are unsupported on the GPU (use f16 or f32)", i, e.name));
     }
-    if (e.kv_pages < 0 || e.file_pages < kFilePagesAsCompute) {
+    if (e.max_running < 1 || e.kv_pages < 0 || e.file_pages < kFilePagesAsCompute) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("node: executor {} ({}): kv_pages {} must be >= 0, file_pages {} >= 0 or "
-                              "kFilePagesAsCompute",
-                              i, e.name, e.kv_pages, e.file_pages));
+                  fmt::format("node: executor {} ({}): max_running {} must be >= 1, kv_pages {} >= 0, file_pages {} "
+                              ">= 0 or kFilePagesAsCompute",
+                              i, e.name, e.max_running, e.kv_pages, e.file_pages));
     }
     const int32_t c = e.kv_pages > 0
                           ? e.kv_pages
                           : compute_tier_pages(spec.n_ctx, spec.page_size, e.max_running, spec.prefix_cache_entries);
     page_bytes[i] = KvLayout::for_model(hp, spec.page_size, e.kv_dtype).page_bytes();
+    if (page_bytes[i] == 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("node: executor {} ({}): a KV page of {} layers x {} KV heads x {} dims holds no bytes",
+                              i, e.name, hp.n_layer, hp.n_head_kv, hp.head_dim));
+    }
     KvPageCounts& p = out[i];
     p.file = e.file_pages == kFilePagesAsCompute ? c : e.file_pages;
     if (e.kind == ExecutorKind::kGpu) {
