@@ -11,9 +11,10 @@
 #   grammar    constrained decoding (xgrammar): JSON schema, any JSON, GBNF
 #   kv         paged KV store, page file, KV contract
 #   exec       executor interface, paced executor, performance model; exec/cpu, exec/gpu
+#   node       executor sets, executors and their KV stores sized by one page rule
 #   session    session, session files, chat session, generation, sampler, stop strings
 #   sched      scheduler, routing policy, speed signals, metrics, request handles
-set(TANDEM_MODULES core gguf tokenizer model template grammar kv exec exec/cpu exec/gpu session sched)
+set(TANDEM_MODULES core gguf tokenizer model template grammar kv exec exec/cpu exec/gpu node session sched)
 set(TANDEM_MODULE_DEPS_core "")
 set(TANDEM_MODULE_DEPS_gguf core)
 set(TANDEM_MODULE_DEPS_tokenizer core gguf)
@@ -24,7 +25,8 @@ set(TANDEM_MODULE_DEPS_kv core model)
 set(TANDEM_MODULE_DEPS_exec core kv model)
 set(TANDEM_MODULE_DEPS_exec/cpu core exec kv model)
 set(TANDEM_MODULE_DEPS_exec/gpu core exec kv model)
-set(TANDEM_MODULE_DEPS_session core exec grammar kv model template tokenizer)
+set(TANDEM_MODULE_DEPS_node core exec exec/cpu exec/gpu kv model)
+set(TANDEM_MODULE_DEPS_session core exec grammar kv model node template tokenizer)
 set(TANDEM_MODULE_DEPS_sched core exec grammar kv model session tokenizer)
 
 # Fails configuration for an include across modules that the including module does not

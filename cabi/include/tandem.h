@@ -525,8 +525,10 @@ typedef struct tandem_executor_params {
   int32_t max_running;       /* decode slots (sequences admitted at once), >= 1; default 16 */
   int32_t step_token_budget; /* tokens per step (decodes + prefill chunks), >= 1; default 256 */
   int32_t prefill_chunk;     /* most prompt tokens of one sequence per step, >= 1; default 128 */
-  int32_t kv_pages;          /* pages of its KV store (host memory), >= 0; 0 = room for
-                                max_running sequences of max_context positions. Default 0 */
+  int32_t kv_pages;          /* pages of its compute tier (CPU: host memory; GPU: device
+                                memory), >= 0; 0 = room for max_running +
+                                prefix_cache_entries sequences of max_context positions
+                                (include/tandem/node/node.hpp). Default 0 */
   int32_t accelerator;       /* routing role: -1 = by kind (a CPU executor is not an
                                 accelerator), 0 = not, 1 = treat as the accelerator (for
                                 "cpu+cpu": mark one pool as the primary). Default -1 */
@@ -539,7 +541,9 @@ typedef struct tandem_executor_params {
   int32_t kv_dtype;      /* a tandem_kv_dtype of the executor's KV store; default
                             TANDEM_KV_F16 */
   int32_t kv_file_pages; /* pages of a File tier below the compute tier (Host for a CPU,
-                            Device for a GPU executor): sequences preempted when the
+                            Device for a GPU executor, which also gets a Host tier as
+                            large as its Device tier where physical memory allows):
+                            sequences preempted when the
                             compute tier is full are swapped there instead of being
                             recomputed. >= 0; 0 = no File tier (default) */
   const char* kv_dir;    /* directory of the File tier's page file (NUL-terminated; NULL =

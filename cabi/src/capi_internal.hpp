@@ -22,6 +22,7 @@
 #include "tandem/core/error.hpp"
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/model/model.hpp"
+#include "tandem/node/node.hpp"
 #include "tandem/sched/scheduler.hpp"
 #include "tandem/session/session.hpp"
 
@@ -328,8 +329,6 @@ void check_count(size_t n, const char* fn, const char* what);
 void check_utf8(std::string_view text, const char* fn, const char* what);
 /// Copy text + NUL into a caller buffer under the size-query rules.
 void write_text(const std::string& text, char* buf, size_t capacity, size_t* out_len, const char* fn);
-/// The machine's physical memory in bytes (infinity when unknown).
-double physical_memory_bytes();
 /// A caller's tandem_sampling_params (NULL: the defaults) as validated SamplingParams.
 SamplingParams to_sampling(const tandem_sampling_params* user, const char* fn);
 /// A caller's stop strings: non-NULL, non-empty, UTF-8.

@@ -218,13 +218,6 @@ void write_text(const std::string& text, char* buf, size_t capacity, size_t* out
   }
 }
 
-double physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return std::numeric_limits<double>::infinity();
-  return double(pages) * double(page);
-}
-
 SamplingParams to_sampling(const tandem_sampling_params* user, const char* fn) {
   tandem_sampling_params p = default_sampling_params();
   if (user != nullptr) read_struct(user, kSamplingParamsV01, p, fn, "tandem_sampling_params");

@@ -10,7 +10,6 @@
 
 #include "capi_internal.hpp"
 #include "cpu_kernels.hpp"
-#include "tandem/exec/gpu/gpu_q4_executor.hpp"
 
 #if defined(TANDEM_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -24,12 +23,6 @@ namespace {
 constexpr size_t kDeviceInfoV01 = sizeof(tandem_device_info);
 static_assert(offsetof(tandem_device_info, compute_capability) + sizeof(int32_t) == sizeof(tandem_device_info),
               "tandem_device_info has tail padding");
-uint64_t physical_memory() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) : 0;
-}
-
 /// The device list, built once (names and ISA strings live as long as the process).
 struct DeviceList {
   std::vector<tandem_device_info> devices;
@@ -45,7 +38,7 @@ const DeviceList& device_list() {
     cpu.name = "cpu";
     l->strings.emplace_back(kernels::cpu_isa_name());
     cpu.isa = l->strings.back().c_str();
-    cpu.memory_bytes = physical_memory();
+    cpu.memory_bytes = physical_memory_bytes();
     cpu.kind = TANDEM_DEVICE_CPU;
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     cpu.n_cores = online > 0 ? int32_t(online) : 1;
@@ -123,30 +116,25 @@ std::shared_ptr<ExecutorObj> make_executor(const std::shared_ptr<ModelObj>& mode
   obj->model = model;
   obj->device_kind = p.device_kind;
   obj->device_id = p.device_id;
+#if !defined(TANDEM_HAVE_CUDA)
   if (p.device_kind == TANDEM_DEVICE_CUDA) {
-#if defined(TANDEM_HAVE_CUDA)
-    GpuExecutorOptions go;
-    go.device = p.device_id;
-    obj->executor = std::make_unique<GpuQ4Executor>(model->model, go);
-    log_line(TANDEM_LOG_INFO, fmt::format("executor: gpu on CUDA device {}", p.device_id));
-#else
     fail(TANDEM_E_UNSUPPORTED, fmt::format("{}: a CUDA executor was asked for, but this libtandem was built "
                                            "without CUDA (rebuild with -DTANDEM_CUDA=ON on a machine with the "
                                            "CUDA toolkit)",
                                            fn));
+  }
 #endif
-  } else {
-    std::unique_ptr<CpuQ4Executor> cpu;
-    if (p.pool != nullptr) {
-      cpu = std::make_unique<CpuQ4Executor>(model->model, get_pool(p.pool, fn)->pool);
-    } else {
-      CpuExecutorOptions co;
-      co.n_threads = p.n_threads;
-      cpu = std::make_unique<CpuQ4Executor>(model->model, co);
-    }
+  ExecutorSpec es;
+  es.kind = p.device_kind == TANDEM_DEVICE_CUDA ? ExecutorKind::kGpu : ExecutorKind::kCpu;
+  es.device = p.device_id;
+  es.n_threads = p.n_threads;
+  if (p.pool != nullptr) es.pool = get_pool(p.pool, fn)->pool;
+  obj->executor = tandem::make_executor(model->model, es);
+  if (const auto* cpu = dynamic_cast<const CpuQ4Executor*>(obj->executor.get())) {
     log_line(TANDEM_LOG_INFO,
              fmt::format("executor: cpu, {} threads, {} kernels", cpu->n_threads(), kernels::cpu_isa_name()));
-    obj->executor = std::move(cpu);
+  } else {
+    log_line(TANDEM_LOG_INFO, fmt::format("executor: gpu on CUDA device {}", p.device_id));
   }
   return obj;
 }

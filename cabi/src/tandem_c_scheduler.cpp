@@ -4,12 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "capi_internal.hpp"
-#include "tandem/exec/gpu/gpu_q4_executor.hpp"
+#include "tandem/node/node.hpp"
 
 using namespace tandem;
 using namespace tandem::capi;
@@ -277,30 +276,22 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
     }
     for (size_t i = 0; i < ex.size(); ++i) check_executor_params(ex[i], i, fn);
     const HParams& hp = m->model->hparams();
-    const int64_t n_ctx = p.max_context > 0 ? p.max_context : default_context_size(hp);
-    // The scheduler reserves the pages of prompt + max_tokens plus one (copy-on-write of a
-    // shared last page) per sequence.
-    const int64_t pages_per_seq = (n_ctx + p.page_size - 1) / p.page_size + 1;
-    std::vector<int32_t> kv_pages(ex.size());
-    double host_kv_bytes = 0.0;
-    for (size_t i = 0; i < ex.size(); ++i) {
-      const tandem_executor_params& e = ex[i];
-      const int64_t pages = e.kv_pages > 0 ? int64_t(e.kv_pages) : int64_t(e.max_running) * pages_per_seq;
-      if (pages > int64_t(std::numeric_limits<int32_t>::max())) {
-        fail(TANDEM_E_INVALID_ARG, fmt::format("{}: executors[{}]: {} KV pages (max_running {} x {} pages) is too many",
-                                               fn, i, pages, e.max_running, pages_per_seq));
-      }
-      kv_pages[i] = int32_t(pages);
-      const KvLayout layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(e.kv_dtype));
-      if (e.device_kind == TANDEM_DEVICE_CPU) host_kv_bytes += double(pages) * double(layout.page_bytes());
+    // Page counts by the node's rule (tandem/node/node.hpp), Host tiers within physical memory.
+    NodeSpec ns;
+    ns.n_ctx = p.max_context > 0 ? p.max_context : default_context_size(hp);
+    ns.page_size = p.page_size;
+    ns.prefix_cache_entries = p.prefix_cache_entries;
+    for (const tandem_executor_params& e : ex) {
+      ExecutorSpec es;
+      es.kind = e.device_kind == TANDEM_DEVICE_CUDA ? ExecutorKind::kGpu : ExecutorKind::kCpu;
+      es.max_running = e.max_running;
+      es.kv_dtype = static_cast<KvDtype>(e.kv_dtype);
+      es.kv_pages = e.kv_pages;
+      es.file_pages = e.kv_file_pages;
+      if (e.kv_dir != nullptr) es.kv_dir = std::filesystem::path(e.kv_dir);
+      ns.executors.push_back(std::move(es));
     }
-    const double phys = physical_memory_bytes();
-    if (host_kv_bytes > phys) {
-      fail(TANDEM_E_OUT_OF_MEMORY,
-           fmt::format("{}: the KV stores need {:.3g} bytes, more than the {:.3g} bytes of physical memory (set "
-                       "kv_pages or max_context)",
-                       fn, host_kv_bytes, phys));
-    }
+    const std::vector<KvPageCounts> kv_pages = kv_page_counts(hp, ns);
     auto obj = std::make_shared<SchedulerObj>();
     obj->model = m;
     // Take the given executors (one scheduler each); the destructor hands them back.
@@ -328,23 +319,14 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
     }
     for (size_t i = 0; i < ex.size(); ++i) {
       const tandem_executor_params& e = ex[i];
-      KvStoreOptions ko;
-      ko.layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(e.kv_dtype));
-      ko.file_pages = e.kv_file_pages;
-      if (e.kv_dir != nullptr) ko.file_dir = std::filesystem::path(e.kv_dir);
-      if (e.device_kind == TANDEM_DEVICE_CUDA) {
-#if defined(TANDEM_HAVE_CUDA)
-        ko.device =
-            static_cast<const GpuQ4Executor&>(*used[i]->executor).make_kv_device_backend(ko.layout, kv_pages[i]);
-#endif
-      } else {
-        ko.host_pages = kv_pages[i];
-      }
-      obj->stores.push_back(std::make_shared<KvStore>(std::move(ko)));
-      log_line(TANDEM_LOG_INFO, fmt::format("scheduler: executor {} ({}) with {} KV pages of {} tokens ({}), {} File "
-                                            "pages",
-                                            i, used[i]->executor->name(), kv_pages[i], p.page_size,
-                                            kv_dtype_name(static_cast<KvDtype>(e.kv_dtype)), e.kv_file_pages));
+      const KvPageCounts& kp = kv_pages[i];
+      obj->stores.push_back(make_kv_store(*used[i]->executor,
+                                          KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(e.kv_dtype)), kp,
+                                          ns.executors[i].kv_dir));
+      log_line(TANDEM_LOG_INFO, fmt::format("scheduler: executor {} ({}) with {} Device, {} Host and {} File KV pages "
+                                            "of {} tokens ({})",
+                                            i, used[i]->executor->name(), kp.device, kp.host, kp.file, p.page_size,
+                                            kv_dtype_name(static_cast<KvDtype>(e.kv_dtype))));
       ExecutorConfig c;
       c.executor = used[i]->executor.get();
       c.store = obj->stores.back();

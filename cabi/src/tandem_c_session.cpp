@@ -189,18 +189,14 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
       fail(TANDEM_E_INVALID_ARG,
            fmt::format("{}: n_ctx {} with page_size {} overflows the page count", fn, p.n_ctx, p.page_size));
     }
-    // Refuse a KV cache that cannot fit in physical memory before allocating it (the
-    // pool is zero-filled at creation, so all of it would be touched at once).
-    const double n_pages = std::ceil(double(n_ctx) / double(p.page_size));
-    const double elem_bytes = p.kv_dtype == TANDEM_KV_F16    ? 2.0
-                              : p.kv_dtype == TANDEM_KV_Q8_0 ? double(kKvQ8BlockBytes) / double(kKvQ8Block)
-                                                             : 4.0;
-    const double kv_bytes = n_pages * double(p.page_size) * double(hp.n_layer) * 2.0 * double(hp.n_head_kv) *
-                            double(std::max(hp.head_dim, hp.head_dim_v)) * elem_bytes;
-    const double phys = physical_memory_bytes();
-    if (p.kv_tier == TANDEM_KV_HOST && kv_bytes > phys) {
+    // Refuse a KV cache that cannot fit in physical memory before allocating it: the
+    // session's own store holds one sequence by the node's page rule (tandem/node/node.hpp).
+    const KvLayout layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(p.kv_dtype));
+    const double kv_bytes = double(compute_tier_pages(n_ctx, p.page_size, 1, 0)) * double(layout.page_bytes());
+    const uint64_t phys = physical_memory_bytes();
+    if (p.kv_tier == TANDEM_KV_HOST && phys > 0 && kv_bytes > double(phys)) {
       fail(TANDEM_E_OUT_OF_MEMORY,
-           fmt::format("{}: a KV cache of {} positions needs {:.3g} bytes, more than the {:.3g} bytes of physical "
+           fmt::format("{}: a KV cache of {} positions needs {:.3g} bytes, more than the {} bytes of physical "
                        "memory",
                        fn, n_ctx, kv_bytes, phys));
     }

@@ -1,10 +1,11 @@
 // tandem-server: the model, its executors and KV stores, and the Scheduler over them.
 //
-// --executors cpu | cpu+cpu | gpu | cpu+gpu builds the executors as tandem-bench serve
-// does (cpu+cpu splits the threads into two pools, the first marked as the primary).
-// Each executor's store holds -np sequences of -c positions in its compute tier (plus
-// room for the prefix cache); --kv-tier file adds a File tier in --kv-dir that preempted
-// sequences swap to instead of being recomputed.
+// --executors cpu | cpu+cpu | gpu | cpu+gpu builds the executors of that executor set
+// (tandem/node/node.hpp: cpu+cpu splits the threads into two pools, the first marked as the
+// primary; a GPU executor gets 4 x -np slots) with stores sized by the node's page rule:
+// every slot and prefix-cache entry can hold -c positions in the compute tier; --kv-tier
+// file adds a File tier as large in --kv-dir that preempted sequences swap to instead of
+// being recomputed.
 //
 // The routing decision of each request is recorded by a RoutingPolicy wrapper around the
 // default policy: RoutingPolicy::route() is called once per request at submission
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "tandem/model/model.hpp"
+#include "tandem/node/node.hpp"
 #include "tandem/sched/scheduler.hpp"
 #include "tandem/template/chat_template.hpp"
 
@@ -80,8 +82,7 @@ class ServingEngine {
   int32_t n_ctx_ = 0;
   int32_t page_size_ = 16;
   std::vector<std::string> names_;
-  std::vector<std::unique_ptr<Executor>> executors_;
-  std::vector<std::shared_ptr<KvStore>> stores_;
+  std::vector<NodeExecutor> node_;
   std::unique_ptr<Scheduler> scheduler_;
 };
 

@@ -25,7 +25,6 @@
 #include <filesystem>
 #include <thread>
 
-#include "executor_sets.hpp"
 #include "kv_cache_type.hpp"
 #include "server/http_routes.hpp"
 #include "server/http_transport.hpp"
@@ -57,7 +56,8 @@ int main(int argc, char** argv) {
   app.add_option("-m,--model", eo.model_path, "GGUF model file")->required();
   app.add_option("--executors", eo.executors, "cpu, cpu+cpu, gpu or cpu+gpu")
       ->capture_default_str()
-      ->check(CLI::IsMember(tandem::cli::executor_set_names()));
+      ->check(CLI::IsMember(
+          std::vector<std::string>(tandem::executor_set_names().begin(), tandem::executor_set_names().end())));
   app.add_option("--host", so.host, "address to listen on")->capture_default_str();
   app.add_option("--port", so.port, "port to listen on")->capture_default_str()->check(CLI::Range(0, 65535));
   app.add_option("-c,--ctx-size", eo.n_ctx,

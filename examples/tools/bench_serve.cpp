@@ -26,14 +26,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "executor_sets.hpp"
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/exec/paced_executor.hpp"
 #include "tandem/exec/perf_model.hpp"
+#include "tandem/node/node.hpp"
 #include "tandem/sched/scheduler.hpp"
-#if TANDEM_HAVE_CUDA
-#include "tandem/exec/gpu/gpu_q4_executor.hpp"
-#endif
 
 namespace tandem::bench {
 
@@ -241,8 +238,7 @@ SimNode parse_sim_node(const ServeOptions& o) {
 /// at what its decode slots (plus the prefix cache) can hold at this (real) context.
 int32_t sim_kv_pages(const PerfModel& pm, int32_t page_size, int32_t n_ctx, int32_t max_running, int32_t prefix_cache,
                      int32_t token_scale) {
-  const int64_t per_seq = (n_ctx + page_size - 1) / page_size + 1;
-  const int64_t cap = per_seq * (int64_t{max_running} + prefix_cache + 1);
+  const int64_t cap = compute_tier_pages(n_ctx, page_size, max_running, prefix_cache);
   return int32_t(std::min(pm.kv_budget_pages(page_size * token_scale), cap));
 }
 
@@ -270,12 +266,8 @@ void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool wi
       throw std::runtime_error(fmt::format("{}: the {} weights ({:.1f} GB) leave no memory for KV", p->name,
                                            node.big.name, double(node.big.weight_bytes_total) / 1e9));
     }
-    KvStoreOptions ko;
-    ko.layout = KvLayout::for_model(model->hparams(), page_size);
-    ko.host_pages = pages;
-    ko.file_pages = pages;
-    ko.file_chunk_pages = 64;
-    stores.push_back(std::make_shared<KvStore>(std::move(ko)));
+    stores.push_back(
+        make_kv_store(*paced.back(), KvLayout::for_model(model->hparams(), page_size), KvPageCounts{0, pages, pages}));
     ExecutorConfig c;
     c.executor = paced.back().get();
     c.store = stores.back();
@@ -361,49 +353,31 @@ RunResult run_once(const ServeOptions& o, std::shared_ptr<const Model> model, co
   if (sim) set_slo_targets(o, *sim, ro);
   so.policy = std::make_shared<DefaultRoutingPolicy>(ro);
   const int32_t ps = 16;
-  const int32_t pages = std::max<int32_t>(64, int32_t(int64_t(o.max_running) * ((o.n_ctx + ps - 1) / ps + 1)));
-  auto add_cpu = [&](int threads, bool accel, const std::string& name) {
-    exs.push_back(std::make_unique<CpuQ4Executor>(model, CpuExecutorOptions{threads}));
-    KvStoreOptions ko;
-    ko.layout = KvLayout::for_model(model->hparams(), ps);
-    ko.host_pages = pages;
-    ko.file_pages = pages;
-    ko.file_chunk_pages = 64;
-    stores.push_back(std::make_shared<KvStore>(std::move(ko)));
-    ExecutorConfig c;
-    c.executor = exs.back().get();
-    c.store = stores.back();
-    c.max_running = o.max_running;
-    c.step_token_budget = std::max(o.step_budget, o.max_running);
-    c.prefill_chunk = o.prefill_chunk;
-    c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
-    c.accelerator = accel;
-    c.name = name;
-    so.executors.push_back(c);
-  };
-  [[maybe_unused]] auto add_gpu = [&]() {
-#if TANDEM_HAVE_CUDA
-    auto g = std::make_unique<GpuQ4Executor>(model);
-    stores.push_back(g->make_kv_store(pages * 2, pages, ps, KvDtype::kF16, pages));
-    ExecutorConfig c;
-    c.executor = g.get();
-    c.store = stores.back();
-    c.max_running = o.max_running * 4;
-    c.step_token_budget = std::max(o.step_budget * 4, c.max_running);
-    c.prefill_chunk = o.prefill_chunk * 4;
-    c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
-    c.name = "gpu";
-    exs.push_back(std::move(g));
-    so.executors.push_back(c);
-#else
-    throw std::runtime_error("this build has no GPU executor (configure with -DTANDEM_CUDA=ON)");
-#endif
-  };
-  const int t = o.threads > 0 ? o.threads : physical_core_count();
+  std::vector<NodeExecutor> node;
   if (sim) {
     add_simulated_executors(o, *sim, sim_with_host, model, ps, exs, paced, stores, so);
-  } else if (!cli::add_executor_set(o.executors, t, add_cpu, add_gpu)) {
-    throw std::runtime_error("--executors must be cpu, gpu, cpu+gpu or cpu+cpu");
+  } else {
+    NodeSpec ns;
+    ns.n_ctx = o.n_ctx;
+    ns.page_size = ps;
+    ns.prefix_cache_entries = o.prefix_cache;
+    ns.executors = executor_set(o.executors, o.threads > 0 ? o.threads : physical_core_count(), o.max_running);
+    for (ExecutorSpec& e : ns.executors) e.file_pages = kFilePagesAsCompute;
+    node = build_node(model, ns);
+    for (const NodeExecutor& n : node) {
+      // A GPU executor takes 4x the CPU's step budget and prefill chunk, as it takes 4x its slots.
+      const int32_t scale = n.spec.kind == ExecutorKind::kGpu ? 4 : 1;
+      ExecutorConfig c;
+      c.executor = n.executor.get();
+      c.store = n.store;
+      c.max_running = n.spec.max_running;
+      c.step_token_budget = std::max(o.step_budget * scale, c.max_running);
+      c.prefill_chunk = o.prefill_chunk * scale;
+      c.looser_class_prefill_tokens = o.looser_class_prefill_tokens;
+      c.accelerator = n.spec.accelerator;
+      c.name = n.spec.name;
+      so.executors.push_back(c);
+    }
   }
 
   // A simulation runs time_scale times faster than simulated time: arrivals are
@@ -758,7 +732,7 @@ void add_serve_options(CLI::App& app, ServeOptions& o) {
   o.cmd = c;
   c->add_option("-m,--model", o.model, "GGUF model")->required();
   c->add_option("--executors", o.executors, "cpu, gpu, cpu+gpu or cpu+cpu (split thread pools)")
-      ->check(CLI::IsMember(cli::executor_set_names()));
+      ->check(CLI::IsMember(std::vector<std::string>(executor_set_names().begin(), executor_set_names().end())));
   c->add_option("-t,--threads", o.threads, "CPU threads in all (cpu+cpu splits them; 0 = physical cores)")
       ->check(CLI::Range(0, 512));
   c->add_option("--trace", o.trace,

@@ -39,6 +39,7 @@
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/kv/kv_store.hpp"
 #include "tandem/model/model.hpp"
+#include "tandem/node/node.hpp"
 
 #ifndef TANDEM_BUILD_COMMIT
 #define TANDEM_BUILD_COMMIT "unknown"
@@ -464,7 +465,7 @@ int run_speed(const SpeedOptions& opt) {
     for (const KvDtype kv_dtype : repeat_list(kv_dtypes, gpu_layers.size())) {
       KvStoreOptions so;
       so.layout = KvLayout::for_model(hp, 16, kv_dtype);
-      so.host_pages = (n_ctx + so.layout.page_size - 1) / so.layout.page_size + 1;
+      so.host_pages = compute_tier_pages(n_ctx, so.layout.page_size, 1, 0);  // the node's rule, one sequence
       KvStore store(std::move(so));
       for (int nt : threads) {
         CpuQ4Executor exec(model, CpuExecutorOptions{nt});

@@ -38,6 +38,7 @@
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/kv/kv_store.hpp"
 #include "tandem/model/model.hpp"
+#include "tandem/node/node.hpp"
 #include "tandem/session/session.hpp"
 
 namespace {
@@ -113,15 +114,12 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   tandem::CpuQ4Executor exec(model, tandem::CpuExecutorOptions{n_threads});
   const char* tmpdir = std::getenv("TMPDIR");
   const std::filesystem::path dir = !kv_dir.empty() ? kv_dir : tmpdir && *tmpdir ? tmpdir : "/tmp";
-  tandem::KvStoreOptions so;
-  so.layout = tandem::KvLayout::for_model(hp, 16, kv_dtype);
-  so.host_pages = n_ctx / 16 + 2;
-  so.file_pages = n_ctx / 16 + 2;
-  so.file_dir = dir;
-  auto store = std::make_shared<tandem::KvStore>(std::move(so));
   tandem::SessionOptions sopt;
-  sopt.kv_store = store;
   sopt.n_ctx = n_ctx + 2;
+  // One sequence's pages (the node's rule) in Host and File each, so it can move between them.
+  const int32_t pages = tandem::compute_tier_pages(sopt.n_ctx, 16, 1, 0);
+  sopt.kv_store = tandem::make_kv_store(exec, tandem::KvLayout::for_model(hp, 16, kv_dtype),
+                                        tandem::KvPageCounts{0, pages, pages}, dir);
   tandem::Session s(model, exec, sopt);
   std::mt19937 rng(1);
   std::vector<int32_t> ids(static_cast<size_t>(n_ctx - 1));

@@ -47,13 +47,11 @@
 #include "tandem/core/atomic_file.hpp"
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
 #include "tandem/gguf/gguf.hpp"
-#include "tandem/session/chat_session.hpp"
-#include "tandem/template/chat_template.hpp"
-#if TANDEM_HAVE_CUDA
-#include "tandem/exec/gpu/gpu_q4_executor.hpp"
-#endif
 #include "tandem/model/model.hpp"
+#include "tandem/node/node.hpp"
+#include "tandem/session/chat_session.hpp"
 #include "tandem/session/session.hpp"
+#include "tandem/template/chat_template.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
 namespace {
@@ -391,17 +389,17 @@ int main(int argc, char** argv) {
     }
     const auto ngl = tandem::cli::whole_model_gpu_layers(gpu_layers, model->hparams().n_layer);
     if (!ngl.error.empty()) throw UsageError(ngl.error);
-    std::unique_ptr<tandem::Executor> exec_owner;
+    tandem::ExecutorSpec es;
+    es.n_threads = n_threads;
     if (ngl.gpu) {
-#if TANDEM_HAVE_CUDA
-      exec_owner = std::make_unique<tandem::GpuQ4Executor>(model);  // throws without a CUDA device
-      std::fprintf(stderr, "tandem-cli: all %d layers on the GPU executor\n", model->hparams().n_layer);
-#else
+#if !TANDEM_HAVE_CUDA
       throw UsageError(tandem::cli::cpu_only_gpu_layers_error("tandem-cli (built without CUDA)", gpu_layers));
 #endif
-    } else {
-      exec_owner = std::make_unique<tandem::CpuQ4Executor>(model, tandem::CpuExecutorOptions{n_threads});
+      es.kind = tandem::ExecutorKind::kGpu;
     }
+    // The GPU executor throws without a CUDA device.
+    const std::unique_ptr<tandem::Executor> exec_owner = tandem::make_executor(model, es);
+    if (ngl.gpu) std::fprintf(stderr, "tandem-cli: all %d layers on the GPU executor\n", model->hparams().n_layer);
     tandem::Executor& exec = *exec_owner;
     const auto* cpu_exec = dynamic_cast<const tandem::CpuQ4Executor*>(exec_owner.get());
     std::optional<tandem::CpuQ4Executor> second;  // the --migrate-after target; outlives the session's use

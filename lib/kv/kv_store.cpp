@@ -62,12 +62,6 @@ uint64_t kv_row_bytes(KvDtype d, uint64_t elems) noexcept {
   return 0;
 }
 
-int32_t KvStoreOptions::pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept {
-  const uint64_t pb = layout.page_bytes();
-  if (pb == 0) return 0;
-  return static_cast<int32_t>(std::min<uint64_t>(bytes / pb, INT32_MAX));
-}
-
 // ------------------------------------------------------------------------------ tiers
 
 struct KvStore::Tier {

@@ -7,6 +7,7 @@
 
 #include "session/generation.hpp"
 #include "tandem/kv/kv_contract.hpp"
+#include "tandem/node/node.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
 namespace tandem {
@@ -37,10 +38,6 @@ int32_t resolve_n_ctx(const HParams& hp, const SessionOptions& o) {
   return n_ctx;
 }
 
-int32_t pages_for(int32_t n_ctx, int32_t page_size) {
-  return static_cast<int32_t>((int64_t{n_ctx} + page_size - 1) / page_size);
-}
-
 // The tier an own store puts pages in: the executor's Device tier when it offers one
 // and the options ask for Host (the default) or Device, else the options' tier.
 bool own_device_store(const SessionOptions& o, const Executor& ex) {
@@ -51,8 +48,8 @@ std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, i
   if (o.kv_store) return o.kv_store;
   KvStoreOptions so;
   so.layout = KvLayout::for_model(hp, o.page_size, o.kv_dtype);
-  // One spare page so a copy-on-write never fails for want of room.
-  const int32_t pages = pages_for(n_ctx, o.page_size) + 1;
+  // The node's page rule for one decode slot (tandem/node/node.hpp).
+  const int32_t pages = compute_tier_pages(n_ctx, o.page_size, 1, 0);
   if (own_device_store(o, ex)) {
     so.device = ex.make_kv_device_backend(so.layout, pages);
     if (so.device) return std::make_shared<KvStore>(std::move(so));

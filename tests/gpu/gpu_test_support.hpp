@@ -9,7 +9,10 @@
 #include <string>
 
 #if TANDEM_HAVE_CUDA
+#include <memory>
+
 #include "tandem/exec/gpu/gpu_q4_executor.hpp"
+#include "tandem/node/node.hpp"
 #endif
 
 namespace tandem::test {
@@ -21,6 +24,14 @@ inline constexpr int kSkipReturnCode = 77;
 inline constexpr bool kBuiltWithCuda = true;
 inline int visible_gpus() {
   return GpuQ4Executor::device_count();
+}
+/// A store for `gpu`'s model with `device_pages` in its VRAM and optional Host / File tiers
+/// (tandem::make_kv_store of tandem/node/node.hpp).
+inline std::shared_ptr<KvStore> gpu_kv_store(const GpuQ4Executor& gpu, int32_t device_pages, int32_t host_pages = 0,
+                                             int32_t page_size = 16, KvDtype dtype = KvDtype::kF16,
+                                             int32_t file_pages = 0) {
+  return make_kv_store(gpu, KvLayout::for_model(gpu.model().hparams(), page_size, dtype),
+                       KvPageCounts{device_pages, host_pages, file_pages});
 }
 #else
 inline constexpr bool kBuiltWithCuda = false;

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu_test_support.hpp"
 #include "tandem/exec/gpu/gpu_q4_executor.hpp"
 #include "tandem/kv/kv_store.hpp"
 #include "test_support.hpp"
@@ -33,7 +34,7 @@ inline void check_same_logits(const std::shared_ptr<const Model>& model, const G
   const auto n_vocab = size_t(model->hparams().n_vocab);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   GpuQ4Executor ex_a(model, opts_a), ex_b(model, opts_b);
-  auto st_a = ex_a.make_kv_store(16, 0, 16, dtype), st_b = ex_b.make_kv_store(16, 0, 16, dtype);
+  auto st_a = test::gpu_kv_store(ex_a, 16, 0, 16, dtype), st_b = test::gpu_kv_store(ex_b, 16, 0, 16, dtype);
   KvSequence a1(*st_a, 128, KvTier::kDevice), b1(*st_a, 128, KvTier::kDevice);
   KvSequence a2(*st_b, 128, KvTier::kDevice), b2(*st_b, 128, KvTier::kDevice);
   SequenceStep p1[2] = {{&a1, prompt_a, 0, LogitsRows::kAll}, {&b1, prompt_b, 0, LogitsRows::kLast}};

@@ -75,7 +75,7 @@ void check_logits_parity(const std::string& model_name) {
   for (bool device_store : {false, true}) {
     INFO((device_store ? "Device-tier store" : "Host store, staged"));
     auto cstore = test::make_store(hp, 32);
-    auto gstore = device_store ? gpu.make_kv_store(32) : test::make_store(hp, 32);
+    auto gstore = device_store ? test::gpu_kv_store(gpu, 32) : test::make_store(hp, 32);
     const KvTier gtier = device_store ? KvTier::kDevice : KvTier::kHost;
     KvSequence ca(*cstore, 128), cb(*cstore, 128);
     KvSequence ga(*gstore, 128, gtier), gb(*gstore, 128, gtier);
@@ -133,7 +133,7 @@ void check_chunked_prefill_parity(const std::string& model_name) {
     for (bool on_gpu : {false, true}) {
       if (!on_gpu && !ref1.empty()) continue;  // the CPU's logits once
       Executor& ex = on_gpu ? static_cast<Executor&>(gpu) : static_cast<Executor&>(cpu);
-      auto store = on_gpu ? gpu.make_kv_store(32) : test::make_store(hp, 32);
+      auto store = on_gpu ? test::gpu_kv_store(gpu, 32) : test::make_store(hp, 32);
       const KvTier tier = on_gpu ? KvTier::kDevice : KvTier::kHost;
       KvSequence a(*store, 128, tier), b(*store, 128, tier), c(*store, 128, tier);
       const std::span<const int32_t> a1(ids.data(), 20), b1(ids.data() + 11, 9), a2(ids.data() + 20, 17),
@@ -171,7 +171,7 @@ void check_greedy_parity(const std::string& model_name) {
   Session c(model, cpu, so);
   c.eval(ids);
   SessionOptions gso = so;
-  gso.kv_store = gpu.make_kv_store(8);
+  gso.kv_store = test::gpu_kv_store(gpu, 8);
   gso.kv_tier = KvTier::kDevice;
   Session g(model, gpu, gso);
   g.eval(ids);
@@ -364,7 +364,7 @@ TEST_CASE("a session migrated CPU -> GPU -> CPU mid-generation continues the sam
     Session s(model, cpu, so);
     s.eval(ids);
     std::vector<int32_t> got = test::greedy(s, cut);
-    const auto report = s.migrate(gpu, gpu.make_kv_store(16));
+    const auto report = s.migrate(gpu, test::gpu_kv_store(gpu, 16));
     CHECK(report.pages > 0);
     CHECK(&s.executor() == &gpu);
     auto mid = test::greedy(s, 4);
@@ -405,7 +405,7 @@ TEST_CASE("GPU Device KV tier: copies round-trip and pages move between tiers bi
   CHECK(a == c);
 
   // A sequence computed on the GPU, swapped to Host and back: same checksums, same logits.
-  auto store = gpu.make_kv_store(16, 16);
+  auto store = test::gpu_kv_store(gpu, 16, 16);
   SessionOptions so;
   so.kv_store = store;
   so.kv_tier = KvTier::kDevice;
@@ -441,7 +441,7 @@ TEST_CASE("GPU KV pages hold the same values as the CPU's (same layout, f16)", "
   GpuQ4Executor gpu(model);
   const auto ids = test::prompt_ids(33, hp.n_vocab);
   auto cstore = test::make_store(hp, 8);
-  auto gstore = gpu.make_kv_store(8);
+  auto gstore = test::gpu_kv_store(gpu, 8);
   KvSequence cs(*cstore, 64), gs(*gstore, 64, KvTier::kDevice);
   std::vector<float> lc(size_t(hp.n_vocab)), lg(lc.size());
   SequenceStep cb[1] = {{&cs, ids, 0, LogitsRows::kLast}};
@@ -516,7 +516,7 @@ TEST_CASE("steps replayed as CUDA graphs give the logits of direct launches, bit
   const int32_t n_vocab = model->hparams().n_vocab;
   GpuQ4Executor direct(model, GpuExecutorOptions{0, false});
   GpuQ4Executor graphs(model, GpuExecutorOptions{0, true});
-  auto sd = direct.make_kv_store(16), sg = graphs.make_kv_store(16);
+  auto sd = test::gpu_kv_store(direct, 16), sg = test::gpu_kv_store(graphs, 16);
   KvSequence da(*sd, 128, KvTier::kDevice), db(*sd, 128, KvTier::kDevice);
   KvSequence ga(*sg, 128, KvTier::kDevice), gb(*sg, 128, KvTier::kDevice);
   const auto ids = test::prompt_ids(30, n_vocab);

@@ -30,7 +30,7 @@ namespace {
     const double tol = rel_tol * double(c["logits_max_abs"]);
     SessionOptions so;
     so.n_ctx = 256;
-    so.kv_store = gpu.make_kv_store(17);
+    so.kv_store = test::gpu_kv_store(gpu, 17);
     so.kv_tier = KvTier::kDevice;
     Session session(model, gpu, so);
     std::vector<float> logits(ref.size());

@@ -34,11 +34,11 @@ TEST_CASE("GPU executors share weights per device and restore the caller's devic
     CHECK(d.weights_id() != a.weights_id());
     CHECK(d.weight_bytes() == a.weight_bytes());
     gpu_testing::set_current_device(0);
-    auto store = d.make_kv_store(4);
+    auto store = test::gpu_kv_store(d, 4);
     CHECK(gpu_testing::current_device() == 0);
     gpu_testing::set_current_device(last);
   }
-  auto store = a.make_kv_store(8);
+  auto store = test::gpu_kv_store(a, 8);
   CHECK(gpu_testing::current_device() == last);
   SessionOptions so;
   so.kv_store = store;
@@ -74,10 +74,10 @@ TEST_CASE("two GPU executors on one device step concurrently with the solo logit
   std::vector<float> ref, la, lb;
   {
     GpuQ4Executor solo(model);
-    run(solo, solo.make_kv_store(8), ref);
+    run(solo, test::gpu_kv_store(solo, 8), ref);
   }
   GpuQ4Executor a(model), b(model);
-  auto sa = a.make_kv_store(8), sb = b.make_kv_store(8);
+  auto sa = test::gpu_kv_store(a, 8), sb = test::gpu_kv_store(b, 8);
   std::thread ta([&] { run(a, sa, la); });
   std::thread tb([&] { run(b, sb, lb); });
   ta.join();

@@ -97,7 +97,7 @@ struct GpuRig {
   };
 
   explicit GpuRig(const Opt& o) {
-    sg = gpu.make_kv_store(256, 64);
+    sg = test::gpu_kv_store(gpu, 256, 64);
     sc = test::make_store(model->hparams(), 256, o.file_pages);
     SchedulerOptions so;
     so.max_context = kCtx;

@@ -57,7 +57,7 @@ func (p *Pool) Close() error {
 
 // ExecutorParams describes one CPU executor of a scheduler; zero fields take the library
 // defaults (NThreads 0 = the shared node pool, MaxRunning 16, KVPages 0 = room for
-// MaxRunning sequences). KVFilePages > 0 adds a File tier (in KVDir, "" = the temporary
+// MaxRunning + the prefix cache's sequences). KVFilePages > 0 adds a File tier (in KVDir, "" = the temporary
 // directory) that preempted sequences swap to and SchedulerSession.Park parks in.
 type ExecutorParams struct {
 	NThreads, MaxRunning, KVPages, KVFilePages int

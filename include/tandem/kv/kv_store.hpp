@@ -113,8 +113,6 @@ struct KvStoreOptions {
   std::filesystem::path file_dir;
   int32_t file_chunk_pages = 256;           ///< the file grows by this many pages at a time
   std::unique_ptr<KvDeviceBackend> device;  ///< Device tier (null = none)
-  /// Capacities given in bytes instead (rounded down to whole pages); 0 = use the page counts.
-  static int32_t pages_for_bytes(const KvLayout& layout, uint64_t bytes) noexcept;
 };
 
 struct KvTierUsage {

@@ -511,16 +511,6 @@ std::unique_ptr<KvDeviceBackend> GpuQ4Executor::make_kv_device_backend(const KvL
   return std::make_unique<GpuKvBackend>(impl_->device, layout.page_bytes(), pages);
 }
 
-std::shared_ptr<KvStore> GpuQ4Executor::make_kv_store(int32_t device_pages, int32_t host_pages, int32_t page_size,
-                                                      KvDtype dtype, int32_t file_pages) const {
-  KvStoreOptions o;
-  o.layout = KvLayout::for_model(model().hparams(), page_size, dtype);
-  o.host_pages = host_pages;
-  o.file_pages = file_pages;
-  o.device = make_kv_device_backend(o.layout, device_pages);
-  return std::make_shared<KvStore>(std::move(o));
-}
-
 void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
   const Model& model = this->model();
   const HParams& hp = model.hparams();

@@ -26,7 +26,7 @@
 // Tolerances against the CPU: tests/gpu/gpu_test_support.hpp.
 //
 // KV: the executor computes on Device pages (kv_tier() == kDevice) of a KvStore whose
-// Device tier is this executor's backend (make_kv_device_backend / make_kv_store): the
+// Device tier is this executor's backend (make_kv_device_backend; tandem/node/node.hpp builds such stores): the
 // attention kernel reads them in place through the block table; a Session without a store
 // of its own gets such a Device store by default. Host and File pages are also readable
 // (a store without a Device tier): their pages are staged into VRAM for the step and the
@@ -107,8 +107,8 @@ class GpuQ4Executor final : public Executor {
   /// Device pages are read in place; Host and File pages are staged through VRAM.
   bool can_read(KvTier) const noexcept override { return true; }
   /// f16 and f32 KV pages; q8_0 is unsupported (no CUDA kernel reads it yet): a step on a
-  /// q8_0 store is refused with Error(kInvalidArgument), and make_kv_device_backend /
-  /// make_kv_store refuse a q8_0 layout the same way.
+  /// q8_0 store is refused with Error(kInvalidArgument), and make_kv_device_backend
+  /// refuses a q8_0 layout the same way.
   bool supports(KvDtype dtype) const noexcept override { return dtype != KvDtype::kQ8_0; }
 
   /// Number of CUDA devices visible (0 without a driver or device).
@@ -129,9 +129,6 @@ class GpuQ4Executor final : public Executor {
   /// A Device tier of `pages` page slots in one VRAM allocation on this executor's device.
   /// Throws Error(kOutOfMemory) when it does not fit.
   std::unique_ptr<KvDeviceBackend> make_kv_device_backend(const KvLayout& layout, int32_t pages) const override;
-  /// A KvStore for this model with `device_pages` in VRAM and optional Host/File tiers.
-  std::shared_ptr<KvStore> make_kv_store(int32_t device_pages, int32_t host_pages = 0, int32_t page_size = 16,
-                                         KvDtype dtype = KvDtype::kF16, int32_t file_pages = 0) const;
 
  protected:
   void step_impl(std::span<const SequenceStep> batch, std::span<float> logits) override;
