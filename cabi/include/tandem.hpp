@@ -63,7 +63,7 @@ inline void check(tandem_status status) {
 // ---- library-wide ---------------------------------------------------------------------------
 
 /// "MAJOR.MINOR.PATCH" of the library actually loaded (compare with TANDEM_VERSION_STRING).
-/// Thread-safe, never throws.
+/// Thread-safe.
 inline std::string version() {
   return tandem_version();
 }
@@ -696,10 +696,10 @@ class Scheduler {
     h_ = detail::Handle<tandem_scheduler, tandem_scheduler_free>(h);
   }
   /// On the given executors (executor i = executors[i]; e.g. "cpu+cpu" is two CPU
-  /// executors, one with accelerator 1). params.executors may give their slot and KV
-  /// fields: it then holds executors.size() entries (params.n_executors must say so, else
-  /// Error TANDEM_E_INVALID_ARG); its executor_handles and, when executors is NULL,
-  /// n_executors are set here. An executor in use by another live scheduler: Error
+  /// executors, the first with accelerator 1). params.n_executors and
+  /// params.executor_handles are set here; params.executors may give the executors' slot
+  /// and KV fields, one entry each (params.n_executors must then be executors.size(), else
+  /// Error TANDEM_E_INVALID_ARG). An executor in use by another live scheduler: Error
   /// TANDEM_E_BUSY. The scheduler keeps the executors alive.
   Scheduler(const Model& model, const std::vector<Executor>& executors,
             tandem_scheduler_params params = scheduler_params()) {
