@@ -12,8 +12,8 @@
 // library's message (tandem_last_error of the calling thread); the status codes and the
 // conditions that give them are the C functions' (tandem.h). A std::bad_alloc can come
 // from the buffers made here. An exception thrown by a callback given to this layer
-// (Session::generate's on_piece, set_log's function) does not cross the C boundary:
-// on_piece's exception stops the generation and is rethrown by generate; set_log's is
+// (on_piece of Session::generate / generate_tokens, set_log's function) does not cross the C boundary:
+// on_piece's exception stops the generation and is rethrown by the call; set_log's is
 // swallowed.
 //
 // Thread-safety is the C ABI's (tandem.h): a Model, a Pool, an Executor, a Scheduler and
@@ -340,7 +340,7 @@ class Model {
         [&](char* buf, size_t cap, size_t* n) { return tandem_model_meta_value(h_.get(), key.c_str(), buf, cap, n); });
   }
 
-  /// The conversation rendered by the model's chat template (template_name "" ) or by the
+  /// The conversation rendered by the model's chat template (template_name "") or by the
   /// built-in family named ("chatml", "llama3", ...); with add_assistant it ends with the
   /// opening of an assistant turn. Errors as tandem_chat_render.
   std::string chat_render(const std::vector<ChatMessage>& messages, bool add_assistant = true,
