@@ -226,10 +226,14 @@ def test_schemas_within_the_bounds_still_compile(server):
 
 def test_deeply_nested_body_is_400_not_a_crash(server):
     """A body nested far deeper than any request needs (100000 arrays) is 400: what reads
-    the parsed body (copies, dumps, the template) may recurse."""
+    the parsed body (copies, dumps, the template) may recurse. A json_schema nested so deep
+    overflowed the stack of the thread that serialised it for the grammar engine (the
+    server died)."""
     deep = "[" * 100000 + "]" * 100000
-    for path in ("/v1/chat/completions", "/v1/completions", "/apply-template"):
-        raw = '{"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "x": ' + deep + "}"
+    for path, field in (("/v1/chat/completions", "x"), ("/v1/completions", "x"), ("/apply-template", "x"),
+                        ("/v1/completions", "json_schema"), ("/v1/chat/completions", "json_schema")):
+        value = deep if field == "x" else '{"type": "object", "x": ' + deep + "}"
+        raw = '{"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "' + field + '": ' + value + "}"
         r = httpx.post(server.url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=60.0)
         assert r.status_code == 400, r.text[:300]
         assert "128" in r.json()["error"]["message"]
