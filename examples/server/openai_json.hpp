@@ -49,8 +49,11 @@ class ApiError : public std::runtime_error {
 /// `grammar`, and the tools' `parameters`, which a forced call compiles): xgrammar compiles
 /// them on the request's thread in time that grows with their size and nesting, without a
 /// limit of its own (grammar.hpp). Beyond either bound: 400, code "grammar_too_large" or
-/// "grammar_too_deep", the message naming the limit.
-inline constexpr size_t kMaxGrammarBytes = 32 * 1024;  ///< a schema as compact JSON, or GBNF text
+/// "grammar_too_deep", the message naming the limit. Measured on SmolLM2's 49152-token
+/// vocabulary (a loaded 2-core machine): an object of 500 optional integer properties (14 KB)
+/// compiles in 0.4 s, of 1000 (28 KB) in 2 to 4 s; required properties and GBNF alternatives
+/// cost far less.
+inline constexpr size_t kMaxGrammarBytes = 16 * 1024;  ///< a schema as compact JSON, or GBNF text
 /// A schema's JSON nesting (objects and arrays: a property's schema is two levels below its
 /// parent's), or GBNF's parenthesis nesting.
 inline constexpr int32_t kMaxGrammarDepth = 32;

@@ -191,17 +191,17 @@ WIDE_SCHEMA = {"type": "object", "properties": {f"p{i:05d}": {"type": "integer"}
 
 @pytest.mark.parametrize("body,param,code,limit", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": WIDE_SCHEMA}}},
-     "response_format.json_schema.schema", "grammar_too_large", "32768 bytes"),
-    ({"json_schema": WIDE_SCHEMA}, "json_schema", "grammar_too_large", "32768 bytes"),
+     "response_format.json_schema.schema", "grammar_too_large", "16384 bytes"),
+    ({"json_schema": WIDE_SCHEMA}, "json_schema", "grammar_too_large", "16384 bytes"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested_schema(20)}}},
      "response_format.json_schema.schema", "grammar_too_deep", "32 levels"),
     ({"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(6000))}, "grammar", "grammar_too_large",
-     "32768 bytes"),
+     "16384 bytes"),
     ({"grammar": nested_gbnf(40)}, "grammar", "grammar_too_deep", "32 levels"),
 ])
 def test_oversized_schemas_and_grammars_are_400_naming_the_limit(server, body, param, code, limit):
     """Schemas and grammars are bounded before xgrammar compiles them (its compile time grows
-    with them, without a limit of its own): 32 KiB as compact JSON or GBNF text, 32 levels of
+    with them, without a limit of its own): 16 KiB as compact JSON or GBNF text, 32 levels of
     nesting; beyond, 400 with the OpenAI error object naming the limit."""
     for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                        ("/v1/completions", {"prompt": "hi"})):
