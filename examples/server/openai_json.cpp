@@ -170,10 +170,36 @@ void check_grammar_bounds(const std::string& param, size_t bytes, int32_t depth,
   }
 }
 
+/// The properties a schema declares: the members of every object under a "properties"
+/// key, at any depth (counted without recursion).
+template <class Json>
+size_t schema_properties(const Json& root) {
+  size_t n = 0;
+  std::vector<const Json*> todo{&root};
+  while (!todo.empty()) {
+    const Json* v = todo.back();
+    todo.pop_back();
+    if (v->is_object()) {
+      if (const auto p = v->find("properties"); p != v->end() && p->is_object()) n += p->size();
+    }
+    if (v->is_structured()) {
+      for (const auto& child : *v) todo.push_back(&child);
+    }
+  }
+  return n;
+}
+
 /// A JSON schema within the bounds, as the compact JSON text the grammar engine compiles.
 template <class Json>
 std::string bounded_schema(const std::string& param, const Json& schema) {
   check_grammar_bounds(param, 0, json_depth(schema), "JSON");  // depth first: dump() recurses
+  if (const size_t n = schema_properties(schema); n > kMaxSchemaProperties) {
+    throw ApiError(400,
+                   fmt::format("'{}' declares {} properties; the limit is {} properties (tandem-server bounds the "
+                               "grammars it compiles)",
+                               param, n, kMaxSchemaProperties),
+                   param, "grammar_too_large");
+  }
   std::string text = schema.dump();
   check_grammar_bounds(param, text.size(), 0, "JSON");
   return text;

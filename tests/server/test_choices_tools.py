@@ -343,6 +343,8 @@ def fn_tool(name="get_weather", parameters=WEATHER["function"]["parameters"], **
     (fn_tool(parameters=["city"]), "tools[0].function.parameters", "JSON schema object"),
     (fn_tool(description=42), "tools[0].function.description", "string"),
     (fn_tool(parameters={"type": "object", "properties": {f"p{i:05d}": {"type": "integer"} for i in range(2000)}}),
+     "tools[0].function.parameters", "the limit is 256 properties"),
+    (fn_tool(parameters={"type": "object", "properties": {"e": {"enum": [f"v-{i:05d}" for i in range(2000)]}}}),
      "tools[0].function.parameters", "16384 bytes"),
 ])
 def test_bad_tool_definitions_are_400(nserver, tool, param, needle):

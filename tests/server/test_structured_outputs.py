@@ -186,13 +186,18 @@ def nested_gbnf(levels):
     return "root ::= " + "(" * levels + '"a"' + ")" * levels
 
 
-WIDE_SCHEMA = {"type": "object", "properties": {f"p{i:05d}": {"type": "integer"} for i in range(2000)}}
+BIG_ENUM = {"type": "object", "properties": {"e": {"enum": [f"value-{i:05d}" for i in range(2000)]}}}
+WIDE_SCHEMA = {"type": "object", "properties": {f"{i:x}": {} for i in range(300)}}  # 2.5 KB
 
 
 @pytest.mark.parametrize("body,param,code,limit", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": WIDE_SCHEMA}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BIG_ENUM}}},
      "response_format.json_schema.schema", "grammar_too_large", "16384 bytes"),
-    ({"json_schema": WIDE_SCHEMA}, "json_schema", "grammar_too_large", "16384 bytes"),
+    ({"json_schema": BIG_ENUM}, "json_schema", "grammar_too_large", "16384 bytes"),
+    ({"json_schema": WIDE_SCHEMA}, "json_schema", "grammar_too_large", "300 properties; the limit is 256"),
+    ({"json_schema": {"type": "object", "properties": {f"o{j}": WIDE_SCHEMA for j in range(1)},
+                      "$defs": {"d": {"type": "object", "properties": {f"{i}": {} for i in range(10)}}}}},
+     "json_schema", "grammar_too_large", "311 properties"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested_schema(20)}}},
      "response_format.json_schema.schema", "grammar_too_deep", "32 levels"),
     ({"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(6000))}, "grammar", "grammar_too_large",
@@ -202,7 +207,8 @@ WIDE_SCHEMA = {"type": "object", "properties": {f"p{i:05d}": {"type": "integer"}
 def test_oversized_schemas_and_grammars_are_400_naming_the_limit(server, body, param, code, limit):
     """Schemas and grammars are bounded before xgrammar compiles them (its compile time grows
     with them, without a limit of its own): 16 KiB as compact JSON or GBNF text, 32 levels of
-    nesting; beyond, 400 with the OpenAI error object naming the limit."""
+    nesting, 256 properties in all of a schema's objects (optional ones cost xgrammar far more
+    than their bytes); beyond, 400 with the OpenAI error object naming the limit."""
     for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
                        ("/v1/completions", {"prompt": "hi"})):
         r = httpx.post(server.url + path, json={**base, "max_tokens": 8, **body}, timeout=60.0)
