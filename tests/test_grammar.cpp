@@ -109,12 +109,22 @@ TEST_CASE("Grammar masks on a hand-made vocabulary", "[grammar]") {
     CHECK(allowed_ids(m.fill_mask(), 9) == std::vector<int32_t>{3, 5});
   }
   SECTION("the same source compiles once per vocabulary and is shared") {
-    auto g1 = Grammar::from_json_schema(tok, R"({"type": "string", "enum": ["ab", "ba"]})");
-    auto g2 = Grammar::from_json_schema(tok, R"({"type": "string", "enum": ["ab", "ba"]})");
+    auto g1 = Grammar::from_gbnf(tok, R"(root ::= ("ab" | "ba")+)");
+    auto g2 = Grammar::from_gbnf(tok, R"(root ::= ("ab" | "ba")+)");
     GrammarMatcher m1(g1), m2(g2);
     const auto a = allowed_ids(m1.fill_mask(), 9);
     CHECK(a == allowed_ids(m2.fill_mask(), 9));
-    CHECK(a.empty());  // a JSON string starts with '"', which no token of this vocabulary has
+    CHECK(a == std::vector<int32_t>{3, 4, 5, 8});  // "a", "b", "ab", "ba"
+  }
+  SECTION("left recursion is parsed (xgrammar's Earley parser), not refused") {
+    GrammarMatcher m(Grammar::from_gbnf(tok, R"(root ::= root "a" | "b")"));  // b a*
+    CHECK(allowed_ids(m.fill_mask(), 9) == std::vector<int32_t>{4, 8});       // "b", "ba"
+    REQUIRE(m.accept(8));
+    CHECK(m.is_completed());
+    REQUIRE(m.accept(3));
+    CHECK(m.is_completed());
+    CHECK(allowed_ids(m.fill_mask(), 9) == std::vector<int32_t>{2, 3});  // EOS or another "a"
+    CHECK_FALSE(m.accept(4));
   }
 }
 
@@ -135,6 +145,12 @@ TEST_CASE("Grammar compile errors are kInvalidArgument with the reason", "[gramm
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "no-such-type"})"); }, "json_schema");
   code_and_text([&] { Grammar::from_gbnf(tok, R"(root ::= undefined_rule)"); }, "grammar");
   code_and_text([&] { Grammar::from_gbnf(tok, R"(start ::= "a")"); }, "grammar");
+  // Grammars that compile but allow no first token: no sentence at all, or first characters
+  // that no token has (a JSON string's '"' is not in this vocabulary).
+  code_and_text([&] { Grammar::from_gbnf(tok, R"(root ::= root)"); }, "allows no token");
+  code_and_text([&] { Grammar::from_gbnf(tok, "root ::= x\nx ::= x \"a\""); }, "allows no token");
+  code_and_text([&] { Grammar::from_gbnf(tok, R"(root ::= "z")"); }, "allows no token");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "string"})"); }, "allows no token");
   CHECK_THROWS_AS(GrammarMatcher(nullptr), Error);
 }
 
@@ -159,13 +175,15 @@ TEST_CASE("Constrained greedy decoding on SmolLM2 yields JSON of the schema, on 
     auto msgs = nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}});
     return ChatTemplate::for_model(*model).tokenize_json(tok, msgs, true);
   };
-  auto run = [&](int threads, std::shared_ptr<const Grammar> g, const char* text = "Describe a person as JSON.") {
+  auto run = [&](int threads, std::shared_ptr<const Grammar> g, const char* text = "Describe a person as JSON.",
+                 bool ignore_eos = false) {
     const auto prompt = chat(text);
     CpuQ4Executor exec(model, CpuExecutorOptions{threads});
     Session s(model, exec, {.n_ctx = 512});
     GenerateOptions o;
     o.sampling = SamplingParams::greedy();
     o.max_tokens = 120;
+    o.ignore_eos = ignore_eos;
     o.grammar = std::move(g);
     return s.generate(std::span<const int32_t>(prompt), o);
   };
@@ -187,6 +205,11 @@ TEST_CASE("Constrained greedy decoding on SmolLM2 yields JSON of the schema, on 
   REQUIRE(j["tags"].is_array());
   CHECK(j["tags"].size() >= 1);
   CHECK(j["tags"].size() <= 3);
+
+  // ignore_eos does not outlive the grammar: the completed object ends the output as before.
+  const GenerateResult ri = run(1, grammar, "Describe a person as JSON.", /*ignore_eos=*/true);
+  CHECK(ri.finish == FinishReason::kStop);
+  CHECK(ri.tokens == r1.tokens);
 
   // json_object: any object, also parsed.
   const GenerateResult ro =

@@ -407,11 +407,11 @@ typedef struct tandem_generate_params {
 
 /* Structured outputs (include/tandem/grammar/grammar.hpp): every sampled token is one the grammar
  * allows, and generation ends at end-of-generation only where the grammar is complete
- * (max_tokens can still cut it). Compiled with xgrammar for the model's vocabulary and
+ * (max_tokens can still cut it); a grammar that completes ends the output there even with
+ * TANDEM_GENERATE_IGNORE_EOS. Compiled with xgrammar for the model's vocabulary and
  * cached by text, so repeating a schema is cheap. A schema or grammar that does not
- * compile, a text for NONE / JSON_OBJECT or none for the others, TANDEM_GENERATE_IGNORE_EOS
- * with a grammar, or a library built without xgrammar: TANDEM_E_INVALID_ARG with the reason
- * in tandem_last_error. */
+ * compile, a text for NONE / JSON_OBJECT or none for the others, or a library built
+ * without xgrammar: TANDEM_E_INVALID_ARG with the reason in tandem_last_error. */
 enum tandem_grammar_type {
   TANDEM_GRAMMAR_NONE = 0,        /* unconstrained */
   TANDEM_GRAMMAR_JSON_SCHEMA = 1, /* grammar: a JSON schema (OpenAI response_format json_schema;

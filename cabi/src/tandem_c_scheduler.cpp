@@ -166,9 +166,6 @@ Request request_from_params(const SchedulerObj& s, const tandem_request_params* 
   r.session = p.session;
   r.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
   r.grammar = read_grammar(p.grammar, p.grammar_type, p.reserved2, sc->model->model->tokenizer(), fn);
-  if (r.grammar && r.ignore_eos) {
-    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: TANDEM_GENERATE_IGNORE_EOS cannot be combined with a grammar", fn));
-  }
   return r;
 }
 

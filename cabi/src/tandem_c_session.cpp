@@ -39,9 +39,6 @@ PreparedGenerate prepare_generate(const tandem_generate_params* user, tandem_gen
   g.options.stop = read_stops(p.stop, p.n_stop, fn);
   g.options.logprobs = read_logprobs(p.logprobs, p.reserved, fn);
   g.options.grammar = read_grammar(p.grammar, p.grammar_type, p.reserved2, tok, fn);
-  if (g.options.grammar && g.options.ignore_eos) {
-    fail(TANDEM_E_INVALID_ARG, fmt::format("{}: TANDEM_GENERATE_IGNORE_EOS cannot be combined with a grammar", fn));
-  }
   if (result != nullptr) {
     g.result_bytes = out_struct_size(result, kGenerateResultV01, fn, "tandem_generate_result");
     std::memcpy(&g.result, result, g.result_bytes);

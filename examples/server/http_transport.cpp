@@ -108,7 +108,8 @@ class ConnectionStream final : public httplib::Stream {
       const int r =
           state_.in_headers ? wait_readable(sock_, timeout_ms, listening_) : wait_for(sock_, POLLIN, timeout_ms);
       if (r <= 0) {
-        if (r == 0 && timeout_ms == left) timed_out = true;
+        // A body read that waited out the read timeout (a stalled upload) has timed out too.
+        if (r == 0 && (timeout_ms == left || !state_.in_headers)) timed_out = true;
         return -1;
       }
       ssize_t n;

@@ -72,11 +72,11 @@ class ConnectionThreads : public httplib::TaskQueue {
 
 /// What a handler knows of its connection (thread-local: one connection per thread).
 struct ConnectionState {
-  bool in_headers = true;                                 ///< still reading the request line and headers
-  bool header_overflow = false;                           ///< the header byte cap was hit
-  bool header_timeout = false;                            ///< the header deadline passed
-  bool close_after = false;                               ///< the body was not read whole: close after this response
-  bool body_timeout = false;                              ///< the body deadline passed
+  bool in_headers = true;        ///< still reading the request line and headers
+  bool header_overflow = false;  ///< the header byte cap was hit
+  bool header_timeout = false;   ///< the header deadline passed
+  bool close_after = false;      ///< the body was not read whole: close after this response
+  bool body_timeout = false;     ///< the body deadline passed, or a body read waited out the read timeout (5 s)
   std::chrono::steady_clock::time_point body_deadline{};  ///< set by end_of_headers
   int sock = -1;                                          ///< the connection's socket
 };
@@ -111,8 +111,8 @@ class BoundedServer : public httplib::Server {
 
 /// Read the request body through `reader`, at most `limit` bytes, into `out`. Returns 0,
 /// or the status to answer: 413 when larger (reading stops there), 408 when it did not arrive
-/// within the body deadline, 400 when malformed or cut short. Either way the connection is
-/// closed after the response.
+/// within the body deadline or stalled for the read timeout, 400 when malformed or cut short. Either way the connection
+/// is closed after the response.
 int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out);
 
 /// Raise the soft open-file limit towards `want` descriptors; returns the limit now in force.

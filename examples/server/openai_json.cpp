@@ -115,6 +115,96 @@ std::vector<int32_t> token_ids(const json& arr, const std::string& param, const 
   return ids;
 }
 
+/// The nesting depth of a JSON value's objects and arrays (a scalar: 0), without recursion
+/// (the value may be nested deeper than the stack allows).
+template <class Json>
+int32_t json_depth(const Json& root) {
+  int32_t deepest = 0;
+  std::vector<std::pair<const Json*, int32_t>> todo{{&root, 0}};
+  while (!todo.empty()) {
+    const auto [v, d] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    deepest = std::max(deepest, d + 1);
+    for (const auto& child : *v) todo.emplace_back(&child, d + 1);
+  }
+  return deepest;
+}
+
+/// The deepest parenthesis nesting of GBNF text (outside "strings", [classes] and # comments).
+int32_t gbnf_depth(std::string_view g) {
+  int32_t depth = 0, deepest = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const char c = g[i];
+    if (c == '"' || c == '[') {
+      const char close = c == '"' ? '"' : ']';
+      for (++i; i < g.size() && g[i] != close; ++i) {
+        if (g[i] == '\\') ++i;
+      }
+    } else if (c == '#') {
+      while (i < g.size() && g[i] != '\n') ++i;
+    } else if (c == '(') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ')') {
+      depth = std::max(depth - 1, 0);
+    }
+  }
+  return deepest;
+}
+
+/// kMaxGrammarBytes / kMaxGrammarDepth for one client grammar (`what` its kind in the message).
+void check_grammar_bounds(const std::string& param, size_t bytes, int32_t depth, std::string_view what) {
+  if (bytes > kMaxGrammarBytes) {
+    throw ApiError(400,
+                   fmt::format("'{}' is {} bytes as {}; the limit is {} bytes (tandem-server bounds the grammars it "
+                               "compiles)",
+                               param, bytes, what, kMaxGrammarBytes),
+                   param, "grammar_too_large");
+  }
+  if (depth > kMaxGrammarDepth) {
+    throw ApiError(400,
+                   fmt::format("'{}' is nested {} levels deep; the limit is {} levels (tandem-server bounds the "
+                               "grammars it compiles)",
+                               param, depth, kMaxGrammarDepth),
+                   param, "grammar_too_deep");
+  }
+}
+
+/// The properties a schema declares: the members of every object under a "properties"
+/// key, at any depth (counted without recursion).
+template <class Json>
+size_t schema_properties(const Json& root) {
+  size_t n = 0;
+  std::vector<const Json*> todo{&root};
+  while (!todo.empty()) {
+    const Json* v = todo.back();
+    todo.pop_back();
+    if (v->is_object()) {
+      if (const auto p = v->find("properties"); p != v->end() && p->is_object()) n += p->size();
+    }
+    if (v->is_structured()) {
+      for (const auto& child : *v) todo.push_back(&child);
+    }
+  }
+  return n;
+}
+
+/// A JSON schema within the bounds, as the compact JSON text the grammar engine compiles.
+template <class Json>
+std::string bounded_schema(const std::string& param, const Json& schema) {
+  check_grammar_bounds(param, 0, json_depth(schema), "JSON");  // depth first: dump() recurses
+  if (const size_t n = schema_properties(schema); n > kMaxSchemaProperties) {
+    throw ApiError(400,
+                   fmt::format("'{}' declares {} properties; the limit is {} properties (tandem-server bounds the "
+                               "grammars it compiles)",
+                               param, n, kMaxSchemaProperties),
+                   param, "grammar_too_large");
+  }
+  std::string text = schema.dump();
+  check_grammar_bounds(param, text.size(), 0, "JSON");
+  return text;
+}
+
 // Structured outputs: OpenAI's response_format (text, json_object, json_schema) and
 // llama-server's `json_schema` (a schema object) and `grammar` (GBNF text); at most one.
 void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s) {
@@ -150,7 +240,8 @@ void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s
       if (!schema || !schema->is_object()) {
         bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be an object");
       }
-      set(Kind::kSchema, "response_format.json_schema.schema", schema->dump());
+      set(Kind::kSchema, "response_format.json_schema.schema",
+          bounded_schema("response_format.json_schema.schema", *schema));
     } else if (t != "text") {
       throw ApiError(400, fmt::format("response_format type '{}' is not supported (text, json_object, json_schema)", t),
                      "response_format.type", "unsupported_value");
@@ -158,11 +249,13 @@ void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s
   }
   if (const json* js = field(body, "json_schema")) {
     if (!js->is_object()) bad_type("json_schema", *js, "an object");
-    set(Kind::kSchema, "json_schema", js->dump());
+    set(Kind::kSchema, "json_schema", bounded_schema("json_schema", *js));
   }
   if (const json* g = field(body, "grammar"); g && !(g->is_string() && g->get<std::string>().empty())) {
     if (!g->is_string()) bad_type("grammar", *g, "a string (GBNF)");
-    set(Kind::kGbnf, "grammar", g->get<std::string>());
+    const auto& text = g->get_ref<const std::string&>();
+    check_grammar_bounds("grammar", text.size(), gbnf_depth(text), "GBNF");
+    set(Kind::kGbnf, "grammar", text);
   }
   if (kind == Kind::kNone) return;
   if (s.grammar) bad(param, fmt::format("'{}' cannot be combined with a forced tool call (tool_choice)", param));
@@ -170,7 +263,6 @@ void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s
     throw ApiError(400, "structured outputs are not available: this tandem-server was built without xgrammar", param,
                    "unsupported_parameter");
   }
-  if (s.ignore_eos) bad("ignore_eos", fmt::format("'ignore_eos' cannot be combined with '{}'", param));
   try {
     const Tokenizer& tok = *info.tokenizer;
     s.grammar = kind == Kind::kObject   ? Grammar::json_object(tok)
@@ -325,10 +417,21 @@ std::string message_content(const json& m, size_t i) {
 
 }  // namespace
 
+template <class Json>
+void check_body_depth(const Json& body) {
+  if (const int32_t d = json_depth(body); d > kMaxBodyDepth) {
+    throw ApiError(400, fmt::format("the request body is nested {} levels deep; the limit is {}", d, kMaxBodyDepth), "",
+                   "invalid_json");
+  }
+}
+template void check_body_depth(const json&);
+template void check_body_depth(const nlohmann::ordered_json&);
+
 json parse_body(std::string_view body) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
+  check_body_depth(j);
   return j;
 }
 
@@ -355,6 +458,41 @@ bool uses_tools(const json& body, const json& msgs) {
   });
 }
 
+/// One entry of `tools`, as OpenAI checks it: {"type": "function", "function": {"name":
+/// ^[a-zA-Z0-9_-]{1,64}$, "description": a string, "parameters": a JSON schema object
+/// ("type" "object" when it has a type), within the grammar bounds (a forced call compiles
+/// it), "strict": a boolean}}.
+void check_tool(const nlohmann::ordered_json& t, size_t i) {
+  const std::string at = fmt::format("tools[{}]", i);
+  if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+      !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+    bad(at, "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  const auto& f = t["function"];
+  const auto& name = f["name"].get_ref<const std::string&>();
+  const bool name_ok = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+  if (!name_ok) {
+    bad(at + ".function.name",
+        fmt::format("a function name must be 1 to 64 of a-z, A-Z, 0-9, '_' and '-', got '{}'", utf8_sanitize(name)));
+  }
+  if (const auto d = f.find("description"); d != f.end() && !d->is_null() && !d->is_string()) {
+    bad(at + ".function.description", "'description' must be a string");
+  }
+  if (const auto st = f.find("strict"); st != f.end() && !st->is_null() && !st->is_boolean()) {
+    bad(at + ".function.strict", "'strict' must be a boolean");
+  }
+  const auto p = f.find("parameters");
+  if (p == f.end() || p->is_null()) return;
+  const std::string pp = at + ".function.parameters";
+  if (!p->is_object()) bad(pp, "'parameters' must be a JSON schema object");
+  if (const auto type = p->find("type"); type != p->end() && *type != "object") {
+    bad(pp, fmt::format("'parameters' must be a JSON schema of type \"object\", got type {}", type->dump()));
+  }
+  bounded_schema(pp, *p);
+}
+
 /// The tool path of parse_chat_request: validates tools / tool_choice / messages, renders
 /// the prompt, and says how to parse the output.
 void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, GenerationSpec& s) {
@@ -363,16 +501,7 @@ void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, 
   nlohmann::ordered_json tools = ordered.value("tools", nlohmann::ordered_json());
   if (tools.is_null()) tools = nlohmann::ordered_json::array();
   if (!tools.is_array()) bad_type("tools", body["tools"], "an array");
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const auto& t = tools[i];
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
-        !t["function"].contains("name") || !t["function"]["name"].is_string()) {
-      bad(fmt::format("tools[{}]", i), "a tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
-    }
-    if (const auto p = t["function"].find("parameters"); p != t["function"].end() && !p->is_object()) {
-      bad(fmt::format("tools[{}].function.parameters", i), "'parameters' must be a JSON schema object");
-    }
-  }
+  for (size_t i = 0; i < tools.size(); ++i) check_tool(tools[i], i);
   std::string choice = tools.empty() ? "none" : "auto";
   std::optional<std::string> forced_name;
   if (const json* tc = field(body, "tool_choice")) {
@@ -507,6 +636,10 @@ GenerationSpec parse_completion_request(const json& body, const ModelInfo& info,
   return s;
 }
 
+bool cut_short(RequestFinish f) noexcept {
+  return f == RequestFinish::kLength || f == RequestFinish::kTimeout;
+}
+
 std::string_view finish_reason_name(RequestFinish f) noexcept {
   switch (f) {
     case RequestFinish::kStop:
@@ -622,16 +755,18 @@ json completion_body(const GenerationSpec& spec, const std::string& id, int64_t 
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& c = choices[i];
     const bool called = c.parsed && !c.parsed->calls.empty();
+    const bool cut = cut_short(c.finish);
     json choice = {{"index", i},
                    {"logprobs", c.logprobs},
-                   {"finish_reason", called ? std::string_view("tool_calls") : finish_reason_name(c.finish)}};
+                   {"finish_reason", called && !cut ? std::string_view("tool_calls") : finish_reason_name(c.finish)}};
     if (c.finish == RequestFinish::kTimeout) choice["tandem_timeout"] = true;
     if (spec.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-      if (called) {
-        choice["message"]["content"] = c.parsed->content.empty() ? json(nullptr) : json(c.parsed->content);
-        choice["message"]["tool_calls"] = tool_calls_json(c.parsed->calls, false);
+      if (c.parsed) {
+        const bool none = c.parsed->content.empty() && (called || cut);
+        choice["message"]["content"] = none ? json(nullptr) : json(c.parsed->content);
       }
+      if (called) choice["message"]["tool_calls"] = tool_calls_json(c.parsed->calls, false);
     } else {
       choice["text"] = c.text;
     }

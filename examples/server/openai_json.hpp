@@ -45,6 +45,23 @@ class ApiError : public std::runtime_error {
   std::string code_;
 };
 
+/// Bounds on the grammars a client sends (`response_format.json_schema.schema`, `json_schema`,
+/// `grammar`, and the tools' `parameters`, which a forced call compiles): xgrammar compiles
+/// them on the request's thread in time that grows with their size and nesting, without a
+/// limit of its own (grammar.hpp). Beyond a bound: 400, code "grammar_too_large" or
+/// "grammar_too_deep", the message naming the limit. Measured on SmolLM2's 49152-token
+/// vocabulary (a loaded 2-core machine): an object of 500 optional integer properties (14 KB)
+/// compiles in 0.4 s, of 1000 (28 KB) in 2 to 4 s; required properties and GBNF alternatives
+/// cost far less.
+inline constexpr size_t kMaxGrammarBytes = 16 * 1024;  ///< a schema as compact JSON, or GBNF text
+/// A schema's JSON nesting (objects and arrays: a property's schema is two levels below its
+/// parent's), or GBNF's parenthesis nesting.
+inline constexpr int32_t kMaxGrammarDepth = 32;
+/// A schema's properties, all its objects together: optional properties cost xgrammar far
+/// more than their bytes (800 untyped optional ones, 7 KB, compiled in 3.4 s, 1600 in 28 s;
+/// 256 in 0.2 s). Beyond: 400 "grammar_too_large".
+inline constexpr size_t kMaxSchemaProperties = 256;
+
 /// What the server knows when it maps a request (read-only, shared by all handlers).
 struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
@@ -93,8 +110,15 @@ struct ChoiceResult {
   std::optional<ParsedToolCalls> parsed;  ///< set when GenerationSpec::tools
 };
 
-/// Parse a body as JSON (ApiError 400 for malformed JSON or a non-object).
+/// A request body's JSON nesting at most (objects and arrays; deeper is 400): what reads it
+/// after parsing may recurse.
+inline constexpr int32_t kMaxBodyDepth = 128;
+/// Parse a body as JSON (ApiError 400 for malformed JSON, a non-object, or nesting deeper
+/// than kMaxBodyDepth).
 nlohmann::json parse_body(std::string_view body);
+/// ApiError 400 when `body` nests deeper than kMaxBodyDepth (json or ordered_json).
+template <class Json>
+void check_body_depth(const Json& body);
 /// Check `model` (absent is accepted, an unknown name -> ApiError 404).
 void check_model(const nlohmann::json& body, const ModelInfo& info);
 
@@ -102,10 +126,12 @@ void check_model(const nlohmann::json& body, const ModelInfo& info);
 /// the body's text, whose key order the template sees when it renders `tools` and tool
 /// calls (as transformers renders the client's dicts); "" = `body`'s order.
 ///
-/// Tools: `tools` (function tools), `tool_choice` ("none": tools neither rendered nor parsed,
-/// as vLLM; "auto", the default with tools; "required" or {"type": "function", "function":
-/// {"name"}}: the prompt ends with the opening of a call, forced_call_prefix, so the model
-/// continues inside one; no grammar enforces it yet, see forced_tool_call_schema),
+/// Tools: `tools` (function tools, checked as OpenAI checks them: a name of 1 to 64 of
+/// a-z A-Z 0-9 _ -, `parameters` a JSON schema object of type "object" within
+/// kMaxGrammarBytes / kMaxGrammarDepth; else 400 naming tools[i]), `tool_choice` ("none":
+/// tools neither rendered nor parsed, as vLLM; "auto", the default with tools; "required" or
+/// {"type": "function", "function": {"name"}}: decoded under forced_tool_call_schema's
+/// grammar after the opening of a call; without xgrammar only prompted, forced_call_prefix),
 /// `parallel_tool_calls` (false: the first call only). The model's own template renders the
 /// tools and earlier tool_calls / tool messages when it knows them (ModelInfo::tool_prompt),
 /// else hermes_tool_messages() rewrites the conversation for it.
@@ -119,6 +145,8 @@ GenerationSpec parse_completion_request(const nlohmann::json& body, const ModelI
 /// request's `timeout`: the choice then carries "tandem_timeout": true); "abort" otherwise
 /// (never answered: a cancelled request gets an error object).
 std::string_view finish_reason_name(RequestFinish f) noexcept;
+/// The output was cut short: max_tokens (or the context) or the request's `timeout`.
+bool cut_short(RequestFinish f) noexcept;
 
 /// A choice's `logprobs` for generated tokens, in OpenAI's shape. Chat: {"content": [{"token",
 /// "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}.
@@ -134,6 +162,10 @@ nlohmann::json logprobs_json(const GenerationSpec& spec, const Tokenizer& tok, s
 /// The non-streaming response (chat.completion or text_completion), one choice per entry
 /// (`index` = position). A chat choice with tool calls: message.content the text outside the
 /// calls (null when none), message.tool_calls (tool_calls_json), finish_reason "tool_calls".
+/// A tool choice cut short (cut_short: max_tokens or `timeout`) has finish_reason "length" as
+/// OpenAI's: the calls it completed are still tool_calls, a call it was inside is dropped
+/// (neither a call, since its arguments would not parse, nor content; ChoiceResult::parsed),
+/// and content is null when nothing else remains. Streamed the same (sse_stream.hpp).
 /// `usage`: the prompt counted once, the completion tokens of all choices together.
 nlohmann::json completion_body(const GenerationSpec& spec, const std::string& id, int64_t created,
                                std::span<const ChoiceResult> choices, int32_t prompt_tokens, int32_t completion_tokens);

@@ -143,10 +143,13 @@ const RequestResult* unanswered(const std::vector<RequestResult>& rs) {
 }
 
 /// A choice's text parsed for tool calls (GenerationSpec::tools): the forced call's prefix
-/// first; parallel_tool_calls false keeps the first call.
-ParsedToolCalls parse_calls(const GenerationSpec& spec, std::string_view text) {
+/// first; parallel_tool_calls false keeps the first call. An output cut short (max_tokens,
+/// timeout) inside a call: that call is neither a call nor content (from its opening on the
+/// text is dropped; see completion_body).
+ParsedToolCalls parse_calls(const GenerationSpec& spec, std::string_view text, RequestFinish finish) {
   ParsedToolCalls p = parse_tool_calls(text, spec.tools->format);
   if (!spec.tools->parallel && p.calls.size() > 1) p.calls.resize(1);
+  if (cut_short(finish)) p.content.resize(tool_call_start(p.content, spec.tools->format));
   return p;
 }
 
@@ -230,17 +233,17 @@ bool stream_body(ServerState& st, Job& job, httplib::DataSink& sink) {
     bool called = false;
     if (spec.tools) {  // the held text: calls (sent whole, after any content) or content
       const std::string_view held = std::string_view(c.text).substr(c.sent);
-      const ParsedToolCalls parsed = parse_calls(spec, held);
+      const ParsedToolCalls parsed = parse_calls(spec, held, r.finish);
       called = !parsed.calls.empty();
-      const std::string_view rest = called ? std::string_view(parsed.content) : held;
+      const std::string_view rest = parsed.content;
       if (!rest.empty()) write_event(sink, stream_chunk(spec, job.id, job.created, p.index, rest, false, std::nullopt));
       if (called) {
         write_event(sink, stream_chunk(spec, job.id, job.created, p.index, "", false, std::nullopt, nullptr,
                                        tool_calls_json(parsed.calls, true)));
       }
     }
-    write_event(
-        sink, stream_chunk(spec, job.id, job.created, p.index, "", false, r.finish, take_logprobs(c), nullptr, called));
+    write_event(sink, stream_chunk(spec, job.id, job.created, p.index, "", false, r.finish, take_logprobs(c), nullptr,
+                                   called && !cut_short(r.finish)));
   }
   const auto rs = wait_all(job);
   if (spec.include_usage) {
@@ -328,7 +331,7 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
         size_t text_offset = 0;
         c.logprobs = logprobs_json(s, *st.info.tokenizer, rr.logprobs, text_offset);
       }
-      if (s.tools) c.parsed = parse_calls(s, c.text);
+      if (s.tools) c.parsed = parse_calls(s, c.text, rr.finish);
       choices.push_back(std::move(c));
     }
     res.set_content(

@@ -16,6 +16,12 @@
 // tokens after the last text chunk (a stop string's tokens, whose text is cut) ride on the
 // finish chunk. The entries of all chunks, in order, are the non-streamed
 // answer's; completions' text_offset counts from the completion's start across chunks.
+//
+// Tool calls when streaming: content streams until where a call may begin
+// (tool_call_start); the rest is held and, at the choice's end, sent as the calls (whole, one
+// delta) and the content around them. An output cut short inside a call (max_tokens,
+// `timeout`) sends neither that call nor its text, and finishes "length" as the
+// non-streamed answer does (completion_body).
 #pragma once
 
 #include <httplib.h>

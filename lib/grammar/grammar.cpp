@@ -83,6 +83,26 @@ std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, F
   } catch (const std::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", what, reason(e.what())));
   }
+  // A grammar that allows no token at its start (no string matches it, e.g. `root ::= root`;
+  // or none of its first characters is a token's text) compiles, but every generation
+  // under it would fail at its first step: refuse it here, with the reason.
+  xgrammar::GrammarMatcher start(*compiled, std::nullopt, /*terminate_without_stop_token=*/false,
+                                 /*max_rollback_tokens=*/0);
+  std::vector<uint32_t> mask(size_t(xgrammar::GetBitmaskSize(vc->n_vocab)));
+  int64_t shape = int64_t(mask.size());
+  DLTensor tensor{};
+  tensor.data = mask.data();
+  tensor.device = DLDevice{kDLCPU, 0};
+  tensor.ndim = 1;
+  tensor.dtype = xgrammar::GetBitmaskDLType();
+  tensor.shape = &shape;
+  start.FillNextTokenBitmask(&tensor);
+  if (std::all_of(mask.begin(), mask.end(), [](uint32_t w) { return w == 0; })) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: it allows no token of this vocabulary at its start (no string matches it, e.g. a "
+                            "rule defined only by itself, or its first characters are no token's text)",
+                            what));
+  }
   auto impl =
       std::make_shared<const Grammar::Impl>(Grammar::Impl{std::move(*compiled), tok.identity_hash(), vc->n_vocab});
   return std::make_shared<const Grammar>(std::move(impl));

@@ -27,7 +27,6 @@ void Generation::begin(const SamplingParams& sampling, int32_t n_vocab, const st
     if (grammar->vocab_hash() != tok_->identity_hash()) {
       throw Error(ErrorCode::kInvalidArgument, "grammar: compiled for another vocabulary than this model's");
     }
-    if (ignore_eos) throw Error(ErrorCode::kInvalidArgument, "grammar: cannot be combined with ignore_eos");
   }
   sampler_.emplace(sampling, n_vocab);
   if (grammar) {
@@ -61,7 +60,9 @@ TokenStep Generation::next(std::span<const float> logits, std::span<const int32_
 TokenStep Generation::accept(int32_t id) {
   TokenStep t;
   t.id = id;
-  if (tok_->is_eog(id) && !ignore_eos_) {
+  // With a grammar, an end-of-generation token is sampled only where the grammar is complete
+  // (the matcher accepted it and terminated): it ends the output even with ignore_eos.
+  if (tok_->is_eog(id) && (!ignore_eos_ || (matcher_ && matcher_->is_terminated()))) {
     t.end = GenEnd::kEog;
     return t;
   }

@@ -324,3 +324,70 @@ def test_tool_choice_none_and_bad_tools(smol):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="smollm2", messages=msgs, tools=[{"type": "function"}], max_tokens=4)
     assert e.value.body["param"] == "tools[0]"
+
+
+def fn_tool(name="get_weather", parameters=WEATHER["function"]["parameters"], **extra):
+    f = {"name": name, **extra}
+    if parameters is not None:
+        f["parameters"] = parameters
+    return {"type": "function", "function": f}
+
+
+@pytest.mark.parametrize("tool,param,needle", [
+    (fn_tool("get weather"), "tools[0].function.name", "1 to 64"),
+    (fn_tool("x" * 65), "tools[0].function.name", "1 to 64"),
+    (fn_tool(""), "tools[0].function.name", "1 to 64"),
+    (fn_tool("wetter.heute"), "tools[0].function.name", "1 to 64"),
+    (fn_tool("caf\u00e9"), "tools[0].function.name", "1 to 64"),
+    (fn_tool(parameters={"type": "string"}), "tools[0].function.parameters", "type \"object\""),
+    (fn_tool(parameters=["city"]), "tools[0].function.parameters", "JSON schema object"),
+    (fn_tool(description=42), "tools[0].function.description", "string"),
+    (fn_tool(parameters={"type": "object", "properties": {f"p{i:05d}": {"type": "integer"} for i in range(2000)}}),
+     "tools[0].function.parameters", "the limit is 256 properties"),
+    (fn_tool(parameters={"type": "object", "properties": {"e": {"enum": [f"v-{i:05d}" for i in range(2000)]}}}),
+     "tools[0].function.parameters", "16384 bytes"),
+])
+def test_bad_tool_definitions_are_400(nserver, tool, param, needle):
+    """Tools are checked as OpenAI checks them (function name ^[a-zA-Z0-9_-]{1,64}$,
+    parameters a JSON schema object of type "object") and bounded as response schemas are,
+    with every tool_choice (auto renders them, required compiles them): 400 naming the field."""
+    for choice in ("auto", "required", "none"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client(nserver).chat.completions.create(model=ALIAS, messages=MSG, tools=[tool], tool_choice=choice,
+                                                    max_tokens=4)
+        assert e.value.body["param"] == param, e.value.body
+        assert needle in e.value.body["message"], e.value.body
+    # Names at the rule's edges are accepted: the tools pass and are rendered, whose prompt
+    # then outgrows the tiny model's 128-token context.
+    with pytest.raises(openai.BadRequestError) as e:
+        client(nserver).chat.completions.create(model=ALIAS, messages=MSG, max_tokens=2,
+                                                tools=[fn_tool("ok_tool-1"), fn_tool("A" * 64),
+                                                       fn_tool("a_b-C9", parameters=None)])
+    assert e.value.body["code"] == "context_length_exceeded", e.value.body
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_call_cut_by_max_tokens_is_length_without_a_call(smol, choice):
+    """A forced call that max_tokens cuts off: finish_reason "length" as OpenAI's, and the
+    unfinished call is neither a tool call (its arguments would not parse) nor content
+    (never the raw "<tool_call>" text), streamed and not; never a 500."""
+    if not has_grammar_engine(smol):
+        pytest.skip("tandem-server was built without xgrammar")
+    c = client(smol)
+    kw = dict(model="smollm2", messages=HISTORY, tools=[WEATHER], tool_choice=choice, max_tokens=4,
+              temperature=1.0, seed=5, n=3)
+    r = c.chat.completions.create(**kw)
+    for ch in r.choices:
+        assert ch.finish_reason == "length", ch
+        assert ch.message.tool_calls is None and ch.message.content is None, ch
+    got = {}
+    for chunk in c.chat.completions.create(stream=True, **kw):
+        for d in chunk.choices:
+            g = got.setdefault(d.index, {"content": "", "calls": [], "finish": None})
+            g["content"] += d.delta.content or ""
+            g["calls"] += d.delta.tool_calls or []
+            g["finish"] = d.finish_reason or g["finish"]
+    assert got == {i: {"content": "", "calls": [], "finish": "length"} for i in range(3)}
+    # With room to finish, the same request is a call.
+    full = c.chat.completions.create(**{**kw, "max_tokens": 64, "n": 1})
+    assert full.choices[0].finish_reason == "tool_calls"

@@ -344,3 +344,64 @@ def test_a_port_in_use_is_refused(tmp_path):
         assert httpx.get(first.url + "/health").status_code == 200
     finally:
         assert first.stop() == 0, first.log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """Default limits (a 5 s read timeout, 60 s body deadline)."""
+    s = Server(tmp_path_factory.mktemp("plain"))
+    assert s.wait_ready(), s.log_path.read_text()
+    yield s
+    assert s.stop() == 0, s.log_path.read_text()
+
+
+@pytest.mark.parametrize("framing", [
+    "Content-Length: -1\r\n",
+    "Content-Length: abc\r\n",
+    "Content-Length: 12abc\r\n",
+    "Content-Length: +5\r\n",
+    "Content-Length: 0x10\r\n",
+    "Content-Length: 5\r\nContent-Length: 6\r\n",
+    "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+])
+def test_malformed_content_length_is_400_and_closes(plain, framing):
+    """A Content-Length that is not digits only, repeated with another value, or sent with
+    Transfer-Encoding (RFC 9112 6.3) is 400 naming the framing, before any body is read (not
+    413 because httplib reads "-1" as 2^64 - 1, nor a wait for a body of "12abc" = 12
+    bytes), and the connection is closed."""
+    s = plain
+    c = connect(s)
+    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{framing}\r\n".encode()
+              + b'{"prompt": "a"}')
+    status, headers, body = read_response(c)  # read until the server closes
+    c.close()
+    err = assert_openai_error(status, body, 400)
+    assert "Content-Length" in err["message"], err
+    assert headers.get("connection") == "close"
+    assert httpx.get(s.url + "/health").status_code == 200
+
+
+def test_malformed_content_length_with_expect_continue_is_400(plain):
+    s = plain
+    c = connect(s)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: -1\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, body = read_response(c)
+    c.close()
+    assert_openai_error(status, body, 400)
+    assert headers.get("connection") == "close"
+
+
+def test_stalled_body_is_408_and_closes(plain):
+    """A body that stops arriving (a part sent, then nothing) is a timeout whichever deadline
+    passes first, the per-read timeout (5 s) or --body-timeout: 408 and Connection: close."""
+    s = plain
+    c = connect(s)
+    c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n{\"prompt\"")
+    status, headers, body = read_response(c)  # the server answers and closes; never the rest
+    c.close()
+    assert_openai_error(status, body, 408)
+    assert headers.get("connection") == "close"
+    assert httpx.get(s.url + "/health").status_code == 200
+

@@ -585,6 +585,12 @@ def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
     ("DELETE", "/tokenize", "POST"),
     ("POST", "/health", "GET, HEAD"),
     ("POST", "/v1/models", "GET, HEAD"),
+    ("POST", "/v1/models/tiny", "GET, HEAD"),
+    ("DELETE", "/models/anything", "GET, HEAD"),
+    ("GET", "/apply-template", "POST"),
+    ("PATCH", "/detokenize", "POST"),
+    ("GET", "/chat/completions", "POST"),
+    ("POST", "/metrics", "GET, HEAD"),
 ])
 def test_wrong_method_on_a_route_is_405_with_allow(server, method, path, allow):
     r = httpx.request(method, server.url + path)

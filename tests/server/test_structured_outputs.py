@@ -135,7 +135,8 @@ def test_json_object_and_llama_server_fields(server):
     ({"grammar": "root ::= undefined_rule"}, "grammar", "undefined_rule"),
     ({"grammar": 'start ::= "a"'}, "grammar", "root"),
     ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "grammar", "give one"),
-    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos", "ignore_eos"),
+    ({"grammar": "root ::= root"}, "grammar", "allows no token"),
+    ({"grammar": "root ::= x\nx ::= x \"a\""}, "grammar", "allows no token"),
 ])
 def test_bad_schema_is_400(server, body, param, needle):
     for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
@@ -155,3 +156,105 @@ def test_openai_client_refusal_is_bad_request(server):
             model=ALIAS, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
             response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 42}}})
     assert e.value.status_code == 400
+
+
+def test_grammar_ends_the_choice_even_with_ignore_eos(server):
+    """ignore_eos does not outlive a grammar (the library's Generation decides): a GBNF that
+    completes ends the choice with "stop" and the same text as without ignore_eos."""
+    for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "Once"})):
+        outs = []
+        for ignore_eos in (False, True):
+            r = httpx.post(server.url + path, json={**base, "max_tokens": 20, "temperature": 0, "ignore_eos": ignore_eos,
+                                                    "grammar": 'root ::= ("yes" | "no") " " [0-9]'}, timeout=60.0)
+            assert r.status_code == 200, r.text
+            ch = r.json()["choices"][0]
+            assert ch["finish_reason"] == "stop", ch
+            outs.append((ch.get("text") or ch["message"]["content"], r.json()["usage"]["completion_tokens"]))
+        assert outs[0] == outs[1]
+        assert outs[0][0].split(" ")[0] in ("yes", "no")
+
+
+def nested_schema(levels):
+    schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def nested_gbnf(levels):
+    return "root ::= " + "(" * levels + '"a"' + ")" * levels
+
+
+BIG_ENUM = {"type": "object", "properties": {"e": {"enum": [f"value-{i:05d}" for i in range(2000)]}}}
+WIDE_SCHEMA = {"type": "object", "properties": {f"{i:x}": {} for i in range(300)}}  # 2.5 KB
+
+
+@pytest.mark.parametrize("body,param,code,limit", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BIG_ENUM}}},
+     "response_format.json_schema.schema", "grammar_too_large", "16384 bytes"),
+    ({"json_schema": BIG_ENUM}, "json_schema", "grammar_too_large", "16384 bytes"),
+    ({"json_schema": WIDE_SCHEMA}, "json_schema", "grammar_too_large", "300 properties; the limit is 256"),
+    ({"json_schema": {"type": "object", "properties": {f"o{j}": WIDE_SCHEMA for j in range(1)},
+                      "$defs": {"d": {"type": "object", "properties": {f"{i}": {} for i in range(10)}}}}},
+     "json_schema", "grammar_too_large", "311 properties"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": nested_schema(20)}}},
+     "response_format.json_schema.schema", "grammar_too_deep", "32 levels"),
+    ({"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(6000))}, "grammar", "grammar_too_large",
+     "16384 bytes"),
+    ({"grammar": nested_gbnf(40)}, "grammar", "grammar_too_deep", "32 levels"),
+])
+def test_oversized_schemas_and_grammars_are_400_naming_the_limit(server, body, param, code, limit):
+    """Schemas and grammars are bounded before xgrammar compiles them (its compile time grows
+    with them, without a limit of its own): 16 KiB as compact JSON or GBNF text, 32 levels of
+    nesting, 256 properties in all of a schema's objects (optional ones cost xgrammar far more
+    than their bytes); beyond, 400 with the OpenAI error object naming the limit."""
+    for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        r = httpx.post(server.url + path, json={**base, "max_tokens": 8, **body}, timeout=60.0)
+        assert r.status_code == 400, r.text[:300]
+        err = r.json()["error"]
+        assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error")
+        assert limit in err["message"], err["message"]
+
+
+def test_schemas_within_the_bounds_still_compile(server):
+    """The bounds leave room for real schemas: 15 nested properties (30 JSON levels) and a
+    GBNF with 30 nested groups compile and generate."""
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4,
+                                                        "json_schema": nested_schema(15)}, timeout=60.0)
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "grammar": nested_gbnf(30)},
+                   timeout=60.0)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == "a"
+
+
+def test_deeply_nested_body_is_400_not_a_crash(server):
+    """A body nested far deeper than any request needs (100000 arrays) is 400: what reads
+    the parsed body (copies, dumps, the template) may recurse. A json_schema nested so deep
+    overflowed the stack of the thread that serialised it for the grammar engine (the
+    server died)."""
+    deep = "[" * 100000 + "]" * 100000
+    for path, field in (("/v1/chat/completions", "x"), ("/v1/completions", "x"), ("/apply-template", "x"),
+                        ("/v1/completions", "json_schema"), ("/v1/chat/completions", "json_schema")):
+        value = deep if field == "x" else '{"type": "object", "x": ' + deep + "}"
+        raw = '{"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "' + field + '": ' + value + "}"
+        r = httpx.post(server.url + path, content=raw, headers={"Content-Type": "application/json"}, timeout=60.0)
+        assert r.status_code == 400, r.text[:300]
+        assert "128" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health", timeout=5.0).status_code == 200
+
+
+def test_left_recursive_grammar_generates_its_language(server):
+    """xgrammar (an Earley parser) takes left recursion, which llama.cpp's grammar engine
+    refuses: `root ::= root "a" | "b"` is b a*, and every seeded sample is one of its
+    sentences. A grammar with no sentence at all (`root ::= root`) is refused as above."""
+    import re
+    for seed in range(8):
+        r = httpx.post(server.url + "/v1/completions",
+                       json={"prompt": "Once", "max_tokens": 12, "temperature": 1.0, "seed": seed,
+                             "grammar": 'root ::= root "a" | "b"'}, timeout=60.0)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        assert re.fullmatch("ba*", ch["text"]), ch

@@ -14,7 +14,12 @@
 // Compile time grows with the grammar and the vocabulary and has no limit: milliseconds for
 // ordinary schemas (19 ms for a five-property one on SmolLM2's vocabulary, benchmarks/
 // README.md), seconds for schemas with hundreds of nested levels or thousands of
-// alternatives. Callers that take schemas from untrusted clients should bound their size.
+// alternatives. Callers that take schemas from untrusted clients should bound their size
+// (tandem-server: kMaxGrammarBytes and kMaxGrammarDepth in examples/server/openai_json.hpp).
+//
+// Every factory refuses (Error(kInvalidArgument)) a grammar that allows no token of the
+// vocabulary at its start: one with no sentence at all (`root ::= root`), or whose first
+// characters are no token's text; a generation under it could not take a single step.
 //
 // Attach one to a generation with GenerateOptions::grammar (Session) or Request::grammar
 // (Scheduler); null means unconstrained, with output unchanged bit for bit.
@@ -53,8 +58,9 @@ class Grammar {
   /// Any JSON object, with any members (response_format {"type": "json_object"}); compact.
   static std::shared_ptr<const Grammar> json_object(const Tokenizer& tokenizer);
   /// A GBNF grammar (llama.cpp's grammar format, as llama-server's `grammar` field; start
-  /// rule `root`). Throws Error(kInvalidArgument) with the parser's reason when it does not
-  /// parse (undefined rule, no `root`, bad syntax).
+  /// rule `root`). Left recursion (`root ::= root "a" | "b"`) is parsed as written (xgrammar
+  /// is an Earley parser; llama.cpp's engine refuses it). Throws Error(kInvalidArgument)
+  /// with the parser's reason when it does not parse (undefined rule, no `root`, bad syntax).
   static std::shared_ptr<const Grammar> from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf);
 
   /// Tokenizer::identity_hash() of the vocabulary it was compiled for; a generation with

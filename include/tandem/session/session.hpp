@@ -58,7 +58,7 @@ struct GenerateOptions {
   int32_t max_tokens = 128;
   SamplingParams sampling;
   std::vector<std::string> stop;  ///< stop strings
-  bool ignore_eos = false;        ///< keep going past end-of-generation tokens
+  bool ignore_eos = false;        ///< keep going past end-of-generation tokens (not a grammar's: see `grammar`)
   /// At the end, write an incomplete UTF-8 sequence out as U+FFFD (one per byte). When
   /// false and generation stopped at max_tokens, the bytes stay held in the session and
   /// complete with the next generate() (a conversation continued in several calls).
@@ -80,8 +80,10 @@ struct GenerateOptions {
   int32_t logprobs = -1;
   /// Structured output (include/tandem/grammar/grammar.hpp): every sampled token is one the grammar
   /// allows, and generation ends at an end-of-generation token only where the grammar is
-  /// complete (max_tokens or a stop string can still cut it). Null: unconstrained. A grammar
-  /// for another vocabulary, or with ignore_eos, is Error(kInvalidArgument).
+  /// complete (max_tokens or a stop string can still cut it); a grammar that completes ends
+  /// the output there even with ignore_eos (the grammar allows nothing after it; ignore_eos
+  /// still keeps an unconstrained batch neighbour going). Null: unconstrained. A grammar for
+  /// another vocabulary is Error(kInvalidArgument).
   std::shared_ptr<const Grammar> grammar;
 };
 

@@ -30,6 +30,7 @@ import ctypes
 import json
 import os
 import queue
+import re
 import threading
 import time
 import uuid
@@ -225,6 +226,54 @@ class ModelInfo:
 _OPENAI_FINISH = {"stop": "stop", "stop_string": "stop", "length": "length", "cancelled": "stop"}
 
 
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _tool_choice(tools, tool_choice):
+    """(tools checked as OpenAI checks them or None, "none" / "auto" / "required" /
+    "function", the forced function's name, "" for any tool, or None)."""
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise TypeError("tools must be a list of {'type': 'function', 'function': {...}}")
+        for i, t in enumerate(tools):
+            f = t.get("function") if isinstance(t, dict) and t.get("type") == "function" else None
+            if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}")
+            if not _TOOL_NAME.fullmatch(f["name"]):
+                raise ValueError(f"tools[{i}].function.name {f['name']!r}: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'")
+            p = f.get("parameters")
+            if p is not None and (not isinstance(p, dict) or p.get("type", "object") != "object"):
+                raise ValueError(f"tools[{i}].function.parameters must be a JSON schema of type \"object\"")
+        if not tools:
+            tools = None
+    if tool_choice is None:
+        return tools, ("auto" if tools else "none"), None
+    if tool_choice in ("none", "auto", "required"):
+        choice, name = tool_choice, ("" if tool_choice == "required" else None)
+    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function" and isinstance(
+            tool_choice.get("function"), dict) and isinstance(tool_choice["function"].get("name"), str):
+        choice, name = "function", tool_choice["function"]["name"]
+        if not any(t["function"]["name"] == name for t in tools or []):
+            raise ValueError(f"tool_choice names {name!r}, which is not in tools")
+    else:
+        raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                         "{'name': ...}}")
+    if choice != "none" and not tools:
+        raise ValueError("tool_choice needs tools")
+    return tools, choice, name
+
+
+def _forced_call_schema(tools: List[Dict[str, Any]], name: str) -> Dict[str, Any]:
+    """The JSON schema of one call, {"name", "arguments": the tool's parameters}, of the tool
+    `name` ("" = any of them: anyOf), as tandem-server's forced_tool_call_schema."""
+    def one(f):
+        return {"type": "object",
+                "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False}
+    picked = [one(t["function"]) for t in tools if not name or t["function"]["name"] == name]
+    return picked[0] if len(picked) == 1 else {"anyOf": picked}
+
+
 def _messages(messages: Iterable[Message]):
     """(roles, contents) ctypes arrays of OpenAI-style messages, checked."""
     roles, contents = [], []
@@ -373,20 +422,58 @@ class Model(_Handle):
                                repeat_penalty: float = 1.0, n_ctx: int = 0, template: Optional[str] = None,
                                model: Optional[str] = None, logprobs: bool = False,
                                top_logprobs: Optional[int] = None, response_format: Optional[Dict[str, Any]] = None,
-                               grammar: Optional[str] = None) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+                               grammar: Optional[str] = None, tools: Optional[List[Dict[str, Any]]] = None,
+                               tool_choice: Union[None, str, Dict[str, Any]] = None,
+                               n: int = 1) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
         """An OpenAI-shaped chat completion, with the field names and defaults of
         llama-cpp-python's ``Llama.create_chat_completion``: returns a "chat.completion"
-        dict (choices[0].message.content, finish_reason "stop" / "length", usage), or with
-        stream=True an iterator of "chat.completion.chunk" dicts (a first delta with the
-        role, then content deltas, then an empty delta with the finish_reason).
+        dict (choices[i].message.content, finish_reason "stop" / "length" / "tool_calls",
+        usage), or with stream=True an iterator of "chat.completion.chunk" dicts (a first
+        delta with the role, then content deltas, then an empty delta with the finish_reason).
         max_tokens None: until the context (n_ctx; 0 = the model's, capped at 4096) is
         full. Runs on a session of its own (any number of calls may run at once).
-        logprobs=True (top_logprobs 0..20 alternatives, ignored without it): choices[0]
+        logprobs=True (top_logprobs 0..20 alternatives, ignored without it): choices[i]
         ["logprobs"] is OpenAI's {"content": [{"token", "logprob", "bytes", "top_logprobs"}]};
         streamed, every entry rides on the finish chunk (the entries are known at the end).
         response_format / grammar: structured output, as Session.generate (llama-cpp-python's
-        {"type": "json_object", "schema": {...}} and OpenAI's json_schema shape)."""
-        ids = self.chat_tokenize(messages, True, template)
+        {"type": "json_object", "schema": {...}} and OpenAI's json_schema shape).
+
+        tools (OpenAI function tools: a name of 1 to 64 of a-z A-Z 0-9 _ -, `parameters` a
+        JSON schema of type "object"; else ValueError) are rendered by the model's own chat
+        template (apply_chat_template; a template that does not render tools gets none, and
+        messages may carry tool_calls and "tool" results) and the output is parsed into
+        message.tool_calls ({"id", "type": "function", "function": {"name", "arguments"}},
+        finish_reason "tool_calls"; parse_tool_calls). tool_choice: "auto" (default with
+        tools), "none" (tools neither rendered nor parsed), "required" or {"type":
+        "function", "function": {"name": ...}}: the call is decoded under the JSON schema of
+        {"name", "arguments": the tool's parameters}, so one that completes always parses
+        (not combined with response_format / grammar). An output cut by max_tokens has
+        finish_reason "length", and a call it was inside is dropped (neither a call nor
+        content), as tandem-server. Streamed with tools, content and calls arrive whole
+        before the finish chunk.
+
+        n (1..128): that many choices; choice i samples with seed + i. With n > 1 the prompt
+        is computed once on a Scheduler of its own (Scheduler.submit_n) and, streamed, each
+        choice's chunks come when it has finished."""
+        tool_list, choice, forced = _tool_choice(tools, tool_choice)
+        uses_tools = tool_list is not None or any(
+            isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages)
+        if uses_tools:
+            req = {"messages": messages, "add_generation_prompt": True}
+            if tool_list and choice != "none":
+                req["tools"] = tool_list
+            ids = self._apply_template_tokens(req)
+        else:
+            ids = self.chat_tokenize(messages, True, template)
+        prefix = ""
+        if forced is not None:
+            if response_format is not None or grammar is not None:
+                raise ValueError("response_format / grammar cannot be combined with a forced tool call (tool_choice)")
+            prefix = "<tool_call>\n" if self._hermes_tool_calls() else ""
+            ids = ids + self.tokenize(prefix, add_special=False, parse_special=True)
+            response_format = {"type": "json_schema", "json_schema": {"schema": _forced_call_schema(tool_list, forced)}}
+        parse = tool_list is not None and choice != "none"
+        n = _c.check_int("n", n, 1, 128)
         session = Session(self, n_ctx=n_ctx, n_threads=self.n_threads)
         limit = session.info.n_ctx - len(ids)
         if max_tokens is None:
@@ -397,37 +484,107 @@ class Model(_Handle):
         if seed is not None:
             sampling["seed"] = seed
         n_top = (0 if top_logprobs is None else top_logprobs) if logprobs else None
-        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=n_top,
-                               response_format=response_format, grammar=grammar, **sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         name = model if model is not None else self.info.name
 
+        def chunk(i: int, delta: Dict[str, Any], finish: Optional[str], lp: Any = None) -> Dict[str, Any]:
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": name,
+                    "choices": [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+
+        def choice_of(i: int, text: str, finish: str, entries: List[TokenLogprob]) -> Dict[str, Any]:
+            message, finish_reason = self._chat_message(prefix + text if parse else text, finish, parse)
+            return {"index": i, "message": message, "finish_reason": finish_reason,
+                    "logprobs": _chat_logprobs(self, entries) if logprobs else None}
+
+        def as_chunks(c: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+            i, m = c["index"], c["message"]
+            yield chunk(i, {"role": "assistant"}, None)
+            if m["content"]:
+                yield chunk(i, {"content": m["content"]}, None)
+            if m.get("tool_calls"):
+                yield chunk(i, {"tool_calls": [dict(tc, index=k) for k, tc in enumerate(m["tool_calls"])]}, None)
+            yield chunk(i, {}, c["finish_reason"], c["logprobs"])
+
+        if n > 1:
+            session.close()
+            with Scheduler(self, max_context=n_ctx, log_routing=False) as sched:
+                reqs = sched.submit_n(ids, n, max_tokens=max(max_tokens, 1), stop=stop, logprobs=n_top,
+                                      response_format=response_format, grammar=grammar, **sampling)
+                results = [r.wait() for r in reqs]
+                for r in reqs:
+                    r.close()
+            for r in results:
+                if r.finish_reason not in _OPENAI_FINISH:
+                    raise TandemError(r.status or E_INTERNAL, r.message or f"a choice ended {r.finish_reason!r}")
+            choices = [choice_of(i, r.text, r.finish_reason, r.logprobs) for i, r in enumerate(results)]
+            if stream:
+                return (c for ch in choices for c in as_chunks(ch))
+            used = sum(len(r.tokens) for r in results)
+            return {"id": ident, "object": "chat.completion", "created": created, "model": name, "choices": choices,
+                    "usage": {"prompt_tokens": len(ids), "completion_tokens": used,
+                              "total_tokens": len(ids) + used}}
+
+        gen = session.generate(ids, max_tokens=max_tokens, stop=stop, logprobs=n_top,
+                               response_format=response_format, grammar=grammar, **sampling)
         if not stream:
             with session:
                 text = gen.text()
             r = gen.result
-            lp = _chat_logprobs(self, r.logprobs) if logprobs else None
             return {"id": ident, "object": "chat.completion", "created": created, "model": name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                                 "finish_reason": _OPENAI_FINISH.get(r.finish_reason, "stop")}],
+                    "choices": [choice_of(0, text, r.finish_reason, r.logprobs)],
                     "usage": {"prompt_tokens": len(ids), "completion_tokens": len(r.tokens),
                               "total_tokens": len(ids) + len(r.tokens)}}
 
         def chunks() -> Iterator[Dict[str, Any]]:
-            def chunk(delta: Dict[str, str], finish: Optional[str], lp: Any = None) -> Dict[str, Any]:
-                return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": name,
-                        "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
-
+            if parse:  # a call is known only at the end: the choice comes whole
+                with session, gen:
+                    text = gen.text()
+                r = gen.result
+                yield from as_chunks(choice_of(0, text, r.finish_reason if r else "stop", r.logprobs if r else []))
+                return
             with session, gen:
-                yield chunk({"role": "assistant"}, None)
+                yield chunk(0, {"role": "assistant"}, None)
                 for piece in gen:
                     if piece:
-                        yield chunk({"content": piece}, None)
+                        yield chunk(0, {"content": piece}, None)
             lp = _chat_logprobs(self, gen.result.logprobs) if logprobs and gen.result else None
-            yield chunk({}, _OPENAI_FINISH.get(gen.result.finish_reason if gen.result else "stop", "stop"), lp)
+            yield chunk(0, {}, _OPENAI_FINISH.get(gen.result.finish_reason if gen.result else "stop", "stop"), lp)
 
         return chunks()
+
+    def _apply_template_tokens(self, request: Dict[str, Any]) -> List[int]:
+        """Token ids of apply_chat_template's prompt (tandem_chat_apply_template_tokens)."""
+        body = json.dumps(request, ensure_ascii=False).encode("utf-8")
+        count = _c.size_t()
+        _c.check(_c.chat_apply_template_tokens(self.handle, body, None, 0, ctypes.byref(count)))
+        out = (ctypes.c_int32 * max(count.value, 1))()
+        _c.check(_c.chat_apply_template_tokens(self.handle, body, out, count.value, ctypes.byref(count)))
+        return list(out[: count.value])
+
+    def _hermes_tool_calls(self) -> bool:
+        """This model's calls are <tool_call> blocks (else Llama 3's bare JSON): the format
+        parse_tool_calls reads, asked of the library with a probe."""
+        probe = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+        return bool(self.parse_tool_calls(probe)["tool_calls"])
+
+    def _chat_message(self, text: str, finish: str, parse: bool):
+        """(message, OpenAI finish_reason) of one choice's text (with a forced call's opening)."""
+        finish_reason = _OPENAI_FINISH.get(finish, "stop")
+        if not parse:
+            return {"role": "assistant", "content": text}, finish_reason
+        parsed = self.parse_tool_calls(text)
+        content, calls = parsed["content"], parsed["tool_calls"]
+        cut = finish_reason == "length"
+        if cut and content:  # the call the output was inside is neither a call nor content
+            at = content.find("<tool_call>") if self._hermes_tool_calls() else (
+                0 if content.lstrip().startswith(("{", "[", "<|python_tag|>")) else -1)
+            content = content[:at] if at >= 0 else content
+        message: Dict[str, Any] = {"role": "assistant", "content": content or (None if calls or cut else content)}
+        if calls:
+            message["tool_calls"] = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                                      "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
+        return message, ("tool_calls" if calls and not cut else finish_reason)
 
     def create_completion(self, prompt: Prompt, *, max_tokens: Optional[int] = 16, temperature: float = 0.8,
                           top_p: float = 0.95, top_k: int = 40, min_p: float = 0.05,
@@ -1231,27 +1388,30 @@ class Scheduler(_Handle):
 
     def submit(self, prompt: Prompt, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                ignore_eos: bool = False, parse_special: bool = False, sla: str = "standard", deadline_ms: int = 0,
-               session: int = 0, logprobs: Optional[int] = None, **sampling) -> Request:
+               session: int = 0, logprobs: Optional[int] = None, response_format: Optional[Dict[str, Any]] = None,
+               grammar: Optional[str] = None, **sampling) -> Request:
         """Submit a request (prompt text or token ids). sla: "interactive", "standard" or
         "batch"; deadline_ms > 0 ends it with "timeout" after that long; session: a
-        SchedulerSession id to continue (see open_session). Sampling keywords and
-        `logprobs` (0..20: RequestResult.logprobs) as Session.generate."""
+        SchedulerSession id to continue (see open_session). Sampling keywords, `logprobs`
+        (0..20: RequestResult.logprobs) and structured output (`response_format` /
+        `grammar`) as Session.generate."""
         return self._submit(prompt, 1, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, session,
-                            logprobs, sampling)[0]
+                            logprobs, sampling, _grammar(response_format, grammar))[0]
 
     def submit_n(self, prompt: Prompt, n: int, max_tokens: int = 128, stop: Union[None, str, Iterable[str]] = None,
                  ignore_eos: bool = False, parse_special: bool = False, sla: str = "standard", deadline_ms: int = 0,
-                 logprobs: Optional[int] = None, **sampling) -> List[Request]:
+                 logprobs: Optional[int] = None, response_format: Optional[Dict[str, Any]] = None,
+                 grammar: Optional[str] = None, **sampling) -> List[Request]:
         """n choices of one prompt (OpenAI's `n`, 1..128; tandem_scheduler_submit_n): the
         prompt is computed once and its KV pages shared; choice i samples with seed + i.
         One Request per choice, each finished and cancelled on its own. Other arguments as
         submit (no session)."""
         n = _c.check_int("n", n, 1, 128)
         return self._submit(prompt, n, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, 0, logprobs,
-                            sampling)
+                            sampling, _grammar(response_format, grammar))
 
     def _submit(self, prompt, n, max_tokens, stop, ignore_eos, parse_special, sla, deadline_ms, session, logprobs,
-                sampling) -> List[Request]:
+                sampling, grammar=(0, None)) -> List[Request]:
         if sla not in _c.SLA_CLASSES:
             raise TandemError(E_INVALID_ARG, f"sla {sla!r} is not one of {sorted(_c.SLA_CLASSES)}")
         max_tokens = _c.check_int("max_tokens", max_tokens, 1, _c.INT32_MAX)
@@ -1273,6 +1433,7 @@ class Scheduler(_Handle):
         p.deadline_ms = _c.check_int("deadline_ms", deadline_ms, 0, _c.INT32_MAX)
         p.session = _c.check_int("session", session, 0, _c.UINT64_MAX)
         p.logprobs = call.params.logprobs
+        p.grammar_type, p.grammar = grammar
         handles = (_c.handle_t * n)()
         if n == 1:
             _c.check(_c.scheduler_submit(self.handle, ctypes.byref(p), handles))

@@ -255,6 +255,8 @@ chat_tokenize = _proto("tandem_chat_tokenize", _status, _handle, ctypes.c_char_p
                        _ptr(ctypes.c_char_p), _size, ctypes.c_int32, _i32p, _size, _ptr(_size))
 chat_apply_template = _proto("tandem_chat_apply_template", _status, _handle, ctypes.c_char_p, ctypes.c_char_p, _size,
                              _ptr(_size))
+chat_apply_template_tokens = _proto("tandem_chat_apply_template_tokens", _status, _handle, ctypes.c_char_p, _i32p,
+                                    _size, _ptr(_size))
 chat_parse_tool_calls = _proto("tandem_chat_parse_tool_calls", _status, _handle, ctypes.c_char_p, ctypes.c_char_p,
                                _size, _ptr(_size))
 tokenize = _proto("tandem_tokenize", _status, _handle, ctypes.c_char_p, _size, ctypes.c_uint32, _i32p, _size,

@@ -192,6 +192,123 @@ class TestToolCalls(PackageTestCase):
         self.assertEqual(self.model.parse_tool_calls("no call"), {"content": "no call", "tool_calls": []})
 
 
+def smollm2_path() -> str:
+    return os.environ.get("TANDEM_SMOLLM2",
+                          os.path.expanduser("~/.cache/tandem/SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+class TestChatCompletionChoicesAndTools(PackageTestCase):
+    """create_chat_completion's n, tools and tool_choice, as llama-cpp-python / OpenAI take
+    them: n choices (greedy identical to one, seeded ones as Scheduler.submit_n's), tools
+    checked as OpenAI checks them, forced calls decoded under their schema (SmolLM2, whose
+    template renders no tools: the call is the grammar's work), a call cut by max_tokens."""
+    hi = [{"role": "user", "content": "Once upon a time"}]
+
+    def test_n_choices(self):
+        one = self.model.create_chat_completion(self.hi, max_tokens=12, temperature=0)
+        three = self.model.create_chat_completion(self.hi, max_tokens=12, temperature=0, n=3)
+        self.assertEqual([c["index"] for c in three["choices"]], [0, 1, 2])
+        for c in three["choices"]:
+            self.assertEqual(c["message"], one["choices"][0]["message"])
+            self.assertEqual(c["finish_reason"], one["choices"][0]["finish_reason"])
+        self.assertEqual(three["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"])
+        self.assertEqual(three["usage"]["completion_tokens"], 3 * one["usage"]["completion_tokens"])
+        # Seeded: choice i is what the scheduler's submit_n gives for choice i.
+        kw = dict(max_tokens=12, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, seed=11)
+        r = self.model.create_chat_completion(self.hi, n=3, **kw)
+        ids = self.model.chat_tokenize(self.hi)
+        with tandem.Scheduler(self.model, log_routing=False) as sched:
+            want = [q.wait().text for q in sched.submit_n(ids, 3, **kw)]
+        self.assertEqual([c["message"]["content"] for c in r["choices"]], want)
+        self.assertGreater(len(set(want)), 1)
+        chunks = list(self.model.create_chat_completion(self.hi, n=3, stream=True, **kw))
+        text = {}
+        for ch in chunks:
+            c = ch["choices"][0]
+            text[c["index"]] = text.get(c["index"], "") + c["delta"].get("content", "")
+        self.assertEqual([text[i] for i in range(3)], want)
+        with self.assertRaises(tandem.TandemError):
+            self.model.create_chat_completion(self.hi, n=0)
+
+    def test_bad_tools_are_refused(self):
+        def bad(**kw):
+            with self.assertRaises(ValueError) as e:
+                self.model.create_chat_completion(self.hi, max_tokens=2, **kw)
+            return str(e.exception)
+        fn = WEATHER["function"]
+        self.assertIn("1 to 64", bad(tools=[{"type": "function", "function": {**fn, "name": "get weather"}}]))
+        self.assertIn("1 to 64", bad(tools=[{"type": "function", "function": {**fn, "name": "x" * 65}}]))
+        self.assertIn("object", bad(tools=[{"type": "function", "function": {**fn, "parameters": {"type": "string"}}}]))
+        self.assertIn("tools[0]", bad(tools=[{"type": "function"}]))
+        self.assertIn("not in tools", bad(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "x"}}))
+        self.assertIn("needs tools", bad(tool_choice="required"))
+        self.assertIn("tool_choice", bad(tools=[WEATHER], tool_choice="sometimes"))
+        # tool_choice "none": the tools are neither rendered nor parsed (this model's built-in
+        # ChatML renders none at all): the plain completion.
+        plain = self.model.create_chat_completion(self.hi, max_tokens=8, temperature=0)
+        none = self.model.create_chat_completion(self.hi, max_tokens=8, temperature=0, tools=[WEATHER],
+                                                 tool_choice="none")
+        self.assertEqual(none["choices"][0]["message"], plain["choices"][0]["message"])
+
+    def test_forced_tool_calls_on_smollm2(self):
+        path = smollm2_path()
+        if not os.path.exists(path):
+            self.skipTest(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+        try:
+            import jsonschema
+        except ImportError:
+            jsonschema = None
+        msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+        with tandem.Model(path, n_threads=1) as smol:
+            try:
+                smol.create_completion("x", max_tokens=1, grammar='root ::= "a"')
+            except tandem.TandemError as e:
+                if "grammar engine" in str(e):
+                    self.skipTest("libtandem built without xgrammar")
+                raise
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                r = smol.create_chat_completion(msgs, tools=[WEATHER], tool_choice=choice, max_tokens=48,
+                                                temperature=1.0, seed=4, n=3)
+                self.assertEqual(len(r["choices"]), 3)
+                for c in r["choices"]:
+                    self.assertEqual(c["finish_reason"], "tool_calls", c)
+                    self.assertIsNone(c["message"]["content"])
+                    (call,) = c["message"]["tool_calls"]
+                    self.assertTrue(call["id"].startswith("call_"))
+                    self.assertEqual(call["type"], "function")
+                    self.assertEqual(call["function"]["name"], "get_weather")
+                    args = json.loads(call["function"]["arguments"])
+                    self.assertEqual(set(args), {"city"})
+                    self.assertLessEqual(len(args["city"]), 40)
+                    if jsonschema is not None:
+                        jsonschema.validate(args, WEATHER["function"]["parameters"])
+                # n = 1 streamed: the call arrives whole in one delta, then "tool_calls".
+                chunks = list(smol.create_chat_completion(msgs, tools=[WEATHER], tool_choice=choice, max_tokens=48,
+                                                          temperature=0, stream=True))
+                deltas = [c["choices"][0]["delta"] for c in chunks]
+                calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+                self.assertEqual(len(calls), 1)
+                self.assertEqual(calls[0]["index"], 0)
+                self.assertEqual(json.loads(calls[0]["function"]["arguments"]).keys(), {"city"})
+                self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "tool_calls")
+                self.assertEqual("".join(d.get("content") or "" for d in deltas), "")
+            # Cut by max_tokens: "length", and the unfinished call is neither a call nor content.
+            cut = smol.create_chat_completion(msgs, tools=[WEATHER], tool_choice="required", max_tokens=4,
+                                              temperature=0, n=2)
+            for c in cut["choices"]:
+                self.assertEqual(c["finish_reason"], "length")
+                self.assertEqual(c["message"], {"role": "assistant", "content": None})
+            with self.assertRaises(ValueError):
+                smol.create_chat_completion(msgs, tools=[WEATHER], tool_choice="required", max_tokens=4,
+                                            response_format={"type": "json_object"})
+
+
 class TestStructuredOutput(PackageTestCase):
     """response_format / grammar through the C ABI (llama-cpp-python's argument of
     create_chat_completion): the outputs parse and fit the schema, checked here by hand."""
