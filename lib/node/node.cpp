@@ -198,7 +198,7 @@ std::shared_ptr<KvStore> make_kv_store(const Executor& executor, const KvLayout&
   return std::make_shared<KvStore>(std::move(o));
 }
 
-std::vector<NodeExecutor> build_node(std::shared_ptr<const Model> model, const NodeSpec& spec) {
+std::vector<NodeExecutor> build_node(const std::shared_ptr<const Model>& model, const NodeSpec& spec) {
   if (!model) throw Error(ErrorCode::kInvalidArgument, "node: null model");
   const std::vector<KvPageCounts> pages = kv_page_counts(model->hparams(), spec);
   std::vector<NodeExecutor> out;

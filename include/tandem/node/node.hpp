@@ -125,6 +125,6 @@ struct NodeExecutor {
 
 /// Executors and stores of `spec` for `model`, sized by kv_page_counts; errors as
 /// kv_page_counts, make_executor and make_kv_store.
-std::vector<NodeExecutor> build_node(std::shared_ptr<const Model> model, const NodeSpec& spec);
+std::vector<NodeExecutor> build_node(const std::shared_ptr<const Model>& model, const NodeSpec& spec);
 
 }  // namespace tandem
