@@ -758,7 +758,8 @@ TANDEM_API tandem_status tandem_request_result_init(tandem_request_result* resul
 TANDEM_API tandem_status tandem_request_wait(tandem_request* request, int32_t timeout_ms,
                                              tandem_request_result* result);
 
-/* Fill *result without blocking: the whole outcome when the request has finished, else
+/* Fill *result without blocking: the whole outcome when the request has finished (always
+ * once tandem_request_poll or _next_event has delivered its FINISH event), else
  * finished = 0 (and the id). Errors as tandem_request_wait. Thread-safe. */
 TANDEM_API tandem_status tandem_request_get_result(const tandem_request* request, tandem_request_result* result);
 

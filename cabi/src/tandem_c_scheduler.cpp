@@ -15,7 +15,7 @@ using namespace tandem::capi;
 
 namespace {
 
-void fill_request_result(const RequestObj& r, tandem_request_result* result, const char* fn) {
+void fill_request_result(RequestObj& r, tandem_request_result* result, const char* fn) {
   const size_t n = out_struct_size(result, kRequestResultV01, fn, "tandem_request_result");
   tandem_request_result out{};
   std::memcpy(&out, result, n);
@@ -39,8 +39,15 @@ void fill_request_result(const RequestObj& r, tandem_request_result* result, con
   out.n_prompt = 0;
   out.message = "";
   out.queue_seconds = out.ttft_seconds = out.e2e_seconds = 0.0;
-  if (r.handle.done()) {
-    const RequestResult& rr = r.handle.wait();  // finished: returns at once
+  bool finish_delivered = false;
+  {
+    std::lock_guard<std::mutex> lock(r.poll_mu);
+    finish_delivered = r.finish_seen || (r.have_pending && r.pending.final);
+  }
+  // The FINISH event is logged just before the handle reports done: once a poll has seen
+  // it, wait() returns within that gap, so a caller never reads "not finished" after it.
+  if (finish_delivered || r.handle.done()) {
+    const RequestResult& rr = r.handle.wait();
     out.finished = 1;
     out.finish_reason = static_cast<int32_t>(rr.finish);
     out.status = rr.finish == RequestFinish::kError ? static_cast<int32_t>(rr.error) : TANDEM_OK;

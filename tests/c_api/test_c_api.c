@@ -1747,6 +1747,10 @@ static void test_scheduler_golden(const golden_case* g) {
   }
   CHECK(finals == 1);
   CHECK(tokens == 64);
+  /* FINISH delivered: the result is there without a wait. */
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  CHECK_OK(tandem_request_get_result(r1, &res));
+  CHECK(res.finished == 1 && res.n_tokens == 64 && res.finish_reason == TANDEM_FINISH_LENGTH);
   /* After the finish: FINISH again, no text. */
   ev.text = piece;
   ev.text_cap = sizeof piece;
