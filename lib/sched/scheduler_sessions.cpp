@@ -126,7 +126,7 @@ bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
     }
-    KvMoveStats st = rec.kv->move_exclusive_to(KvTier::kFile);
+    const KvMoveStats st = KvPlacement(rec.kv->store()).park(*rec.kv);
     impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
     return st;
   });
@@ -134,8 +134,7 @@ bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
 
 bool Scheduler::unpark_session(uint64_t id, KvMoveStats* stats) {
   return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
-    KvMoveStats st = rec.kv->move_exclusive_to(loop.tier);
-    rec.kv->touch();
+    const KvMoveStats st = KvPlacement(rec.kv->store()).unpark(*rec.kv, loop.tier);
     impl_->log(
         fmt::format("session {} unparked to {}: {} pages, {:.4f}s", id, kv_tier_name(loop.tier), st.pages, st.seconds));
     return st;

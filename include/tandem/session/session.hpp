@@ -183,7 +183,12 @@ class Session {
   /// Hand the conversation to executor `dst` (KV exported under a lease, imported into
   /// `dst_store` — a new store like this session's own when null — verified, then the
   /// old pages released). The session then runs on `dst`; generation continues exactly
-  /// as if it had not moved. On error the session stays on its current executor.
+  /// as if it had not moved. The pages land in the tier KvPlacement::import_tier picks
+  /// among those `dst` can read (its compute tier, Host, File, in that order): the first
+  /// the store has with room, so a full compute tier no longer fails the move when a
+  /// readable lower tier has room (the next step brings the pages up). On error the
+  /// session stays on its current executor (Error(kInvalidArgument) when `dst_store` has
+  /// no tier `dst` can read).
   MoveReport migrate(Executor& dst, std::shared_ptr<KvStore> dst_store = nullptr);
 
   KvSequence& kv() noexcept { return *kv_; }
