@@ -173,6 +173,9 @@ class Session {
   /// session, while truncate() / reuse_prefix() / reset() make room.
   /// A file saved with another KV dtype (f16, f32, q8_0) than this session's store is
   /// converted on the way in (kv_import, include/tandem/kv/kv_contract.hpp); the report says so.
+  /// A file written by Scheduler::save_session (the same format) holds no logits and no
+  /// random state: the session then has no logits (generate() continues from its pending
+  /// token, or needs a prompt) and keeps its own random engine.
   RestoreReport restore(const std::filesystem::path& path);
 
   struct MoveReport {
