@@ -150,6 +150,10 @@ bool Scheduler::save_session(uint64_t id, const std::filesystem::path& path) {
   if (rec->busy) return false;
   const int32_t kv_tokens = rec->kv ? rec->kv->n_tokens() : 0;
   const auto n = static_cast<int32_t>(rec->tokens.size());
+  if (n < kv_tokens) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("session {}: its KV holds {} positions for {} tokens", id, kv_tokens, n));
+  }
   if (n > kv_tokens + 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("session {}: {} of its {} tokens are not in its KV yet (a request stopped before "
