@@ -339,3 +339,101 @@ TEST_CASE("stress: many sequences swapped to File and touched in random order", 
   check_empty(*store);
   CHECK(store->sequence_count() == 0);
 }
+
+// KvPlacement's moves for the scheduler and Session::migrate: a preempted sequence spills
+// to File (or stays, for the caller to drop), park / unpark move only pages a sequence
+// holds alone, and an import lands in the first preferred tier with room.
+TEST_CASE("KvPlacement spills, parks, unparks and picks the tier an import lands in", "[kv][placement]") {
+  auto model = aidreams();
+  CpuQ4Executor ex(model, CpuExecutorOptions{1});
+  const auto ids = test::prompt_ids(40, model->hparams().n_vocab);  // 3 pages of 16
+  std::vector<float> logits(size_t(model->hparams().n_vocab));
+  auto fill = [&](KvSequence& kv) {
+    SequenceStep st{&kv, ids, 0, LogitsRows::kLast};
+    ex.step(std::span<const SequenceStep>(&st, 1), logits);
+  };
+  SECTION("spill: every page to File, the reservation returned; no File tier or no room: nothing moves") {
+    auto store = make_store(model->hparams(), 8, 4);
+    {
+      KvSequence a(*store, 128);
+      fill(a);
+      store->reserve(KvTier::kHost, 2);
+      a.adopt_reservation(2);
+      CHECK(store->usage(KvTier::kHost).reserved == 2);
+      CHECK(KvPlacement(*store).spill(a));
+      CHECK(a.tier() == KvTier::kFile);
+      CHECK(a.pages_outside(KvTier::kFile) == 0);
+      CHECK(store->usage(KvTier::kFile).used == 3);
+      CHECK(store->usage(KvTier::kHost).used == 0);
+      CHECK(store->usage(KvTier::kHost).reserved == 0);
+      CHECK(a.reservation() == 0);
+      KvSequence b(*store, 128);
+      fill(b);
+      CHECK_FALSE(KvPlacement(*store).spill(b));  // 1 File page left for 3
+      CHECK(b.pages_outside(KvTier::kHost) == 0);
+      CHECK(store->usage(KvTier::kFile).used == 3);
+    }
+    check_empty(*store);
+    auto no_file = make_store(model->hparams(), 8);
+    {
+      KvSequence c(*no_file, 128);
+      fill(c);
+      CHECK_FALSE(KvPlacement(*no_file).spill(c));
+      CHECK(c.pages_outside(KvTier::kHost) == 0);
+    }
+    check_empty(*no_file);
+  }
+  SECTION("park / unpark: the pages held alone go to File and back, bit-exact") {
+    auto store = make_store(model->hparams(), 8, 8);
+    {
+      KvSequence a(*store, 128);
+      fill(a);
+      KvSequence b(*store, 128);
+      b.share_prefix(a, 32);  // a's first two pages
+      const KvMoveStats parked = KvPlacement(*store).park(a);
+      CHECK(parked.pages == 1);
+      CHECK(a.tier() == KvTier::kFile);
+      CHECK(a.pages_outside(KvTier::kHost) == 1);
+      CHECK(b.pages_outside(KvTier::kHost) == 0);
+      const uint64_t before = a.last_use();
+      CHECK(KvPlacement(*store).unpark(a, KvTier::kHost).pages == 1);
+      CHECK(a.last_use() > before);  // marked used: the last to be evicted
+      CHECK(a.pages_outside(KvTier::kHost) == 0);
+      CHECK(store->usage(KvTier::kFile).used == 0);
+      const std::vector<int32_t> next{11};
+      SequenceStep st{&a, next, 40, LogitsRows::kLast};
+      ex.step(std::span<const SequenceStep>(&st, 1), logits);
+      std::vector<int32_t> all = ids;
+      all.push_back(11);
+      CHECK(logits == reference_logits(ex, all));
+    }
+    check_empty(*store);
+    auto no_file = make_store(model->hparams(), 8);
+    {
+      KvSequence c(*no_file, 128);
+      fill(c);
+      CHECK(test::code_of([&] { KvPlacement(*no_file).park(c); }) == ErrorCode::kInvalidArgument);
+      CHECK(c.pages_outside(KvTier::kHost) == 0);
+    }
+    check_empty(*no_file);
+  }
+  SECTION("import_tier: the first preferred tier with room, else the first the store has") {
+    auto store = make_store(model->hparams(), 4, 8);
+    const KvPlacement place(*store);
+    const KvTier host_first[2] = {KvTier::kHost, KvTier::kFile};
+    const KvTier device_first[3] = {KvTier::kDevice, KvTier::kHost, KvTier::kFile};
+    CHECK(place.import_tier(host_first, 4) == KvTier::kHost);
+    CHECK(place.import_tier(host_first, 5) == KvTier::kFile);    // Host holds 4
+    CHECK(place.import_tier(host_first, 20) == KvTier::kHost);   // none has room: the first
+    CHECK(place.import_tier(device_first, 2) == KvTier::kHost);  // no Device tier here
+    const KvTier device_only[1] = {KvTier::kDevice};
+    CHECK(test::code_of([&] { (void)place.import_tier(device_only, 1); }) == ErrorCode::kInvalidArgument);
+    {
+      KvSequence a(*store, 128);
+      fill(a);  // 3 of 4 Host pages used
+      CHECK(place.import_tier(host_first, 1) == KvTier::kHost);
+      CHECK(place.import_tier(host_first, 2) == KvTier::kFile);
+    }
+    check_empty(*store);
+  }
+}

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -19,6 +21,7 @@
 #include "tandem/sched/scheduler.hpp"
 
 #include "cancel_storm.hpp"
+#include "file_size_limit.hpp"
 #include "kv_test_support.hpp"
 
 using namespace tandem;
@@ -503,6 +506,210 @@ TEST_CASE("an explicitly parked session continues bit-exact after its KV went to
   rig.sched->close_session(sid);
   CHECK_THROWS_AS(rig.sched->park_session(sid), Error);
   CHECK_THROWS_AS(rig.sched->session_info(sid), Error);
+  rig.check_released();
+}
+
+namespace {
+
+RequestResult session_turn(Scheduler& sched, uint64_t sid, const std::vector<int32_t>& prompt) {
+  Request r = greedy_request(prompt, 8);
+  r.session = sid;
+  r.logprobs = 0;
+  return RequestResult(sched.submit(std::move(r)).wait());
+}
+
+uint32_t bits_of(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+std::string file_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("a saved scheduler session restores and continues bit-exact, and Session files travel both ways",
+          "[scheduler][session][session-file]") {
+  Rig::Opt o;
+  o.file_pages = 64;
+  Rig rig(o);
+  const auto dir = test::scratch_dir("scheduler-session-file");
+  const auto p1 = prompt_of(10, 4);
+  const std::vector<int32_t> p2{20, 21, 22, 23};
+  // Reference: a Session, two turns, saved between them.
+  CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+  SessionOptions so;
+  so.n_ctx = kCtx;
+  Session ref(tiny(), ex, so);
+  GenerateOptions go;
+  go.sampling = SamplingParams::greedy();
+  go.ignore_eos = true;
+  go.max_tokens = 8;
+  const auto e1 = ref.generate(std::span<const int32_t>(p1), go).tokens;
+  ref.save(dir / "ref.session");
+  const auto e2 = ref.generate(std::span<const int32_t>(p2), go).tokens;
+
+  const uint64_t live = rig.sched->open_session();
+  CHECK(session_turn(*rig.sched, live, p1).tokens == e1);
+  const Scheduler::SessionInfo saved = rig.sched->session_info(live);
+  REQUIRE(rig.sched->save_session(live, dir / "s.session"));
+  const RequestResult never_saved = session_turn(*rig.sched, live, p2);
+  CHECK(never_saved.tokens == e2);
+  REQUIRE(never_saved.logprobs.size() == e2.size());
+  for (int executor : {saved.executor, 1 - saved.executor}) {
+    INFO("restored on executor " << executor);
+    const uint64_t back = rig.sched->restore_session(dir / "s.session", executor);
+    CHECK(back != live);
+    const Scheduler::SessionInfo info = rig.sched->session_info(back);
+    CHECK(info.executor == executor);
+    CHECK(info.n_tokens == saved.n_tokens);
+    CHECK(info.kv_tokens == saved.kv_tokens);
+    CHECK(info.kv_tokens == info.n_tokens - 1);                                // the last sampled token is pending
+    CHECK(info.pages[int(KvTier::kHost)] == saved.pages[int(KvTier::kHost)]);  // room: the compute tier
+    const RequestResult r = session_turn(*rig.sched, back, p2);
+    CHECK(r.tokens == never_saved.tokens);
+    REQUIRE(r.logprobs.size() == never_saved.logprobs.size());
+    for (size_t i = 0; i < r.logprobs.size(); ++i) {
+      INFO("token " << i);
+      CHECK(bits_of(r.logprobs[i].logprob) == bits_of(never_saved.logprobs[i].logprob));
+    }
+    rig.sched->close_session(back);
+  }
+  // A Session's file continues in the scheduler; the scheduler's file in a Session.
+  const uint64_t from_session = rig.sched->restore_session(dir / "ref.session", 1);
+  CHECK(rig.sched->session_info(from_session).n_tokens == saved.n_tokens);
+  CHECK(session_turn(*rig.sched, from_session, p2).tokens == e2);
+  Session s2(tiny(), ex, so);
+  s2.restore(dir / "s.session");
+  CHECK(s2.tokens().size() == size_t(saved.kv_tokens));
+  CHECK(s2.logits().empty());  // the scheduler keeps no logits: the pending token is fed first
+  CHECK(s2.generate(std::span<const int32_t>(p2), go).tokens == e2);
+  rig.sched->close_session(from_session);
+  rig.sched->close_session(live);
+  rig.check_released();
+}
+
+TEST_CASE("a restored scheduler session's KV lands in File when the compute tier is full; it continues",
+          "[scheduler][session][session-file]") {
+  Rig::Opt o;
+  o.n_exec = 1;
+  o.host_pages = 4;
+  o.file_pages = 16;
+  Rig rig(o);
+  const auto dir = test::scratch_dir("scheduler-session-file-tier");
+  const auto p1 = prompt_of(30, 2);  // 30 + 8 positions: 3 pages
+  const uint64_t sid = rig.sched->open_session();
+  const RequestResult first = session_turn(*rig.sched, sid, p1);
+  REQUIRE(rig.sched->save_session(sid, dir / "s.session"));
+  const std::vector<int32_t> p2{40, 41};
+  const RequestResult second = session_turn(*rig.sched, sid, p2);
+  REQUIRE(second.tokens.size() == 8);
+  // The live session's 3 Host pages leave 1: the restored KV goes to File (parked).
+  CHECK(rig.sa->usage(KvTier::kHost).free() < 3);
+  const uint64_t back = rig.sched->restore_session(dir / "s.session");
+  const Scheduler::SessionInfo info = rig.sched->session_info(back);
+  CHECK(info.pages[int(KvTier::kFile)] == 3);
+  CHECK(info.pages[int(KvTier::kHost)] == 0);
+  rig.sched->close_session(sid);  // room again: the next request brings it up
+  const RequestResult r = session_turn(*rig.sched, back, p2);
+  CHECK(r.tokens == second.tokens);
+  rig.sched->close_session(back);
+  rig.check_released();
+}
+
+TEST_CASE("scheduler session files: busy, unknown and closed sessions, foreign, corrupt and long files, full disk",
+          "[scheduler][session][session-file]") {
+  Rig::Opt o;
+  o.file_pages = 64;
+  Rig rig(o);
+  const auto dir = test::scratch_dir("scheduler-session-file-errors");
+  auto used_pages = [&] { return rig.sa->used_pages() + rig.sb->used_pages(); };
+  const uint64_t sid = rig.sched->open_session();
+  // A session that never ran saves and restores as an empty one.
+  REQUIRE(rig.sched->save_session(sid, dir / "empty.session"));
+  const uint64_t empty = rig.sched->restore_session(dir / "empty.session");
+  CHECK(rig.sched->session_info(empty).n_tokens == 0);
+  CHECK(rig.sched->session_info(empty).kv_tokens == 0);
+  rig.sched->close_session(empty);
+
+  const auto p1 = prompt_of(10, 4);
+  CHECK(session_turn(*rig.sched, sid, p1).finish == RequestFinish::kLength);
+  REQUIRE(rig.sched->save_session(sid, dir / "s.session"));
+  const std::string saved = file_text(dir / "s.session");
+  REQUIRE(saved.size() > 100);
+
+  // Busy: a request holds the session (its callback waits): nothing is written.
+  {
+    std::atomic<bool> entered{false}, release{false};
+    Request r = greedy_request({20, 21}, 4);
+    r.session = sid;
+    r.on_event = [&](const RequestEvent&) {
+      entered = true;
+      while (!release) std::this_thread::sleep_for(1ms);
+      return true;
+    };
+    RequestHandle h = rig.sched->submit(std::move(r));
+    while (!entered) std::this_thread::sleep_for(1ms);
+    CHECK_FALSE(rig.sched->save_session(sid, dir / "s.session"));
+    CHECK(file_text(dir / "s.session") == saved);
+    release = true;
+    CHECK(h.wait().finish == RequestFinish::kLength);
+  }
+  // A full disk: the session is longer now, its file does not fit; the old file stays.
+  {
+    test::FileSizeLimit full(saved.size());
+    CHECK(test::code_of([&] { rig.sched->save_session(sid, dir / "s.session"); }) == ErrorCode::kIo);
+  }
+  CHECK(file_text(dir / "s.session") == saved);
+  // Unknown session; a directory as the path.
+  CHECK(test::code_of([&] { rig.sched->save_session(9999, dir / "x.session"); }) == ErrorCode::kInvalidArgument);
+  CHECK_FALSE(std::filesystem::exists(dir / "x.session"));
+  CHECK(test::code_of([&] { rig.sched->save_session(sid, dir); }) == ErrorCode::kInvalidArgument);
+
+  // Restore refusals open nothing and leave no page allocated.
+  const int32_t pages_before = used_pages();
+  auto restore_code = [&](const std::filesystem::path& p, int executor = 0) {
+    return test::code_of([&] { rig.sched->restore_session(p, executor); });
+  };
+  CHECK(restore_code(dir / "s.session", 2) == ErrorCode::kInvalidArgument);
+  CHECK(restore_code(dir / "s.session", -1) == ErrorCode::kInvalidArgument);
+  CHECK(restore_code(dir / "missing.session") == ErrorCode::kIo);
+  {
+    std::ofstream(dir / "text.session") << "not a session file at all, just some words";
+    CHECK(restore_code(dir / "text.session") == ErrorCode::kSessionCorrupt);
+    std::string flipped = saved;
+    flipped[saved.size() / 2] = char(flipped[saved.size() / 2] ^ 0x10);
+    std::ofstream(dir / "flipped.session", std::ios::binary) << flipped;
+    CHECK(restore_code(dir / "flipped.session") == ErrorCode::kSessionCorrupt);
+    std::ofstream(dir / "short.session", std::ios::binary) << saved.substr(0, saved.size() - 9);
+    CHECK(restore_code(dir / "short.session") == ErrorCode::kSessionCorrupt);
+  }
+  {  // saved with other weights
+    auto other = Model::load(test::model_path("stories260K-q4_0"));
+    CpuQ4Executor ex(other, CpuExecutorOptions{1});
+    Session s(other, ex);
+    s.eval(std::span<const int32_t>(p1));
+    s.save(dir / "other.session");
+    CHECK(restore_code(dir / "other.session") == ErrorCode::kSessionModelMismatch);
+  }
+  {  // more evaluated positions than the scheduler's context
+    CpuQ4Executor ex(tiny(), CpuExecutorOptions{1});
+    SessionOptions so;
+    so.n_ctx = kCtx * 2;
+    Session s(tiny(), ex, so);
+    const auto ids = test::prompt_ids(kCtx + 8, tiny()->hparams().n_vocab);
+    s.eval(std::span<const int32_t>(ids));
+    s.save(dir / "long.session");
+    CHECK(restore_code(dir / "long.session") == ErrorCode::kContextOverflow);
+  }
+  CHECK(used_pages() == pages_before);
+  // A closed session is gone.
+  rig.sched->close_session(sid);
+  CHECK(test::code_of([&] { rig.sched->save_session(sid, dir / "s.session"); }) == ErrorCode::kInvalidArgument);
+  CHECK(file_text(dir / "s.session") == saved);
   rig.check_released();
 }
 

@@ -1027,6 +1027,40 @@ TANDEM_API tandem_status tandem_scheduler_session_park(tandem_scheduler* schedul
  * no File tier is needed. Thread-safe. */
 TANDEM_API tandem_status tandem_scheduler_session_unpark(tandem_scheduler* scheduler, uint64_t session);
 
+/* ---- saving scheduler sessions ------------------------------------------------------------ */
+
+/* Save an idle scheduler session to `path` in the session-file format of
+ * tandem_session_save (the same code and checks): its tokens, the KV cache of the
+ * evaluated ones (read in whatever tier it is; nothing moves) and the last sampled token,
+ * not yet in the KV. No logits and no random state (each request seeds its own sampler):
+ * a tandem_session restoring such a file keeps its random engine and continues from the
+ * pending token. Written atomically (a temporary file beside it, synced, renamed): on any
+ * error, a full disk included, the file at `path` is left as it was. The path is passed
+ * to the OS as bytes. Errors: TANDEM_E_INVALID_ARG (NULL scheduler or path, empty path,
+ * an unknown or closed session, a path that is a directory or device, a session whose
+ * tokens run more than one past its KV: a request stopped before its prompt was
+ * evaluated, or its KV was dropped; its next request evaluates them), TANDEM_E_BUSY (a
+ * request is running on the session: nothing written), TANDEM_E_IO,
+ * TANDEM_E_INVALID_HANDLE. Thread-safe (the step loops go on meanwhile). */
+TANDEM_API tandem_status tandem_scheduler_session_save(tandem_scheduler* scheduler, uint64_t session, const char* path);
+
+/* Open a new scheduler session from a file written by tandem_scheduler_session_save or
+ * tandem_session_save (same model weights and tokenizer; KV dtype and page size may
+ * differ: converted). Its KV goes into the store of executor `executor` (0-based, as in
+ * tandem_scheduler_params' executors): into that executor's compute tier when it has
+ * room, else into the store's File tier (parked; its next request brings it up). The
+ * session is idle: continue it with tandem_request_params.session = *out_session. A
+ * tandem_session file's logits and random state are not used. On failure nothing is
+ * opened and *out_session is 0. Errors: TANDEM_E_INVALID_ARG (NULL scheduler, path or
+ * out_session, empty path, executor out of range), TANDEM_E_IO (cannot read it),
+ * TANDEM_E_SESSION_CORRUPT (not a session file, truncated, any damaged byte),
+ * TANDEM_E_SESSION_VERSION (a newer format), TANDEM_E_SESSION_MODEL_MISMATCH (saved with
+ * other weights, hyper-parameters or tokenizer), TANDEM_E_CONTEXT_OVERFLOW (more
+ * positions than the scheduler's context), TANDEM_E_OUT_OF_MEMORY (no tier has room),
+ * TANDEM_E_INVALID_HANDLE. Thread-safe. */
+TANDEM_API tandem_status tandem_scheduler_session_restore(tandem_scheduler* scheduler, const char* path,
+                                                          int32_t executor, uint64_t* out_session);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

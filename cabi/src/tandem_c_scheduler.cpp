@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -440,6 +441,32 @@ tandem_status tandem_scheduler_session_unpark(tandem_scheduler* scheduler, uint6
     if (!get_scheduler(scheduler, fn)->scheduler->unpark_session(session)) {
       fail(TANDEM_E_BUSY, fmt::format("{}: a request is running on session {}", fn, session));
     }
+  });
+}
+
+tandem_status tandem_scheduler_session_save(tandem_scheduler* scheduler, uint64_t session, const char* path) {
+  static constexpr const char* fn = "tandem_scheduler_session_save";
+  return guard([&] {
+    auto sc = get_scheduler(scheduler, fn);
+    require(path, fn, "path");
+    if (*path == '\0') fail(TANDEM_E_INVALID_ARG, fmt::format("{}: path is empty", fn));
+    if (!sc->scheduler->save_session(session, std::filesystem::path(path))) {
+      fail(TANDEM_E_BUSY,
+           fmt::format("{}: a request is running on session {} (save it between requests)", fn, session));
+    }
+  });
+}
+
+tandem_status tandem_scheduler_session_restore(tandem_scheduler* scheduler, const char* path, int32_t executor,
+                                               uint64_t* out_session) {
+  static constexpr const char* fn = "tandem_scheduler_session_restore";
+  if (out_session) *out_session = 0;
+  return guard([&] {
+    auto sc = get_scheduler(scheduler, fn);
+    require(path, fn, "path");
+    require(out_session, fn, "out_session");
+    if (*path == '\0') fail(TANDEM_E_INVALID_ARG, fmt::format("{}: path is empty", fn));
+    *out_session = sc->scheduler->restore_session(std::filesystem::path(path), executor);
   });
 }
 

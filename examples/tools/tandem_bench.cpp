@@ -126,13 +126,16 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   for (auto& id : ids) id = int32_t(rng() % uint32_t(hp.n_vocab));
   const double prefill_s = seconds_of([&] { s.eval(ids); });
   // The first move grows and maps the file; the figures are of a second, warm round trip.
-  const tandem::KvMoveStats cold = s.kv().move_to(tandem::KvTier::kFile);
-  s.kv().move_to(tandem::KvTier::kHost);
-  const tandem::KvMoveStats down = s.kv().move_to(tandem::KvTier::kFile);
-  const tandem::KvMoveStats up = s.kv().move_to(tandem::KvTier::kHost);
+  // Moves go through the placement policy, as the library's own do (one sequence in the
+  // store: nothing else is evicted, so these are plain whole-sequence moves).
+  tandem::KvPlacement place(*s.kv_store());
+  const tandem::KvMoveStats cold = place.make_resident(s.kv(), tandem::KvTier::kFile);
+  place.make_resident(s.kv(), tandem::KvTier::kHost);
+  const tandem::KvMoveStats down = place.make_resident(s.kv(), tandem::KvTier::kFile);
+  const tandem::KvMoveStats up = place.make_resident(s.kv(), tandem::KvTier::kHost);
   const auto [seq_w, seq_r] = file_bandwidth(dir, down.bytes);
   const int32_t next = 5;
-  s.kv().move_to(tandem::KvTier::kFile);
+  place.make_resident(s.kv(), tandem::KvTier::kFile);
   const double resume_file_s = seconds_of([&] { s.eval(std::span<const int32_t>(&next, 1)); });
   const RemovedOnExit saved{dir / fmt::format("tandem-bench-{}.session", ::getpid())};
   const auto& path = saved.path;

@@ -589,4 +589,40 @@ void KvPlacement::prepare_step(KvSequence& seq, KvTier tier, int32_t end) {
   if (need > 0) free_pages(seq.tier(), need, &seq);
 }
 
+bool KvPlacement::spill(KvSequence& seq) {
+  if (!store_->has_tier(KvTier::kFile)) return false;
+  try {
+    seq.move_to(KvTier::kFile);  // its reservation is returned
+  } catch (const Error&) {       // no room in the File tier: nothing moved
+    return false;
+  }
+  return true;
+}
+
+KvMoveStats KvPlacement::park(KvSequence& seq) {
+  if (!store_->has_tier(KvTier::kFile)) {
+    throw Error(ErrorCode::kInvalidArgument, "KV placement: the store has no File tier to park a sequence in");
+  }
+  return seq.move_exclusive_to(KvTier::kFile);
+}
+
+KvMoveStats KvPlacement::unpark(KvSequence& seq, KvTier tier) {
+  const KvMoveStats st = seq.move_exclusive_to(tier);
+  seq.touch();
+  return st;
+}
+
+KvTier KvPlacement::import_tier(std::span<const KvTier> candidates, int32_t pages) const {
+  const KvTier* first = nullptr;
+  for (const KvTier& t : candidates) {
+    if (!store_->has_tier(t)) continue;
+    if (store_->usage(t).free() >= pages) return t;
+    if (first == nullptr) first = &t;
+  }
+  if (first == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "KV placement: the store has none of the tiers an import can land in");
+  }
+  return *first;
+}
+
 }  // namespace tandem

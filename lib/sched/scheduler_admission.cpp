@@ -203,15 +203,8 @@ void Loop::preempt_youngest() {
   ++s->rs->result.metrics.preemptions;
   sc->preemptions.fetch_add(1, std::memory_order_relaxed);
   index_remove(s->rs->id);
-  bool swapped = false;
   unpin_kv(*s);
-  if (store->has_tier(KvTier::kFile)) {
-    try {
-      s->kv->move_to(KvTier::kFile);  // its reservation is returned
-      swapped = true;
-    } catch (const Error&) {
-    }
-  }
+  const bool swapped = s->kv && placement().spill(*s->kv);
   if (!swapped) s->kv.reset();  // recomputed from its tokens on readmission
   sc->log(fmt::format("preempt req={} on {}: {}", s->rs->id, name, swapped ? "swapped to file" : "KV dropped"));
   sc->queued.fetch_add(1, std::memory_order_relaxed);

@@ -1,8 +1,10 @@
 // The session registry: a session's KV stays parked (unpinned, unreserved, swappable down
-// the tiers) between its requests; one request runs on a session at a time.
+// the tiers) between its requests; one request runs on a session at a time. Idle sessions
+// save to and restore from session files (the format and code of Session::save).
 #include <fmt/format.h>
 
 #include "sched/scheduler_internal.hpp"
+#include "session/session_file.hpp"
 
 namespace tandem {
 
@@ -126,7 +128,7 @@ bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("session {}: the KV store of executor {} has no File tier to park it in", id, loop.name));
     }
-    KvMoveStats st = rec.kv->move_exclusive_to(KvTier::kFile);
+    const KvMoveStats st = KvPlacement(rec.kv->store()).park(*rec.kv);
     impl_->log(fmt::format("session {} parked to file: {} pages, {:.4f}s", id, st.pages, st.seconds));
     return st;
   });
@@ -134,12 +136,64 @@ bool Scheduler::park_session(uint64_t id, KvMoveStats* stats) {
 
 bool Scheduler::unpark_session(uint64_t id, KvMoveStats* stats) {
   return move_idle_session(*impl_, id, stats, [&](SessionRec& rec, const auto& loop) {
-    KvMoveStats st = rec.kv->move_exclusive_to(loop.tier);
-    rec.kv->touch();
+    const KvMoveStats st = KvPlacement(rec.kv->store()).unpark(*rec.kv, loop.tier);
     impl_->log(
         fmt::format("session {} unparked to {}: {} pages, {:.4f}s", id, kv_tier_name(loop.tier), st.pages, st.seconds));
     return st;
   });
+}
+
+bool Scheduler::save_session(uint64_t id, const std::filesystem::path& path) {
+  std::shared_ptr<SessionRec> rec = find_session(*impl_, id);
+  std::lock_guard<std::mutex> lk(rec->mu);
+  if (rec->closed) throw Error(ErrorCode::kInvalidArgument, fmt::format("session {} is closed", id));
+  if (rec->busy) return false;
+  const int32_t kv_tokens = rec->kv ? rec->kv->n_tokens() : 0;
+  const auto n = static_cast<int32_t>(rec->tokens.size());
+  if (n < kv_tokens) {
+    throw Error(ErrorCode::kInternal,
+                fmt::format("session {}: its KV holds {} positions for {} tokens", id, kv_tokens, n));
+  }
+  if (n > kv_tokens + 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("session {}: {} of its {} tokens are not in its KV yet (a request stopped before "
+                            "evaluating them, or its KV was dropped); its next request evaluates them",
+                            id, n - kv_tokens, n));
+  }
+  const std::span<const int32_t> evaluated(rec->tokens.data(), size_t(kv_tokens));
+  const int32_t pending = n > kv_tokens ? rec->tokens.back() : -1;
+  if (rec->kv) {
+    const KvPin pin(*rec->kv);  // not evicted while its pages are read
+    session_file_write(path, *rec->kv, *impl_->model, evaluated, pending, {}, nullptr);
+  } else {  // no KV (never ran, or nothing evaluated): an empty one in any store says so
+    const Impl::Loop& loop = *impl_->loops.front();
+    const KvSequence empty(*loop.store, impl_->n_ctx, loop.tier);
+    session_file_write(path, empty, *impl_->model, evaluated, pending, {}, nullptr);
+  }
+  impl_->log(fmt::format("session {} saved to '{}': {} tokens", id, path.string(), n));
+  return true;
+}
+
+uint64_t Scheduler::restore_session(const std::filesystem::path& path, int executor) {
+  if (executor < 0 || size_t(executor) >= impl_->loops.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("restore_session: executor {} is outside [0, {})", executor, impl_->loops.size()));
+  }
+  const Impl::Loop& loop = *impl_->loops[size_t(executor)];
+  SessionFile f(path, *impl_->model, impl_->n_ctx);
+  const KvTier landing[2] = {loop.tier, KvTier::kFile};
+  const KvTier tier = KvPlacement(*loop.store).import_tier(landing, f.pages_for(loop.store->layout().page_size));
+  auto rec = std::make_shared<SessionRec>();
+  rec->kv = f.import_kv(*loop.store, tier, impl_->n_ctx);
+  rec->executor = executor;
+  rec->tokens = f.take_tokens();
+  if (f.pending()) rec->tokens.push_back(*f.pending());
+  rec->id = impl_->next_session.fetch_add(1);
+  impl_->log(fmt::format("session {} restored from '{}' on {}: {} tokens, {} pages in {}", rec->id, path.string(),
+                         loop.name, rec->tokens.size(), rec->kv->block_table().size(), kv_tier_name(tier)));
+  std::lock_guard<std::mutex> lk(impl_->sessions_mu);
+  impl_->sessions[rec->id] = rec;
+  return rec->id;
 }
 
 }  // namespace tandem

@@ -246,13 +246,14 @@ Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst
     o.page_size = store_->layout().page_size;
     dst_store = own_store(dst.model().hparams(), o, n_ctx_, dst);  // Device tier for a GPU dst
   }
-  KvTier tier = dst.kv_tier();
+  // Where the pages land is KvPlacement's decision, among the tiers `dst` can read.
+  std::vector<KvTier> readable;
   for (KvTier t : {dst.kv_tier(), KvTier::kHost, KvTier::kFile}) {
-    if (dst_store->has_tier(t) && dst.can_read(t)) {
-      tier = t;
-      break;
-    }
+    if (dst.can_read(t)) readable.push_back(t);
   }
+  const int32_t ps = dst_store->layout().page_size;
+  const auto pages = static_cast<int32_t>((int64_t{kv_->n_tokens()} + ps - 1) / ps);
+  const KvTier tier = KvPlacement(*dst_store).import_tier(readable, pages);
   KvHandoff h = kv_export(*kv_, *model_, tokens_);
   auto seq = kv_import(std::span<const KvHandoff>(&h, 1), dst.model(), *dst_store, tier, n_ctx_, tokens_);
   MoveReport r;

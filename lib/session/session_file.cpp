@@ -1,11 +1,13 @@
-// Session files: Session::save / Session::restore.
+// Session files: the one format of Session::save / Session::restore and of
+// Scheduler::save_session / restore_session (session_file.hpp).
 //
 // Layout (little-endian):
 //   header  "TANDEMSS" | u32 version (1) | u32 flags (0) | u64 body_bytes
 //   body    the KV descriptor in its one byte form (kv_descriptor_append,
 //           include/tandem/kv/kv_contract.hpp)
-//           i32 pending (-1: none) | u32 n_logits | f32 logits[n_logits]
-//           u64 rng_len | rng state text (std::mt19937_64 operator<<)
+//           i32 pending (-1: none) | u32 n_logits (0: none) | f32 logits[n_logits]
+//           u64 rng_len (0: none, a scheduler session's) | rng state text
+//           (std::mt19937_64 operator<<)
 //           page payloads, n_pages x descriptor.page_payload_bytes()
 //   trailer u64 xxHash3-64 of header and body
 // Every length is checked against the bytes left before anything is allocated.
@@ -14,12 +16,14 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "session/generation.hpp"
+#include "session/session_file.hpp"
 #include "tandem/core/atomic_file.hpp"
 #include "tandem/kv/kv_contract.hpp"
 #include "tandem/session/session.hpp"
@@ -92,8 +96,10 @@ class Reader {
 
 }  // namespace
 
-void Session::save(const std::filesystem::path& path) const {
-  const KvHandoff h = kv_export(*kv_, *model_, tokens_, std::chrono::seconds(60));
+void session_file_write(const std::filesystem::path& path, const KvSequence& kv, const Model& model,
+                        std::span<const int32_t> tokens, int32_t pending, std::span<const float> logits,
+                        const std::mt19937_64* rng) {
+  const KvHandoff h = kv_export(kv, model, tokens, std::chrono::seconds(60));
   const KvDescriptor& d = h.descriptor;
   Writer w;
   w.bytes(kMagic, sizeof(kMagic));
@@ -101,25 +107,25 @@ void Session::save(const std::filesystem::path& path) const {
   w.put(uint32_t{0});
   w.put(uint64_t{0});  // body size, patched below
   kv_descriptor_append(d, w.out);
-  w.put(pending_ ? *pending_ : int32_t{-1});
-  const uint32_t n_logits = have_logits_ ? static_cast<uint32_t>(logits_.size()) : 0;
-  w.put(n_logits);
-  w.bytes(logits_.data(), size_t(n_logits) * sizeof(float));
-  std::ostringstream rng;
-  rng << rng_;
-  const std::string rs = rng.str();
+  w.put(pending);
+  w.put(static_cast<uint32_t>(logits.size()));
+  w.bytes(logits.data(), logits.size() * sizeof(float));
+  std::string rs;
+  if (rng != nullptr) {
+    std::ostringstream text;
+    text << *rng;
+    rs = text.str();
+  }
   w.put(uint64_t(rs.size()));
   w.bytes(rs.data(), rs.size());
   const KvStore& src = h.lease->store();
   const size_t off = src.layout().row_offset(0, 0, 0);
   std::vector<std::byte> page(src.layout().page_bytes());
   for (PageId p : h.lease->pages()) {
-    const std::byte* b = src.page_data(p);
-    if (!b) {
-      src.read_page(p, page.data());
-      b = page.data();
-    }
-    w.bytes(b + off, size_t(d.page_payload_bytes()));
+    // Copied under the store's lock (any tier): a scheduler loop may move a page this
+    // sequence shares meanwhile; the bytes are the same wherever the page lives.
+    src.read_page(p, page.data());
+    w.bytes(page.data() + off, size_t(d.page_payload_bytes()));
   }
   h.lease->begin_read();
   h.lease->confirm();
@@ -127,6 +133,11 @@ void Session::save(const std::filesystem::path& path) const {
   std::memcpy(w.out.data() + 16, &body, sizeof(body));
   w.put(uint64_t(XXH3_64bits(w.out.data(), w.out.size())));
   write_file_atomic(path, w.out);
+}
+
+void Session::save(const std::filesystem::path& path) const {
+  const std::span<const float> logits = have_logits_ ? std::span<const float>(logits_) : std::span<const float>();
+  session_file_write(path, *kv_, *model_, tokens_, pending_ ? *pending_ : -1, logits, &rng_);
 }
 
 namespace {
@@ -201,78 +212,78 @@ KvDescriptor read_descriptor(Reader& r, const Model& model, const std::filesyste
   return d;
 }
 
-/// What follows the descriptor: the pending token, the last logits, the random state.
-struct SavedState {
-  int32_t pending = -1;
-  uint32_t n_logits = 0;
-  const std::byte* logits = nullptr;
-  std::mt19937_64 rng;
-};
-
-SavedState read_state(Reader& r, const HParams& hp, const std::filesystem::path& path) {
-  SavedState st;
-  st.pending = r.get<int32_t>("pending token");
-  if (st.pending < -1 || st.pending >= hp.n_vocab) {
-    throw Error(ErrorCode::kSessionCorrupt,
-                fmt::format("session file '{}': pending token {} is invalid", path.string(), st.pending));
-  }
-  st.n_logits = r.get<uint32_t>("logits count");
-  if (st.n_logits != 0 && st.n_logits != uint32_t(hp.n_vocab)) {
-    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} logits for a vocabulary of {}",
-                                                        path.string(), st.n_logits, hp.n_vocab));
-  }
-  st.logits = r.take(uint64_t(st.n_logits) * sizeof(float), "logits");
-  const uint64_t rng_len = r.count(1, "random state byte");
-  const auto* rng_text = reinterpret_cast<const char*>(r.take(rng_len, "random state"));
-  std::istringstream in(std::string(rng_text, size_t(rng_len)));
-  in >> st.rng;
-  if (!in) throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad random state", path.string()));
-  return st;
-}
-
 }  // namespace
 
-Session::RestoreReport Session::restore(const std::filesystem::path& path) {
-  const std::vector<std::byte> data = read_verified(path);
-  Reader r(data.data() + kHeaderBytes, data.size() - kHeaderBytes - 8);
-  KvDescriptor d = read_descriptor(r, *model_, path);
-  const SavedState st = read_state(r, model_->hparams(), path);
-  // Only the evaluated tokens hold KV positions. A pending token with no position left
-  // (saved when the context was full) is restored as it was saved: the overflow surfaces
-  // when something needs that position, as in the live session (generate() refuses to
-  // continue; truncate() / reuse_prefix() / reset() make room).
-  if (int64_t(d.token_end) > n_ctx_) {
-    throw Error(ErrorCode::kContextOverflow,
-                fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), d.token_end, n_ctx_));
+SessionFile::SessionFile(const std::filesystem::path& path, const Model& model, int32_t n_ctx)
+    : path_(path), data_(read_verified(path)) {
+  Reader r(data_.data() + kHeaderBytes, data_.size() - kHeaderBytes - 8);
+  d_ = read_descriptor(r, model, path);
+  // What follows the descriptor: the pending token, the last logits, the random state.
+  const HParams& hp = model.hparams();
+  const auto pending = r.get<int32_t>("pending token");
+  if (pending < -1 || pending >= hp.n_vocab) {
+    throw Error(ErrorCode::kSessionCorrupt,
+                fmt::format("session file '{}': pending token {} is invalid", path.string(), pending));
   }
-  if (uint64_t(d.n_pages()) * d.page_payload_bytes() != r.left()) {
+  if (pending >= 0) pending_ = pending;
+  const auto n_logits = r.get<uint32_t>("logits count");
+  if (n_logits != 0 && n_logits != uint32_t(hp.n_vocab)) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} logits for a vocabulary of {}",
+                                                        path.string(), n_logits, hp.n_vocab));
+  }
+  const std::byte* logits = r.take(uint64_t(n_logits) * sizeof(float), "logits");
+  logits_.resize(n_logits);
+  if (n_logits != 0) std::memcpy(logits_.data(), logits, size_t(n_logits) * sizeof(float));
+  const uint64_t rng_len = r.count(1, "random state byte");
+  const auto* rng_text = reinterpret_cast<const char*>(r.take(rng_len, "random state"));
+  if (rng_len != 0) {
+    std::istringstream in(std::string(rng_text, size_t(rng_len)));
+    rng_.emplace();
+    in >> *rng_;
+    if (!in) throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': bad random state", path.string()));
+  }
+  // Only the evaluated tokens hold KV positions. A pending token with no position left
+  // (saved when the context was full) is kept as saved: the overflow surfaces when
+  // something needs that position, as in the live session.
+  if (int64_t(d_.token_end) > n_ctx) {
+    throw Error(ErrorCode::kContextOverflow,
+                fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), d_.token_end, n_ctx));
+  }
+  if (uint64_t(d_.n_pages()) * d_.page_payload_bytes() != r.left()) {
     throw Error(ErrorCode::kSessionCorrupt,
                 fmt::format("session file '{}': {} bytes of KV pages present, {} expected", path.string(), r.left(),
-                            uint64_t(d.n_pages()) * d.page_payload_bytes()));
+                            uint64_t(d_.n_pages()) * d_.page_payload_bytes()));
   }
-  const std::byte* pages = r.take(r.left(), "pages");
-  const KvDescriptor* parts[1] = {&d};
-  auto payload = [&](size_t, int32_t i) { return pages + uint64_t(i) * d.page_payload_bytes(); };
-  std::unique_ptr<KvSequence> seq;
+  pages_at_ = size_t(r.take(r.left(), "pages") - data_.data());
+}
+
+std::unique_ptr<KvSequence> SessionFile::import_kv(KvStore& store, KvTier tier, int32_t max_tokens) const {
+  const KvDescriptor* parts[1] = {&d_};
+  const std::byte* pages = data_.data() + pages_at_;
+  auto payload = [&](size_t, int32_t i) { return pages + uint64_t(i) * d_.page_payload_bytes(); };
   try {
-    seq = kv_import_payloads(parts, payload, *store_, kv_->tier(), n_ctx_);
+    return kv_import_payloads(parts, payload, store, tier, max_tokens);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kKvChecksum || e.code() == ErrorCode::kKvMismatch) {
-      throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {}", path.string(), e.what()));
+      throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {}", path_.string(), e.what()));
     }
     throw;
   }
-  const KvDtype saved_dtype = d.dtype;
+}
+
+Session::RestoreReport Session::restore(const std::filesystem::path& path) {
+  SessionFile f(path, *model_, n_ctx_);
+  std::unique_ptr<KvSequence> seq = f.import_kv(*store_, kv_->tier(), n_ctx_);
   // Everything verified: replace the state (nothing below can fail).
   kv_ = std::move(seq);
-  tokens_ = std::move(d.tokens);
+  tokens_ = f.take_tokens();
   tokens_.reserve(size_t(n_ctx_));
-  pending_ = st.pending >= 0 ? std::optional<int32_t>(st.pending) : std::nullopt;
-  have_logits_ = st.n_logits != 0;
-  if (have_logits_) std::memcpy(logits_.data(), st.logits, size_t(st.n_logits) * sizeof(float));
-  rng_ = st.rng;
-  gen_->discard_held();  // text held back from before the restore belongs to the old conversation
-  return {saved_dtype, store_->layout().dtype};
+  pending_ = f.pending();
+  have_logits_ = !f.logits().empty();
+  if (have_logits_) std::copy(f.logits().begin(), f.logits().end(), logits_.begin());
+  if (f.rng()) rng_ = *f.rng();  // a scheduler session's file has none: the engine is kept
+  gen_->discard_held();          // text held back from before the restore belongs to the old conversation
+  return {f.descriptor().dtype, store_->layout().dtype};
 }
 
 }  // namespace tandem

@@ -2931,6 +2931,121 @@ static void test_scheduler_session_park(const golden_case* g) {
   CHECK_OK(tandem_scheduler_free(sched));
 }
 
+/* A scheduler session saved between requests restores (into the same scheduler, as a new
+ * session) and continues with the ids the live one produced; the file is a session file
+ * both ways: a tandem_session continues the scheduler's, the scheduler a tandem_session's. */
+static size_t scheduler_turn(tandem_scheduler* sched, uint64_t session, const char* prompt, int32_t* ids, size_t cap) {
+  tandem_sampling_params smp;
+  tandem_request_params rp = greedy_request(&smp, (int32_t)cap);
+  tandem_request* r = NULL;
+  tandem_request_result res;
+  rp.session = session;
+  rp.prompt = prompt;
+  REQUIRE_OK(tandem_scheduler_submit(sched, &rp, &r));
+  CHECK_OK(tandem_request_result_init(&res, sizeof res));
+  res.tokens = ids;
+  res.tokens_cap = cap;
+  CHECK_OK(tandem_request_wait(r, -1, &res));
+  CHECK(res.finished && res.finish_reason == TANDEM_FINISH_LENGTH);
+  CHECK_OK(tandem_request_free(r));
+  return res.n_tokens;
+}
+
+static void test_scheduler_session_save(const golden_case* g) {
+  tandem_executor_params ep;
+  tandem_scheduler_params scp;
+  tandem_scheduler* sched = NULL;
+  tandem_scheduler_session_info si;
+  tandem_session* s = NULL;
+  tandem_sampling_params smp;
+  tandem_generate_params gp = greedy_params(&smp, 20);
+  uint64_t live = 0, back = 0, from_session = 0, out = 7;
+  int32_t first[20], cont[20], again[20], c[10];
+  char path[512], path2[512], bad[512], missing[512];
+  size_t i, clear = golden_clear_prefix(g);
+  FILE* f;
+
+  tmp_path(path, sizeof path, "sched.tss");
+  tmp_path(path2, sizeof path2, "from-session.tss");
+  tmp_path(bad, sizeof bad, "sched-bad.tss");
+  tmp_path(missing, sizeof missing, "sched-missing.tss");
+  REQUIRE_OK(tandem_executor_params_init(&ep, sizeof ep));
+  ep.n_threads = 1;
+  ep.kv_file_pages = 64;
+  ep.kv_dir = g_tmpdir;
+  REQUIRE_OK(tandem_scheduler_params_init(&scp, sizeof scp));
+  scp.executors = &ep;
+  scp.n_executors = 1;
+  scp.max_context = 256;
+  scp.prefix_cache_entries = 0;
+  REQUIRE_OK(tandem_scheduler_create(g_model, &scp, &sched));
+  REQUIRE_OK(tandem_scheduler_session_info_init(&si, sizeof si));
+
+  CHECK_OK(tandem_scheduler_session_open(sched, &live));
+  CHECK(scheduler_turn(sched, live, g->prompt_text, first, 20) == 20);
+  CHECK_OK(tandem_scheduler_session_save(sched, live, path));
+  CHECK(file_size(path) > 64);
+  CHECK(scheduler_turn(sched, live, "", cont, 20) == 20);
+  for (i = 0; i < clear && i < 40; ++i) CHECK((i < 20 ? first[i] : cont[i - 20]) == g->greedy_ids[i]);
+
+  /* Restored: a new session with the saved conversation, continuing as the live one did. */
+  CHECK_OK(tandem_scheduler_session_restore(sched, path, 0, &back));
+  CHECK(back != 0 && back != live);
+  CHECK_OK(tandem_scheduler_session_get_info(sched, back, &si));
+  CHECK(si.n_tokens == (int32_t)(g->n_prompt + 20) && si.kv_tokens == si.n_tokens - 1);
+  CHECK(si.executor == 0 && si.busy == 0 && si.pages_host > 0);
+  CHECK(scheduler_turn(sched, back, "", again, 20) == 20);
+  CHECK(memcmp(again, cont, sizeof cont) == 0);
+
+  /* The same file in a tandem_session; a tandem_session's file in the scheduler. */
+  s = new_session(256);
+  CHECK_OK(tandem_session_restore(s, path));
+  continue_greedy(s, c, 10);
+  CHECK(memcmp(c, cont, sizeof c) == 0);
+  CHECK_OK(tandem_session_reset(s));
+  CHECK_OK(tandem_session_generate(s, g->prompt_text, &gp, NULL, NULL, NULL));
+  CHECK_OK(tandem_session_save(s, path2));
+  CHECK_OK(tandem_scheduler_session_restore(sched, path2, 0, &from_session));
+  CHECK(scheduler_turn(sched, from_session, "", again, 20) == 20);
+  CHECK(memcmp(again, cont, sizeof cont) == 0);
+  CHECK_OK(tandem_session_free(s));
+
+  /* Errors. */
+  CHECK_STATUS(tandem_scheduler_session_save(NULL, live, path), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_save(sched, live, NULL), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_save(sched, live, ""), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_save(sched, 999999, missing), TANDEM_E_INVALID_ARG);
+  CHECK(file_size(missing) == -1);
+  CHECK_STATUS(tandem_scheduler_session_save(sched, live, "/dev/full"), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_restore(NULL, path, 0, &out), TANDEM_E_INVALID_ARG);
+  CHECK(out == 0);
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, NULL, 0, &out), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, "", 0, &out), TANDEM_E_INVALID_ARG);
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, path, 0, NULL), TANDEM_E_INVALID_ARG);
+  out = 7;
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, path, 1, &out), TANDEM_E_INVALID_ARG);
+  CHECK(out == 0);
+  CHECK_MSG_CONTAINS("executor");
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, missing, 0, &out), TANDEM_E_IO);
+  f = fopen(bad, "wb");
+  CHECK(f != NULL);
+  if (f != NULL) {
+    fputs("not a session file, only a few words of text", f);
+    fclose(f);
+  }
+  CHECK_STATUS(tandem_scheduler_session_restore(sched, bad, 0, &out), TANDEM_E_SESSION_CORRUPT);
+  CHECK(out == 0);
+  CHECK_OK(tandem_scheduler_session_close(sched, live));
+  CHECK_STATUS(tandem_scheduler_session_save(sched, live, path), TANDEM_E_INVALID_ARG); /* closed */
+  CHECK_OK(tandem_scheduler_session_close(sched, back));
+  CHECK_OK(tandem_scheduler_session_close(sched, from_session));
+  CHECK_OK(tandem_scheduler_free(sched));
+  CHECK_STATUS(tandem_scheduler_session_save(sched, live, path), TANDEM_E_INVALID_HANDLE);
+  remove(path);
+  remove(path2);
+  remove(bad);
+}
+
 /* Threads of this process (entries of /proc/self/task); -1 when unreadable. */
 static int count_threads(void) {
   DIR* d = opendir("/proc/self/task");
@@ -3393,6 +3508,7 @@ int main(int argc, char** argv) {
   test_session_abort(&g);
   test_scheduler_sessions_and_waits(&g);
   test_scheduler_session_park(&g);
+  test_scheduler_session_save(&g);
   test_shared_pool(&g);
   test_logprobs(&g);
   test_grammar(&g);

@@ -298,14 +298,19 @@ class KvSequence {
   mutable std::atomic<bool> shares_pages_{false};
 };
 
-/// Where pages live: the one placement policy. The scheduler's loops and a standalone
-/// Session use it before a step; executors never evict or move pages (Executor::step only
-/// allocates the positions it writes in the sequence's tier and refuses a page it cannot
-/// read). Rule: a sequence about to run is brought into the compute tier and the pages it
+/// Where pages live: the one placement policy, and the only library code that moves a
+/// sequence's pages between tiers (KvSequence::move_to / move_exclusive_to are called
+/// here alone; tests and tools may call them directly). The scheduler's loops and a
+/// standalone Session use it before a step, the scheduler when it preempts a sequence or
+/// parks a session, Session::migrate and the scheduler's session restore to pick the tier
+/// an import lands in; executors never evict or move pages (Executor::step only allocates
+/// the positions it writes in the sequence's tier and refuses a page it cannot read).
+/// Rule: a sequence about to run is brought into the compute tier and the pages it
 /// writes are made free there; when the tier is short, the least recently used sequences
 /// of the store that are not pinned (other than the one about to run) move to the File
-/// tier, when the store has one. A small value (a pointer to the store): make one where
-/// needed. Thread-safety: as KvStore and KvSequence (one thread per sequence).
+/// tier, when the store has one. A preempted sequence and an explicitly parked one go to
+/// the File tier too. A small value (a pointer to the store): make one where needed.
+/// Thread-safety: as KvStore and KvSequence (one thread per sequence).
 class KvPlacement {
  public:
   explicit KvPlacement(KvStore& store) noexcept : store_(&store) {}
@@ -324,6 +329,25 @@ class KvPlacement {
   /// resident there (when the store has that tier) with the pages it writes free. A tier
   /// still short after eviction is left to the step, which refuses it (kOutOfMemory).
   void prepare_step(KvSequence& seq, KvTier tier, int32_t end);
+
+  /// A preempted sequence (unpinned): every page to the File tier, its unused reservation
+  /// returned. False, nothing moved, when the store has no File tier or it lacks room: the
+  /// caller then drops the KV (recomputed from the tokens).
+  bool spill(KvSequence& seq);
+  /// Park an idle sequence (a scheduler session between requests): the pages it holds
+  /// alone go to the File tier (shared ones stay for their other holders), its unused
+  /// reservation is returned. Throws Error(kInvalidArgument) when the store has no File
+  /// tier, Error(kOutOfMemory) when the File tier lacks room (nothing moved then).
+  KvMoveStats park(KvSequence& seq);
+  /// Bring a parked sequence's pages it holds alone back to `tier` ahead of its next use
+  /// (a prefetch) and mark it used. Errors as KvSequence::move_exclusive_to.
+  KvMoveStats unpark(KvSequence& seq, KvTier tier);
+  /// The tier `pages` arriving pages (an import: Session::migrate, a restored session
+  /// file) are allocated in: the first of `candidates` (in order of preference) that the
+  /// store has with `pages` free pages, evicting nothing; when none has room, the first
+  /// the store has (the import then fails with kOutOfMemory, nothing allocated). Throws
+  /// Error(kInvalidArgument) when the store has none of them.
+  KvTier import_tier(std::span<const KvTier> candidates, int32_t pages) const;
 
  private:
   KvStore* store_;

@@ -46,6 +46,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -257,6 +258,32 @@ class Scheduler {
   /// moved then). `stats` (may be null) receives what the move cost. Thread-safe.
   bool park_session(uint64_t session, KvMoveStats* stats = nullptr);
   bool unpark_session(uint64_t session, KvMoveStats* stats = nullptr);
+
+  /// Save an idle session to `path` in the session-file format of Session::save (the same
+  /// code, lib/session/session_file.hpp): its tokens, the KV of the evaluated ones (read
+  /// in whatever tier the pages are; nothing moves) and the last sampled token, not yet in
+  /// the KV, as the pending token. No logits and no random state (each request seeds its
+  /// own sampler). Written atomically: on any error the file at `path` is left as it was.
+  /// Returns false, writing nothing, while a request runs on the session. Throws
+  /// Error(kInvalidArgument) for an unknown or closed session, or one whose tokens run
+  /// more than one past its KV (a request stopped before its prompt was evaluated, or its
+  /// KV was dropped: the session's next request evaluates them); Error(kIo) when the file
+  /// cannot be written (a full disk included), kInvalidArgument for a path that is a
+  /// directory, device, FIFO or socket. Thread-safe.
+  bool save_session(uint64_t session, const std::filesystem::path& path);
+  /// Open a new session from a file written by save_session() or Session::save(),
+  /// verified as Session::restore verifies it; its KV is imported into the store of
+  /// executor `executor` (converted to that store's dtype and page size), in the tier
+  /// KvPlacement::import_tier picks: the executor's compute tier when it has room, else the
+  /// store's File tier (parked; the session's next request brings it up). The session is
+  /// idle, as after a request: its tokens are the file's evaluated tokens plus its pending
+  /// token. A Session file's logits and random state are not used. Returns the new
+  /// session's id. Errors (nothing is opened): kInvalidArgument (executor out of range),
+  /// kIo (unreadable), kSessionCorrupt (not a session file, truncated, any damaged byte),
+  /// kSessionVersion (a newer format), kSessionModelMismatch (other weights,
+  /// hyper-parameters or tokenizer than the scheduler's model), kContextOverflow (more
+  /// evaluated tokens than max_context), kOutOfMemory (no tier has room). Thread-safe.
+  uint64_t restore_session(const std::filesystem::path& path, int executor = 0);
 
   /// Stop accepting (submit -> kOverloaded), wait until every request has finished.
   void drain();

@@ -173,6 +173,9 @@ class Session {
   /// session, while truncate() / reuse_prefix() / reset() make room.
   /// A file saved with another KV dtype (f16, f32, q8_0) than this session's store is
   /// converted on the way in (kv_import, include/tandem/kv/kv_contract.hpp); the report says so.
+  /// A file written by Scheduler::save_session (the same format) holds no logits and no
+  /// random state: the session then has no logits (generate() continues from its pending
+  /// token, or needs a prompt) and keeps its own random engine.
   RestoreReport restore(const std::filesystem::path& path);
 
   struct MoveReport {
@@ -183,7 +186,12 @@ class Session {
   /// Hand the conversation to executor `dst` (KV exported under a lease, imported into
   /// `dst_store` — a new store like this session's own when null — verified, then the
   /// old pages released). The session then runs on `dst`; generation continues exactly
-  /// as if it had not moved. On error the session stays on its current executor.
+  /// as if it had not moved. The pages land in the tier KvPlacement::import_tier picks
+  /// among those `dst` can read (its compute tier, Host, File, in that order): the first
+  /// the store has with room, so a full compute tier no longer fails the move when a
+  /// readable lower tier has room (the next step brings the pages up). On error the
+  /// session stays on its current executor (Error(kInvalidArgument) when `dst_store` has
+  /// no tier `dst` can read).
   MoveReport migrate(Executor& dst, std::shared_ptr<KvStore> dst_store = nullptr);
 
   KvSequence& kv() noexcept { return *kv_; }

@@ -1340,6 +1340,14 @@ class SchedulerSession:
         request. Errors as park()."""
         _c.check(_c.scheduler_session_unpark(self._scheduler.handle, self.id))
 
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the conversation (its tokens, the KV of the evaluated ones, the last
+        sampled token) to `path` in the session-file format of Session.save, atomically:
+        on any error, a full disk included, the file is left as it was. Between requests
+        only: TandemError(E_BUSY) while one runs. Scheduler.restore_session or
+        Session.restore continue it (tandem_scheduler_session_save)."""
+        _c.check(_c.scheduler_session_save(self._scheduler.handle, self.id, os.fsencode(path)))
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -1450,6 +1458,16 @@ class Scheduler(_Handle):
         """A conversation continued over several requests (see SchedulerSession)."""
         sid = ctypes.c_uint64()
         _c.check(_c.scheduler_session_open(self.handle, ctypes.byref(sid)))
+        return SchedulerSession(self, sid.value)
+
+    def restore_session(self, path: Union[str, os.PathLike], executor: int = 0) -> SchedulerSession:
+        """A new session from a file written by SchedulerSession.save or Session.save (same
+        model), its KV in executor `executor`'s store (the compute tier when it has room,
+        else the File tier). Errors (nothing opened): E_INVALID_ARG (executor out of
+        range), E_IO, E_SESSION_CORRUPT, E_SESSION_VERSION, E_SESSION_MODEL_MISMATCH,
+        E_CONTEXT_OVERFLOW, E_OUT_OF_MEMORY (tandem_scheduler_session_restore)."""
+        sid = ctypes.c_uint64()
+        _c.check(_c.scheduler_session_restore(self.handle, os.fsencode(path), executor, ctypes.byref(sid)))
         return SchedulerSession(self, sid.value)
 
     def drain(self) -> None:

@@ -305,6 +305,9 @@ scheduler_session_get_info = _proto("tandem_scheduler_session_get_info", _status
                                     _ptr(SchedulerSessionInfo))
 scheduler_session_park = _proto("tandem_scheduler_session_park", _status, _handle, ctypes.c_uint64)
 scheduler_session_unpark = _proto("tandem_scheduler_session_unpark", _status, _handle, ctypes.c_uint64)
+scheduler_session_save = _proto("tandem_scheduler_session_save", _status, _handle, ctypes.c_uint64, ctypes.c_char_p)
+scheduler_session_restore = _proto("tandem_scheduler_session_restore", _status, _handle, ctypes.c_char_p,
+                                   ctypes.c_int32, _ptr(ctypes.c_uint64))
 pool_create = _proto("tandem_pool_create", _status, ctypes.c_int32, _ptr(_handle))
 pool_free = _proto("tandem_pool_free", _status, _handle)
 pool_get_threads = _proto("tandem_pool_get_threads", _status, _handle, _ptr(ctypes.c_int32))

@@ -349,6 +349,54 @@ class TestScheduler(TandemTestCase):
             self.assertEqual(cm.exception.status, tandem.E_INVALID_HANDLE)
             r2.close()
 
+    def test_scheduler_session_save_and_restore(self):
+        # A scheduler session saved between requests restores as a new session that
+        # continues with the live one's ids; the file is a Session file both ways.
+        import tempfile
+        greedy = dict(temperature=0, ignore_eos=True)
+        with tempfile.TemporaryDirectory() as d, \
+                tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, kv_file_pages=64)],
+                                 max_context=256) as sched:
+            path = os.path.join(d, "sched.tss")
+            live = sched.open_session()
+            first = live.submit(self.case["prompt_text"], max_tokens=20, **greedy).wait()
+            live.save(path)
+            cont = live.submit("", max_tokens=12, **greedy).wait().tokens
+            clear = min(32, golden.clear_prefix(self.case))
+            self.assertEqual((first.tokens + cont)[:clear], self.case["greedy_ids"][:clear])
+            back = sched.restore_session(path)
+            self.assertNotEqual(back.id, live.id)
+            info = back.info
+            self.assertEqual(info.n_tokens, len(self.case["prompt_ids"]) + 20)
+            self.assertEqual(info.kv_tokens, info.n_tokens - 1)
+            self.assertEqual(info.executor, 0)
+            self.assertEqual(back.submit("", max_tokens=12, **greedy).wait().tokens, cont)
+            with self.session(n_ctx=256) as s:
+                s.restore(path)
+                self.assertEqual(s.complete([], max_tokens=12, **greedy).tokens, cont)
+            # Refusals: nothing written, nothing opened.
+            with open(path, "rb") as f:
+                data = f.read()
+            with self.assertRaises(tandem.TandemError) as cm:
+                sched.restore_session(path, executor=1)
+            self.assertEqual(cm.exception.status, tandem.E_INVALID_ARG)
+            bad = os.path.join(d, "bad.tss")
+            with open(bad, "wb") as f:
+                f.write(data[: len(data) // 2])
+            with self.assertRaises(tandem.TandemError) as cm:
+                sched.restore_session(bad)
+            self.assertEqual(cm.exception.status, tandem.E_SESSION_CORRUPT)
+            with self.assertRaises(tandem.TandemError) as cm:
+                sched.restore_session(os.path.join(d, "missing.tss"))
+            self.assertEqual(cm.exception.status, tandem.E_IO)
+            live.close()
+            with self.assertRaises(tandem.TandemError) as cm:
+                tandem.SchedulerSession(sched, live.id).save(path)  # closed: unknown now
+            self.assertEqual(cm.exception.status, tandem.E_INVALID_ARG)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), data)
+            back.close()
+
     def test_cancel_overload_errors_and_close_with_live_requests(self):
         sched = tandem.Scheduler(self.model, [tandem.Executor(n_threads=1, max_running=1)], max_context=256)
         reqs = [sched.submit(self.case["prompt_ids"], max_tokens=240, temperature=0, ignore_eos=True)
