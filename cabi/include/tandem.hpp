@@ -760,6 +760,19 @@ class Scheduler {
     check(tandem_scheduler_session_get_info(h_.get(), id, &info));
     return info;
   }
+  /// Save an idle session to `path` in the session-file format (atomically: on any error
+  /// the file is left as it was). Throws Error TANDEM_E_BUSY while a request runs on it.
+  void save_session(uint64_t id, const std::string& path) {
+    check(tandem_scheduler_session_save(h_.get(), id, path.c_str()));
+  }
+  /// Open a new idle session from a file of save_session or Session::save, its KV in the
+  /// store of executor `executor` (compute tier if it has room, else File). Errors as
+  /// tandem_scheduler_session_restore (corrupt file, other model, context overflow, ...).
+  uint64_t restore_session(const std::string& path, int32_t executor = 0) {
+    uint64_t id = 0;
+    check(tandem_scheduler_session_restore(h_.get(), path.c_str(), executor, &id));
+    return id;
+  }
 
  private:
   detail::Handle<tandem_scheduler, tandem_scheduler_free> h_;

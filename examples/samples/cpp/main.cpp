@@ -1,7 +1,7 @@
 // tandem-sample-cpp: a C++ program outside the Tandem project that uses only the installed
 // tandem.hpp (the header-only RAII layer over the C ABI) and libtandem. It walks the whole
 // API -- devices and executors, a cpu+cpu scheduler with requests waited for, polled and
-// streamed, a scheduler session parked between requests, a Session saved and restored,
+// streamed, a scheduler session parked, saved and restored, a Session saved and restored,
 // evaluated and its logits read, tokenizer, metadata, chat templates, logging -- and
 // checks each result against another way of computing it (a restored session continues
 // with the same greedy tokens as the unsaved one, the scheduler's greedy tokens are the
@@ -311,16 +311,32 @@ int main(int argc, char** argv) {
       expect(choice.wait(0).finished, "wait(0) of a finished request");
     }
 
-    // A scheduler session in two requests, parked to the File tier between them.
+    // A scheduler session in two requests, parked to the File tier between them, and saved
+    // then restored into a second session that takes the same second request.
     const uint64_t conv = sched.open_session();
-    std::string conv_text;
+    std::string conv_text, first_text;
+    uint64_t conv2 = 0;
     for (int part = 0; part < 2; ++part) {
       tandem_request_params cp = rp;
       cp.prompt = part == 0 ? prompt.c_str() : "";
       cp.max_tokens = part == 0 ? n / 2 : n - n / 2;
       cp.session = conv;
-      conv_text += sched.submit(cp).wait().text;
+      const std::string text = sched.submit(cp).wait().text;
+      conv_text += text;
+      if (part == 1) {
+        cp.session = conv2;
+        expect(first_text + sched.submit(cp).wait().text == golden.text,
+               "a restored scheduler session continues as the saved one does");
+      }
       if (part == 0) {
+        first_text = text;
+        std::random_device rd;
+        const std::filesystem::path file =
+            std::filesystem::temp_directory_path() / ("tandem-sample-cpp-" + std::to_string(rd()) + ".sched-session");
+        sched.save_session(conv, file.string());
+        conv2 = sched.restore_session(file.string(), 1);
+        std::filesystem::remove(file);
+        expect(conv2 != 0 && conv2 != conv, "restore_session opens a new session");
         sched.park_session(conv);
         const tandem_scheduler_session_info parked = sched.session_info(conv);
         expect(parked.pages_host == 0 && parked.pages_file > 0, "a parked session's pages are in the File tier");
@@ -330,6 +346,7 @@ int main(int argc, char** argv) {
       }
     }
     sched.close_session(conv);
+    sched.close_session(conv2);
     expect(conv_text == golden.text, "a scheduler session in two requests continues as one generation");
 
     // Cancel, metrics, drain, shutdown.
@@ -343,7 +360,7 @@ int main(int argc, char** argv) {
            "a cancelled request ends CANCELLED (or had finished)");
     sched.drain();
     const std::string metrics = sched.metrics_json();
-    expect(metrics.find("\"submitted\":7") != std::string::npos, "the metrics count 7 submitted requests: " + metrics);
+    expect(metrics.find("\"submitted\":8") != std::string::npos, "the metrics count 8 submitted requests: " + metrics);
     expect(sched.submit(rp).wait().finish_reason == TANDEM_FINISH_OVERLOADED, "a request after drain is refused");
     sched.shutdown();
     expect_error(TANDEM_E_INVALID_ARG, "submit after shutdown", [&] { sched.submit(rp); });
