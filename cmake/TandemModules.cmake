@@ -14,6 +14,9 @@
 #   node       executor sets, executors and their KV stores sized by one page rule
 #   session    session, session files, chat session, generation, sampler, stop strings
 #   sched      scheduler, routing policy, speed signals, metrics, request handles
+if(CMAKE_SCRIPT_MODE_FILE)  # run as a script (the build-time check): the project's policies
+  cmake_minimum_required(VERSION 3.24)
+endif()
 set(TANDEM_MODULES core gguf tokenizer model template grammar kv exec exec/cpu exec/gpu node session sched)
 set(TANDEM_MODULE_DEPS_core "")
 set(TANDEM_MODULE_DEPS_gguf core)
@@ -29,38 +32,82 @@ set(TANDEM_MODULE_DEPS_node core exec exec/cpu exec/gpu kv model)
 set(TANDEM_MODULE_DEPS_session core exec grammar kv model node template tokenizer)
 set(TANDEM_MODULE_DEPS_sched core exec grammar kv model session tokenizer)
 
-# Fails configuration for an include across modules that the including module does not
-# declare above, and for a library file outside every module. Sets TANDEM_MODULE_SOURCES.
+set(_tandem_modules_file ${CMAKE_CURRENT_LIST_FILE})
+
+# The module an #include line names, in OUT ("" for none): "tandem/<module>/x.hpp" (public)
+# or "<module>/x.hpp" (private, from lib/) in quotes, after any leading ../ and include/
+# (so "../../include/tandem/sched/x.hpp" counts), or <tandem/<module>/x.hpp>.
+function(_tandem_included_module line out)
+  set(path "")
+  if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\"")
+    set(path ${CMAKE_MATCH_1})
+  elseif(line MATCHES "^[ \t]*#[ \t]*include[ \t]*<(tandem/[^>]+)>")
+    set(path ${CMAKE_MATCH_1})
+  endif()
+  string(REGEX REPLACE "^(\\./|\\.\\./)+" "" path "${path}")
+  string(REGEX REPLACE "^include/" "" path "${path}")
+  string(REGEX REPLACE "^tandem/" "" path "${path}")
+  set(module "")
+  if(path MATCHES "^([a-z_]+(/cpu|/gpu)?)/[^/]+$")
+    set(module ${CMAKE_MATCH_1})
+  endif()
+  set(${out} ${module} PARENT_SCOPE)
+endfunction()
+
+# Fails for an include across modules that the including module does not declare above,
+# and for a library file outside every module: at configure, and (target
+# tandem_module_check, which the library depends on) at build time whenever a module's file
+# changes. Sets TANDEM_MODULE_SOURCES. Also runs as a script: cmake -DTANDEM_ROOT=<src> -P
+# cmake/TandemModules.cmake.
 function(tandem_check_modules root)
+  if(CMAKE_SCRIPT_MODE_FILE)
+    set(configure_depends "")
+  else()
+    set(configure_depends CONFIGURE_DEPENDS)
+  endif()
   set(all_sources "")
+  set(all_files "")
   foreach(mod IN LISTS TANDEM_MODULES)
-    file(GLOB files CONFIGURE_DEPENDS ${root}/lib/${mod}/*.cpp ${root}/lib/${mod}/*.hpp
+    file(GLOB files ${configure_depends} ${root}/lib/${mod}/*.cpp ${root}/lib/${mod}/*.hpp
          ${root}/include/tandem/${mod}/*.hpp)
+    list(APPEND all_files ${files})
     set(allowed ${mod} ${TANDEM_MODULE_DEPS_${mod}})
     foreach(f IN LISTS files)
       if(f MATCHES "\\.cpp$")
         list(APPEND all_sources ${f})
       endif()
-      file(STRINGS ${f} includes REGEX "^#include \"")
+      file(STRINGS ${f} includes REGEX "^[ \t]*#[ \t]*include")
       foreach(line IN LISTS includes)
-        # "tandem/<module>/x.hpp" (public) or "<module>/x.hpp" (private, from lib/)
-        if(line MATCHES "^#include \"(tandem/)?([a-z_]+(/cpu|/gpu)?)/[a-z0-9_]+\\.hpp\"")
-          set(target ${CMAKE_MATCH_2})
-          if(target IN_LIST TANDEM_MODULES AND NOT target IN_LIST allowed)
-            file(RELATIVE_PATH rel ${root} ${f})
-            message(FATAL_ERROR "${rel} (module ${mod}) includes ${target}/, which module ${mod} does not "
-                                "declare (cmake/TandemModules.cmake: TANDEM_MODULE_DEPS_${mod})")
-          endif()
+        _tandem_included_module("${line}" target)
+        if(target IN_LIST TANDEM_MODULES AND NOT target IN_LIST allowed)
+          file(RELATIVE_PATH rel ${root} ${f})
+          message(FATAL_ERROR "${rel} (module ${mod}) includes ${target}/, which module ${mod} does not "
+                              "declare (cmake/TandemModules.cmake: TANDEM_MODULE_DEPS_${mod})")
         endif()
       endforeach()
     endforeach()
   endforeach()
-  file(GLOB_RECURSE every CONFIGURE_DEPENDS ${root}/lib/*.cpp)
+  file(GLOB_RECURSE every ${configure_depends} ${root}/lib/*.cpp)
   foreach(f IN LISTS every)
     if(NOT f IN_LIST all_sources)
       file(RELATIVE_PATH rel ${root} ${f})
       message(FATAL_ERROR "${rel} is in no module of cmake/TandemModules.cmake")
     endif()
   endforeach()
+  if(NOT CMAKE_SCRIPT_MODE_FILE)
+    set(stamp ${CMAKE_BINARY_DIR}/tandem-modules.stamp)
+    add_custom_command(
+      OUTPUT ${stamp}
+      COMMAND ${CMAKE_COMMAND} -DTANDEM_ROOT=${root} -P ${_tandem_modules_file}
+      COMMAND ${CMAKE_COMMAND} -E touch ${stamp}
+      DEPENDS ${all_files} ${_tandem_modules_file}
+      COMMENT "Checking the module layering (cmake/TandemModules.cmake)"
+      VERBATIM)
+    add_custom_target(tandem_module_check DEPENDS ${stamp})
+  endif()
   set(TANDEM_MODULE_SOURCES ${all_sources} PARENT_SCOPE)
 endfunction()
+
+if(CMAKE_SCRIPT_MODE_FILE AND DEFINED TANDEM_ROOT)
+  tandem_check_modules(${TANDEM_ROOT})
+endif()
