@@ -154,6 +154,54 @@ TEST_CASE("Grammar compile errors are kInvalidArgument with the reason", "[gramm
   CHECK_THROWS_AS(GrammarMatcher(nullptr), Error);
 }
 
+TEST_CASE(
+    "A compile deadline: past it kInvalidArgument while the compile finishes in the background, no turn "
+    "within it kOutOfMemory, no deadline waits",
+    "[grammar][smollm2]") {
+  REQUIRE_GRAMMAR();
+  const auto path = test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+    return;
+  }
+  static const auto model = Model::load(path, ModelOptions{});
+  const Tokenizer& tok = model->tokenizer();
+  // 150 optional three-way alternatives: 2.4 KB that take xgrammar seconds on SmolLM2's
+  // 49152 tokens (100 took 1.4 s, 200 6.4 s on this project's VM); a 1 ms deadline is a
+  // thousandth of that, whatever the machine.
+  std::string slow = "root ::= ";
+  for (int i = 0; i < 150; ++i) slow += R"(("a" | "a" | "a")? )";
+  slow += R"("b")";
+  const auto ms = std::chrono::milliseconds(1);
+  try {
+    Grammar::from_gbnf(tok, slow, ms);
+    FAIL("a seconds-long compile met a 1 ms deadline");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    CHECK(std::string_view(e.what()).find("compile deadline (1 ms)") != std::string_view::npos);
+  }
+  // The slow compile still has the vocabulary's turn: a trivial grammar with a deadline
+  // does not get it; without one it waits and compiles.
+  try {
+    Grammar::json_object(tok, ms);
+    FAIL("the compiler's turn was free while the slow grammar compiled");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.code() == ErrorCode::kOutOfMemory);
+    CHECK(std::string_view(e.what()).find("busy") != std::string_view::npos);
+  }
+  CHECK(Grammar::json_object(tok) != nullptr);
+  // The background compile left a usable grammar (from the cache): it accepts "b".
+  const auto g = Grammar::from_gbnf(tok, slow);
+  GrammarMatcher m(g);
+  const std::vector<int32_t> b = tok.tokenize("b", /*add_special=*/false, /*parse_special=*/false);
+  REQUIRE(b.size() == 1);
+  CHECK(allowed_ids(m.fill_mask(), tok.n_vocab()).size() > 0);
+  CHECK(m.accept(b[0]));
+  CHECK(m.is_completed());
+}
+
 TEST_CASE("Constrained greedy decoding on SmolLM2 yields JSON of the schema, on 1 and 2 threads",
           "[grammar][smollm2]") {
   REQUIRE_GRAMMAR();

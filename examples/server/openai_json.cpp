@@ -65,6 +65,16 @@ const char* kind_of(const json& v) {
   throw ApiError(400, message, param, "invalid_value");
 }
 
+// A grammar the library refused: overloaded (no compile turn within the deadline) is 503,
+// anything else (does not compile, or past the deadline) 400 with the reason.
+[[noreturn]] void grammar_refused(const std::string& param, const Error& e, std::string_view prefix = {}) {
+  if (e.code() == ErrorCode::kOutOfMemory) {
+    throw ApiError(503, fmt::format("{}{}", prefix, e.what()), param, "grammar_compiler_busy");
+  }
+  const bool slow = std::string_view(e.what()).find("compile deadline") != std::string_view::npos;
+  throw ApiError(400, fmt::format("{}{}", prefix, e.what()), param, slow ? "grammar_too_complex" : "invalid_value");
+}
+
 [[noreturn]] void bad_type(const std::string& param, const json& v, const char* want) {
   throw ApiError(400, fmt::format("'{}' must be {}, got {}", param, want, kind_of(v)), param, "invalid_type");
 }
@@ -265,11 +275,11 @@ void parse_structured(const json& body, const ModelInfo& info, GenerationSpec& s
   }
   try {
     const Tokenizer& tok = *info.tokenizer;
-    s.grammar = kind == Kind::kObject   ? Grammar::json_object(tok)
-                : kind == Kind::kSchema ? Grammar::from_json_schema(tok, source)
-                                        : Grammar::from_gbnf(tok, source);
+    s.grammar = kind == Kind::kObject   ? Grammar::json_object(tok, info.grammar_deadline)
+                : kind == Kind::kSchema ? Grammar::from_json_schema(tok, source, info.grammar_deadline)
+                                        : Grammar::from_gbnf(tok, source, info.grammar_deadline);
   } catch (const Error& e) {
-    bad(param, e.what());
+    grammar_refused(param, e);
   }
 }
 
@@ -553,9 +563,10 @@ void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, 
     t.prefix = t.format == ToolCallFormat::kHermes ? "<tool_call>\n" : "";
     t.parallel = false;
     try {
-      s.grammar = Grammar::from_json_schema(*info.tokenizer, forced_tool_call_schema(tools, forced_name, false).dump());
+      s.grammar = Grammar::from_json_schema(*info.tokenizer, forced_tool_call_schema(tools, forced_name, false).dump(),
+                                            info.grammar_deadline);
     } catch (const Error& e) {
-      bad("tools", fmt::format("the forced tool call's schema does not compile: {}", e.what()));
+      grammar_refused("tools", e, "the forced tool call's schema does not compile: ");
     }
   } else if (choice == "required" || choice == "function") {  // without a grammar engine: prompted only
     t.prefix = forced_call_prefix(t.format, forced_name);

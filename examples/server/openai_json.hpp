@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -69,6 +70,10 @@ struct ModelInfo {
   int32_t n_ctx = 0;               ///< positions per sequence
   ToolPrompt tool_prompt;          ///< the template's tool-call format (tool_prompt_for_template)
   std::vector<std::string> names;  ///< accepted `model` values (alias first)
+  /// How long a request's grammar may take to compile, its turn at the compiler included
+  /// (--grammar-deadline; tandem/grammar/grammar.hpp): past it 400 grammar_too_complex, no
+  /// turn within it 503 (another client's grammar is compiling).
+  std::chrono::milliseconds grammar_deadline{10000};
 };
 
 /// One generation request after validation.

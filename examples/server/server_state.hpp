@@ -23,15 +23,16 @@ namespace tandem::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;
-  std::string api_key;             ///< "" = no authentication
-  std::string alias;               ///< the model id answered by /v1/models ("" = file stem)
-  bool log_json = false;           ///< --log-format json: one JSON object per line on stderr
-  bool verbose = false;            ///< also log the Scheduler's debug lines
-  size_t body_limit = 8u << 20;    ///< request bodies larger than this get 413
-  int threads_http = 0;            ///< HTTP threads started at once (0 = enough for every slot and queue entry)
-  size_t max_connections = 1024;   ///< open connections at most (a thread each); beyond: 503
-  double header_timeout_s = 10.0;  ///< the request line and headers must arrive within this
-  double body_timeout_s = 60.0;    ///< then the whole request body must arrive within this
+  std::string api_key;               ///< "" = no authentication
+  std::string alias;                 ///< the model id answered by /v1/models ("" = file stem)
+  bool log_json = false;             ///< --log-format json: one JSON object per line on stderr
+  bool verbose = false;              ///< also log the Scheduler's debug lines
+  size_t body_limit = 8u << 20;      ///< request bodies larger than this get 413
+  int threads_http = 0;              ///< HTTP threads started at once (0 = enough for every slot and queue entry)
+  size_t max_connections = 1024;     ///< open connections at most (a thread each); beyond: 503
+  double header_timeout_s = 10.0;    ///< the request line and headers must arrive within this
+  double body_timeout_s = 60.0;      ///< then the whole request body must arrive within this
+  double grammar_deadline_s = 10.0;  ///< a request's grammar compile, its turn included (ModelInfo)
   double shutdown_grace_s = 30.0;
 };
 

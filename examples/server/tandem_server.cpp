@@ -6,7 +6,7 @@
 //                 [--kv-dir DIR] [--max-queued N] [--alias NAME] [--log-format text|json]
 //                 [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //                 [--body-limit BYTES] [--max-connections N] [--header-timeout S] [--body-timeout S]
-//                 [--shutdown-grace S]
+//                 [--grammar-deadline S] [--shutdown-grace S]
 //
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
 // SIGINT: stop accepting connections, let in-flight requests finish within
@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
                  "seconds a client has, after its headers, to send the whole request body (then 408 and close)")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--grammar-deadline", so.grammar_deadline_s,
+                 "seconds a request's json_schema / grammar / forced tool call may take to compile, waiting for "
+                 "another's included (past it: 400 grammar_too_complex; no turn: 503)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 3600.0));
   app.add_option("--shutdown-grace", so.shutdown_grace_s,
                  "seconds in-flight requests may take to finish after SIGTERM/SIGINT")
       ->capture_default_str()
@@ -185,6 +190,7 @@ int main(int argc, char** argv) {
     st.info.tool_prompt = tandem::tool_prompt_for_template(st.engine->model().tokenizer().chat_template());
     st.info.n_ctx = st.engine->n_ctx();
     st.info.names = {so.alias, eo.model_path};
+    st.info.grammar_deadline = std::chrono::milliseconds(int64_t(so.grammar_deadline_s * 1000.0 + 0.5));
     CacheConfigInfo cache;
     cache.block_size = st.engine->page_size();
     cache.cache_dtype = std::string(tandem::kv_dtype_name(eo.kv_dtype));

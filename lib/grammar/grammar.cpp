@@ -3,10 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "tandem/core/error.hpp"
@@ -30,12 +35,42 @@ namespace {
 // Compiled-grammar cache per vocabulary (xgrammar's compiler caches by source text).
 constexpr int64_t kCacheBytes = int64_t(256) << 20;
 
+using Clock = std::chrono::steady_clock;
+using CompileFn = std::function<xgrammar::CompiledGrammar(xgrammar::GrammarCompiler&)>;
+
+// One compile at a time per vocabulary (GrammarCompiler is documented thread-safe;
+// serialising keeps its compile threads bounded). The turn is a flag, not a held mutex,
+// because a compile past its caller's deadline finishes on a thread of its own.
 struct VocabCompiler {
   VocabCompiler(const xgrammar::TokenizerInfo& info, int threads, int32_t n)
       : compiler(info, threads, /*cache_enabled=*/true, kCacheBytes), n_vocab(n) {}
   xgrammar::GrammarCompiler compiler;
   int32_t n_vocab;
-  std::mutex mu;  // GrammarCompiler is documented thread-safe; serialising keeps compile threads bounded
+
+  /// Waits for the compiler's turn until `until` (none: forever); false when it did not come.
+  bool take_turn(std::optional<Clock::time_point> until) {
+    std::unique_lock lock(mu);
+    const auto free = [&] { return !compiling; };
+    if (!until) {
+      cv.wait(lock, free);
+    } else if (!cv.wait_until(lock, *until, free)) {
+      return false;
+    }
+    compiling = true;
+    return true;
+  }
+  void end_turn() {
+    {
+      std::lock_guard lock(mu);
+      compiling = false;
+    }
+    cv.notify_one();
+  }
+
+ private:
+  std::mutex mu;
+  std::condition_variable cv;
+  bool compiling = false;
 };
 
 xgrammar::TokenizerInfo tokenizer_info(const Tokenizer& tok) {
@@ -73,13 +108,56 @@ std::string_view reason(std::string_view m) {
   return m;
 }
 
-template <typename F>
-std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, F&& f) {
+// Compiles on the caller's thread (no deadline), or on a thread of its own that the caller
+// waits for until the deadline; past it the compile goes on there (xgrammar cannot be
+// stopped), keeps the vocabulary's turn and leaves its result in the cache.
+xgrammar::CompiledGrammar run_compile(const std::shared_ptr<VocabCompiler>& vc, const char* what,
+                                      std::chrono::milliseconds deadline, CompileFn f) {
+  std::optional<Clock::time_point> until;
+  if (deadline.count() > 0) until = Clock::now() + deadline;
+  if (!vc->take_turn(until)) {
+    throw Error(ErrorCode::kOutOfMemory, fmt::format("{}: the grammar compiler stayed busy with another grammar for "
+                                                     "the whole compile deadline ({} ms)",
+                                                     what, deadline.count()));
+  }
+  if (!until) {
+    struct Turn {
+      VocabCompiler& vc;
+      ~Turn() { vc.end_turn(); }
+    } turn{*vc};
+    return f(vc->compiler);
+  }
+  auto done = std::make_shared<std::promise<xgrammar::CompiledGrammar>>();
+  std::future<xgrammar::CompiledGrammar> result = done->get_future();
+  try {
+    std::thread([vc, f = std::move(f), done] {
+      try {
+        done->set_value(f(vc->compiler));
+      } catch (...) {
+        done->set_exception(std::current_exception());
+      }
+      vc->end_turn();
+    }).detach();
+  } catch (const std::system_error& e) {
+    vc->end_turn();
+    throw Error(ErrorCode::kOutOfMemory, fmt::format("{}: cannot start a compile thread: {}", what, e.what()));
+  }
+  if (result.wait_until(*until) != std::future_status::ready) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: compiling it takes longer than the compile deadline ({} ms); it is too complex", what,
+                            deadline.count()));
+  }
+  return result.get();
+}
+
+std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, std::chrono::milliseconds deadline,
+                                       CompileFn f) {
   auto vc = compiler_for(tok);
   std::optional<xgrammar::CompiledGrammar> compiled;
   try {
-    std::lock_guard lock(vc->mu);
-    compiled.emplace(f(vc->compiler));
+    compiled.emplace(run_compile(vc, what, deadline, std::move(f)));
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: {}", what, reason(e.what())));
   }
@@ -114,23 +192,24 @@ bool Grammar::available() noexcept {
   return true;
 }
 
-std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer& tokenizer, std::string_view schema) {
-  return compile(tokenizer, "json_schema", [&](xgrammar::GrammarCompiler& c) {
-    return c.CompileJSONSchema(std::string(schema), /*any_whitespace=*/false, std::nullopt, std::nullopt,
-                               /*strict_mode=*/true);
+std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer& tokenizer, std::string_view schema,
+                                                         std::chrono::milliseconds deadline) {
+  return compile(tokenizer, "json_schema", deadline, [text = std::string(schema)](xgrammar::GrammarCompiler& c) {
+    return c.CompileJSONSchema(text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true);
   });
 }
 
-std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer& tokenizer) {
-  return compile(tokenizer, "json_object", [&](xgrammar::GrammarCompiler& c) {
+std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer& tokenizer, std::chrono::milliseconds deadline) {
+  return compile(tokenizer, "json_object", deadline, [](xgrammar::GrammarCompiler& c) {
     return c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
                                /*strict_mode=*/false);
   });
 }
 
-std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf) {
-  return compile(tokenizer, "grammar",
-                 [&](xgrammar::GrammarCompiler& c) { return c.CompileGrammar(std::string(gbnf), "root"); });
+std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf,
+                                                  std::chrono::milliseconds deadline) {
+  return compile(tokenizer, "grammar", deadline,
+                 [text = std::string(gbnf)](xgrammar::GrammarCompiler& c) { return c.CompileGrammar(text, "root"); });
 }
 
 uint64_t Grammar::vocab_hash() const noexcept {
@@ -203,13 +282,14 @@ namespace {
 bool Grammar::available() noexcept {
   return false;
 }
-std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer&, std::string_view) {
+std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer&, std::string_view,
+                                                         std::chrono::milliseconds) {
   unavailable();
 }
-std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer&) {
+std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer&, std::chrono::milliseconds) {
   unavailable();
 }
-std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer&, std::string_view) {
+std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer&, std::string_view, std::chrono::milliseconds) {
   unavailable();
 }
 uint64_t Grammar::vocab_hash() const noexcept {

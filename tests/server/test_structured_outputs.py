@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import ALIAS
+from conftest import ALIAS, Server
 
 SCHEMAS = {
     "nested": {
@@ -258,3 +258,35 @@ def test_left_recursive_grammar_generates_its_language(server):
         assert r.status_code == 200, r.text
         ch = r.json()["choices"][0]
         assert re.fullmatch("ba*", ch["text"]), ch
+
+
+def test_grammar_compile_deadline_is_400_then_busy_503(tmp_path):
+    """--grammar-deadline bounds how long a request waits for its grammar. A GBNF inside the
+    size bounds can still take xgrammar minutes (optional three-way alternatives: 1080 of
+    them, 16 KB, ran over 6 minutes on SmolLM2's vocabulary and held every grammar request
+    and SIGTERM meanwhile). At a 1 ms deadline such a grammar is 400 grammar_too_complex at
+    once; while it finishes compiling in the background another grammar request gets 503
+    grammar_compiler_busy, requests without a grammar and /health answer, and SIGTERM exits
+    0 without waiting for the compile."""
+    s = Server(tmp_path, extra=["--grammar-deadline", "0.001"])
+    try:
+        assert s.wait_ready(), s.log_path.read_text()
+        slow = "root ::= " + '("a" | "a" | "a")? ' * 400 + '"b"'
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4, "grammar": slow},
+                       timeout=60.0)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("grammar", "grammar_too_complex"), err
+        assert "compile deadline (1 ms)" in err["message"], err
+        r = httpx.post(s.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                             "response_format": {"type": "json_object"}}, timeout=60.0)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["code"]) == ("response_format", "grammar_compiler_busy"), err
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}, timeout=60.0)
+        assert r.status_code == 200, r.text
+        assert httpx.get(s.url + "/health", timeout=5.0).status_code == 200
+    finally:
+        rc = s.stop(timeout=30.0)
+    assert rc == 0, s.log_path.read_text()

@@ -14,8 +14,17 @@
 // Compile time grows with the grammar and the vocabulary and has no limit: milliseconds for
 // ordinary schemas (19 ms for a five-property one on SmolLM2's vocabulary, benchmarks/
 // README.md), seconds for schemas with hundreds of nested levels or thousands of
-// alternatives. Callers that take schemas from untrusted clients should bound their size
-// (tandem-server: kMaxGrammarBytes and kMaxGrammarDepth in examples/server/openai_json.hpp).
+// alternatives, minutes for some small GBNF grammars (1080 optional three-way alternatives,
+// 16 KB: over 6 minutes). Grammars of one vocabulary compile one at a time. Callers that
+// take grammars from untrusted clients should bound their size (tandem-server:
+// kMaxGrammarBytes and kMaxGrammarDepth in examples/server/openai_json.hpp) and pass a
+// compile deadline: the factory then waits at most that long, for its turn and its compile
+// together. Past it, it throws Error(kInvalidArgument) ("takes longer than the compile
+// deadline") and the compile finishes on a thread of its own (xgrammar cannot be stopped),
+// keeping the vocabulary's turn meanwhile and caching its result; a factory that does not
+// get its turn within its deadline throws Error(kOutOfMemory) ("stayed busy"), which a
+// server answers as overloaded. Without a deadline (zero, the default) the factory compiles
+// on the calling thread and waits for its turn as long as it takes.
 //
 // Every factory refuses (Error(kInvalidArgument)) a grammar that allows no token of the
 // vocabulary at its start: one with no sentence at all (`root ::= root`), or whose first
@@ -28,6 +37,7 @@
 // A GrammarMatcher is one generation's state: one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -54,14 +64,17 @@ class Grammar {
   /// minLength/maxLength, minimum/maximum/exclusive bounds on integers and numbers).
   /// Throws Error(kInvalidArgument) with xgrammar's reason when the text is not JSON or the
   /// schema cannot be compiled (e.g. an unknown type, a bad $ref, an invalid pattern).
-  static std::shared_ptr<const Grammar> from_json_schema(const Tokenizer& tokenizer, std::string_view schema);
+  static std::shared_ptr<const Grammar> from_json_schema(const Tokenizer& tokenizer, std::string_view schema,
+                                                         std::chrono::milliseconds deadline = {});
   /// Any JSON object, with any members (response_format {"type": "json_object"}); compact.
-  static std::shared_ptr<const Grammar> json_object(const Tokenizer& tokenizer);
+  static std::shared_ptr<const Grammar> json_object(const Tokenizer& tokenizer,
+                                                    std::chrono::milliseconds deadline = {});
   /// A GBNF grammar (llama.cpp's grammar format, as llama-server's `grammar` field; start
   /// rule `root`). Left recursion (`root ::= root "a" | "b"`) is parsed as written (xgrammar
   /// is an Earley parser; llama.cpp's engine refuses it). Throws Error(kInvalidArgument)
   /// with the parser's reason when it does not parse (undefined rule, no `root`, bad syntax).
-  static std::shared_ptr<const Grammar> from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf);
+  static std::shared_ptr<const Grammar> from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf,
+                                                  std::chrono::milliseconds deadline = {});
 
   /// Tokenizer::identity_hash() of the vocabulary it was compiled for; a generation with
   /// another vocabulary refuses it (Error(kInvalidArgument)).
