@@ -151,6 +151,28 @@ TEST_CASE("Grammar compile errors are kInvalidArgument with the reason", "[gramm
   code_and_text([&] { Grammar::from_gbnf(tok, "root ::= x\nx ::= x \"a\""); }, "allows no token");
   code_and_text([&] { Grammar::from_gbnf(tok, R"(root ::= "z")"); }, "allows no token");
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "string"})"); }, "allows no token");
+  // Constraints xgrammar would drop with a warning: refused, naming the keyword and where.
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "object", "required": ["x"]})"); },
+                "required property 'x'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"anyOf": [{"not": {"type": "string"}}]})"); },
+                "'not' at '/anyOf/0'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "string", "format": "date", "maxLength": 5})"); },
+                "beside 'format'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "array", "items": {"uniqueItems": true}})"); },
+                "'uniqueItems' at '/items'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "integer", "multipleOf": 3, "minimum": 1})"); },
+                "'multipleOf'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"allOf": [{"type": "object"}, {"required": []}]})"); },
+                "'allOf'");
+  // A property named like a keyword is a name, not the keyword.
+  try {
+    Grammar::from_json_schema(tok,
+                              R"({"type": "object", "properties": {"not": {"const": "ab"}}, "required": ["not"]})");
+    FAIL("a schema whose only string is not in this vocabulary compiled");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(std::string_view(e.what()).find("allows no token") != std::string_view::npos);
+  }
   CHECK_THROWS_AS(GrammarMatcher(nullptr), Error);
 }
 

@@ -1,6 +1,7 @@
 #include "tandem/grammar/grammar.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -13,6 +14,8 @@
 #include <optional>
 #include <system_error>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "tandem/core/error.hpp"
 
@@ -186,6 +189,70 @@ std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, s
   return std::make_shared<const Grammar>(std::move(impl));
 }
 
+// Refuses a JSON schema whose constraints xgrammar 0.2.9 would drop (it logs a warning and
+// compiles without them, so the output would not validate): keywords it does not read,
+// multipleOf other than alone on an integer, length bounds beside a format, allOf of more
+// than one schema, and (strict mode generates only the properties named) a required name
+// that `properties` does not define. Walks the schema iteratively (no recursion depth).
+void check_enforceable(std::string_view text) {
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    return;  // xgrammar names the syntax error
+  }
+  std::vector<std::pair<const nlohmann::json*, std::string>> todo{{&root, ""}};
+  const auto refuse = [](const std::string& at, std::string_view what) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("json_schema: {} at '{}' is not enforced by the grammar engine (xgrammar would "
+                            "drop it and the output could fail the schema)",
+                            what, at.empty() ? "/" : at));
+  };
+  while (!todo.empty()) {
+    const auto [node, at] = todo.back();
+    todo.pop_back();
+    if (!node->is_object()) continue;
+    const nlohmann::json& s = *node;
+    for (const char* kw : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+                           "contains", "minContains", "maxContains"}) {
+      if (s.contains(kw)) refuse(at, fmt::format("'{}'", kw));
+    }
+    if (s.contains("uniqueItems") && s["uniqueItems"] != false) refuse(at, "'uniqueItems'");
+    if (s.contains("multipleOf") &&
+        (s.value("type", nlohmann::json()) != "integer" || s.contains("minimum") || s.contains("maximum") ||
+         s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))) {
+      refuse(at, "'multipleOf' (enforced only alone on an integer)");
+    }
+    if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
+      refuse(at, "'minLength'/'maxLength' beside 'format'");
+    }
+    if (s.contains("allOf") && s["allOf"].is_array() && s["allOf"].size() > 1) refuse(at, "'allOf' of several schemas");
+    if (s.contains("required") && s["required"].is_array()) {
+      const nlohmann::json* props = s.contains("properties") ? &s["properties"] : nullptr;
+      for (const auto& name : s["required"]) {
+        if (name.is_string() && (!props || !props->is_object() || !props->contains(name.get<std::string>()))) {
+          refuse(at,
+                 fmt::format("required property '{}', which 'properties' does not define,", name.get<std::string>()));
+        }
+      }
+    }
+    for (const char* kw :
+         {"additionalProperties", "items", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}) {
+      if (s.contains(kw)) todo.emplace_back(&s[kw], at + "/" + kw);
+    }
+    for (const char* kw : {"items", "prefixItems", "anyOf", "oneOf", "allOf"}) {
+      if (s.contains(kw) && s[kw].is_array()) {
+        for (size_t i = 0; i < s[kw].size(); ++i) todo.emplace_back(&s[kw][i], fmt::format("{}/{}/{}", at, kw, i));
+      }
+    }
+    for (const char* kw : {"properties", "patternProperties", "$defs", "definitions"}) {
+      if (s.contains(kw) && s[kw].is_object()) {
+        for (const auto& [name, sub] : s[kw].items()) todo.emplace_back(&sub, at + "/" + kw + "/" + name);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool Grammar::available() noexcept {
@@ -194,6 +261,7 @@ bool Grammar::available() noexcept {
 
 std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer& tokenizer, std::string_view schema,
                                                          std::chrono::milliseconds deadline) {
+  check_enforceable(schema);
   return compile(tokenizer, "json_schema", deadline, [text = std::string(schema)](xgrammar::GrammarCompiler& c) {
     return c.CompileJSONSchema(text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true);
   });

@@ -137,6 +137,13 @@ def test_json_object_and_llama_server_fields(server):
     ({"json_schema": {"type": "object"}, "grammar": 'root ::= "a"'}, "grammar", "give one"),
     ({"grammar": "root ::= root"}, "grammar", "allows no token"),
     ({"grammar": "root ::= x\nx ::= x \"a\""}, "grammar", "allows no token"),
+    # Constraints xgrammar would drop (the output would end "stop" without validating).
+    ({"json_schema": {"type": "object", "required": ["x"]}}, "json_schema", "required property 'x'"),
+    ({"json_schema": {"not": {"type": "string"}}}, "json_schema", "'not'"),
+    ({"json_schema": {"type": "string", "format": "date", "maxLength": 5}}, "json_schema", "beside 'format'"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}},
+     "json_schema", "at '/properties/a'"),
+    ({"json_schema": {"type": "number", "multipleOf": 0.5}}, "json_schema", "'multipleOf'"),
 ])
 def test_bad_schema_is_400(server, body, param, needle):
     for path, base in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),

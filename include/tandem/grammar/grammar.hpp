@@ -63,7 +63,12 @@ class Grammar {
   /// prefixItems, minItems/maxItems, enum, const, anyOf/oneOf, $ref/$defs, pattern, format,
   /// minLength/maxLength, minimum/maximum/exclusive bounds on integers and numbers).
   /// Throws Error(kInvalidArgument) with xgrammar's reason when the text is not JSON or the
-  /// schema cannot be compiled (e.g. an unknown type, a bad $ref, an invalid pattern).
+  /// schema cannot be compiled (e.g. an unknown type, a bad $ref, an invalid pattern), and,
+  /// naming the keyword and its place, for constraints xgrammar would silently drop: `not`,
+  /// `if`/`then`/`else`, `dependentRequired`/`dependentSchemas`/`dependencies`,
+  /// `contains`/`minContains`/`maxContains`, `uniqueItems: true`, `multipleOf` other than alone
+  /// on an integer, `minLength`/`maxLength` beside `format`, `allOf` of several schemas, and a
+  /// `required` name that `properties` does not define.
   static std::shared_ptr<const Grammar> from_json_schema(const Tokenizer& tokenizer, std::string_view schema,
                                                          std::chrono::milliseconds deadline = {});
   /// Any JSON object, with any members (response_format {"type": "json_object"}); compact.
