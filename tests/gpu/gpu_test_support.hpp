@@ -5,33 +5,32 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 
-#if TANDEM_HAVE_CUDA
-#include <memory>
-
 #include "tandem/exec/gpu/gpu_q4_executor.hpp"
 #include "tandem/node/node.hpp"
-#endif
 
 namespace tandem::test {
 
 /// Exit status of tandem-gpu-tests when it skipped everything (ctest SKIP_RETURN_CODE).
 inline constexpr int kSkipReturnCode = 77;
 
-#if TANDEM_HAVE_CUDA
-inline constexpr bool kBuiltWithCuda = true;
-inline int visible_gpus() {
-  return GpuQ4Executor::device_count();
-}
 /// A store for `gpu`'s model with `device_pages` in its VRAM and optional Host / File tiers
-/// (tandem::make_kv_store of tandem/node/node.hpp).
+/// (tandem::make_kv_store of tandem/node/node.hpp). Declared in every build: headers shared
+/// by the GPU tests name it outside their TANDEM_HAVE_CUDA blocks.
 inline std::shared_ptr<KvStore> gpu_kv_store(const GpuQ4Executor& gpu, int32_t device_pages, int32_t host_pages = 0,
                                              int32_t page_size = 16, KvDtype dtype = KvDtype::kF16,
                                              int32_t file_pages = 0) {
   return make_kv_store(gpu, KvLayout::for_model(gpu.model().hparams(), page_size, dtype),
                        KvPageCounts{device_pages, host_pages, file_pages});
+}
+
+#if TANDEM_HAVE_CUDA
+inline constexpr bool kBuiltWithCuda = true;
+inline int visible_gpus() {
+  return GpuQ4Executor::device_count();
 }
 #else
 inline constexpr bool kBuiltWithCuda = false;
