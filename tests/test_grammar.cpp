@@ -157,13 +157,39 @@ TEST_CASE("Grammar compile errors are kInvalidArgument with the reason", "[gramm
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"anyOf": [{"not": {"type": "string"}}]})"); },
                 "'not' at '/anyOf/0'");
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "string", "format": "date", "maxLength": 5})"); },
-                "beside 'format'");
+                "beside a built-in 'format'");
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "array", "items": {"uniqueItems": true}})"); },
                 "'uniqueItems' at '/items'");
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "integer", "multipleOf": 3, "minimum": 1})"); },
                 "'multipleOf'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "integer", "multipleOf": 100000})"); },
+                "'multipleOf'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"type": "string", "pattern": "^a+$", "minLength": 6})"); },
+                "beside 'pattern'");
+  code_and_text(
+      [&] { Grammar::from_json_schema(tok, R"({"anyOf": [{"type": "object"}], "type": "object", "required": []})"); },
+      "'required' beside 'anyOf'");
+  code_and_text([&] { Grammar::from_json_schema(tok, R"({"enum": [1, "x"], "type": "integer"})"); },
+                "'type' beside 'enum'");
+  code_and_text(
+      [&] {
+        Grammar::from_json_schema(
+            tok, R"({"properties": {"a": {"$ref": "#/components/U"}}, "components": {"U": {"uniqueItems": true}}})");
+      },
+      "'uniqueItems' at '/components/U'");
   code_and_text([&] { Grammar::from_json_schema(tok, R"({"allOf": [{"type": "object"}, {"required": []}]})"); },
                 "'allOf'");
+  // What xgrammar enforces is not refused (the tiny vocabulary then has no first token: the
+  // schema got past the check to the compiler): multipleOf with both bounds close enough,
+  // lengths beside a format it does not build in, type beside enum values of that type,
+  // annotations beside $ref.
+  for (const char* ok : {R"({"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100})",
+                         R"({"type": "string", "format": "password", "maxLength": 8})",
+                         R"({"enum": ["ab", "ba"], "type": "string", "title": "E"})",
+                         R"({"$defs": {"A": {"const": "ab"}}, "$ref": "#/$defs/A", "description": "d"})"}) {
+    INFO(ok);
+    code_and_text([&] { Grammar::from_json_schema(tok, ok); }, "allows no token");
+  }
   // A property named like a keyword is a name, not the keyword.
   try {
     Grammar::from_json_schema(tok,

@@ -71,7 +71,12 @@ const char* kind_of(const json& v) {
   if (e.code() == ErrorCode::kOutOfMemory) {
     throw ApiError(503, fmt::format("{}{}", prefix, e.what()), param, "grammar_compiler_busy");
   }
-  const bool slow = std::string_view(e.what()).find("compile deadline") != std::string_view::npos;
+  // The library's deadline message, "<kind>: compiling it takes longer than ...", read from
+  // its start: a schema's own text quoted in other messages cannot pass for it.
+  const std::string_view m = e.what();
+  const size_t colon = m.find(": ");
+  const bool slow = colon != std::string_view::npos &&
+                    m.substr(colon + 2).starts_with("compiling it takes longer than the compile deadline");
   throw ApiError(400, fmt::format("{}{}", prefix, e.what()), param, slow ? "grammar_too_complex" : "invalid_value");
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -189,11 +190,105 @@ std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, s
   return std::make_shared<const Grammar>(std::move(impl));
 }
 
-// Refuses a JSON schema whose constraints xgrammar 0.2.9 would drop (it logs a warning and
-// compiles without them, so the output would not validate): keywords it does not read,
-// multipleOf other than alone on an integer, length bounds beside a format, allOf of more
-// than one schema, and (strict mode generates only the properties named) a required name
-// that `properties` does not define. Walks the schema iteratively (no recursion depth).
+// Refuses a JSON schema whose constraints xgrammar 0.2.9 would drop (it logs a warning, or
+// nothing, and compiles without them, so the output would not validate); read from its
+// json_schema_converter.cc. Walks every subschema iteratively (no recursion depth).
+bool is_integer_type(const nlohmann::json& type) {
+  if (type == "integer") return true;
+  if (!type.is_array() || type.empty()) return false;
+  return std::all_of(type.begin(), type.end(), [](const nlohmann::json& t) { return t == "integer"; });
+}
+
+bool has_type(const nlohmann::json& v, const nlohmann::json& type) {
+  if (type.is_array()) {
+    return std::any_of(type.begin(), type.end(), [&](const nlohmann::json& t) { return has_type(v, t); });
+  }
+  if (type == "string") return v.is_string();
+  if (type == "integer") return v.is_number_integer();
+  if (type == "number") return v.is_number();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  if (type == "array") return v.is_array();
+  if (type == "object") return v.is_object();
+  return false;
+}
+
+// One subschema's own keywords; throws naming the first constraint xgrammar would drop.
+void check_subschema(const nlohmann::json& s, const std::string& at) {
+  const auto refuse = [&](std::string_view what) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("json_schema: {} at '{}' is not enforced by the grammar engine (xgrammar would "
+                            "drop it and the output could fail the schema)",
+                            what, at.empty() ? "/" : at));
+  };
+  for (const char* kw : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+                         "contains", "minContains", "maxContains"}) {
+    if (s.contains(kw)) refuse(fmt::format("'{}'", kw));
+  }
+  if (s.contains("uniqueItems") && s["uniqueItems"] != false) refuse("'uniqueItems'");
+  // The first of these takes the whole subschema: the others beside it are dropped, and so
+  // is every constraint but `type` on const/enum values that all have that type.
+  static constexpr std::array kDispatch = {"$ref", "const", "enum", "anyOf", "oneOf", "allOf"};
+  static constexpr std::array kAnnotations = {"title",    "description", "default",    "examples",     "$comment",
+                                              "$schema",  "$id",         "$anchor",    "$defs",        "definitions",
+                                              "readOnly", "writeOnly",   "deprecated", "discriminator"};
+  const auto first = std::find_if(kDispatch.begin(), kDispatch.end(), [&](const char* k) { return s.contains(k); });
+  if (first != kDispatch.end()) {
+    for (const auto& [key, value] : s.items()) {
+      if (key == *first || std::find(kAnnotations.begin(), kAnnotations.end(), key) != kAnnotations.end()) continue;
+      if (key == "type" && (std::string_view(*first) == "const" || std::string_view(*first) == "enum")) {
+        const nlohmann::json& values = s[*first];
+        const nlohmann::json& type = value;
+        const bool typed =
+            std::string_view(*first) == "const"
+                ? has_type(values, type)
+                : values.is_array() && std::all_of(values.begin(), values.end(),
+                                                   [&](const nlohmann::json& v) { return has_type(v, type); });
+        if (typed) continue;
+      }
+      refuse(fmt::format("'{}' beside '{}' (only '{}' is read)", key, *first, *first));
+    }
+  }
+  if (s.contains("allOf") && s["allOf"].is_array() && s["allOf"].size() > 1) refuse("'allOf' of several schemas");
+  if (s.contains("multipleOf")) {
+    const nlohmann::json& m = s["multipleOf"];
+    const bool lower = s.contains("minimum") || s.contains("exclusiveMinimum");
+    const bool upper = s.contains("maximum") || s.contains("exclusiveMaximum");
+    bool enforced = is_integer_type(s.value("type", nlohmann::json())) && m.is_number_integer() &&
+                    m.get<int64_t>() >= 1 && m.get<int64_t>() <= 1024 && lower == upper;
+    if (enforced && lower) {
+      const auto bound = [&](const char* inclusive, const char* exclusive, int64_t step) {
+        const nlohmann::json& b = s.contains(inclusive) ? s[inclusive] : s[exclusive];
+        const double v = b.is_number() ? b.get<double>() : 0.0;
+        return s.contains(inclusive) ? v : v + double(step);
+      };
+      enforced = bound("maximum", "exclusiveMaximum", -1) - bound("minimum", "exclusiveMinimum", 1) <= 10000.0;
+    }
+    if (!enforced) {
+      refuse("'multipleOf' (enforced on integers only, at most 1024, alone or with both bounds at most 10000 apart)");
+    }
+  }
+  if (s.contains("minLength") || s.contains("maxLength")) {
+    static constexpr std::array kBuiltinFormats = {
+        "email",    "date", "time", "date-time",     "duration",     "ipv4",         "ipv6",
+        "hostname", "uuid", "uri",  "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"};
+    if (s.contains("pattern")) refuse("'minLength'/'maxLength' beside 'pattern'");
+    if (s.contains("format") && s["format"].is_string() &&
+        std::find(kBuiltinFormats.begin(), kBuiltinFormats.end(), s["format"].get<std::string>()) !=
+            kBuiltinFormats.end()) {
+      refuse("'minLength'/'maxLength' beside a built-in 'format'");
+    }
+  }
+  if (s.contains("required") && s["required"].is_array()) {
+    const nlohmann::json* props = s.contains("properties") ? &s["properties"] : nullptr;
+    for (const auto& name : s["required"]) {
+      if (name.is_string() && (!props || !props->is_object() || !props->contains(name.get<std::string>()))) {
+        refuse(fmt::format("required property '{}', which 'properties' does not define,", name.get<std::string>()));
+      }
+    }
+  }
+}
+
 void check_enforceable(std::string_view text) {
   nlohmann::json root;
   try {
@@ -201,53 +296,28 @@ void check_enforceable(std::string_view text) {
   } catch (const nlohmann::json::exception&) {
     return;  // xgrammar names the syntax error
   }
+  // Every object reached through a keyword is a subschema, except the values of keywords
+  // that hold data (enum, const, default, examples, required) and the maps whose keys are
+  // names (properties, patternProperties, $defs, definitions), whose values are.
+  static constexpr std::array kData = {"enum", "const", "default", "examples", "required"};
+  static constexpr std::array kNameMaps = {"properties", "patternProperties", "$defs", "definitions"};
   std::vector<std::pair<const nlohmann::json*, std::string>> todo{{&root, ""}};
-  const auto refuse = [](const std::string& at, std::string_view what) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("json_schema: {} at '{}' is not enforced by the grammar engine (xgrammar would "
-                            "drop it and the output could fail the schema)",
-                            what, at.empty() ? "/" : at));
-  };
   while (!todo.empty()) {
     const auto [node, at] = todo.back();
     todo.pop_back();
     if (!node->is_object()) continue;
-    const nlohmann::json& s = *node;
-    for (const char* kw : {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
-                           "contains", "minContains", "maxContains"}) {
-      if (s.contains(kw)) refuse(at, fmt::format("'{}'", kw));
-    }
-    if (s.contains("uniqueItems") && s["uniqueItems"] != false) refuse(at, "'uniqueItems'");
-    if (s.contains("multipleOf") &&
-        (s.value("type", nlohmann::json()) != "integer" || s.contains("minimum") || s.contains("maximum") ||
-         s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum"))) {
-      refuse(at, "'multipleOf' (enforced only alone on an integer)");
-    }
-    if (s.contains("format") && (s.contains("minLength") || s.contains("maxLength"))) {
-      refuse(at, "'minLength'/'maxLength' beside 'format'");
-    }
-    if (s.contains("allOf") && s["allOf"].is_array() && s["allOf"].size() > 1) refuse(at, "'allOf' of several schemas");
-    if (s.contains("required") && s["required"].is_array()) {
-      const nlohmann::json* props = s.contains("properties") ? &s["properties"] : nullptr;
-      for (const auto& name : s["required"]) {
-        if (name.is_string() && (!props || !props->is_object() || !props->contains(name.get<std::string>()))) {
-          refuse(at,
-                 fmt::format("required property '{}', which 'properties' does not define,", name.get<std::string>()));
+    check_subschema(*node, at);
+    for (const auto& [key, value] : node->items()) {
+      if (std::find(kData.begin(), kData.end(), key) != kData.end()) continue;
+      const bool names = std::find(kNameMaps.begin(), kNameMaps.end(), key) != kNameMaps.end();
+      if (value.is_object()) {
+        if (!names) {
+          todo.emplace_back(&value, at + "/" + key);
+          continue;
         }
-      }
-    }
-    for (const char* kw :
-         {"additionalProperties", "items", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}) {
-      if (s.contains(kw)) todo.emplace_back(&s[kw], at + "/" + kw);
-    }
-    for (const char* kw : {"items", "prefixItems", "anyOf", "oneOf", "allOf"}) {
-      if (s.contains(kw) && s[kw].is_array()) {
-        for (size_t i = 0; i < s[kw].size(); ++i) todo.emplace_back(&s[kw][i], fmt::format("{}/{}/{}", at, kw, i));
-      }
-    }
-    for (const char* kw : {"properties", "patternProperties", "$defs", "definitions"}) {
-      if (s.contains(kw) && s[kw].is_object()) {
-        for (const auto& [name, sub] : s[kw].items()) todo.emplace_back(&sub, at + "/" + kw + "/" + name);
+        for (const auto& [name, sub] : value.items()) todo.emplace_back(&sub, at + "/" + key + "/" + name);
+      } else if (value.is_array()) {
+        for (size_t i = 0; i < value.size(); ++i) todo.emplace_back(&value[i], fmt::format("{}/{}/{}", at, key, i));
       }
     }
   }

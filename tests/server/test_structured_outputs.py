@@ -140,7 +140,7 @@ def test_json_object_and_llama_server_fields(server):
     # Constraints xgrammar would drop (the output would end "stop" without validating).
     ({"json_schema": {"type": "object", "required": ["x"]}}, "json_schema", "required property 'x'"),
     ({"json_schema": {"not": {"type": "string"}}}, "json_schema", "'not'"),
-    ({"json_schema": {"type": "string", "format": "date", "maxLength": 5}}, "json_schema", "beside 'format'"),
+    ({"json_schema": {"type": "string", "format": "date", "maxLength": 5}}, "json_schema", "beside a built-in 'format'"),
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}},
      "json_schema", "at '/properties/a'"),
     ({"json_schema": {"type": "number", "multipleOf": 0.5}}, "json_schema", "'multipleOf'"),
