@@ -35,17 +35,23 @@ set(TANDEM_MODULE_DEPS_sched core exec grammar kv model session tokenizer)
 set(_tandem_modules_file ${CMAKE_CURRENT_LIST_FILE})
 
 # The module an #include line names, in OUT ("" for none): "tandem/<module>/x.hpp" (public)
-# or "<module>/x.hpp" (private, from lib/) in quotes, after any leading ../ and include/
-# (so "../../include/tandem/sched/x.hpp" counts), or <tandem/<module>/x.hpp>.
+# or "<module>/x.hpp" (private, from lib/), in quotes or angle brackets, a comment before
+# the name allowed, after normalising the path (repeated and ./ separators, dir/.. pairs)
+# and dropping leading ../, include/, lib/ and tandem/: "../../include/tandem/sched/x.hpp",
+# "core/../sched/x.hpp" and "../../lib/sched/x.hpp" all name sched.
 function(_tandem_included_module line out)
   set(path "")
-  if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\"")
-    set(path ${CMAKE_MATCH_1})
-  elseif(line MATCHES "^[ \t]*#[ \t]*include[ \t]*<(tandem/[^>]+)>")
-    set(path ${CMAKE_MATCH_1})
+  if(line MATCHES "^[ \t]*#[ \t]*include[ \t]*(/\\*[^*]*\\*/[ \t]*)*[\"<]([^\">]+)[\">]")
+    set(path ${CMAKE_MATCH_2})
   endif()
-  string(REGEX REPLACE "^(\\./|\\.\\./)+" "" path "${path}")
+  string(REGEX REPLACE "/+" "/" path "${path}")
+  string(REGEX REPLACE "(^|/)(\\./)+" "\\1" path "${path}")
+  while(path MATCHES "(^|/)[^/.][^/]*/\\.\\./")
+    string(REGEX REPLACE "(^|/)[^/.][^/]*/\\.\\./" "\\1" path "${path}")
+  endwhile()
+  string(REGEX REPLACE "^(\\.\\./)+" "" path "${path}")
   string(REGEX REPLACE "^include/" "" path "${path}")
+  string(REGEX REPLACE "^lib/" "" path "${path}")
   string(REGEX REPLACE "^tandem/" "" path "${path}")
   set(module "")
   if(path MATCHES "^([a-z_]+(/cpu|/gpu)?)/[^/]+$")
