@@ -469,7 +469,7 @@ size_t kv_descriptor_parse(std::span<const std::byte> bytes, KvDescriptor& d) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("KV descriptor: truncated reading {} at offset {}", what, at));
     }
-    std::memcpy(p, bytes.data() + at, n);
+    if (n > 0) std::memcpy(p, bytes.data() + at, n);  // an empty vector's data() may be null
     at += n;
   };
   descriptor_fields(d, [&](auto& v, const char* what) {
