@@ -45,6 +45,14 @@ Tokenizer tiny_tokenizer() {
   return Tokenizer(std::move(v));
 }
 
+// SmolLM2 (Q4_1), loaded once for every test here that needs it; null when absent.
+std::shared_ptr<const Model> smollm2() {
+  static const std::shared_ptr<const Model> model = std::filesystem::exists(test::smollm2_q4_1_path())
+                                                        ? Model::load(test::smollm2_q4_1_path(), ModelOptions{})
+                                                        : nullptr;
+  return model;
+}
+
 #define REQUIRE_GRAMMAR()                                                 \
   if (!Grammar::available()) {                                            \
     WARN("SKIPPED: built without xgrammar (cmake/TandemXgrammar.cmake)"); \
@@ -207,12 +215,11 @@ TEST_CASE(
     "within it kOutOfMemory, no deadline waits",
     "[grammar][smollm2]") {
   REQUIRE_GRAMMAR();
-  const auto path = test::smollm2_q4_1_path();
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+  const std::shared_ptr<const Model> model = smollm2();
+  if (!model) {
+    WARN("SKIPPED: " << test::smollm2_q4_1_path() << " is absent (scripts/fetch-smollm2 downloads it)");
     return;
   }
-  static const auto model = Model::load(path, ModelOptions{});
   const Tokenizer& tok = model->tokenizer();
   // 150 optional three-way alternatives: 2.4 KB that take xgrammar seconds on SmolLM2's
   // 49152 tokens (100 took 1.4 s, 200 6.4 s on this project's VM); a 1 ms deadline is a
@@ -253,12 +260,11 @@ TEST_CASE(
 TEST_CASE("Constrained greedy decoding on SmolLM2 yields JSON of the schema, on 1 and 2 threads",
           "[grammar][smollm2]") {
   REQUIRE_GRAMMAR();
-  const auto path = test::smollm2_q4_1_path();
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+  const std::shared_ptr<const Model> model = smollm2();
+  if (!model) {
+    WARN("SKIPPED: " << test::smollm2_q4_1_path() << " is absent (scripts/fetch-smollm2 downloads it)");
     return;
   }
-  static const auto model = Model::load(path, ModelOptions{});
   const Tokenizer& tok = model->tokenizer();
   const std::string schema = R"({"type": "object",
     "properties": {"name": {"type": "string", "maxLength": 12},
@@ -321,12 +327,11 @@ TEST_CASE("Constrained greedy decoding on SmolLM2 yields JSON of the schema, on 
 
 TEST_CASE("Scheduler: a grammar request leaves its unconstrained batch neighbour unchanged", "[grammar][smollm2]") {
   REQUIRE_GRAMMAR();
-  const auto path = test::smollm2_q4_1_path();
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+  const std::shared_ptr<const Model> model = smollm2();
+  if (!model) {
+    WARN("SKIPPED: " << test::smollm2_q4_1_path() << " is absent (scripts/fetch-smollm2 downloads it)");
     return;
   }
-  static const auto model = Model::load(path, ModelOptions{});
   const Tokenizer& tok = model->tokenizer();
   CpuQ4Executor exec(model, CpuExecutorOptions{2});
   const auto chat = ChatTemplate::for_model(*model);
