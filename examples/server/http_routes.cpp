@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -62,9 +63,14 @@ httplib::Server::Handler guarded(ServerState& st, std::string_view endpoint, F f
       st.log.write("info", "rejected", {{"endpoint", endpoint}, {"status", e.status()}, {"error", e.what()}});
       send_error(res, e);
     } catch (const Error& e) {
-      const int status = e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kContextOverflow ? 400 : 500;
-      st.log.write("info", "rejected", {{"endpoint", endpoint}, {"status", status}, {"error", e.what()}});
-      send_error(res, ApiError(status, e.what(), "", std::string(error_code_name(e.code()))));
+      // The scheduler stopped under a request that passed the draining check before it.
+      const ApiError api =
+          st.draining.load()
+              ? ApiError(503, "the server is shutting down", "", "server_shutting_down")
+              : ApiError(e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kContextOverflow ? 400 : 500,
+                         e.what(), "", std::string(error_code_name(e.code())));
+      st.log.write("info", "rejected", {{"endpoint", endpoint}, {"status", api.status()}, {"error", e.what()}});
+      send_error(res, api);
     }
   };
 }
@@ -75,14 +81,28 @@ httplib::Server::Handler guarded(ServerState& st, std::string_view endpoint, F f
 /// A length past 2^64 - 1 is that (over any body limit: 413).
 struct BodyFraming {
   bool malformed = false;
-  bool chunked = false;  ///< Transfer-Encoding present
-  uint64_t length = 0;   ///< Content-Length (0 when absent)
-  std::string reason;    ///< why malformed
+  bool chunked = false;      ///< Transfer-Encoding present
+  bool unsupported = false;  ///< a transfer coding other than a lone `chunked` (answered 501)
+  uint64_t length = 0;       ///< Content-Length (0 when absent)
+  std::string reason;        ///< why malformed
 };
 
 BodyFraming framing(const httplib::Request& req) {
   BodyFraming f;
   f.chunked = req.has_header("Transfer-Encoding");
+  for (size_t i = 0; i < req.get_header_value_count("Transfer-Encoding"); ++i) {
+    const std::string value = req.get_header_value("Transfer-Encoding", i);
+    std::string_view v = value;
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    // RFC 9112 6.1: a server that does not understand a transfer coding answers 501.
+    if (i > 0 || v.size() != 7 || !std::equal(v.begin(), v.end(), "chunked", [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      f.unsupported = true;
+      f.reason = fmt::format("Transfer-Encoding '{}' is not supported (only chunked)", v.substr(0, 64));
+    }
+  }
   const size_t n = req.get_header_value_count("Content-Length");
   for (size_t i = 0; i < n; ++i) {
     const std::string value = req.get_header_value("Content-Length", i);
@@ -358,10 +378,19 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
       close_after(res);
       return refuse(ApiError(405, fmt::format("method {} is not supported", req.method), "", "method_not_allowed"));
     }
+    if (auto* c = current_connection(); c && c->header_malformed) {
+      close_after(res);
+      return refuse(
+          ApiError(400, "a header line has no colon, or is folded onto the previous one", "", "invalid_header_line"));
+    }
     const BodyFraming body = framing(req);
     if (body.malformed) {
       close_after(res);
       return refuse(ApiError(400, body.reason, "", "invalid_request_framing"));
+    }
+    if (body.unsupported) {
+      close_after(res);
+      return refuse(ApiError(501, body.reason, "", "unsupported_transfer_encoding"));
     }
     if (body.length > st.options.body_limit) {
       close_after(res);

@@ -83,6 +83,7 @@ class ConnectionStream final : public httplib::Stream {
   void begin_request(Clock::time_point deadline) {
     deadline_ = deadline;
     header_bytes_ = 0;
+    line_ = LineScan{};
   }
   bool has_buffered() const { return off_ < len_; }
 
@@ -127,6 +128,7 @@ class ConnectionStream final : public httplib::Stream {
         state_.header_overflow = true;
         return -1;
       }
+      for (size_t i = 0; i < n; ++i) scan_header_byte(buf_[off_ + i]);
     }
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
@@ -147,6 +149,29 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  /// Where the header reader is in the current line: httplib skips a header line without
+  /// a colon (and reads a folded line as a header of its own), a request smuggling vector
+  /// behind proxies that read them otherwise, so such a line marks the request malformed.
+  /// The first line is the request line (httplib refuses an empty one).
+  struct LineScan {
+    bool request_line_seen = false;
+    size_t length = 0;  ///< bytes of the line so far, CR excluded
+    bool colon = false;
+  };
+
+  void scan_header_byte(char c) {
+    if (c == '\n') {
+      if (line_.request_line_seen && line_.length > 0 && !line_.colon) state_.header_malformed = true;
+      line_.request_line_seen = true;
+      line_.length = 0;
+      line_.colon = false;
+    } else if (c != '\r') {
+      if (line_.length == 0 && line_.request_line_seen && (c == ' ' || c == '\t')) state_.header_malformed = true;
+      ++line_.length;
+      line_.colon = line_.colon || c == ':';
+    }
+  }
+
   const std::atomic<socket_t>& listening_;
   int sock_;
   const TransportLimits& limits_;
@@ -155,6 +180,7 @@ class ConnectionStream final : public httplib::Stream {
   int write_timeout_ms_;
   Clock::time_point deadline_{};
   size_t header_bytes_ = 0;
+  LineScan line_;
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };

@@ -75,8 +75,10 @@ struct ConnectionState {
   bool in_headers = true;        ///< still reading the request line and headers
   bool header_overflow = false;  ///< the header byte cap was hit
   bool header_timeout = false;   ///< the header deadline passed
-  bool close_after = false;      ///< the body was not read whole: close after this response
-  bool body_timeout = false;     ///< the body deadline passed, or a body read waited out the read timeout (5 s)
+  /// A header line without a colon, or an obsolete folded line (RFC 9112 5.1, 5.2): 400.
+  bool header_malformed = false;
+  bool close_after = false;   ///< the body was not read whole: close after this response
+  bool body_timeout = false;  ///< the body deadline passed, or a body read waited out the read timeout (5 s)
   std::chrono::steady_clock::time_point body_deadline{};  ///< set by end_of_headers
   int sock = -1;                                          ///< the connection's socket
 };

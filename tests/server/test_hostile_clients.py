@@ -381,6 +381,44 @@ def test_malformed_content_length_is_400_and_closes(plain, framing):
     assert httpx.get(s.url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize("coding", ["gzip", "gzip, chunked", "identity", "chunked\r\nTransfer-Encoding: chunked"])
+def test_unknown_transfer_coding_is_501_at_once_and_closes(plain, coding):
+    """A transfer coding other than a lone `chunked` is 501 naming it (RFC 9112 6.1), from the
+    headers alone: the server never waits for a body it cannot decode (it used to wait for the
+    body deadline and answer 408). The client sends no body; a timeout here means it waited."""
+    s = plain
+    c = connect(s)
+    c.settimeout(3)  # far below the 5 s read timeout the old behaviour waited for
+    c.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Transfer-Encoding: {coding}\r\n\r\n".encode())
+    status, headers, body = read_response(c)
+    c.close()
+    err = assert_openai_error(status, body, 501)
+    assert "Transfer-Encoding" in err["message"] and err["code"] == "unsupported_transfer_encoding", err
+    assert headers.get("connection") == "close"
+    assert httpx.get(s.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("line", ["NoColonHere", " folded-continuation", "\tfolded"])
+def test_header_line_without_colon_or_folded_is_400(plain, line):
+    """A header line without a colon, or an obsolete line fold, is 400 (RFC 9112 5.1, 5.2):
+    httplib skipped such a line, and a proxy in front that reads it otherwise is a request
+    smuggling vector. A colon in a value, or a value with spaces, stays a header line."""
+    s = plain
+    c = connect(s)
+    c.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{line}\r\n\r\n".encode())
+    status, headers, body = read_response(c)
+    c.close()
+    err = assert_openai_error(status, body, 400)
+    assert err["code"] == "invalid_header_line", err
+    assert headers.get("connection") == "close"
+    c = connect(s)
+    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Note: a b:c\r\nConnection: close\r\n\r\n")
+    status, _, body = read_response(c)
+    c.close()
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+
+
 def test_malformed_content_length_with_expect_continue_is_400(plain):
     s = plain
     c = connect(s)
