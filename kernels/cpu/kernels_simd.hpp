@@ -33,12 +33,14 @@
 
 namespace tandem::kernels::detail::TANDEM_ISA_NS {
 
-// One arithmetic on every x86 ISA: the float kernels and the quantised tiles use 256-bit
-// vectors (8 f32 lanes) in every TU, so each lane adds the same operands in the same order
-// and AVX2 and AVX-512 give the same bits by construction. The AVX-512 TUs differ only in
-// encoding (EVEX, 32 vector registers: bigger tiles, which change which registers hold
-// what, never an operation's operands) and, with VNNI, in how the exact integer block
-// dots are formed (vpdpbusd instead of maddubs + madd: the same i32 lane sums).
+// One arithmetic on every x86 ISA: a vector lane is one output and runs the same
+// operations on the same operands in the same order, so AVX2 and AVX-512 give the same
+// bits by construction. The float kernels and most quantised tiles use 256-bit vectors (8
+// f32 lanes) in every TU; the AVX-512 TUs differ in encoding (EVEX, 32 vector registers:
+// bigger tiles, which change which registers hold what, never an operation's operands),
+// in the repacked Q4_0 tile's width (tile_q4x16: two 8-row groups in one 512-bit
+// register, each lane still one row) and, with VNNI, in how the exact integer block dots
+// are formed (vpdpbusd instead of maddubs + madd: the same i32 lane sums).
 using Arch = xsimd::fma3<xsimd::avx2>;
 #if TANDEM_ISA_AVX512
 constexpr int kQCols = 4;              // Q4_0/Q8_0 prefill tile: 8 rows x 4 columns
@@ -221,28 +223,68 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 /// block reached hold +0 and are never touched: adding +0 changes no lane sum (a lane sum
 /// is never -0: it starts at +0), so skipping those additions keeps the bits and saves the
 /// work when a row has fewer than 32 blocks (k < 1024: most of a small model's matrices).
-struct Lanes32 {
-  __m256 a[32];
-  /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S), from +0 on first use.
-  void add(int64_t b, __m256 d, __m256i s) noexcept { add_p(b, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))); }
-  /// Block b's terms p (8 outputs) into lane b % 32, as add() does.
-  void add_p(int64_t b, __m256 p) noexcept {
+inline __m256 vadd(__m256 a, __m256 b) noexcept {
+  return _mm256_add_ps(a, b);
+}
+inline __m256 vzero(__m256) noexcept {
+  return _mm256_setzero_ps();
+}
+#if TANDEM_ISA_AVX512
+inline __m512 vadd(__m512 a, __m512 b) noexcept {
+  return _mm512_add_ps(a, b);
+}
+inline __m512 vzero(__m512) noexcept {
+  return _mm512_setzero_ps();
+}
+#endif
+
+template <int N>
+struct F32Vec;  ///< the f32 vector of N lanes
+template <>
+struct F32Vec<8> {
+  using type = __m256;
+};
+#if TANDEM_ISA_AVX512
+template <>
+struct F32Vec<16> {
+  using type = __m512;
+};
+#endif
+
+/// N = 8 (__m256) or, in the AVX-512 TUs, 16 (__m512) outputs: a vector lane is an output
+/// and every lane runs the same additions, so the width changes no result.
+template <int N>
+struct Lanes32T {
+  using V = typename F32Vec<N>::type;
+  V a[32];
+  /// Block b's terms p (one per output) into lane b % 32: a[b % 32] = a[b % 32] + p,
+  /// from +0 on first use.
+  void add_p(int64_t b, V p) noexcept {
     if (b < 32) {
-      a[b] = _mm256_add_ps(_mm256_setzero_ps(), p);
+      a[b] = vadd(vzero(p), p);
     } else {
-      __m256& v = a[b % 32];
-      v = _mm256_add_ps(v, p);
+      V& v = a[b % 32];
+      v = vadd(v, p);
     }
   }
   /// The tree over the lanes that `nb` (>= 1) blocks reached.
-  __m256 tree(int64_t nb) noexcept {
+  V tree(int64_t nb) noexcept {
     int64_t used = std::min<int64_t>(nb, 32);
     for (int o = 16; o > 0; o /= 2) {
-      for (int l = 0; l < o && l + o < used; ++l) a[l] = _mm256_add_ps(a[l], a[l + o]);
+      for (int l = 0; l < o && l + o < used; ++l) a[l] = vadd(a[l], a[l + o]);
       used = std::min<int64_t>(used, o);
     }
     return a[0];
   }
+};
+
+/// 32 lane sums of 8 outputs (vector lane r = output r), the arithmetic above. Lanes no
+/// block reached hold +0 and are never touched: adding +0 changes no lane sum (a lane sum
+/// is never -0: it starts at +0), so skipping those additions keeps the bits and saves the
+/// work when a row has fewer than 32 blocks (k < 1024: most of a small model's matrices).
+struct Lanes32 : Lanes32T<8> {
+  /// Block b's products (8 outputs): a[b % 32] = a[b % 32] + (d * S), from +0 on first use.
+  void add(int64_t b, __m256 d, __m256i s) noexcept { add_p(b, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s))); }
 };
 
 /// Lane r of the result = the sum of v[r]'s 8 i32 lanes (exact).
@@ -521,6 +563,79 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
       store_rows(acc[g][c].tree(nb), y + c * ldy + 8 * g, g == 0 ? row_lo : 0, g == G - 1 ? row_hi : 8);
 }
 
+#if TANDEM_ISA_AVX512
+// tile_q4x16<C>: tile_q4x8<2, C> with the two row groups in one 512-bit register (lanes
+// 0-7 group g, 8-15 group g + 1): every lane runs tile_q4x8's operations on the same
+// operands (exact integer dots, then the same rounded products and additions), so the
+// results are its bits, with half the instructions per row.
+template <int C>
+void tile_q4x16(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy,
+                int row_lo, int row_hi, const char* pf) noexcept {
+  Lanes32T<16> acc[C];
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+#if !TANDEM_ISA_VNNI
+  const __m512i ones16 = _mm512_set1_epi16(1);
+#endif
+  const BlockQ4_0x8* w1 = w + nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    if (pf != nullptr) {
+      const char* p = pf + b * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+      for (int g = 0; g < 2; ++g) {
+        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+        _mm_prefetch(pg, _MM_HINT_T0);
+        _mm_prefetch(pg + 64, _MM_HINT_T0);
+        _mm_prefetch(pg + 128, _MM_HINT_T0);
+      }
+    }
+    __m512i s16[C];
+    for (int c = 0; c < C; ++c) s16[c] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * j))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qs + 32 * j)), 1);
+      const __m512i lo = _mm512_and_si512(raw, m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      for (int c = 0; c < C; ++c) {
+        const int8_t* q = x[c * nb + b].qs;
+        int32_t vl, vh;
+        std::memcpy(&vl, q + 4 * j, 4);
+        std::memcpy(&vh, q + 16 + 4 * j, 4);
+        const __m512i bl = _mm512_set1_epi32(vl), bh = _mm512_set1_epi32(vh);
+#if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
+        s16[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s16[c], lo, bl), hi, bh);
+#else
+        s16[c] = _mm512_add_epi16(s16[c], _mm512_add_epi16(_mm512_maddubs_epi16(lo, bl), _mm512_maddubs_epi16(hi, bh)));
+#endif
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].d))),
+                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(w1[b].d)), 1));
+    for (int c = 0; c < C; ++c) {
+      const XAux& a = aux[c * nb + b];
+#if TANDEM_ISA_VNNI
+      const __m512i sb = _mm512_sub_epi32(s16[c], _mm512_set1_epi32(a.corr));
+#else
+      const __m512i sb = _mm512_sub_epi32(_mm512_madd_epi16(s16[c], ones16), _mm512_set1_epi32(a.corr));
+#endif
+      acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a.dx)), _mm512_cvtepi32_ps(sb)));
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const __m512 v = acc[c].tree(nb);
+    store_rows(_mm512_castps512_ps256(v), y + c * ldy, row_lo, 8);
+    store_rows(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), y + c * ldy + 8, 0, row_hi);
+  }
+}
+
+using TileX16Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
+                           const char*) noexcept;
+template <size_t... I>
+constexpr std::array<TileX16Fn, sizeof...(I)> make_x16_tiles(std::index_sequence<I...>) {
+  return {&tile_q4x16<static_cast<int>(I) + 1>...};
+}
+#endif
+
 using TileX8Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
                           const char*) noexcept;
 template <int GB, int CB, size_t... I>
@@ -544,11 +659,20 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
       const int64_t gg = std::min<int64_t>(kX8GemvGroups, g1 - g);
       const int64_t gn = g + kX8GemvGroups;
       const char* pf = gn < g1 ? reinterpret_cast<const char*>(w + gn * nb) : nullptr;
+#if TANDEM_ISA_AVX512
+      if (gg == 2) {
+        tile_q4x16<1>(w + g * nb, nb, x, aux, y + 8 * g, ldy, lo_of(g), hi_of(g + 1), pf);
+        continue;
+      }
+#endif
       gemv[static_cast<size_t>(gg - 1)](w + g * nb, nb, x, aux, y + 8 * g, ldy, lo_of(g), hi_of(g + gg - 1), pf);
     }
     return;
   }
   static constexpr auto tiles = make_x8_tiles<1, kX8Cols>(std::make_index_sequence<kX8Cols>{});
+#if TANDEM_ISA_AVX512
+  static constexpr auto tiles16 = make_x16_tiles(std::make_index_sequence<kX8Cols>{});
+#endif
   // Column chunk: its activations (~512 KiB) stay in L2 while every row group passes;
   // its aux records fit the prepared buffer.
   const int64_t col_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_0));
@@ -558,12 +682,24 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
   for (int64_t c0 = 0; c0 < m; c0 += nc) {
     const int64_t c1 = std::min(m, c0 + nc);
     x8_aux(x + c0 * nb, (c1 - c0) * nb, aux);
-    for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t g = g0; g < g1;) {
+#if TANDEM_ISA_AVX512
+      if (g + 1 < g1) {  // two groups, 16 rows per register
+        for (int64_t c = c0; c < c1; c += kX8Cols) {
+          const int64_t cc = std::min<int64_t>(kX8Cols, c1 - c);
+          tiles16[static_cast<size_t>(cc - 1)](w + g * nb, nb, x + c * nb, aux + (c - c0) * nb, y + c * ldy + 8 * g,
+                                               ldy, lo_of(g), hi_of(g + 1), nullptr);
+        }
+        g += 2;
+        continue;
+      }
+#endif
       for (int64_t c = c0; c < c1; c += kX8Cols) {
         const int64_t cc = std::min<int64_t>(kX8Cols, c1 - c);
         tiles[static_cast<size_t>(cc - 1)](w + g * nb, nb, x + c * nb, aux + (c - c0) * nb, y + c * ldy + 8 * g, ldy,
                                            lo_of(g), hi_of(g), nullptr);
       }
+      ++g;
     }
   }
 }
