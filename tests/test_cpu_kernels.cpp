@@ -655,6 +655,64 @@ TEST_CASE("repacked Q4_0 gemm is batch-invariant: each column equals its own GEM
   }
 }
 
+TEST_CASE("repacked Q4_1 gemm: layout as documented, the GGUF-layout kernel's bits on every ISA, any row range and m",
+          "[kernels][q4_1]") {
+  std::mt19937 g(411);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f), mn(-0.4f, 0.1f);
+  struct Shape {
+    int64_t k, n;
+  };
+  // n: 1, 2, 3, 5 row groups (odd counts leave a lone group beside the AVX-512 pairs) and tails
+  for (const Shape sh : {Shape{32, 1}, Shape{96, 13}, Shape{896, 37}, Shape{2048, 19}, Shape{1152, 16}}) {
+    const int64_t k = sh.k, n = sh.n, nb = k / 32, m = 6;
+    std::vector<BlockQ4_1> w(static_cast<size_t>(n * nb));
+    for (auto& b : w) {
+      b.d = fp32_to_fp16(sc(g));
+      b.m = fp32_to_fp16(mn(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    w[0].m = fp32_to_fp16(-65504.0f);  // extreme scale and min: the m * T_b term at full range
+    w[0].d = fp32_to_fp16(65504.0f);
+    auto xq = rand_q8(g, m * nb);
+    xq[0].qs[3] = -128;
+    std::vector<BlockQ4_1x8> p(static_cast<size_t>(q4_0x8_records(n, k)));
+    repack_q4_1x8(w.data(), n, k, p.data(), 0, (n + 7) / 8);
+    for (int64_t row = 0; row < (n + 7) / 8 * 8; ++row)
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ4_1x8& rec = p[static_cast<size_t>((row / 8) * nb + b)];
+        const int r = static_cast<int>(row % 8);
+        const bool real = row < n;
+        INFO("layout: row " << row << " block " << b);
+        CHECK(rec.d[r] == (real ? w[row * nb + b].d : 0));
+        CHECK(rec.m[r] == (real ? w[row * nb + b].m : 0));
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) CHECK(rec.qs[32 * j + 4 * r + i] == (real ? w[row * nb + b].qs[4 * j + i] : 0));
+      }
+    std::vector<float> want(static_cast<size_t>(m * n));
+    {
+      IsaScope s("scalar");  // the GGUF-layout kernel (fp64-bounded in "Q4_1 x Q8_0: ...")
+      gemm_q4_1_q8_0(w.data(), xq.data(), want.data(), k, m, n, 0, n);
+    }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      for (int64_t mm : {int64_t{1}, int64_t{2}, int64_t{5}, m}) {
+        for (int64_t split : {int64_t{0}, std::min<int64_t>(8, n), std::min<int64_t>(16, n), n / 2}) {
+          std::vector<float> y(static_cast<size_t>(mm * n), -1.0f);
+          gemm_q4_1x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
+          gemm_q4_1x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
+          for (int64_t c = 0; c < mm; ++c)
+            for (int64_t r = 0; r < n; ++r) {
+              INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "
+                       << r);
+              CHECK(bits(y[c * n + r]) == bits(want[c * n + r]));
+            }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("attention row kernels equal the per-row calls bit for bit", "[kernels]") {
   std::mt19937 g(123);
   const int64_t n = 64, stride = 256, rows = 13;

@@ -24,7 +24,7 @@ namespace {
 std::vector<float> run(const std::shared_ptr<const Model>& model, int threads, bool repack) {
   const auto& hp = model->hparams();
   const int32_t nv = hp.n_vocab;
-  CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads, .repack_q4_0 = repack});
+  CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads, .repack = repack});
   auto store = test::make_store(hp, 64);
   KvSequence a(*store, 128), b(*store, 128), c(*store, 128);
   const auto ids = test::prompt_ids(42, nv);

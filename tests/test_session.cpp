@@ -279,7 +279,7 @@ TEST_CASE("default CPU executors share one node pool; steps from several threads
 }
 
 // The repack of the Q4_0 weights is made once per Model: executors of one model alive
-// together share it and another model gets its own; CpuExecutorOptions::repack_q4_0 = false
+// together share it and another model gets its own; CpuExecutorOptions::repack = false
 // opts one executor out. Skipped under TANDEM_CPU_REPACK=0.
 TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", "[executor][repack]") {
   auto model = aidreams();
@@ -312,9 +312,9 @@ TEST_CASE("executors of one model share one repacked copy of the Q4_0 weights", 
   CpuQ4Executor d(model);
   CHECK(d.repacked_weights_id() == b.repacked_weights_id());
   CHECK(run(b) == run(d));
-  // repack_q4_0 = false: this executor multiplies the GGUF layout; the others keep theirs.
+  // repack = false: this executor multiplies the GGUF layout; the others keep theirs.
   CpuExecutorOptions plain;
-  plain.repack_q4_0 = false;
+  plain.repack = false;
   CpuQ4Executor e(model, plain);
   CHECK_FALSE(e.repacked_weights());
   CHECK(e.repacked_weights_id() == nullptr);

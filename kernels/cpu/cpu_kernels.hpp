@@ -105,7 +105,18 @@ struct BlockQ4_0x8 {
 };
 static_assert(sizeof(BlockQ4_0x8) == 144, "8 Q4_0 blocks: 8 scales + 128 bytes");
 
-/// Number of records repack_q4_0x8 writes for n rows of k elements.
+/// Q4_1 weights repacked as BlockQ4_0x8 is, each row's fp16 min beside its scale:
+///   d[r], m[r]  fp16 scale and min of row 8g + r;
+///   qs          as BlockQ4_0x8's (here the nibbles are q itself, 0..15).
+/// Rows past n have d = m = 0 and all nibbles 0.
+struct BlockQ4_1x8 {
+  uint16_t d[8];
+  uint16_t m[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_1x8) == 160, "8 Q4_1 blocks: 8 scales + 8 mins + 128 bytes");
+
+/// Number of records repack_q4_0x8 (or repack_q4_1x8) writes for n rows of k elements.
 inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
   return (n + 7) / 8 * (k / kQK);
 }
@@ -117,6 +128,11 @@ void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, i
 /// blocks, on every ISA. Any r0 works; r0 % 8 == 0 avoids recomputing a shared group. Does not allocate once
 /// cpu_thread_prepare() ran (for k up to 2^20). Thread-safe for disjoint outputs.
 void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// repack_q4_0x8 and gemm_q4_0x8_q8_0 for Q4_1 weights: the same bits as gemm_q4_1_q8_0
+/// on the GGUF blocks (its p_b, T_b = corr / 8 of the activations' 8 * sum(x)).
+void repack_q4_1x8(const BlockQ4_1* w, int64_t n, int64_t k, BlockQ4_1x8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,

@@ -384,6 +384,34 @@ void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int6
   }
 }
 
+// gemm_q4_1x8_q8_0, one (row, column) at a time: s_vec_dot_q4_1_q8_0's arithmetic on the
+// repacked layout.
+void s_gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t c = 0; c < m; ++c) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const BlockQ4_1x8* wg = w + (r / 8) * nb;
+      const int lane = static_cast<int>(r % 8);
+      Lanes32 lanes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ8_0& xb = x[c * nb + b];
+        int32_t s = 0, t = 0;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const int q = wg[b].qs[32 * j + 4 * lane + i];
+            s += (q & 0x0F) * xb.qs[4 * j + i] + (q >> 4) * xb.qs[16 + 4 * j + i];
+            t += xb.qs[4 * j + i] + xb.qs[16 + 4 * j + i];
+          }
+        const float ps = block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s);
+        const float pm = block_scale_product(wg[b].m[lane], xb.d) * static_cast<float>(t);
+        lanes.add(b, ps + pm);
+      }
+      y[c * ldy + r] = lanes.tree();
+    }
+  }
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -417,7 +445,8 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q4_1_q8_0,
                                  s_gemm_q4_1_q8_0,
                                  s_vec_dot_q5_0_q8_0,
-                                 s_gemm_q5_0_q8_0};
+                                 s_gemm_q5_0_q8_0,
+                                 s_gemm_q4_1x8_q8_0};
   return t;
 }
 

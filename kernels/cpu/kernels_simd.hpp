@@ -504,9 +504,10 @@ inline __m256i bcast4(const int8_t* p) noexcept {
 // y[c * ldy + 8g + r] for g < G, c < C, r < 8, except rows below row_lo of the first group
 // and from row_hi on of the last (outside the caller's row range).
 // w: G groups (stride nb records); x / aux: C columns (stride nb).
-template <int G, int C>
-void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
+template <class TB, int G, int C>
+void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
+  constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
   Lanes32 acc[G][C];
   const __m256i m4 = _mm256_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
@@ -514,12 +515,10 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
 #endif
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
-      const char* p = pf + b * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+      const char* p = pf + b * static_cast<int64_t>(sizeof(TB));
       for (int g = 0; g < G; ++g) {
-        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(BlockQ4_0x8));
-        _mm_prefetch(pg, _MM_HINT_T0);
-        _mm_prefetch(pg + 64, _MM_HINT_T0);
-        _mm_prefetch(pg + 128, _MM_HINT_T0);
+        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(TB));
+        for (int64_t o = 0; o < static_cast<int64_t>(sizeof(TB)); o += 64) _mm_prefetch(pg + o, _MM_HINT_T0);
       }
     }
     __m256i s16[G][C];
@@ -550,11 +549,19 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
       for (int c = 0; c < C; ++c) {
         const XAux& a = aux[c * nb + b];
 #if TANDEM_ISA_VNNI
-        const __m256i sb = _mm256_sub_epi32(s16[g][c], _mm256_set1_epi32(a.corr));
+        const __m256i sq = s16[g][c];
 #else
-        const __m256i sb = _mm256_sub_epi32(_mm256_madd_epi16(s16[g][c], ones16), _mm256_set1_epi32(a.corr));
+        const __m256i sq = _mm256_madd_epi16(s16[g][c], ones16);
 #endif
-        acc[g][c].add(b, _mm256_mul_ps(dw, _mm256_set1_ps(a.dx)), sb);
+        const __m256 dx = _mm256_set1_ps(a.dx);
+        if constexpr (kQ41) {  // S_b over the nibbles, T_b = corr / 8 (exact)
+          const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[g * nb + b].m)));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sq));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_set1_ps(static_cast<float>(a.corr / 8)));
+          acc[g][c].add_p(b, _mm256_add_ps(ps, pm));
+        } else {
+          acc[g][c].add(b, _mm256_mul_ps(dw, dx), _mm256_sub_epi32(sq, _mm256_set1_epi32(a.corr)));
+        }
       }
     }
   }
@@ -568,23 +575,22 @@ void tile_q4x8(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux*
 // 0-7 group g, 8-15 group g + 1): every lane runs tile_q4x8's operations on the same
 // operands (exact integer dots, then the same rounded products and additions), so the
 // results are its bits, with half the instructions per row.
-template <int C>
-void tile_q4x16(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy,
-                int row_lo, int row_hi, const char* pf) noexcept {
+template <class TB, int C>
+void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
+                int row_hi, const char* pf) noexcept {
+  constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
   Lanes32T<16> acc[C];
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
   const __m512i ones16 = _mm512_set1_epi16(1);
 #endif
-  const BlockQ4_0x8* w1 = w + nb;
+  const TB* w1 = w + nb;
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
-      const char* p = pf + b * static_cast<int64_t>(sizeof(BlockQ4_0x8));
+      const char* p = pf + b * static_cast<int64_t>(sizeof(TB));
       for (int g = 0; g < 2; ++g) {
-        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(BlockQ4_0x8));
-        _mm_prefetch(pg, _MM_HINT_T0);
-        _mm_prefetch(pg + 64, _MM_HINT_T0);
-        _mm_prefetch(pg + 128, _MM_HINT_T0);
+        const char* pg = p + g * nb * static_cast<int64_t>(sizeof(TB));
+        for (int64_t o = 0; o < static_cast<int64_t>(sizeof(TB)); o += 64) _mm_prefetch(pg + o, _MM_HINT_T0);
       }
     }
     __m512i s16[C];
@@ -608,17 +614,29 @@ void tile_q4x16(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux
 #endif
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(
-        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[b].d))),
-                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(w1[b].d)), 1));
+    const auto halves = [&](const uint16_t* lo16, const uint16_t* hi16) {
+      return _mm512_cvtph_ps(
+          _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo16))),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi16)), 1));
+    };
+    const __m512 dw = halves(w[b].d, w1[b].d);
     for (int c = 0; c < C; ++c) {
       const XAux& a = aux[c * nb + b];
 #if TANDEM_ISA_VNNI
-      const __m512i sb = _mm512_sub_epi32(s16[c], _mm512_set1_epi32(a.corr));
+      const __m512i sq = s16[c];
 #else
-      const __m512i sb = _mm512_sub_epi32(_mm512_madd_epi16(s16[c], ones16), _mm512_set1_epi32(a.corr));
+      const __m512i sq = _mm512_madd_epi16(s16[c], ones16);
 #endif
-      acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a.dx)), _mm512_cvtepi32_ps(sb)));
+      const __m512 dx = _mm512_set1_ps(a.dx);
+      if constexpr (kQ41) {
+        const __m512 ps = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sq));
+        const __m512 pm =
+            _mm512_mul_ps(_mm512_mul_ps(halves(w[b].m, w1[b].m), dx), _mm512_set1_ps(static_cast<float>(a.corr / 8)));
+        acc[c].add_p(b, _mm512_add_ps(ps, pm));
+      } else {
+        acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, dx),
+                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(sq, _mm512_set1_epi32(a.corr)))));
+      }
     }
   }
   for (int c = 0; c < C; ++c) {
@@ -628,23 +646,27 @@ void tile_q4x16(const BlockQ4_0x8* w, int64_t nb, const BlockQ8_0* x, const XAux
   }
 }
 
-using TileX16Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
+template <class TB>
+using TileX16Fn = void (*)(const TB*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
                            const char*) noexcept;
-template <size_t... I>
-constexpr std::array<TileX16Fn, sizeof...(I)> make_x16_tiles(std::index_sequence<I...>) {
-  return {&tile_q4x16<static_cast<int>(I) + 1>...};
+template <class TB, size_t... I>
+constexpr std::array<TileX16Fn<TB>, sizeof...(I)> make_x16_tiles(std::index_sequence<I...>) {
+  return {&tile_q4x16<TB, static_cast<int>(I) + 1>...};
 }
 #endif
 
-using TileX8Fn = void (*)(const BlockQ4_0x8*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
+template <class TB>
+using TileX8Fn = void (*)(const TB*, int64_t, const BlockQ8_0*, const XAux*, float*, int64_t, int, int,
                           const char*) noexcept;
-template <int GB, int CB, size_t... I>
-constexpr std::array<TileX8Fn, GB * CB> make_x8_tiles(std::index_sequence<I...>) {
-  return {&tile_q4x8<static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
+template <class TB, int GB, int CB, size_t... I>
+constexpr std::array<TileX8Fn<TB>, GB * CB> make_x8_tiles(std::index_sequence<I...>) {
+  return {&tile_q4x8<TB, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
 }
 
-void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
-                      int64_t r1) noexcept {
+/// gemm_q4_0x8_q8_0 and gemm_q4_1x8_q8_0 (TB: BlockQ4_0x8 or BlockQ4_1x8).
+template <class TB>
+void gemm_x8(const TB* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+             int64_t r1) noexcept {
   const int64_t nb = k / kQK;
   if (m <= 0 || r1 <= r0 || nb <= 0) return;
   const int64_t g0 = r0 / 8, g1 = (r1 + 7) / 8;
@@ -652,7 +674,7 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
   auto lo_of = [&](int64_t g) { return static_cast<int>(std::max<int64_t>(r0 - 8 * g, 0)); };
   auto hi_of = [&](int64_t g) { return static_cast<int>(std::min<int64_t>(r1 - 8 * g, 8)); };
   if (m == 1) {  // decode GEMV: kX8GemvGroups groups per step, prefetching the next ones
-    static constexpr auto gemv = make_x8_tiles<kX8GemvGroups, 1>(std::make_index_sequence<kX8GemvGroups>{});
+    static constexpr auto gemv = make_x8_tiles<TB, kX8GemvGroups, 1>(std::make_index_sequence<kX8GemvGroups>{});
     XAux* aux = aux_scratch(nb);
     x8_aux(x, nb, aux);
     for (int64_t g = g0; g < g1; g += kX8GemvGroups) {
@@ -661,7 +683,7 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
       const char* pf = gn < g1 ? reinterpret_cast<const char*>(w + gn * nb) : nullptr;
 #if TANDEM_ISA_AVX512
       if (gg == 2) {
-        tile_q4x16<1>(w + g * nb, nb, x, aux, y + 8 * g, ldy, lo_of(g), hi_of(g + 1), pf);
+        tile_q4x16<TB, 1>(w + g * nb, nb, x, aux, y + 8 * g, ldy, lo_of(g), hi_of(g + 1), pf);
         continue;
       }
 #endif
@@ -669,9 +691,9 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
     }
     return;
   }
-  static constexpr auto tiles = make_x8_tiles<1, kX8Cols>(std::make_index_sequence<kX8Cols>{});
+  static constexpr auto tiles = make_x8_tiles<TB, 1, kX8Cols>(std::make_index_sequence<kX8Cols>{});
 #if TANDEM_ISA_AVX512
-  static constexpr auto tiles16 = make_x16_tiles(std::make_index_sequence<kX8Cols>{});
+  static constexpr auto tiles16 = make_x16_tiles<TB>(std::make_index_sequence<kX8Cols>{});
 #endif
   // Column chunk: its activations (~512 KiB) stay in L2 while every row group passes;
   // its aux records fit the prepared buffer.
@@ -702,6 +724,15 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
       ++g;
     }
   }
+}
+
+void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
 
 void gemm_q4_0_q8_0(const BlockQ4_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
@@ -1205,7 +1236,7 @@ inline const KernelTable& table() noexcept {
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
-      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0};
+      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0};
   return t;
 }
 

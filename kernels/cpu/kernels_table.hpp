@@ -43,6 +43,8 @@ struct KernelTable {
   float (*vec_dot_q5_0_q8_0)(const BlockQ5_0*, const BlockQ8_0*, int64_t) noexcept;
   void (*gemm_q5_0_q8_0)(const BlockQ5_0*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                          int64_t) noexcept;
+  void (*gemm_q4_1x8_q8_0)(const BlockQ4_1x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction

@@ -73,18 +73,22 @@ struct CpuQ4Executor::Scratch {
 };
 
 struct CpuQ4Executor::Repacked {
-  // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry).
-  std::unordered_map<const std::byte*, std::vector<k::BlockQ4_0x8>> by_data;
-  // Per layer, the repacked copy of each matrix (null: not Q4_0 or not repackable), looked
-  // up once at construction so that a step indexes instead of hashing.
+  // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry):
+  // kernels::BlockQ4_0x8 records for a Q4_0 matrix, BlockQ4_1x8 for a Q4_1 one.
+  std::unordered_map<const std::byte*, std::vector<std::byte>> by_data;
+  // Per layer, the repacked copy of each matrix (null: not repackable), looked up once at
+  // construction so that a step indexes instead of hashing.
   struct Layer {
-    const k::BlockQ4_0x8 *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
-    const k::BlockQ4_0x8 *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;
+    const void *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;
+    const void *ffn_gate = nullptr, *ffn_up = nullptr, *ffn_down = nullptr;
   };
   std::vector<Layer> layers;  // empty when not repacking
-  const k::BlockQ4_0x8* output = nullptr;
-  const k::BlockQ4_0x8* find(const TensorView& W) const {
-    if (!W || W.type != GgmlType::kQ4_0) return nullptr;
+  const void* output = nullptr;
+  static bool repackable(const TensorView& W) {
+    return W && (W.type == GgmlType::kQ4_0 || W.type == GgmlType::kQ4_1) && W.k % k::kQK == 0;
+  }
+  const void* find(const TensorView& W) const {
+    if (!repackable(W)) return nullptr;
     const auto it = by_data.find(W.data);
     return it == by_data.end() ? nullptr : it->second.data();
   }
@@ -108,7 +112,7 @@ CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, const CpuExecut
     : Executor(std::move(model)),
       pool_(options.n_threads > 0 ? make_pool(options.n_threads) : node_pool()),
       s_(std::make_unique<Scratch>()) {
-  repack_weights(options.repack_q4_0);
+  repack_weights(options.repack);
 }
 
 CpuQ4Executor::CpuQ4Executor(std::shared_ptr<const Model> model, std::shared_ptr<ThreadPool> pool)
@@ -149,16 +153,24 @@ void CpuQ4Executor::repack_weights(bool wanted) {
   auto repacked = std::make_shared<Repacked>();
   const Model& m = model();
   auto add = [&](const TensorView& W) {
-    if (!W || W.type != GgmlType::kQ4_0 || W.k % k::kQK != 0 || repacked->by_data.count(W.data) != 0) return;
-    std::vector<k::BlockQ4_0x8> packed;
+    if (!Repacked::repackable(W) || repacked->by_data.count(W.data) != 0) return;
+    const bool q4_1 = W.type == GgmlType::kQ4_1;
+    std::vector<std::byte> packed;
     try {
-      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)));
+      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)) *
+                    (q4_1 ? sizeof(k::BlockQ4_1x8) : sizeof(k::BlockQ4_0x8)));
     } catch (const std::bad_alloc&) {
-      throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the repacked Q4_0 weights");
+      throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the repacked weights");
     }
-    const auto* src = reinterpret_cast<const k::BlockQ4_0*>(W.data);
-    pool_->parallel_for((W.n + 7) / 8, 4,
-                        [&](int64_t b, int64_t e, int) { k::repack_q4_0x8(src, W.n, W.k, packed.data(), b, e); });
+    pool_->parallel_for((W.n + 7) / 8, 4, [&](int64_t b, int64_t e, int) {
+      if (q4_1) {
+        k::repack_q4_1x8(reinterpret_cast<const k::BlockQ4_1*>(W.data), W.n, W.k,
+                         reinterpret_cast<k::BlockQ4_1x8*>(packed.data()), b, e);
+      } else {
+        k::repack_q4_0x8(reinterpret_cast<const k::BlockQ4_0*>(W.data), W.n, W.k,
+                         reinterpret_cast<k::BlockQ4_0x8*>(packed.data()), b, e);
+      }
+    });
     repacked->by_data.emplace(W.data, std::move(packed));
   };
   for (const LayerWeights& L : m.layers())
@@ -227,9 +239,9 @@ void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-// packed: W repacked 8 rows at a time (kernels::gemm_q4_0x8_q8_0), or null.
+// packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8 or BlockQ4_1x8, as W's type), or null.
 void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
-            const k::BlockQ4_0x8* packed);
+            const void* packed);
 
 }  // namespace
 
@@ -526,7 +538,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 namespace {
 
 void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
-            const k::BlockQ4_0x8* packed) {
+            const void* packed) {
   const int64_t kdim = W.k;
   const int64_t n = W.n;
   PreparedInput& prep = s.prepared;
@@ -546,8 +558,10 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
         prep.q8 = true;
       }
       pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
-        if (packed != nullptr) {  // row chunks start at multiples of kRowGrain (8 | 16): whole groups
-          k::gemm_q4_0x8_q8_0(packed, xq, y, kdim, m, n, b, e);
+        if (packed != nullptr && W.type == GgmlType::kQ4_1) {  // row chunks: multiples of kRowGrain (8 | 16)
+          k::gemm_q4_1x8_q8_0(static_cast<const k::BlockQ4_1x8*>(packed), xq, y, kdim, m, n, b, e);
+        } else if (packed != nullptr) {
+          k::gemm_q4_0x8_q8_0(static_cast<const k::BlockQ4_0x8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ4_0) {
           k::gemm_q4_0_q8_0(reinterpret_cast<const k::BlockQ4_0*>(W.data), xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ4_1) {
