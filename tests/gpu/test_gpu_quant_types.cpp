@@ -2,7 +2,8 @@
 // dp4a GEMM, the Tensor Core GEMM, merged parts) against the CPU kernels (kernels/cpu
 // gemm_q4_1_q8_0, gemm_q5_0_q8_0), bit for bit on every ISA this machine runs
 // (docs/arithmetic.md "Quantised dot product": Q4_1's offset term (m_w * d_x) * T_b, Q5_0's
-// 5-bit values minus 16); then SmolLM2's Q4_1 file on the GPU executor against the CPU's.
+// 5-bit values minus 16); then whole models: small models whose Q4_0 matrices are re-encoded
+// as Q4_1 and Q5_0, and SmolLM2's Q4_1 file, on the GPU executor against the CPU's.
 // Needs a CUDA device, real or emulated (cuemu); skipped without one.
 #include <catch2/catch.hpp>
 
@@ -21,8 +22,10 @@
 #include "gpu_test_support.hpp"
 #include "hooks/gpu_hooks.hpp"
 #include "kv_test_support.hpp"
+#include "options_parity.hpp"
 #include "quant_blocks.hpp"
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;
@@ -127,6 +130,53 @@ double worst_ratio(std::span<const float> cpu, std::span<const float> gpu, int32
   return worst;
 }
 
+// A copy of the shared Q4_0 model `name` whose Q4_0 matrices are re-encoded value for value,
+// in turn as Q4_1 (the same d and nibbles, m = -8 d, exact in fp16) and as Q5_0 (the same d,
+// the 5-bit value q + 8), so a small model takes both types through every GPU path: the same
+// weights, another arithmetic (Q4_1's offset term, Q5_0's fifth bit).
+std::filesystem::path write_q4_1_q5_0_copy(const std::string& name) {
+  const auto src = GgufFile::open(test::model_path(name));
+  GgufWriter w;
+  for (const auto& kv : src->metadata()) w.add_value(kv.key, kv.value);
+  int converted = 0;
+  for (const auto& t : src->tensors()) {
+    const GgufTensorInfo* info = &t;
+    if (t.type != GgmlType::kQ4_0 || t.ne.size() != 2) {
+      w.add_tensor(t.name, t.ne, t.type,
+                   [src, info](std::span<std::byte> dst) { std::memcpy(dst.data(), info->data, dst.size()); });
+      continue;
+    }
+    const bool q4_1 = converted++ % 2 == 0;
+    w.add_tensor(t.name, t.ne, q4_1 ? GgmlType::kQ4_1 : GgmlType::kQ5_0, [src, info, q4_1](std::span<std::byte> dst) {
+      const size_t count = info->n_elements / 32;
+      const auto* in = reinterpret_cast<const k::BlockQ4_0*>(info->data);
+      for (size_t b = 0; b < count; ++b) {
+        if (q4_1) {
+          k::BlockQ4_1 o{};
+          o.d = in[b].d;
+          o.m = k::fp32_to_fp16_bits(-8.0f * k::fp16_bits_to_fp32(in[b].d));
+          std::memcpy(o.qs, in[b].qs, sizeof o.qs);
+          std::memcpy(dst.data() + b * sizeof o, &o, sizeof o);
+        } else {
+          k::BlockQ5_0 o{};
+          o.d = in[b].d;
+          uint32_t qh = 0;
+          for (int j = 0; j < 32; ++j) {
+            const int q = (j < 16 ? in[b].qs[j] & 0x0F : in[b].qs[j - 16] >> 4) + 8;  // 8..23
+            qh |= uint32_t(q >> 4) << j;
+            o.qs[j % 16] = static_cast<uint8_t>(j < 16 ? (q & 0x0F) : (o.qs[j % 16] | (q & 0x0F) << 4));
+          }
+          std::memcpy(o.qh, &qh, sizeof qh);
+          std::memcpy(dst.data() + b * sizeof o, &o, sizeof o);
+        }
+      }
+    });
+  }
+  const auto path = test::scratch_dir("quant-types-" + name) / (name + "-q4_1-q5_0.gguf");
+  w.write(path);
+  return path;
+}
+
 }  // namespace
 #endif
 
@@ -142,6 +192,72 @@ TEST_CASE("merged Q4_1 and Q5_0 matmuls give each matrix's gemm() and the CPU ke
 #if TANDEM_HAVE_CUDA
   check_parts<k::BlockQ4_1>(GgmlType::kQ4_1, 43);
   check_parts<k::BlockQ5_0>(GgmlType::kQ5_0, 53);
+#endif
+}
+
+TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_1 and Q5_0", "[gpu][parity]") {
+#if TANDEM_HAVE_CUDA
+  // Prefill of 37 + 17 tokens (the Tensor Core GEMM), one of 5 (the dp4a GEMM) and 6 decode
+  // steps (the GEMV), against the CPU executor: the first test::kEarlyRows rows to
+  // test::kLogitTolEarly, every row to test::kLogitTolQ4, as the Q4_0 models in
+  // test_gpu_executor.cpp. Then Tensor Cores and merged matmuls off give the same bits.
+  const std::string name = GENERATE(as<std::string>{}, "stories260K-q4_0", "synth-qwen2-small-q4_0");
+  INFO(name << " re-encoded as Q4_1 / Q5_0");
+  const auto model = Model::load(write_q4_1_q5_0_copy(name));
+  int q4_1 = 0, q5_0 = 0;
+  for (const auto& t : model->gguf().tensors()) {
+    q4_1 += t.type == GgmlType::kQ4_1;
+    q5_0 += t.type == GgmlType::kQ5_0;
+  }
+  REQUIRE(q4_1 > 0);
+  REQUIRE(q5_0 > 0);
+  const auto& hp = model->hparams();
+  const int32_t n_vocab = hp.n_vocab;
+  CpuQ4Executor cpu(model, CpuExecutorOptions{2});
+  GpuQ4Executor gpu(model);
+  const auto ids = test::prompt_ids(37, n_vocab);
+  auto cstore = test::make_store(hp, 32), gstore = test::make_store(hp, 32);
+  KvSequence ca(*cstore, 128), cb(*cstore, 128), cc(*cstore, 128);
+  KvSequence ga(*gstore, 128), gb(*gstore, 128), gc(*gstore, 128);
+  const std::span<const int32_t> ia(ids.data(), 37), ib(ids.data() + 5, 17), ic(ids.data() + 3, 5);
+  SequenceStep cbatch[2] = {{&ca, ia, 0, LogitsRows::kAll}, {&cb, ib, 0, LogitsRows::kLast}};
+  SequenceStep gbatch[2] = {{&ga, ia, 0, LogitsRows::kAll}, {&gb, ib, 0, LogitsRows::kLast}};
+  std::vector<float> lc(size_t(38) * size_t(n_vocab)), lg(lc.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu.step(cbatch, lc);
+  gpu.step(gbatch, lg);
+  const size_t early = size_t(test::kEarlyRows) * size_t(n_vocab);
+  const double prefill_early = worst_ratio(std::span(lc).first(early), std::span(lg).first(early), n_vocab);
+  const double prefill = worst_ratio(lc, lg, n_vocab);
+  INFO("prefill worst |diff| / max|logit| = " << prefill << ", first " << test::kEarlyRows << " rows "
+                                              << prefill_early);
+  CHECK(prefill_early <= test::kLogitTolEarly);
+  CHECK(prefill <= test::kLogitTolQ4);
+  SequenceStep cs[1] = {{&cc, ic, 0, LogitsRows::kAll}};
+  SequenceStep gs[1] = {{&gc, ic, 0, LogitsRows::kAll}};
+  std::vector<float> sc(size_t(5) * size_t(n_vocab)), sg(sc.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu.step(cs, sc);
+  gpu.step(gs, sg);
+  const double small = worst_ratio(sc, sg, n_vocab);
+  INFO("5-token prefill worst ratio " << small);
+  CHECK(small <= test::kLogitTolEarly);
+  for (int step = 0; step < 6; ++step) {
+    const int32_t ta = ids[size_t(step)], tb = ids[size_t(36 - step)];
+    SequenceStep cd[2] = {{&ca, std::span<const int32_t>(&ta, 1), ca.n_tokens(), LogitsRows::kLast},
+                          {&cb, std::span<const int32_t>(&tb, 1), cb.n_tokens(), LogitsRows::kLast}};
+    SequenceStep gd[2] = {{&ga, std::span<const int32_t>(&ta, 1), ga.n_tokens(), LogitsRows::kLast},
+                          {&gb, std::span<const int32_t>(&tb, 1), gb.n_tokens(), LogitsRows::kLast}};
+    std::vector<float> dc(2 * size_t(n_vocab)), dg(dc.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu.step(cd, dc);
+    gpu.step(gd, dg);
+    const double r = worst_ratio(dc, dg, n_vocab);
+    INFO("decode step " << step << " worst ratio " << r);
+    CHECK(r <= test::kLogitTolQ4);
+  }
+  GpuExecutorOptions plain;
+  plain.tensor_cores = false;
+  plain.merge_matmuls = false;
+  test::check_same_logits(model, GpuExecutorOptions{}, plain, std::span(ids).first(20), std::span(ids).subspan(7, 3),
+                          {{ids[10]}, {ids[11], ids[14]}});
 #endif
 }
 
