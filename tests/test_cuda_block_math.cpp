@@ -155,6 +155,87 @@ TEST_CASE("cuda block math: the GPU warp's sum of block contributions is the CPU
   }
 }
 
+TEST_CASE("cuda block math: Q5_0 values minus 16, every value in every byte", "[cuda-math]") {
+  for (int i = 0; i < 4; ++i) {  // packed word i: weights 4i.. (low nibbles) and 16 + 4i.. (high)
+    for (int byte = 0; byte < 4; ++byte) {
+      for (uint32_t v = 0; v < 32; ++v) {
+        // The other bytes hold nibbles 0x5 / 0xA and fifth bits 1 / 0 that must not leak across.
+        uint32_t word = 0xA5A5A5A5u;
+        word &= ~(0xFFu << (8 * byte));
+        word |= ((((31 - v) & 0xFu) << 4) | (v & 0xFu)) << (8 * byte);
+        uint32_t qh = 0x0F0F0F0Fu & ~(1u << (4 * i + byte)) & ~(1u << (16 + 4 * i + byte));
+        qh |= (v >> 4) << (4 * i + byte);
+        qh |= ((31 - v) >> 4) << (16 + 4 * i + byte);
+        const auto l = static_cast<uint32_t>(kc::q5_values_minus16(word, qh, i, false));
+        const auto h = static_cast<uint32_t>(kc::q5_values_minus16(word, qh, i, true));
+        INFO("word " << i << " byte " << byte << " value " << v);
+        REQUIRE(static_cast<int8_t>(l >> (8 * byte)) == int(v) - 16);
+        REQUIRE(static_cast<int8_t>(h >> (8 * byte)) == int(31 - v) - 16);
+        const int other = (byte + 1) % 4;
+        const int other_l = 0x5 + 16 * int((0x0F0F0F0Fu >> (4 * i + other)) & 1u);
+        const int other_h = 0xA + 16 * int((0x0F0F0F0Fu >> (16 + 4 * i + other)) & 1u);
+        REQUIRE(static_cast<int8_t>(l >> (8 * other)) == other_l - 16);
+        REQUIRE(static_cast<int8_t>(h >> (8 * other)) == other_h - 16);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda block math: the GPU warp's Q4_1 and Q5_0 block sums are the CPU dots on every ISA", "[cuda-math]") {
+  // gemm.cu's WeightWords<kQ4_1 / kQ5_0>::contribution in the warp's lane order, against
+  // kernels/cpu vec_dot_q4_1_q8_0 / vec_dot_q5_0_q8_0 (docs/arithmetic.md: Q4_1's p_b adds
+  // (m_w * d_x) * T_b to (d_w * d_x) * S_b over the unsigned nibbles; Q5_0's S_b is over
+  // 5-bit values minus 16).
+  std::mt19937 rng(5);
+  for (int64_t kdim : {32, 64, 96, 320, 4128}) {
+    const int64_t nb = kdim / 32;
+    std::vector<k::BlockQ4_1> w1(static_cast<size_t>(nb));
+    std::vector<k::BlockQ5_0> w5(static_cast<size_t>(nb));
+    std::vector<k::BlockQ8_0> x(static_cast<size_t>(nb));
+    for (size_t b = 0; b < w1.size(); ++b) {
+      w1[b].d = k::fp32_to_fp16_bits(std::uniform_real_distribution<float>(0.001f, 0.05f)(rng));
+      w1[b].m = k::fp32_to_fp16_bits(std::uniform_real_distribution<float>(-0.4f, 0.1f)(rng));
+      for (auto& q : w1[b].qs) q = static_cast<uint8_t>(rng() & 0xFF);
+      w5[b].d = k::fp32_to_fp16_bits(std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng));
+      for (auto& h : w5[b].qh) h = static_cast<uint8_t>(rng() & 0xFF);
+      for (auto& q : w5[b].qs) q = static_cast<uint8_t>(rng() & 0xFF);
+      x[b] = random_q8(rng);
+    }
+    float lane1[32] = {}, lane5[32] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+      const size_t i = size_t(b);
+      uint32_t ww1[4], ww5[4], qh;
+      int32_t xw[8];
+      std::memcpy(ww1, w1[i].qs, 16);
+      std::memcpy(ww5, w5[i].qs, 16);
+      std::memcpy(&qh, w5[i].qh, 4);
+      q8_words(x[i], xw);
+      lane1[b % 32] += kc::block_contribution_q4_1(w1[i].d, w1[i].m, x[i].d, kc::dot_q4_1_q8_0_words(ww1, xw),
+                                                   kc::sum_q8_words(xw, 8));
+      lane5[b % 32] += kc::block_contribution(w5[i].d, x[i].d, kc::dot_q5_0_q8_0_words(ww5, qh, xw));
+    }
+    for (int o = 16; o > 0; o /= 2) {
+      for (int l = 0; l < o; ++l) {
+        lane1[l] += lane1[l + o];
+        lane5[l] += lane5[l + o];
+      }
+    }
+    for (const char* isa : {"scalar", "avx2", "avx512", "avx512vnni"}) {
+      if (!k::cpu_isa_supported(isa)) continue;
+      if (std::string_view(isa) == "scalar")
+        k::cpu_force_scalar(true);
+      else
+        REQUIRE(k::cpu_set_isa(isa));
+      INFO(isa << " k = " << kdim);
+      CHECK(std::bit_cast<uint32_t>(k::vec_dot_q4_1_q8_0(w1.data(), x.data(), kdim)) ==
+            std::bit_cast<uint32_t>(lane1[0]));
+      CHECK(std::bit_cast<uint32_t>(k::vec_dot_q5_0_q8_0(w5.data(), x.data(), kdim)) ==
+            std::bit_cast<uint32_t>(lane5[0]));
+    }
+    k::cpu_force_scalar(false);
+  }
+}
+
 TEST_CASE("cuda block math: Q8_0 quantisation is bit-identical to kernels/cpu on every ISA", "[cuda-math]") {
   std::mt19937 rng(11);
   const int64_t nb = 512;

@@ -6,11 +6,14 @@
 //   Q4_0 weights [n rows][nb = k/32 blocks] -> qs: [n][nb][16] bytes (the block's 16
 //       packed bytes, 16-byte aligned so a block is one 128-bit load), d: [n][nb] fp16 bits.
 //   Q8_0 weights and Q8_0 activations [m][nb] -> qs: [m][nb][32] int8, d: [m][nb] fp16 bits.
+//   Q4_1 weights -> qs and d as Q4_0, m: [n][nb] fp16 bits of the block's offset.
+//   Q5_0 weights -> qs and d as Q4_0 (the low four bits), qh: [n][nb] uint32 (bit j = the
+//       fifth bit of weight j, the block's little-endian qh).
 // The integer dot of one block is computed with dp4a (four int8 products per
 // instruction), or with int8 WMMA in the prefill GEMM (gemm.cu); the result is the
-// exact integer sum_j (q_w[j] - 8) * q_x[j] that kernels/quant_blocks.hpp's
-// dot_block_q4_0_q8_0 gives, so CPU and GPU agree on every block's integer dot and only
-// the float accumulation order differs.
+// exact integer S_b of docs/arithmetic.md ("Quantised dot product": Q4_0 nibble - 8, Q5_0
+// 5-bit value - 16, Q4_1 the unsigned nibble plus T_b = sum q_x), and the float steps are
+// the CPU's, so CPU and GPU agree bit for bit.
 #pragma once
 
 #include <cmath>
@@ -52,11 +55,18 @@ TANDEM_HD_INLINE float round_f16(float x) {
   return h2f(fp32_to_fp16_bits(x));
 }
 
+/// Four consecutive weight nibbles as four bytes in [0, 15]. `word` holds packed bytes
+/// 4i..4i+3 of a block; `high` selects the high nibbles (weights 16+4i..16+4i+3) instead of
+/// the low ones (weights 4i..4i+3).
+TANDEM_HD_INLINE uint32_t q4_nibbles(uint32_t word, bool high) {
+  return (high ? (word >> 4) : word) & 0x0F0F0F0Fu;
+}
+
 /// Bytes of four consecutive Q4_0 weight nibbles, minus 8, as four signed bytes.
 /// `word` holds packed bytes 4i..4i+3 of a block; `high` selects the high nibbles
 /// (weights 16+4i..16+4i+3) instead of the low ones (weights 4i..4i+3).
 TANDEM_HD_INLINE int32_t q4_nibbles_minus8(uint32_t word, bool high) {
-  const uint32_t v = (high ? (word >> 4) : word) & 0x0F0F0F0Fu;
+  const uint32_t v = q4_nibbles(word, high);
   // Each byte is in [0, 15]; v | 0x80 per byte then - 8 never borrows across bytes:
   // (v + 0x78) & 0xFF ^ 0x80 == v - 8 as a signed byte.
   return static_cast<int32_t>(((v + 0x78787878u) ^ 0x80808080u));
@@ -73,6 +83,48 @@ TANDEM_HD_INLINE int32_t dot_q4_0_q8_0_words(const uint32_t w[4], const int32_t 
   return s;
 }
 
+/// Four consecutive Q5_0 weights minus 16 as four signed bytes: the nibbles of
+/// q4_nibbles(word, high) plus 16 times bits 4i..4i+3 (16+4i.. when `high`) of the block's
+/// qh, where `word` is packed word i (0..3) of the block.
+TANDEM_HD_INLINE int32_t q5_values_minus16(uint32_t word, uint32_t qh, int i, bool high) {
+  const uint32_t b = qh >> (high ? 16 + 4 * i : 4 * i);
+  // bit e of b -> bit 4 of byte e
+  const uint32_t fifth = ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+  const uint32_t v = q4_nibbles(word, high) | fifth;
+  // Each byte is in [0, 31]; + 0x70 stays below 0x100 (no borrow across bytes), and
+  // (v + 0x70) ^ 0x80 == v - 16 as a signed byte.
+  return static_cast<int32_t>((v + 0x70707070u) ^ 0x80808080u);
+}
+
+/// Integer dot of one Q5_0 block (16 packed bytes as 4 words, its qh) with one Q8_0 block:
+/// sum_j (q_w[j] - 16) * q_x[j], exact (kernels/cpu s_dot_q's S_b).
+TANDEM_HD_INLINE int32_t dot_q5_0_q8_0_words(const uint32_t w[4], uint32_t qh, const int32_t x[8]) {
+  int32_t s = 0;
+  for (int i = 0; i < 4; ++i) {
+    s = dp4a(q5_values_minus16(w[i], qh, i, false), x[i], s);
+    s = dp4a(q5_values_minus16(w[i], qh, i, true), x[4 + i], s);
+  }
+  return s;
+}
+
+/// Integer dot of one Q4_1 block's unsigned nibbles (4 words) with one Q8_0 block:
+/// S_b = sum_j q_w[j] * q_x[j], q_w in [0, 15], exact.
+TANDEM_HD_INLINE int32_t dot_q4_1_q8_0_words(const uint32_t w[4], const int32_t x[8]) {
+  int32_t s = 0;
+  for (int i = 0; i < 4; ++i) {
+    s = dp4a(static_cast<int32_t>(q4_nibbles(w[i], false)), x[i], s);
+    s = dp4a(static_cast<int32_t>(q4_nibbles(w[i], true)), x[4 + i], s);
+  }
+  return s;
+}
+
+/// Sum of the int8 values of `nw` words (T_b of Q4_1 over a whole block with nw = 8), exact.
+TANDEM_HD_INLINE int32_t sum_q8_words(const int32_t* x, int nw) {
+  int32_t s = 0;
+  for (int i = 0; i < nw; ++i) s = dp4a(0x01010101, x[i], s);
+  return s;
+}
+
 /// Integer dot of two Q8_0 blocks given as 8 words each, exact.
 TANDEM_HD_INLINE int32_t dot_q8_0_q8_0_words(const int32_t w[8], const int32_t x[8]) {
   int32_t s = 0;
@@ -84,6 +136,13 @@ TANDEM_HD_INLINE int32_t dot_q8_0_q8_0_words(const int32_t w[8], const int32_t x
 /// (fp16(d_w) * fp16(d_x)) * float(isum).
 TANDEM_HD_INLINE float block_contribution(uint16_t dw, uint16_t dx, int32_t isum) {
   return (h2f(dw) * h2f(dx)) * static_cast<float>(isum);
+}
+
+/// The float contribution of one Q4_1 block, as the CPU forms it (docs/arithmetic.md):
+/// ((fp16(d_w) * fp16(d_x)) * float(S)) + ((fp16(m_w) * fp16(d_x)) * float(T)), S over the
+/// unsigned nibbles, T = sum q_x.
+TANDEM_HD_INLINE float block_contribution_q4_1(uint16_t dw, uint16_t mw, uint16_t dx, int32_t s, int32_t t) {
+  return block_contribution(dw, dx, s) + block_contribution(mw, dx, t);
 }
 
 // ---- Q8_0 quantisation of activations, exactly as kernels/cpu --------------------------

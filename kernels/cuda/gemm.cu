@@ -1,13 +1,14 @@
 // Q8_0 activation quantisation and the matmul kernels (decode GEMV and prefill GEMM are
 // one kernel family: a warp per weight row and a tile of MT activation rows).
 //
-// Quantised weights: lane i of the warp takes blocks i, i+32, ... of the weight row, so
-// the warp reads the row's blocks contiguously (16-byte loads of the repacked Q4_0 data,
-// 32-byte loads of the Q8_0 activations), computes each block's exact integer dot with
-// dp4a (block_math.cuh), scales it by fp16(d_w) * fp16(d_x) and accumulates in f32; the
-// 32 lane sums are then added with a shuffle tree. Every index is bounds-checked: any m,
-// any n, and any number of blocks per row (field case B09: no assumption that k is a
-// multiple of 64 or 128).
+// Quantised weights (Q4_0, Q8_0, Q4_1, Q5_0): lane i of the warp takes blocks i, i+32, ... of
+// the weight row, so the warp reads the row's blocks contiguously (16-byte loads of the
+// repacked 4-bit data, 32-byte loads of the Q8_0 activations), computes each block's exact
+// integer dot with dp4a (block_math.cuh), forms the block's f32 contribution p_b as the CPU
+// does (docs/arithmetic.md: (fp16(d_w) * fp16(d_x)) * S_b, plus Q4_1's offset term) and
+// accumulates in f32; the 32 lane sums are then added with a shuffle tree. Every index is
+// bounds-checked: any m, any n, and any number of blocks per row (field case B09: no
+// assumption that k is a multiple of 64 or 128).
 //
 // Prefill with m >= kGemmTensorCoreMinRows activation rows takes the Tensor Core kernel
 // (gemm_quant_tc_kernel below) instead: the exact integer block dots come from int8 WMMA
@@ -15,6 +16,8 @@
 // operations in its order, so every output is bit-identical to gemm_quant_kernel's.
 #include <cuda_runtime.h>
 #include <mma.h>
+
+#include <type_traits>
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
@@ -41,27 +44,76 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int64_t n_bloc
   warp_quantize_q8_0(x[blk * kQK + lane], lane, xq + blk * kQK, xd + blk);
 }
 
-// The weight block's words, loaded once per block and reused for every activation row.
+// One quantised weight matrix's device arrays (DevWeight's q, d, m, qh).
+struct QuantW {
+  const void* q;
+  const uint16_t* d;
+  const uint16_t* m;   // Q4_1 offsets
+  const uint32_t* qh;  // Q5_0 fifth bits
+};
+
+__device__ __forceinline__ void load_q4_words(const void* q, int64_t blk, uint32_t v[4]) {
+  const uint4 w = reinterpret_cast<const uint4*>(q)[blk];
+  v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+}
+
+// A weight block (its words and scales), loaded once per block and reused for every
+// activation row; contribution() is the block's p_b (docs/arithmetic.md) with one Q8_0
+// activation block (scale dx, 8 words x).
 template <WType W>
 struct WeightWords;
 template <>
 struct WeightWords<WType::kQ4_0> {
   uint32_t v[4];
-  __device__ __forceinline__ void load(const void* wq, int64_t blk) {
-    const uint4 w = reinterpret_cast<const uint4*>(wq)[blk];
-    v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+  uint16_t d;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    d = w.d[blk];
   }
-  __device__ __forceinline__ int32_t dot(const int32_t x[8]) const { return dot_q4_0_q8_0_words(v, x); }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution(d, dx, dot_q4_0_q8_0_words(v, x));
+  }
 };
 template <>
 struct WeightWords<WType::kQ8_0> {
   int32_t v[8];
-  __device__ __forceinline__ void load(const void* wq, int64_t blk) {
-    const int4* p = reinterpret_cast<const int4*>(static_cast<const int8_t*>(wq) + blk * kQK);
+  uint16_t d;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    const int4* p = reinterpret_cast<const int4*>(static_cast<const int8_t*>(w.q) + blk * kQK);
     const int4 w0 = p[0], w1 = p[1];
     v[0] = w0.x, v[1] = w0.y, v[2] = w0.z, v[3] = w0.w, v[4] = w1.x, v[5] = w1.y, v[6] = w1.z, v[7] = w1.w;
+    d = w.d[blk];
   }
-  __device__ __forceinline__ int32_t dot(const int32_t x[8]) const { return dot_q8_0_q8_0_words(v, x); }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution(d, dx, dot_q8_0_q8_0_words(v, x));
+  }
+};
+template <>
+struct WeightWords<WType::kQ4_1> {
+  uint32_t v[4];
+  uint16_t d, m;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    d = w.d[blk];
+    m = w.m[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution_q4_1(d, m, dx, dot_q4_1_q8_0_words(v, x), sum_q8_words(x, 8));
+  }
+};
+template <>
+struct WeightWords<WType::kQ5_0> {
+  uint32_t v[4];
+  uint32_t qh;
+  uint16_t d;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    qh = w.qh[blk];
+    d = w.d[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution(d, dx, dot_q5_0_q8_0_words(v, qh, x));
+  }
 };
 
 // The weight matrices of one launch of the dp4a kernels: up to kGemmMaxParts matrices of
@@ -71,8 +123,7 @@ struct WeightWords<WType::kQ8_0> {
 // and V) and fills the device with more blocks; each part's rows are computed exactly as
 // alone (the part only picks the pointers).
 struct QuantParts {
-  const void* wq[kGemmMaxParts];
-  const uint16_t* wd[kGemmMaxParts];
+  QuantW w[kGemmMaxParts];
   int64_t n[kGemmMaxParts];
   float* y[kGemmMaxParts];
   int64_t ldy[kGemmMaxParts];
@@ -100,8 +151,7 @@ template <WType W, int MT>
 __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __restrict__ xq,
                                   const uint16_t* __restrict__ xd, int64_t m, bool accumulate) {
   const int part = part_of(P, blockIdx.x);
-  const void* __restrict__ wq = P.wq[part];
-  const uint16_t* __restrict__ wd = P.wd[part];
+  const QuantW w = P.w[part];
   const int64_t n = P.n[part], ldy = P.ldy[part];
   float* __restrict__ y = P.y[part];
   const float* __restrict__ bias = P.bias[part];
@@ -113,10 +163,8 @@ __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 #pragma unroll
   for (int c = 0; c < MT; ++c) acc[c] = 0.0f;
   for (int64_t b = lane; b < nb; b += kWarp) {
-    const int64_t wblk = r * nb + b;
-    const uint16_t dw = wd[wblk];
     WeightWords<W> ww;
-    ww.load(wq, wblk);
+    ww.load(w, r * nb + b);
 #pragma unroll
     for (int c = 0; c < MT; ++c) {
       if (c0 + c < m) {
@@ -124,7 +172,7 @@ __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
         const int4* xp = reinterpret_cast<const int4*>(xq + xblk * kQK);
         const int4 x0 = xp[0], x1 = xp[1];
         const int32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        acc[c] += block_contribution(dw, xd[xblk], ww.dot(xv));
+        acc[c] += ww.contribution(xd[xblk], xv);
       }
     }
   }
@@ -141,7 +189,7 @@ __global__ void gemm_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 // Decode GEMV (m == 1) of quantised weights: each warp takes R consecutive weight rows, and
 // each lane the blocks lane, lane + 32, ... of all R rows, kU blocks per row at a time: the
 // activation block is read once for the R rows, and R * kU weight blocks (16-byte loads for
-// Q4_0) are loaded before any of them is used, so more bytes are in flight per warp than with
+// 4-bit weights) are loaded before any of them is used, so more bytes are in flight per warp than with
 // gemm_quant_kernel's one row. Every row still adds its lane's blocks in the same order
 // (ascending), starting from the same 0.0f, with the same block_contribution, then the same
 // shuffle tree: each output is bit-identical to gemm_quant_kernel<W, MT>'s for that row.
@@ -151,8 +199,7 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
                                   const uint16_t* __restrict__ xd, bool accumulate) {
   constexpr int kU = 2;  // blocks per row loaded ahead
   const int part = part_of(P, blockIdx.x);
-  const void* __restrict__ wq = P.wq[part];
-  const uint16_t* __restrict__ wd = P.wd[part];
+  const QuantW w = P.w[part];
   const int64_t n = P.n[part];
   float* __restrict__ y = P.y[part];
   const float* __restrict__ bias = P.bias[part];
@@ -166,7 +213,6 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
     int32_t xv[kU][8] = {};
     uint16_t dx[kU] = {};
     WeightWords<W> ww[kU][R] = {};
-    uint16_t dw[kU][R] = {};
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t b = b0 + int64_t(u) * kWarp;
@@ -178,10 +224,7 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
         dx[u] = xd[b];
 #pragma unroll
         for (int j = 0; j < R; ++j) {
-          if (r0 + j < n) {
-            dw[u][j] = wd[(r0 + j) * nb + b];
-            ww[u][j].load(wq, (r0 + j) * nb + b);
-          }
+          if (r0 + j < n) ww[u][j].load(w, (r0 + j) * nb + b);
         }
       }
     }
@@ -190,7 +233,7 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
       if (b0 + int64_t(u) * kWarp < nb) {
 #pragma unroll
         for (int j = 0; j < R; ++j) {
-          if (r0 + j < n) acc[j] += block_contribution(dw[u][j], dx[u], ww[u][j].dot(xv[u]));
+          if (r0 + j < n) acc[j] += ww[u][j].contribution(dx[u], xv[u]);
         }
       }
     }
@@ -207,14 +250,15 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 
 // ---- Tensor Core prefill GEMM (int8 WMMA) -------------------------------------------------
 //
-// Technique: per 32-value block, the weight tile's values are unpacked to int8 (Q4_0: q - 8)
-// in shared memory next to the Q8_0 activation tile, and two 16x16x16 int8 mma_sync (the
-// block's values 0..15, then 16..31) give the exact int32 block dot of every (weight row,
-// activation row) pair of a 16 x 16 output tile; each dot is then scaled by
-// fp16(d_w) * fp16(d_x) and added in f32. Sources: the WMMA API of the CUDA C++ Programming
-// Guide (section "Warp Matrix Functions": fragments, load/store/mma_sync, int8 inputs with
-// int accumulators from sm_72); llama.cpp's mmq kernels use the same idea (integer MMA per
-// quant block, float scaling per block).
+// Technique: per 32-value block, the weight tile's values are unpacked to int8 (Q4_0: q - 8,
+// Q5_0: q - 16, Q4_1: the unsigned nibble) in shared memory next to the Q8_0 activation tile,
+// and two 16x16x16 int8 mma_sync (the block's values 0..15, then 16..31) give the exact int32
+// block dot of every (weight row, activation row) pair of a 16 x 16 output tile; each dot is
+// then scaled by fp16(d_w) * fp16(d_x) and added in f32 (Q4_1: plus (fp16(m_w) * fp16(d_x)) *
+// T, T = the activation block's sum, from the staging threads). Sources: the WMMA API of the
+// CUDA C++ Programming Guide (section "Warp Matrix Functions": fragments, load/store/mma_sync,
+// int8 inputs with int accumulators from sm_72); llama.cpp's mmq kernels use the same idea
+// (integer MMA per quant block, float scaling per block).
 //
 // Bit-identity with gemm_quant_kernel: there, output (r, c) is the shuffle-tree sum of 32
 // lane sums, lane l adding block_contribution() of blocks l, l + 32, l + 64, ... in that
@@ -228,25 +272,38 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 //
 // Tile: kTcTile weight rows x kTcTile activation rows per thread block of 256 threads (one
 // output each); kTcStage blocks of the row are staged at a time, warp w multiplying block w.
-// Shared memory (static): 4 + 4 KiB int8 tiles, 8 KiB int32 dots, 512 B scales. Every
-// global index is bounds-checked (rows past n, activation rows past m and blocks past nb
-// are staged as zeros and never written), so any n, m >= 1 and nb >= 1 are taken.
+// Shared memory (static): 4 + 4 KiB int8 tiles, 8 KiB int32 dots, 768 B scales and 1 KiB
+// activation half sums (Q4_1's T). Every global index is bounds-checked (rows past n,
+// activation rows past m and blocks past nb are staged as zeros and never written), so any n,
+// m >= 1 and nb >= 1 are taken.
 constexpr int kTcTile = 16;
 constexpr int kTcStage = 8;
 constexpr int kTcThreads = kTcStage * kWarp;
 static_assert(kTcThreads == kTcTile * kTcTile, "one output per thread");
 static_assert(kWarp % kTcStage == 0, "a stage's blocks map to consecutive lane sums");
 
-// Half h (values 16h .. 16h + 15) of weight block `blk` as 16 int8 (Q4_0: nibble - 8).
+// Half h (values 16h .. 16h + 15) of weight block `blk` as 16 int8 (Q4_0: nibble - 8,
+// Q4_1: the nibble, Q5_0: 5-bit value - 16, Q8_0: as stored).
 template <WType W>
-__device__ __forceinline__ uint4 tc_weight_half(const void* wq, int64_t blk, int h) {
-  if constexpr (W == WType::kQ4_0) {
-    const uint4 w = reinterpret_cast<const uint4*>(wq)[blk];
-    return make_uint4(
-        static_cast<uint32_t>(q4_nibbles_minus8(w.x, h != 0)), static_cast<uint32_t>(q4_nibbles_minus8(w.y, h != 0)),
-        static_cast<uint32_t>(q4_nibbles_minus8(w.z, h != 0)), static_cast<uint32_t>(q4_nibbles_minus8(w.w, h != 0)));
+__device__ __forceinline__ uint4 tc_weight_half(const QuantW& w, int64_t blk, int h) {
+  if constexpr (W == WType::kQ8_0) {
+    return reinterpret_cast<const uint4*>(static_cast<const int8_t*>(w.q) + blk * kQK)[h];
   } else {
-    return reinterpret_cast<const uint4*>(static_cast<const int8_t*>(wq) + blk * kQK)[h];
+    uint32_t v[4];
+    load_q4_words(w.q, blk, v);
+    uint32_t o[4];
+    if constexpr (W == WType::kQ5_0) {
+      const uint32_t qh = w.qh[blk];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = static_cast<uint32_t>(q5_values_minus16(v[i], qh, i, h != 0));
+    } else if constexpr (W == WType::kQ4_1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = q4_nibbles(v[i], h != 0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = static_cast<uint32_t>(q4_nibbles_minus8(v[i], h != 0));
+    }
+    return make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
@@ -263,9 +320,9 @@ __device__ __forceinline__ void lane_sum_tree(float (&v)[kWarp]) {
 // grid: (ceil(n / kTcTile), ceil(m / kTcTile)); block: kTcThreads.
 template <WType W>
 __global__ void __launch_bounds__(kTcThreads)
-    gemm_quant_tc_kernel(const void* __restrict__ wq, const uint16_t* __restrict__ wd, int64_t n, int64_t nb,
-                         const int8_t* __restrict__ xq, const uint16_t* __restrict__ xd, int64_t m,
-                         float* __restrict__ y, int64_t ldy, bool accumulate) {
+    gemm_quant_tc_kernel(QuantW w, int64_t n, int64_t nb, const int8_t* __restrict__ xq,
+                         const uint16_t* __restrict__ xd, int64_t m, float* __restrict__ y, int64_t ldy,
+                         bool accumulate) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 720
   __trap();  // int8 WMMA needs sm_72+; the build targets sm_89/sm_90
 #else
@@ -275,6 +332,8 @@ __global__ void __launch_bounds__(kTcThreads)
   __shared__ __align__(256) signed char sx[kTcStage][2][kTcTile][16];
   __shared__ __align__(256) int32_t sdot[kTcStage][kTcTile][kTcTile];  // [block][column][row]
   __shared__ uint16_t sdw[kTcStage][kTcTile], sdx[kTcStage][kTcTile];
+  __shared__ uint16_t sdm[kTcStage][kTcTile];    // Q4_1: the weight rows' offsets
+  __shared__ int32_t sxt[kTcStage][2][kTcTile];  // Q4_1: each activation half's sum of q_x
   const int t = threadIdx.x, warp = t / kWarp;
   const int64_t r0 = int64_t(blockIdx.x) * kTcTile, c0 = int64_t(blockIdx.y) * kTcTile;
   const int rl = t % kTcTile, cl = t / kTcTile;  // this thread's output (r0 + rl, c0 + cl)
@@ -294,13 +353,19 @@ __global__ void __launch_bounds__(kTcThreads)
         const int64_t b = b0 + bl;
         uint4 wv = make_uint4(0, 0, 0, 0), xv = make_uint4(0, 0, 0, 0);
         uint16_t dv = 0;
-        if (b < nb && w_in) wv = tc_weight_half<W>(wq, (r0 + i) * nb + b, h);
+        if (b < nb && w_in) wv = tc_weight_half<W>(w, (r0 + i) * nb + b, h);
         if (b < nb && x_in) xv = reinterpret_cast<const uint4*>(xq + ((c0 + i) * nb + b) * kQK)[h];
-        if (h == 0 && b < nb && w_in) dv = wd[(r0 + i) * nb + b];
+        if (h == 0 && b < nb && w_in) dv = w.d[(r0 + i) * nb + b];
         if (h == 1 && b < nb && x_in) dv = xd[(c0 + i) * nb + b];
         *reinterpret_cast<uint4*>(sw[bl][h][i]) = wv;
         *reinterpret_cast<uint4*>(sx[bl][h][i]) = xv;
         (h == 0 ? sdw : sdx)[bl][i] = dv;
+        if constexpr (W == WType::kQ4_1) {
+          if (h == 0) sdm[bl][i] = b < nb && w_in ? w.m[(r0 + i) * nb + b] : uint16_t{0};
+          const int32_t xw[4] = {static_cast<int32_t>(xv.x), static_cast<int32_t>(xv.y), static_cast<int32_t>(xv.z),
+                                 static_cast<int32_t>(xv.w)};
+          sxt[bl][h][i] = sum_q8_words(xw, 4);
+        }
       }
       __syncthreads();
       if (b0 + warp < nb) {  // whole warps: warp w multiplies stage block w
@@ -319,7 +384,14 @@ __global__ void __launch_bounds__(kTcThreads)
       __syncthreads();
 #pragma unroll
       for (int l = 0; l < kTcStage; ++l) {
-        if (b0 + l < nb) acc[s * kTcStage + l] += block_contribution(sdw[l][rl], sdx[l][cl], sdot[l][cl][rl]);
+        if (b0 + l < nb) {
+          if constexpr (W == WType::kQ4_1) {
+            acc[s * kTcStage + l] += block_contribution_q4_1(sdw[l][rl], sdm[l][rl], sdx[l][cl], sdot[l][cl][rl],
+                                                             sxt[l][0][cl] + sxt[l][1][cl]);
+          } else {
+            acc[s * kTcStage + l] += block_contribution(sdw[l][rl], sdx[l][cl], sdot[l][cl][rl]);
+          }
+        }
       }
       __syncthreads();  // the stage buffers are refilled next
     }
@@ -333,17 +405,44 @@ __global__ void __launch_bounds__(kTcThreads)
 #endif
 }
 
+// Calls f(std::integral_constant<WType, t>{}) for a quantised type t (the kernels'
+// template argument); float types take the float kernels instead.
+template <class F>
+void with_quant_type(WType t, F&& f) {
+  switch (t) {
+    case WType::kQ4_0:
+      f(std::integral_constant<WType, WType::kQ4_0>{});
+      break;
+    case WType::kQ8_0:
+      f(std::integral_constant<WType, WType::kQ8_0>{});
+      break;
+    case WType::kQ4_1:
+      f(std::integral_constant<WType, WType::kQ4_1>{});
+      break;
+    case WType::kQ5_0:
+      f(std::integral_constant<WType, WType::kQ5_0>{});
+      break;
+    case WType::kF32:
+    case WType::kF16:
+    case WType::kBF16:
+      break;
+  }
+}
+
+QuantW quant_w(const DevWeight& w) {
+  return QuantW{w.q, w.d, w.m, w.qh};
+}
+
 void launch_gemm_tc(const DevWeight& w, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
                     bool accumulate, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((w.n + kTcTile - 1) / kTcTile),
                   static_cast<unsigned>((m + kTcTile - 1) / kTcTile));
   const dim3 block(kTcThreads);
   const int64_t nb = w.k / kQK;
-  if (w.type == WType::kQ4_0) {
-    gemm_quant_tc_kernel<WType::kQ4_0><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
-  } else {
-    gemm_quant_tc_kernel<WType::kQ8_0><<<grid, block, 0, stream>>>(w.q, w.d, w.n, nb, xq, xd, m, y, ldy, accumulate);
-  }
+  with_quant_type(w.type, [&](auto type) {
+    constexpr WType W = decltype(type)::value;
+    gemm_quant_tc_kernel<W><<<grid, block, 0, stream>>>(quant_w(w), w.n, nb, xq, xd, m, y, ldy, accumulate);
+  });
 }
 
 template <WType W>
@@ -397,8 +496,7 @@ unsigned make_parts(const DevWeight* const* ws, float* const* ys, const int64_t*
   P.count = count;
   unsigned blocks = 0;
   for (int i = 0; i < count; ++i) {
-    P.wq[i] = ws[i]->q;
-    P.wd[i] = ws[i]->d;
+    P.w[i] = quant_w(*ws[i]);
     P.n[i] = ws[i]->n;
     P.y[i] = ys[i];
     P.ldy[i] = ldys[i];
@@ -417,11 +515,10 @@ void launch_gemv_quant(const DevWeight* const* ws, float* const* ys, const float
   const dim3 grid(make_parts(ws, ys, ldys, bias, count, int64_t{kRowsPerBlock} * kGemvRows, P));
   const dim3 block(kRowsPerBlock * kWarp);
   const int64_t nb = ws[0]->k / kQK;
-  if (ws[0]->type == WType::kQ4_0) {
-    gemv_quant_kernel<WType::kQ4_0, kGemvRows><<<grid, block, 0, stream>>>(P, nb, xq, xd, accumulate);
-  } else {
-    gemv_quant_kernel<WType::kQ8_0, kGemvRows><<<grid, block, 0, stream>>>(P, nb, xq, xd, accumulate);
-  }
+  with_quant_type(ws[0]->type, [&](auto type) {
+    constexpr WType W = decltype(type)::value;
+    gemv_quant_kernel<W, kGemvRows><<<grid, block, 0, stream>>>(P, nb, xq, xd, accumulate);
+  });
 }
 
 // The dp4a GEMM of quantised parts over activation rows [0, m) (8 per block along grid.y).
@@ -433,11 +530,10 @@ void launch_gemm_quant(const DevWeight* const* ws, float* const* ys, const int64
   const dim3 grid(make_parts(ws, ys, ldys, bias, count, kRowsPerBlock, P), static_cast<unsigned>((m + MT - 1) / MT));
   const dim3 block(kRowsPerBlock * kWarp);
   const int64_t nb = ws[0]->k / kQK;
-  if (ws[0]->type == WType::kQ4_0) {
-    gemm_quant_kernel<WType::kQ4_0, MT><<<grid, block, 0, stream>>>(P, nb, xq, xd, m, accumulate);
-  } else {
-    gemm_quant_kernel<WType::kQ8_0, MT><<<grid, block, 0, stream>>>(P, nb, xq, xd, m, accumulate);
-  }
+  with_quant_type(ws[0]->type, [&](auto type) {
+    constexpr WType W = decltype(type)::value;
+    gemm_quant_kernel<W, MT><<<grid, block, 0, stream>>>(P, nb, xq, xd, m, accumulate);
+  });
 }
 
 // Float weights (F32, F16, BF16): the 8-row float GEMM (MT == 8) or its m == 1 form.
@@ -459,6 +555,8 @@ void launch_gemm_float(const DevWeight& w, const float* x, int64_t m, float* y, 
       break;
     case WType::kQ4_0:
     case WType::kQ8_0:
+    case WType::kQ4_1:
+    case WType::kQ5_0:
       break;  // quantised weights take launch_gemv_quant / launch_gemm_quant
   }
 }

@@ -1,5 +1,6 @@
 // Shared by the quantised-GEMM tests (test_gpu_tensor_core.cpp, test_gpu_merged_matmuls.cpp):
-// a host replica of the dp4a kernel's arithmetic and random Q4_0/Q8_0 blocks with extremes.
+// a host replica of the dp4a kernel's arithmetic and random Q4_0/Q8_0 blocks with extremes;
+// random Q4_1/Q5_0 blocks (test_gpu_quant_types.cpp, against the CPU kernels).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +64,34 @@ inline std::vector<k::BlockQ8_0> random_activations(std::mt19937& g, int64_t m, 
     for (auto& v : x[i].qs) v = static_cast<int8_t>(i % 5 == 0 ? -128 : i % 7 == 0 ? 127 : q(g));
   }
   return x;
+}
+
+// Q4_1 blocks: random scales, offsets and nibbles; every 3rd block all nibbles 15, every
+// 4th all 0 (the ends of the unsigned range).
+inline std::vector<k::BlockQ4_1> random_q4_1(std::mt19937& g, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> off(-0.4f, 0.1f);
+  std::vector<k::BlockQ4_1> w(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i].d = random_scale(g);
+    w[i].m = k::fp32_to_fp16_bits(off(g));
+    for (auto& q : w[i].qs) q = static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g));
+  }
+  return w;
+}
+
+// Q5_0 blocks: random scales, nibbles and fifth bits; every 3rd block all 31 (+15 after the
+// -16), every 4th all 0 (-16).
+inline std::vector<k::BlockQ5_0> random_q5_0(std::mt19937& g, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<k::BlockQ5_0> w(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i].d = random_scale(g);
+    const auto fill = [&] { return static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g)); };
+    for (auto& h : w[i].qh) h = fill();
+    for (auto& q : w[i].qs) q = fill();
+  }
+  return w;
 }
 
 }  // namespace gemm_test

@@ -268,8 +268,8 @@ TEST_CASE("GPU quantised matmuls are bit-identical to the CPU's on every ISA (do
       const auto xq = test::rand_q8(g, size_t(m * nb));
       for (const bool tc : {false, true}) {
         std::vector<float> g4(size_t(m * n)), g8(g4.size());
-        gpu_testing::gemm_q8_blocks(false, w4.data(), n, kd, xq.data(), m, tc, g4.data());
-        gpu_testing::gemm_q8_blocks(true, w8.data(), n, kd, xq.data(), m, tc, g8.data());
+        gpu_testing::gemm_q8_blocks(GgmlType::kQ4_0, w4.data(), n, kd, xq.data(), m, tc, g4.data());
+        gpu_testing::gemm_q8_blocks(GgmlType::kQ8_0, w8.data(), n, kd, xq.data(), m, tc, g8.data());
         for (const auto& isa : test::isas()) {
           test::IsaScope scope(isa);
           std::vector<float> c4(g4.size()), c4x8(g4.size()), c8(g4.size());

@@ -49,7 +49,7 @@ std::vector<WB> random_weights(std::mt19937& g, int64_t n, int64_t nb) {
 
 template <class WB>
 void check_parts(std::mt19937& g, const std::vector<int64_t>& n, int64_t nb, int64_t m, bool tensor_cores) {
-  constexpr bool kQ8 = std::is_same_v<WB, k::BlockQ8_0>;
+  constexpr GgmlType kType = std::is_same_v<WB, k::BlockQ8_0> ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
   std::vector<std::vector<WB>> w;
   std::vector<const void*> ptrs;
   for (int64_t rows : n) {
@@ -70,8 +70,8 @@ void check_parts(std::mt19937& g, const std::vector<int64_t>& n, int64_t nb, int
     const std::vector<std::vector<float>> no_bias;
     const auto& b = with_bias ? bias : no_bias;
     std::vector<std::vector<float>> merged, separate;
-    gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, true, tensor_cores, merged, b);
-    gpu_testing::gemm_parts_q8_blocks(kQ8, ptrs, n, nb * 32, x.data(), m, false, tensor_cores, separate, b);
+    gpu_testing::gemm_parts_q8_blocks(kType, ptrs, n, nb * 32, x.data(), m, true, tensor_cores, merged, b);
+    gpu_testing::gemm_parts_q8_blocks(kType, ptrs, n, nb * 32, x.data(), m, false, tensor_cores, separate, b);
     REQUIRE(merged.size() == n.size());
     for (size_t i = 0; i < n.size(); ++i) {
       INFO("matrix " << i << " of " << n[i] << " rows" << (with_bias ? ", with biases" : ""));

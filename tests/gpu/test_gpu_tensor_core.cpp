@@ -75,8 +75,8 @@ TEST_CASE("Tensor Core GEMM outputs are the dp4a GEMM's and the host replica's b
         }
       }
       std::vector<float> tc(size_t(s.m * s.n)), dp(tc.size());
-      gpu_testing::gemm_q8_blocks(false, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
-      gpu_testing::gemm_q8_blocks(false, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
+      gpu_testing::gemm_q8_blocks(GgmlType::kQ4_0, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
+      gpu_testing::gemm_q8_blocks(GgmlType::kQ4_0, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
       const auto want = host_replica(w, s.n, s.nb, x, s.m);
       INFO("Q4_0 weights");
       CHECK(same_bits(dp, want));
@@ -89,8 +89,8 @@ TEST_CASE("Tensor Core GEMM outputs are the dp4a GEMM's and the host replica's b
         for (auto& v : w[i].qs) v = static_cast<int8_t>(i % 6 == 0 ? -128 : q8(g));
       }
       std::vector<float> tc(size_t(s.m * s.n)), dp(tc.size());
-      gpu_testing::gemm_q8_blocks(true, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
-      gpu_testing::gemm_q8_blocks(true, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
+      gpu_testing::gemm_q8_blocks(GgmlType::kQ8_0, w.data(), s.n, s.nb * 32, x.data(), s.m, true, tc.data());
+      gpu_testing::gemm_q8_blocks(GgmlType::kQ8_0, w.data(), s.n, s.nb * 32, x.data(), s.m, false, dp.data());
       const auto want = host_replica(w, s.n, s.nb, x, s.m);
       INFO("Q8_0 weights");
       CHECK(same_bits(dp, want));

@@ -1,7 +1,7 @@
 // Internals of the GPU executor shared with its test-only harnesses (tests/gpu/hooks): the
-// CUDA error check, the current-device guard, device buffers and the once-per-device
-// attention setup. Not installed; only lib/exec/gpu and the tandem_gpu_test_hooks target
-// include it.
+// CUDA error check, the current-device guard, device buffers, the device layout of quantised
+// weights and the once-per-device attention setup. Not installed; only lib/exec/gpu and the tandem_gpu_test_hooks
+// target include it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/cuda_kernels.hpp"
 #include "tandem/core/error.hpp"
 
 namespace tandem::gpu_detail {
@@ -86,6 +87,20 @@ class DevBuf {
   void* p_ = nullptr;
   size_t bytes_ = 0;
 };
+
+/// A quantised matrix in kernels/cuda's device layout (block_math.cuh), still on the host:
+/// the fields of its GGUF blocks split into arrays, nothing re-quantised.
+struct SplitBlocks {
+  std::vector<uint8_t> qs;   ///< [rows][nb][16] packed bytes (4-bit types) or [rows][nb][32] int8 (Q8_0)
+  std::vector<uint16_t> d;   ///< [rows][nb] fp16 scales
+  std::vector<uint16_t> m;   ///< Q4_1: [rows][nb] fp16 offsets; else empty
+  std::vector<uint32_t> qh;  ///< Q5_0: [rows][nb] fifth bits (little-endian qh); else empty
+};
+
+/// Splits `rows` rows of k / 32 GGUF blocks of the quantised `type` (Q4_0, Q8_0, Q4_1 or
+/// Q5_0; row r starts at data + r * row_bytes) into the device layout. Throws
+/// Error(kInvalidArgument) for a float type, k <= 0 or k % 32 != 0. Thread-safe.
+SplitBlocks split_blocks(kernels::cuda::WType type, const std::byte* data, int64_t rows, int64_t k, size_t row_bytes);
 
 /// The attention kernels' score capacity on `device`, set up on the first call for that
 /// device (thread-safe). The caller makes `device` current.

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
@@ -31,6 +33,49 @@ void cuda_check(cudaError_t e, const char* what) {
   (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
   throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
               fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+}
+
+SplitBlocks split_blocks(ck::WType type, const std::byte* data, int64_t rows, int64_t k, size_t row_bytes) {
+  if (k <= 0 || k % kernels::kQK != 0 || rows < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GPU executor: {} rows of {} elements do not split into blocks of 32", rows, k));
+  }
+  size_t qbytes = kernels::kQK / 2, bbytes = 0, qs_at = sizeof(uint16_t);
+  switch (type) {
+    case ck::WType::kQ4_0:
+      bbytes = sizeof(kernels::BlockQ4_0);
+      break;
+    case ck::WType::kQ8_0:
+      bbytes = sizeof(kernels::BlockQ8_0), qbytes = kernels::kQK;
+      break;
+    case ck::WType::kQ4_1:
+      bbytes = sizeof(kernels::BlockQ4_1), qs_at = offsetof(kernels::BlockQ4_1, qs);
+      break;
+    case ck::WType::kQ5_0:
+      bbytes = sizeof(kernels::BlockQ5_0), qs_at = offsetof(kernels::BlockQ5_0, qs);
+      break;
+    case ck::WType::kF32:
+    case ck::WType::kF16:
+    case ck::WType::kBF16:
+      throw Error(ErrorCode::kInvalidArgument, "GPU executor: float weights have no block layout");
+  }
+  SplitBlocks s;
+  const size_t nb = size_t(k) / kernels::kQK, count = size_t(rows) * nb;
+  s.qs.resize(count * qbytes);
+  s.d.resize(count);
+  if (type == ck::WType::kQ4_1) s.m.resize(count);
+  if (type == ck::WType::kQ5_0) s.qh.resize(count);
+  for (size_t r = 0; r < size_t(rows); ++r) {
+    for (size_t b = 0; b < nb; ++b) {
+      const std::byte* blk = data + r * row_bytes + b * bbytes;
+      const size_t i = r * nb + b;
+      std::memcpy(&s.d[i], blk, sizeof(uint16_t));
+      std::memcpy(&s.qs[i * qbytes], blk + qs_at, qbytes);
+      if (type == ck::WType::kQ4_1) std::memcpy(&s.m[i], blk + offsetof(kernels::BlockQ4_1, m), sizeof(uint16_t));
+      if (type == ck::WType::kQ5_0) std::memcpy(&s.qh[i], blk + offsetof(kernels::BlockQ5_0, qh), sizeof(uint32_t));
+    }
+  }
+  return s;
 }
 
 }  // namespace gpu_detail
@@ -203,21 +248,28 @@ struct DeviceWeights {
     }
     output_norm = upload_f32(m.output_norm(), "output_norm");
     output = upload_matrix(m.output());
-    if (converted > 0) {
+    if (!converted.empty()) {
+      std::string what;
+      for (const auto& [type, count] : converted) {
+        what += fmt::format("{}{} {}", what.empty() ? "" : ", ", count, ggml_type_name(type));
+      }
       fmt::print(stderr,
-                 "tandem: GPU executor: {} Q4_1 / Q5_0 weights converted to Q8_0 for the GPU (it has no kernel for "
-                 "them yet; the CPU executor runs them as they are, so this model's CPU and GPU logits differ "
-                 "slightly)\n",
-                 converted);
+                 "tandem: GPU executor: weights converted to Q8_0 for the GPU (no GPU kernel for their type; the CPU "
+                 "executor runs them as they are, so this model's CPU and GPU logits differ slightly): {}\n",
+                 what);
     }
   }
-  int converted = 0;  ///< weights converted to Q8_0 at upload
+  std::map<GgmlType, int> converted;  ///< weights converted to Q8_0 at upload, per file type
 
   const void* upload_bytes(const void* src, size_t n) {
     mem.emplace_back(n);
     TANDEM_CUDA(cudaMemcpy(mem.back().as<void>(), src, n, cudaMemcpyHostToDevice));
     bytes += n;
     return mem.back().as<void>();
+  }
+  template <class T>
+  const T* upload_vector(const std::vector<T>& v) {
+    return v.empty() ? nullptr : static_cast<const T*>(upload_bytes(v.data(), v.size() * sizeof(T)));
   }
 
   const float* upload_f32(const TensorView& t, const char* what) {
@@ -229,7 +281,22 @@ struct DeviceWeights {
     return static_cast<const float*>(upload_bytes(t.data, t.row_bytes * size_t(t.n)));
   }
 
-  // Q4_0 / Q8_0: split each block into its quant bytes and its scale (pure rearrangement).
+  // Quantised weights: the device layout of split_blocks (a pure rearrangement).
+  ck::DevWeight upload_quant(const TensorView& t, ck::WType type) {
+    const gpu_detail::SplitBlocks s = gpu_detail::split_blocks(type, t.data, t.n, t.k, t.row_bytes);
+    ck::DevWeight w;
+    w.type = type;
+    w.n = t.n;
+    w.k = t.k;
+    w.q = upload_vector(s.qs);
+    w.d = upload_vector(s.d);
+    w.m = upload_vector(s.m);
+    w.qh = upload_vector(s.qh);
+    return w;
+  }
+
+  // Quantised weights with a GPU kernel through upload_quant, float weights as they are,
+  // other types converted to Q8_0.
   ck::DevWeight upload_matrix(const TensorView& t) {
     ck::DevWeight w;
     w.n = t.n;
@@ -237,38 +304,13 @@ struct DeviceWeights {
     const size_t n = size_t(t.n);
     switch (t.type) {
       case GgmlType::kQ4_0:
-      case GgmlType::kQ8_0: {
-        const bool q4 = t.type == GgmlType::kQ4_0;
-        const size_t nb = size_t(t.k) / kernels::kQK;
-        const size_t qbytes = q4 ? kernels::kQK / 2 : kernels::kQK;
-        const size_t bbytes = q4 ? sizeof(kernels::BlockQ4_0) : sizeof(kernels::BlockQ8_0);
-        std::vector<uint8_t> qs(n * nb * qbytes);
-        std::vector<uint16_t> d(n * nb);
-        for (size_t r = 0; r < n; ++r) {
-          const std::byte* row = t.data + r * t.row_bytes;
-          for (size_t b = 0; b < nb; ++b) {
-            const std::byte* blk = row + b * bbytes;
-            std::memcpy(&d[r * nb + b], blk, sizeof(uint16_t));
-            std::memcpy(&qs[(r * nb + b) * qbytes], blk + sizeof(uint16_t), qbytes);
-          }
-        }
-        w.type = q4 ? ck::WType::kQ4_0 : ck::WType::kQ8_0;
-        w.q = upload_bytes(qs.data(), qs.size());
-        w.d = static_cast<const uint16_t*>(upload_bytes(d.data(), d.size() * sizeof(uint16_t)));
-        break;
-      }
+        return upload_quant(t, ck::WType::kQ4_0);
+      case GgmlType::kQ8_0:
+        return upload_quant(t, ck::WType::kQ8_0);
       case GgmlType::kQ4_1:
-      case GgmlType::kQ5_0: {  // no GPU kernel yet: Q8_0 (the CPU's load conversion bytes), said at load
-        std::vector<std::byte> q8(n * (size_t(t.k) / kernels::kQK) * sizeof(kernels::BlockQ8_0));
-        std::vector<float> scratch(size_t(t.k));
-        requantize_rows(*t.info, GgmlType::kQ8_0, 0, t.n, q8.data(), scratch.data());
-        TensorView c = t;
-        c.type = GgmlType::kQ8_0;
-        c.data = q8.data();
-        c.row_bytes = q8.size() / n;
-        ++converted;
-        return upload_matrix(c);
-      }
+        return upload_quant(t, ck::WType::kQ4_1);
+      case GgmlType::kQ5_0:
+        return upload_quant(t, ck::WType::kQ5_0);
       case GgmlType::kF32:
         w.type = ck::WType::kF32;
         w.q = upload_bytes(t.data, t.row_bytes * n);
@@ -281,8 +323,21 @@ struct DeviceWeights {
         w.type = ck::WType::kBF16;
         w.q = upload_bytes(t.data, t.row_bytes * n);
         break;
-      default:
-        break;  // Model::load converts every other type (model.hpp)
+      default: {  // a type without a GPU kernel: Q8_0 (the CPU's load conversion bytes), said at load
+        if (t.info == nullptr) {
+          throw Error(ErrorCode::kModelBadTensorShape,
+                      fmt::format("GPU executor: no kernel for {} weights", ggml_type_name(t.type)));
+        }
+        std::vector<std::byte> q8(n * (size_t(t.k) / kernels::kQK) * sizeof(kernels::BlockQ8_0));
+        std::vector<float> scratch(size_t(t.k));
+        requantize_rows(*t.info, GgmlType::kQ8_0, 0, t.n, q8.data(), scratch.data());
+        TensorView c = t;
+        c.type = GgmlType::kQ8_0;
+        c.data = q8.data();
+        c.row_bytes = q8.size() / n;
+        ++converted[t.type];
+        return upload_matrix(c);
+      }
     }
     return w;
   }

@@ -101,26 +101,41 @@ ck::KvArgs layer1_kv_args(const DevBuf& table, const DevBuf& page_off, const Dev
   return kv;
 }
 
-// GGUF Q4_0 / Q8_0 blocks [n][nb] -> the device layout (block_math.cuh) in qs and d.
-ck::DevWeight upload_quant_weight(bool q8, const void* blocks, int64_t n, int64_t k, DevBuf& qs, DevBuf& d) {
-  const size_t nb = size_t(k) / kernels::kQK, count = size_t(n) * nb;
-  const size_t qbytes = q8 ? kernels::kQK : kernels::kQK / 2;
-  const size_t bbytes = q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_0);
-  std::vector<uint8_t> hq(count * qbytes);
-  std::vector<uint16_t> hd(count);
-  const auto* src = static_cast<const std::byte*>(blocks);
-  for (size_t b = 0; b < count; ++b) {
-    std::memcpy(&hd[b], src + b * bbytes, sizeof(uint16_t));
-    std::memcpy(&hq[b * qbytes], src + b * bbytes + sizeof(uint16_t), qbytes);
+// GGUF blocks of `type` [n][nb] -> the device layout (block_math.cuh), as the executor uploads them.
+struct QuantBufs {
+  DevBuf qs, d, m, qh;
+};
+ck::DevWeight upload_quant_weight(GgmlType type, const void* blocks, int64_t n, int64_t k, QuantBufs& b) {
+  ck::WType wtype = ck::WType::kQ4_0;
+  switch (type) {
+    case GgmlType::kQ4_0:
+      break;
+    case GgmlType::kQ8_0:
+      wtype = ck::WType::kQ8_0;
+      break;
+    case GgmlType::kQ4_1:
+      wtype = ck::WType::kQ4_1;
+      break;
+    case GgmlType::kQ5_0:
+      wtype = ck::WType::kQ5_0;
+      break;
+    default:
+      throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no GPU kernel for this weight type");
   }
-  to_device(qs, hq.data(), hq.size());
-  to_device(d, hd.data(), hd.size());
+  const auto s = gpu_detail::split_blocks(wtype, static_cast<const std::byte*>(blocks), n, k,
+                                          size_t(k) / kernels::kQK * size_t(ggml_block_bytes(type)));
+  to_device(b.qs, s.qs.data(), s.qs.size());
+  to_device(b.d, s.d.data(), s.d.size());
+  to_device(b.m, s.m.data(), s.m.size());
+  to_device(b.qh, s.qh.data(), s.qh.size());
   ck::DevWeight w;
-  w.type = q8 ? ck::WType::kQ8_0 : ck::WType::kQ4_0;
+  w.type = wtype;
   w.n = n;
   w.k = k;
-  w.q = qs.as<void>();
-  w.d = d.as<uint16_t>();
+  w.q = b.qs.as<void>();
+  w.d = b.d.as<uint16_t>();
+  if (!s.m.empty()) w.m = b.m.as<uint16_t>();
+  if (!s.qh.empty()) w.qh = b.qh.as<uint32_t>();
   return w;
 }
 
@@ -235,9 +250,10 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
   require_device(device);
   const DeviceGuard guard(device);
   const size_t nb = size_t(k) / kernels::kQK;
-  DevBuf dqs, dd, dx, dxq(std::max<size_t>(size_t(m * k), 1)), dxd(std::max<size_t>(size_t(m) * nb, 1) * 2),
+  QuantBufs wb;
+  DevBuf dx, dxq(std::max<size_t>(size_t(m * k), 1)), dxd(std::max<size_t>(size_t(m) * nb, 1) * 2),
       dy(std::max<size_t>(size_t(m * n), 1) * sizeof(float));
-  const ck::DevWeight w = upload_quant_weight(false, w_blocks, n, k, dqs, dd);
+  const ck::DevWeight w = upload_quant_weight(GgmlType::kQ4_0, w_blocks, n, k, wb);
   to_device(dx, x, size_t(m * k));
   ck::fill_nan(dy.as<float>(), m * n, nullptr);
   ck::quantize_q8_0(dx.as<float>(), m, k, dxq.as<int8_t>(), dxd.as<uint16_t>(), nullptr);
@@ -246,18 +262,18 @@ void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64
   to_host(y, dy, size_t(m * n));
 }
 
-void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
+void gemm_q8_blocks(GgmlType wtype, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
                     bool tensor_cores, float* y, int device) {
   require_device(device);
   if (k <= 0 || k % kernels::kQK != 0 || n <= 0 || m <= 0) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: gemm_q8_blocks needs n, m >= 1 and k a multiple of 32");
   }
   std::vector<std::vector<float>> ys;  // one matrix through gemm(): the same launches
-  gemm_parts_q8_blocks(q8_weights, {w_blocks}, {n}, k, x_blocks, m, false, tensor_cores, ys, {}, device);
+  gemm_parts_q8_blocks(wtype, {w_blocks}, {n}, k, x_blocks, m, false, tensor_cores, ys, {}, device);
   std::copy(ys[0].begin(), ys[0].end(), y);
 }
 
-void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
+void gemm_parts_q8_blocks(GgmlType wtype, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
                           int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
                           std::vector<std::vector<float>>& y, const std::vector<std::vector<float>>& bias, int device) {
   require_device(device);
@@ -274,12 +290,13 @@ void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blo
   }
   const DeviceGuard guard(device);
   const size_t count = n.size();
-  std::vector<DevBuf> dqs(count), dd(count), dy(count);
+  std::vector<QuantBufs> wb(count);
+  std::vector<DevBuf> dy(count);
   std::vector<ck::DevWeight> w(count);
   std::vector<const ck::DevWeight*> wp(count);
   std::vector<float*> yp(count);
   for (size_t i = 0; i < count; ++i) {
-    w[i] = upload_quant_weight(q8_weights, w_blocks[i], n[i], k, dqs[i], dd[i]);
+    w[i] = upload_quant_weight(wtype, w_blocks[i], n[i], k, wb[i]);
     wp[i] = &w[i];
     dy[i].alloc(size_t(m * n[i]) * sizeof(float));
     yp[i] = dy[i].as<float>();
@@ -292,8 +309,8 @@ void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blo
     to_device(db[i], bias[i].data(), bias[i].size());
     bp[i] = db[i].as<float>();
   }
-  DevBuf dxq, dxd;
-  const ck::DevWeight x = upload_quant_weight(true, x_blocks, m, k, dxq, dxd);
+  QuantBufs xb;
+  const ck::DevWeight x = upload_quant_weight(GgmlType::kQ8_0, x_blocks, m, k, xb);
   const auto* xq = static_cast<const int8_t*>(x.q);
   if (merged) {
     ck::gemm_parts(wp.data(), yp.data(), bp.data(), static_cast<int>(count), nullptr, xq, x.d, m, false, nullptr,

@@ -6,26 +6,29 @@
 #include <cstdint>
 #include <vector>
 
+#include "tandem/gguf/gguf.hpp"
+
 namespace tandem::gpu_testing {
 
 /// Field case B09 harness: y[m][n] = W x^T on the device, W [n][k] Q4_0 blocks, x [m][k]
 /// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
 /// Throws Error(kInvalidArgument) without a device.
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
-/// Quantised GEMM on given blocks: W [n][k/32] GGUF Q4_0 blocks (or Q8_0 with
-/// `q8_weights`), X [m][k/32] GGUF Q8_0 blocks taken as they are (any int8, -128
-/// included); y [m][n] floats from kernels/cuda gemm() with `tensor_cores` as passed (the
-/// Tensor Core kernel for m >= 16 when true, the dp4a kernels otherwise). The device output
-/// is NaN-filled first. Throws Error(kInvalidArgument) without a device or for k % 32 != 0.
-void gemm_q8_blocks(bool q8_weights, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
+/// Quantised GEMM on given blocks: W [n][k/32] GGUF blocks of `wtype` (Q4_0, Q8_0, Q4_1 or
+/// Q5_0, uploaded as the executor does), X [m][k/32] GGUF Q8_0 blocks taken as they are (any
+/// int8, -128 included); y [m][n] floats from kernels/cuda gemm() with `tensor_cores` as
+/// passed (the Tensor Core kernel for m >= 16 when true, the dp4a kernels otherwise). The
+/// device output is NaN-filled first. Throws Error(kInvalidArgument) without a device, for
+/// k % 32 != 0 or another weight type.
+void gemm_q8_blocks(GgmlType wtype, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
                     bool tensor_cores, float* y, int device = 0);
 /// Several weight matrices times the same activations, as gemm_q8_blocks: w_blocks[i] with
-/// n[i] rows (all Q4_0, or all Q8_0 with `q8_weights`), y[i] resized to [m][n[i]], plus
+/// n[i] rows (all of `wtype`), y[i] resized to [m][n[i]], plus
 /// bias[i] ([n[i]] floats; none when `bias` or bias[i] is empty) on every row. merged: one
 /// kernels/cuda gemm_parts() call; else gemm() then add_bias() per matrix. Device outputs
 /// NaN-filled first. Throws Error(kInvalidArgument) without a device, for k % 32 != 0,
 /// n[i] < 1, m < 1, w_blocks and n of different sizes, or biases of the wrong counts.
-void gemm_parts_q8_blocks(bool q8_weights, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
+void gemm_parts_q8_blocks(GgmlType wtype, const std::vector<const void*>& w_blocks, const std::vector<int64_t>& n,
                           int64_t k, const void* x_blocks, int64_t m, bool merged, bool tensor_cores,
                           std::vector<std::vector<float>>& y, const std::vector<std::vector<float>>& bias = {},
                           int device = 0);

@@ -1,0 +1,358 @@
+// Q4_1 and Q5_0 weights run natively on the GPU (kernels/cuda gemm.cu: the decode GEMV, the
+// dp4a GEMM, the Tensor Core GEMM, merged parts) against the CPU kernels (kernels/cpu
+// gemm_q4_1_q8_0, gemm_q5_0_q8_0), bit for bit on every ISA this machine runs
+// (docs/arithmetic.md "Quantised dot product": Q4_1's offset term (m_w * d_x) * T_b, Q5_0's
+// 5-bit values minus 16); then whole models: small models whose Q4_0 matrices are re-encoded
+// as Q4_1 and Q5_0, and SmolLM2's Q4_1 file, on the GPU executor against the CPU's.
+// Needs a CUDA device, real or emulated (cuemu); skipped without one.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "cpu/cpu_kernels.hpp"
+#include "cpu_test_support.hpp"
+#include "gemm_test_support.hpp"
+#include "gpu_test_support.hpp"
+#include "hooks/gpu_hooks.hpp"
+#include "kv_test_support.hpp"
+#include "options_parity.hpp"
+#include "quant_blocks.hpp"
+#include "tandem/exec/cpu/cpu_q4_executor.hpp"
+#include "tandem/gguf/gguf_writer.hpp"
+#include "test_support.hpp"
+
+using namespace tandem;
+namespace k = tandem::kernels;
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+// The CPU kernel of a weight block type (kernels/cpu/cpu_kernels.hpp).
+void cpu_gemm(const std::vector<k::BlockQ4_1>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q4_1_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+void cpu_gemm(const std::vector<k::BlockQ5_0>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q5_0_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+std::vector<k::BlockQ4_1> random_weights(std::mt19937& g, size_t count, const k::BlockQ4_1*) {
+  return gemm_test::random_q4_1(g, count);
+}
+std::vector<k::BlockQ5_0> random_weights(std::mt19937& g, size_t count, const k::BlockQ5_0*) {
+  return gemm_test::random_q5_0(g, count);
+}
+
+// n = 45 rows (a partial thread block, warp pair and Tensor Core tile), k of 1, 18, 33 and
+// 129 blocks (lanes with one to five blocks, the GEMV's load-ahead pair half outside the
+// row, partial Tensor Core stages), m = 1 (decode GEMV), 7 (dp4a GEMM), 16 and 33 (Tensor
+// Core GEMM, its last tile partial; the dp4a GEMM with Tensor Cores off).
+template <class WB>
+void check_against_cpu(GgmlType type, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int64_t n = 45;
+  for (const int64_t kd : {int64_t{32}, int64_t{576}, int64_t{1056}, int64_t{4128}}) {
+    const int64_t nb = kd / 32;
+    const auto w = random_weights(g, size_t(n * nb), static_cast<const WB*>(nullptr));
+    for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}}) {
+      const auto xq = test::rand_q8(g, size_t(m * nb));
+      for (const bool tc : {false, true}) {
+        std::vector<float> gpu(size_t(m * n));
+        gpu_testing::gemm_q8_blocks(type, w.data(), n, kd, xq.data(), m, tc, gpu.data());
+        for (const auto& isa : test::isas()) {
+          test::IsaScope scope(isa);
+          std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
+          cpu_gemm(w, xq, cpu.data(), kd, m, n);
+          INFO(ggml_type_name(type) << " " << isa << " k " << kd << " m " << m << (tc ? " tensor cores" : " dp4a"));
+          CHECK(test::same_bits(gpu, cpu));
+        }
+      }
+    }
+  }
+}
+
+// Merged launches (gemm_parts: Q/K/V-like 64/16/16 and odd 33/7/1 row counts, biases on all
+// but the second matrix) against gemm() per matrix and the CPU kernel plus the bias.
+template <class WB>
+void check_parts(GgmlType type, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const std::vector<int64_t>& n : {std::vector<int64_t>{64, 16, 16}, std::vector<int64_t>{33, 7, 1}}) {
+    for (const int64_t nb : {int64_t{1}, int64_t{37}}) {
+      std::vector<std::vector<WB>> w;
+      std::vector<const void*> ptrs;
+      std::vector<std::vector<float>> bias(n.size());
+      for (size_t i = 0; i < n.size(); ++i) {
+        w.push_back(random_weights(g, size_t(n[i] * nb), static_cast<const WB*>(nullptr)));
+        ptrs.push_back(w.back().data());
+        if (i == 1) continue;
+        bias[i].resize(size_t(n[i]));
+        for (float& b : bias[i]) b = nd(g);
+      }
+      for (const int64_t m : {int64_t{1}, int64_t{5}, int64_t{16}}) {
+        const auto xq = test::rand_q8(g, size_t(m * nb));
+        for (const bool tc : {false, true}) {
+          std::vector<std::vector<float>> merged, separate;
+          gpu_testing::gemm_parts_q8_blocks(type, ptrs, n, nb * 32, xq.data(), m, true, tc, merged, bias);
+          gpu_testing::gemm_parts_q8_blocks(type, ptrs, n, nb * 32, xq.data(), m, false, tc, separate, bias);
+          REQUIRE(merged.size() == n.size());
+          for (size_t i = 0; i < n.size(); ++i) {
+            std::vector<float> want(size_t(m * n[i]));
+            cpu_gemm(w[i], xq, want.data(), nb * 32, m, n[i]);
+            for (int64_t c = 0; c < m && !bias[i].empty(); ++c) {
+              for (int64_t r = 0; r < n[i]; ++r) want[size_t(c * n[i] + r)] += bias[i][size_t(r)];
+            }
+            INFO(ggml_type_name(type) << " matrix " << i << " of " << n[i] << " rows, " << nb << " blocks, m " << m
+                                      << (tc ? " tensor cores" : " dp4a"));
+            CHECK(test::same_bits(merged[i], separate[i]));
+            CHECK(test::same_bits(merged[i], want));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Largest |cpu - gpu| / max|cpu| over the rows of two [rows][n_vocab] logits arrays.
+double worst_ratio(std::span<const float> cpu, std::span<const float> gpu, int32_t n_vocab) {
+  double worst = 0.0;
+  for (size_t r = 0; r * size_t(n_vocab) < cpu.size(); ++r) {
+    worst = std::max(worst, test::row_ratio(cpu.subspan(r * size_t(n_vocab), size_t(n_vocab)),
+                                            gpu.subspan(r * size_t(n_vocab), size_t(n_vocab))));
+  }
+  return worst;
+}
+
+// A copy of the shared Q4_0 model `name` whose Q4_0 matrices are re-encoded value for value,
+// in turn as Q4_1 (the same d and nibbles, m = -8 d, exact in fp16) and as Q5_0 (the same d,
+// the 5-bit value q + 8), so a small model takes both types through every GPU path: the same
+// weights, another arithmetic (Q4_1's offset term, Q5_0's fifth bit).
+std::filesystem::path write_q4_1_q5_0_copy(const std::string& name) {
+  const auto src = GgufFile::open(test::model_path(name));
+  GgufWriter w;
+  for (const auto& kv : src->metadata()) w.add_value(kv.key, kv.value);
+  int converted = 0;
+  for (const auto& t : src->tensors()) {
+    const GgufTensorInfo* info = &t;
+    if (t.type != GgmlType::kQ4_0 || t.ne.size() != 2) {
+      w.add_tensor(t.name, t.ne, t.type,
+                   [src, info](std::span<std::byte> dst) { std::memcpy(dst.data(), info->data, dst.size()); });
+      continue;
+    }
+    const bool q4_1 = converted++ % 2 == 0;
+    w.add_tensor(t.name, t.ne, q4_1 ? GgmlType::kQ4_1 : GgmlType::kQ5_0, [src, info, q4_1](std::span<std::byte> dst) {
+      const size_t count = info->n_elements / 32;
+      const auto* in = reinterpret_cast<const k::BlockQ4_0*>(info->data);
+      for (size_t b = 0; b < count; ++b) {
+        if (q4_1) {
+          k::BlockQ4_1 o{};
+          o.d = in[b].d;
+          o.m = k::fp32_to_fp16_bits(-8.0f * k::fp16_bits_to_fp32(in[b].d));
+          std::memcpy(o.qs, in[b].qs, sizeof o.qs);
+          std::memcpy(dst.data() + b * sizeof o, &o, sizeof o);
+        } else {
+          k::BlockQ5_0 o{};
+          o.d = in[b].d;
+          uint32_t qh = 0;
+          for (int j = 0; j < 32; ++j) {
+            const int q = (j < 16 ? in[b].qs[j] & 0x0F : in[b].qs[j - 16] >> 4) + 8;  // 8..23
+            qh |= uint32_t(q >> 4) << j;
+            o.qs[j % 16] = static_cast<uint8_t>(j < 16 ? (q & 0x0F) : (o.qs[j % 16] | (q & 0x0F) << 4));
+          }
+          std::memcpy(o.qh, &qh, sizeof qh);
+          std::memcpy(dst.data() + b * sizeof o, &o, sizeof o);
+        }
+      }
+    });
+  }
+  const auto path = test::scratch_dir("quant-types-" + name) / (name + "-q4_1-q5_0.gguf");
+  w.write(path);
+  return path;
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("GPU Q4_1 and Q5_0 matmuls are the CPU kernels' bits on every ISA (docs/arithmetic.md)",
+          "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  check_against_cpu<k::BlockQ4_1>(GgmlType::kQ4_1, 41);
+  check_against_cpu<k::BlockQ5_0>(GgmlType::kQ5_0, 50);
+#endif
+}
+
+TEST_CASE("merged Q4_1 and Q5_0 matmuls give each matrix's gemm() and the CPU kernel's bits", "[gpu][kernels][gemv]") {
+#if TANDEM_HAVE_CUDA
+  check_parts<k::BlockQ4_1>(GgmlType::kQ4_1, 43);
+  check_parts<k::BlockQ5_0>(GgmlType::kQ5_0, 53);
+#endif
+}
+
+TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_1 and Q5_0", "[gpu][parity]") {
+#if TANDEM_HAVE_CUDA
+  // Prefill of 37 + 17 tokens (the Tensor Core GEMM), one of 5 (the dp4a GEMM) and 6 decode
+  // steps (the GEMV), against the CPU executor: the first test::kEarlyRows rows to
+  // test::kLogitTolEarly, every row to test::kLogitTolQ4, as the Q4_0 models in
+  // test_gpu_executor.cpp. Then Tensor Cores and merged matmuls off give the same bits.
+  const std::string name = GENERATE(as<std::string>{}, "stories260K-q4_0", "synth-qwen2-small-q4_0");
+  INFO(name << " re-encoded as Q4_1 / Q5_0");
+  const auto model = Model::load(write_q4_1_q5_0_copy(name));
+  int q4_1 = 0, q5_0 = 0;
+  for (const auto& t : model->gguf().tensors()) {
+    q4_1 += t.type == GgmlType::kQ4_1;
+    q5_0 += t.type == GgmlType::kQ5_0;
+  }
+  REQUIRE(q4_1 > 0);
+  REQUIRE(q5_0 > 0);
+  const auto& hp = model->hparams();
+  const int32_t n_vocab = hp.n_vocab;
+  CpuQ4Executor cpu(model, CpuExecutorOptions{2});
+  GpuQ4Executor gpu(model);
+  const auto ids = test::prompt_ids(37, n_vocab);
+  auto cstore = test::make_store(hp, 32), gstore = test::make_store(hp, 32);
+  KvSequence ca(*cstore, 128), cb(*cstore, 128), cc(*cstore, 128);
+  KvSequence ga(*gstore, 128), gb(*gstore, 128), gc(*gstore, 128);
+  const std::span<const int32_t> ia(ids.data(), 37), ib(ids.data() + 5, 17), ic(ids.data() + 3, 5);
+  SequenceStep cbatch[2] = {{&ca, ia, 0, LogitsRows::kAll}, {&cb, ib, 0, LogitsRows::kLast}};
+  SequenceStep gbatch[2] = {{&ga, ia, 0, LogitsRows::kAll}, {&gb, ib, 0, LogitsRows::kLast}};
+  std::vector<float> lc(size_t(38) * size_t(n_vocab)), lg(lc.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu.step(cbatch, lc);
+  gpu.step(gbatch, lg);
+  const size_t early = size_t(test::kEarlyRows) * size_t(n_vocab);
+  const double prefill_early = worst_ratio(std::span(lc).first(early), std::span(lg).first(early), n_vocab);
+  const double prefill = worst_ratio(lc, lg, n_vocab);
+  INFO("prefill worst |diff| / max|logit| = " << prefill << ", first " << test::kEarlyRows << " rows "
+                                              << prefill_early);
+  CHECK(prefill_early <= test::kLogitTolEarly);
+  CHECK(prefill <= test::kLogitTolQ4);
+  SequenceStep cs[1] = {{&cc, ic, 0, LogitsRows::kAll}};
+  SequenceStep gs[1] = {{&gc, ic, 0, LogitsRows::kAll}};
+  std::vector<float> sc(size_t(5) * size_t(n_vocab)), sg(sc.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu.step(cs, sc);
+  gpu.step(gs, sg);
+  const double small = worst_ratio(sc, sg, n_vocab);
+  INFO("5-token prefill worst ratio " << small);
+  CHECK(small <= test::kLogitTolEarly);
+  for (int step = 0; step < 6; ++step) {
+    const int32_t ta = ids[size_t(step)], tb = ids[size_t(36 - step)];
+    SequenceStep cd[2] = {{&ca, std::span<const int32_t>(&ta, 1), ca.n_tokens(), LogitsRows::kLast},
+                          {&cb, std::span<const int32_t>(&tb, 1), cb.n_tokens(), LogitsRows::kLast}};
+    SequenceStep gd[2] = {{&ga, std::span<const int32_t>(&ta, 1), ga.n_tokens(), LogitsRows::kLast},
+                          {&gb, std::span<const int32_t>(&tb, 1), gb.n_tokens(), LogitsRows::kLast}};
+    std::vector<float> dc(2 * size_t(n_vocab)), dg(dc.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu.step(cd, dc);
+    gpu.step(gd, dg);
+    const double r = worst_ratio(dc, dg, n_vocab);
+    INFO("decode step " << step << " worst ratio " << r);
+    CHECK(r <= test::kLogitTolQ4);
+  }
+  GpuExecutorOptions plain;
+  plain.tensor_cores = false;
+  plain.merge_matmuls = false;
+  test::check_same_logits(model, GpuExecutorOptions{}, plain, std::span(ids).first(20), std::span(ids).subspan(7, 3),
+                          {{ids[10]}, {ids[11], ids[14]}});
+#endif
+}
+
+TEST_CASE("SmolLM2's own Q4_1 matrices: GPU outputs are the CPU kernel's bits", "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  // The file's bytes (not random blocks) through the decode GEMV (m = 1), the dp4a GEMM
+  // (m = 6) and the Tensor Core GEMM (m = 16), against kernels/cpu gemm_q4_1_q8_0 on every
+  // ISA: Q, gate (n_ff rows) and down (k = n_ff) of the first and last layers.
+  const auto path = test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+    return;
+  }
+  const auto file = GgufFile::open(path);
+  std::mt19937 g(29);
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
+                           "blk.29.attn_q.weight", "blk.29.ffn_down.weight"}) {
+    const GgufTensorInfo* t = file->find_tensor(name);
+    REQUIRE(t != nullptr);
+    REQUIRE(t->type == GgmlType::kQ4_1);
+    const int64_t kd = t->ne[0], n = t->n_rows(), nb = kd / 32;
+    const auto* w = reinterpret_cast<const k::BlockQ4_1*>(t->data);
+    for (const int64_t m : {int64_t{1}, int64_t{6}, int64_t{16}}) {
+      std::vector<float> x(size_t(m * kd));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& v : x) v = nd(g);
+      std::vector<k::BlockQ8_0> xq(size_t(m * nb));
+      for (int64_t c = 0; c < m; ++c) k::quantize_row_q8_0(&x[size_t(c * kd)], &xq[size_t(c * nb)], kd);
+      std::vector<float> gpu(size_t(m * n));
+      gpu_testing::gemm_q8_blocks(GgmlType::kQ4_1, w, n, kd, xq.data(), m, true, gpu.data());
+      for (const auto& isa : test::isas()) {
+        test::IsaScope scope(isa);
+        std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
+        k::gemm_q4_1_q8_0(w, xq.data(), cpu.data(), kd, m, n, 0, n);
+        INFO(name << " " << isa << " m " << m);
+        CHECK(test::same_bits(gpu, cpu));
+      }
+    }
+  }
+#endif
+}
+
+TEST_CASE("SmolLM2's Q4_1 file on the GPU agrees with the CPU's logits", "[gpu][parity][heavy]") {
+#if TANDEM_HAVE_CUDA
+  // The file's own Q4_1 weights (and its other types) on both executors: the matmuls are
+  // the same bits (above), so only attention, RMSNorm and RoPE differ in their summation
+  // order, as on the Q4_0 models, held to the same test::kLogitTolQ4. A 6-token prefill
+  // (every row) and 2 decode steps: a few tokens, the emulator is slow on 30 layers (~5 min).
+  // Measured under cuemu: prefill rows 0 and 1 identical (one or two positions: attention
+  // adds nothing in another order), rows 2-5 1.1e-2 to 1.9e-2, decode 1.3e-2 and 1.5e-2 (a
+  // Q8_0 rounding step of an activation lands the other way in one of the 30 layers; the
+  // matmuls on this file's bytes are the CPU's bits, test above). The Q4_0 conversion of the
+  // same model (TANDEM_SMOLLM2 pointed at it) measured prefill rows all identical and decode
+  // 2.7e-2 and 1.8e-2: the same attention-order differences, elsewhere. So
+  // check_logits_parity's early-row bound (test::kLogitTolEarly, measured on the small
+  // models) does not hold on this model past row 1 and is not applied.
+  const auto path = test::smollm2_q4_1_path();
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
+    return;
+  }
+  auto model = Model::load(path);
+  const auto& hp = model->hparams();
+  const int32_t n_vocab = hp.n_vocab;
+  CpuQ4Executor cpu(model, CpuExecutorOptions{2});
+  GpuQ4Executor gpu(model);
+  const auto ids = test::prompt_ids(8, n_vocab);
+  auto cstore = test::make_store(hp, 4), gstore = test::make_store(hp, 4);
+  KvSequence cs(*cstore, 64), gs(*gstore, 64);
+  const std::span<const int32_t> prompt(ids.data(), 6);
+  SequenceStep cb[1] = {{&cs, prompt, 0, LogitsRows::kAll}};
+  SequenceStep gb[1] = {{&gs, prompt, 0, LogitsRows::kAll}};
+  std::vector<float> lc(size_t(6) * size_t(n_vocab)), lg(lc.size(), std::numeric_limits<float>::quiet_NaN());
+  cpu.step(cb, lc);
+  gpu.step(gb, lg);
+  std::ostringstream rows;
+  double prefill = 0.0;
+  for (size_t r = 0; r < 6; ++r) {
+    const double q = worst_ratio(std::span(lc).subspan(r * size_t(n_vocab), size_t(n_vocab)),
+                                 std::span(lg).subspan(r * size_t(n_vocab), size_t(n_vocab)), n_vocab);
+    rows << " " << q;
+    prefill = std::max(prefill, q);
+  }
+  INFO("prefill rows' |diff| / max|logit|:" << rows.str());
+  CHECK(prefill <= test::kLogitTolQ4);
+  for (int step = 0; step < 2; ++step) {
+    const int32_t t = ids[size_t(6 + step)];
+    SequenceStep cd[1] = {{&cs, std::span<const int32_t>(&t, 1), cs.n_tokens(), LogitsRows::kLast}};
+    SequenceStep gd[1] = {{&gs, std::span<const int32_t>(&t, 1), gs.n_tokens(), LogitsRows::kLast}};
+    std::vector<float> dc(static_cast<size_t>(n_vocab)), dg(dc.size(), std::numeric_limits<float>::quiet_NaN());
+    cpu.step(cd, dc);
+    gpu.step(gd, dg);
+    const double r = worst_ratio(dc, dg, n_vocab);
+    INFO("decode step " << step << " worst |diff| / max|logit| = " << r);
+    CHECK(r <= test::kLogitTolQ4);
+  }
+#endif
+}
