@@ -129,6 +129,44 @@ float s_vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noe
   return lanes.tree();
 }
 
+/// Q4_K: block b is sub-block j = b % 8 of weight block b / 8;
+/// p_b = ((d * d_x) * f32(sc_j * S_b)) - ((dmin * d_x) * f32(m_j * T_b)), S_b over the nibbles.
+float s_vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const BlockQ4_K& wb = w[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int sc = 0, mn = 0;
+    k4_scale_min(wb.scales, j, sc, mn);
+    int32_t s = 0, t = 0;
+    for (int e = 0; e < kQK; ++e) {
+      s += q4k_at(wb, kQK * j + e) * x[b].qs[e];
+      t += x[b].qs[e];
+    }
+    const float ps = block_scale_product(wb.d, x[b].d) * static_cast<float>(sc * s);
+    const float pm = block_scale_product(wb.dmin, x[b].d) * static_cast<float>(mn * t);
+    lanes.add(b, ps - pm);
+  }
+  return lanes.tree();
+}
+/// Q6_K: block b covers the 16-element sub-blocks 2j, 2j + 1 (j = b % 8) of weight block
+/// b / 8; p_b = (d * d_x) * f32(s_2j * S_lo + s_2j+1 * S_hi).
+float s_vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const BlockQ6_K& wb = w[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int32_t lo = 0, hi = 0;
+    for (int e = 0; e < kQK / 2; ++e) {
+      lo += q6k_at(wb, kQK * j + e) * x[b].qs[e];
+      hi += q6k_at(wb, kQK * j + kQK / 2 + e) * x[b].qs[kQK / 2 + e];
+    }
+    const int32_t s = wb.scales[2 * j] * lo + wb.scales[2 * j + 1] * hi;
+    lanes.add(b, block_scale_product(wb.d, x[b].d) * static_cast<float>(s));
+  }
+  return lanes.tree();
+}
+
 struct F16 {
   static float get(uint16_t v) noexcept { return fp16_bits_to_fp32(v); }
 };
@@ -203,6 +241,14 @@ void s_gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t 
 void s_gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   s_gemm<BlockQ5_0, BlockQ8_0, s_vec_dot_q5_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ4_K, BlockQ8_0, s_vec_dot_q4_k_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK_K, k / kQK);
+}
+void s_gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ6_K, BlockQ8_0, s_vec_dot_q6_k_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK_K, k / kQK);
 }
 void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
@@ -417,7 +463,11 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q4_1_q8_0,
                                  s_gemm_q4_1_q8_0,
                                  s_vec_dot_q5_0_q8_0,
-                                 s_gemm_q5_0_q8_0};
+                                 s_gemm_q5_0_q8_0,
+                                 s_vec_dot_q4_k_q8_0,
+                                 s_gemm_q4_k_q8_0,
+                                 s_vec_dot_q6_k_q8_0,
+                                 s_gemm_q6_k_q8_0};
   return t;
 }
 
