@@ -48,7 +48,7 @@ struct BlockQ5_0 {
 };
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
 
-/// Weights per K-quant super-block (Q4_K, Q6_K): 8 sub-blocks of 32, each paired with one
+/// Weights per K-quant super-block (Q4_K, Q5_K, Q6_K): 8 sub-blocks of 32, each paired with one
 /// Q8_0 activation block.
 inline constexpr int kQK_K = 256;
 
@@ -63,6 +63,17 @@ struct BlockQ4_K {
 };
 static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
 
+/// Q5_K: Q4_K with a fifth bit: weight l of sub-block j = (fp16(d) * sc_j) * q - fp16(dmin)
+/// * m_j, q = the Q4_K nibble plus 16 times bit j of qh[l] (q5k_at).
+struct BlockQ5_K {
+  uint16_t d;     ///< IEEE fp16 bits of the super-block scale
+  uint16_t dmin;  ///< IEEE fp16 bits of the super-block scale of the mins
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
+
 /// Q6_K: 256 weights in 16 sub-blocks of 16, each with an int8 scale; weight e = (fp16(d) *
 /// scales[e / 16]) * (q - 32), q (0..63) = 4 low bits from ql and 2 high bits from qh (see
 /// q6k_at). 32-element block j (0..7) has the scales 2j and 2j + 1.
@@ -73,6 +84,16 @@ struct BlockQ6_K {
   uint16_t d;  ///< IEEE fp16 bits of the super-block scale
 };
 static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+
+/// Q5_1: weight j = fp16(d) * q_j + fp16(m), q_j (0..31) = its nibble (as Q4_1) plus 16
+/// times bit j of qh (little-endian u32).
+struct BlockQ5_1 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint16_t m;  ///< IEEE fp16 bits of the offset (the block's minimum)
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
 
 struct BlockQ8_0 {
   uint16_t d;  ///< IEEE fp16 bits of the scale
@@ -190,6 +211,13 @@ TANDEM_HD_INLINE void k4_scale_min(const uint8_t* q, int j, int& sc, int& m) {
 TANDEM_HD_INLINE int q4k_at(const BlockQ4_K& w, int e) {
   const uint8_t byte = w.qs[32 * (e / 64) + e % 32];
   return (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+}
+
+/// The 5-bit value (0..31) of weight e (0..255) of a Q5_K block.
+TANDEM_HD_INLINE int q5k_at(const BlockQ5_K& w, int e) {
+  const uint8_t byte = w.qs[32 * (e / 64) + e % 32];
+  const int lo = (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+  return lo | (((w.qh[e % 32] >> (e / 32)) & 1) << 4);
 }
 
 /// The 6-bit value minus 32 (-32..31) of weight e (0..255) of a Q6_K block: in half h =

@@ -1350,6 +1350,73 @@ TEST_CASE("Q4_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-
                                  gemm_q4_k_q8_0, vec_dot_q4_k_q8_0);
 }
 
+TEST_CASE("Q5_1 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_1]") {
+  std::mt19937 g(51);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f), mn(-0.8f, 0.1f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ5_1> v(nblocks);
+    for (auto& b : v) {
+      b.d = fp32_to_fp16(sc(g));
+      b.m = fp32_to_fp16(mn(g));
+      for (auto& h : b.qh) h = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    return v;
+  };
+  auto q_of = [](const BlockQ5_1& b, int j) {  // bit j of qh (little-endian) is bit 4 of q_j
+    const uint32_t qh = uint32_t(b.qh[0]) | uint32_t(b.qh[1]) << 8 | uint32_t(b.qh[2]) << 16 | uint32_t(b.qh[3]) << 24;
+    return (j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4)) | int((qh >> j) & 1u) << 4;
+  };
+  auto w_at = [&](const BlockQ5_1& b, int j) {  // ggml's dequantisation, in fp64
+    return double(fp16_to_fp32(b.d)) * q_of(b, j) + double(fp16_to_fp32(b.m));
+  };
+  auto w_mag = [&](const BlockQ5_1& b, int j) {
+    return std::fabs(double(fp16_to_fp32(b.d)) * q_of(b, j)) + std::fabs(double(fp16_to_fp32(b.m)));
+  };
+  check_native_q<BlockQ5_1>(g, tandem::GgmlType::kQ5_1, {32, 64, 96, 576, 1536, 4128}, make, w_at, w_mag,
+                            gemm_q5_1_q8_0, vec_dot_q5_1_q8_0);
+}
+
+TEST_CASE("Q5_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_k]") {
+  std::mt19937 g(512);
+  std::uniform_int_distribution<int> byte(0, 255), pick(0, 7);
+  std::uniform_real_distribution<float> sc(1e-4f, 2e-3f), mn(0.0f, 2e-2f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ5_K> v(nblocks);
+    for (auto& b : v) {
+      // One block in eight has scales and mins all 63 and every q 31 (all bits set), one all 0.
+      const int kind = pick(g);
+      b.d = fp32_to_fp16(kind == 0 ? 1.0f / 1953 : sc(g));
+      b.dmin = fp32_to_fp16(kind == 0 ? 1.0f / 63 : kind == 1 ? 0.0f : mn(g));
+      for (auto& q : b.scales) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+      for (auto& q : b.qh) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+    }
+    return v;
+  };
+  // ggml's dequantisation, in fp64: 64-element chunk i uses qs bytes 32i..32i+31, low nibbles
+  // first, and bits 2i (low half) and 2i + 1 (high half) of qh[l].
+  auto q_of = [](const BlockQ5_K& b, int e) {
+    const int chunk = e / 64, l = e % 32;
+    const bool high = e % 64 >= 32;
+    const int lo = high ? b.qs[32 * chunk + l] >> 4 : b.qs[32 * chunk + l] & 0x0F;
+    return lo + ((b.qh[l] >> (2 * chunk + (high ? 1 : 0))) & 1) * 16;
+  };
+  auto w_at = [&](const BlockQ5_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return double(fp16_to_fp32(b.d)) * s * q_of(b, e) - double(fp16_to_fp32(b.dmin)) * m;
+  };
+  auto w_mag = [&](const BlockQ5_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return std::fabs(double(fp16_to_fp32(b.d)) * s * q_of(b, e)) + std::fabs(double(fp16_to_fp32(b.dmin)) * m);
+  };
+  check_native_q<BlockQ5_K, 256>(g, tandem::GgmlType::kQ5_K, {256, 512, 768, 2048, 8448}, make, w_at, w_mag,
+                                 gemm_q5_k_q8_0, vec_dot_q5_k_q8_0);
+}
+
 TEST_CASE("Q6_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q6_k]") {
   std::mt19937 g(614);
   std::uniform_int_distribution<int> byte(0, 255), scale(-128, 127), pick(0, 7);

@@ -87,6 +87,11 @@ float vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexc
 /// dots of elements 0-15 / 16-31 (q = the 6-bit value - 32); the integer is exact and
 /// below 2^24 in magnitude. Lanes and tree as above.
 float vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_1: the Q4_1 arithmetic with q_w = the 5-bit value (0..31).
+float vec_dot_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_K: the Q4_K arithmetic with q_w = the 5-bit value (0..31): |sc_j * S_b| <= 63 * 32 *
+/// 31 * 127 = 7936992 < 2^24, still exact.
+float vec_dot_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
 float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept;  ///< f32 accumulate
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
@@ -106,6 +111,11 @@ void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 void gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+/// W: n x k Q5_1 (k / 32 blocks per row) or Q5_K (k / 256, k a multiple of 256).
+void gemm_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 /// Q4_0 weights repacked 8 rows at a time for the SIMD kernel below (the interleaving
 /// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and

@@ -205,7 +205,8 @@ struct DeviceWeights {
     output = upload_matrix(m.output());
     if (converted > 0) {
       fmt::print(stderr,
-                 "tandem: GPU executor: {} Q4_1 / Q5_0 / Q4_K / Q6_K weights converted to Q8_0 for the GPU (it has no "
+                 "tandem: GPU executor: {} Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K weights converted to Q8_0 for the "
+                 "GPU (it has no "
                  "kernel for "
                  "them yet; the CPU executor runs them as they are, so this model's CPU and GPU logits differ "
                  "slightly)\n",
@@ -260,7 +261,9 @@ struct DeviceWeights {
       }
       case GgmlType::kQ4_1:
       case GgmlType::kQ5_0:
+      case GgmlType::kQ5_1:
       case GgmlType::kQ4_K:
+      case GgmlType::kQ5_K:
       case GgmlType::kQ6_K: {  // no GPU kernel yet: Q8_0 (the CPU's load conversion bytes), said at load
         std::vector<std::byte> q8(n * (size_t(t.k) / kernels::kQK) * sizeof(kernels::BlockQ8_0));
         std::vector<float> scratch(size_t(t.k));
