@@ -298,9 +298,8 @@ inline constexpr int64_t kSubBlocks =
 // lane dots, summed across lanes into one vector (lane = row, transpose_sum8), Q4_0 minus
 // 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add; Q4_1 adds its offset
 // term (m_w * d_x) * sum(x) to the scaled dot, as Q5_1 does (cpu_kernels.hpp). K-quants
-// (Q4_K, Q5_K, Q6_K):
-// block b is sub-block b % 8 of weight block b / 8 (rows nb / 8 weight blocks apart); Q4_K
-// and Q5_K multiply the exact dot and sum(x) by the sub-block's scale and min in i32, Q6_K
+// (Q4_K, Q5_K, Q6_K): block b is sub-block b % 8 of weight block b / 8 (rows nb / 8 weight
+// blocks apart); Q4_K and Q5_K multiply the exact dot and sum(x) by the sub-block's scale and min in i32, Q6_K
 // multiplies each row's lane dots (lanes 0-3: elements 0-15, lanes 4-7: 16-31) by the two
 // 16-element scales before the lane sum (all exact: docs/arithmetic.md). Rows past `rows`
 // repeat the last row and are not stored. pf: if not null, the start of the weights the next call
@@ -351,8 +350,8 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(scs));
       mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(mns));
     }
-    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 / Q4_K nibbles (q), Q5_0 (q + 16),
-                   // Q6_K (q + 32), Q8_0 |q|
+    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 / Q5_1 / Q4_K / Q5_K (q), Q5_0
+                   // (q + 16), Q6_K (q + 32), Q8_0 |q|
     __m256i wq[8];
     __m256i ws[8];  // Q6_K: the row's two 16-element scales, i32 lanes 0-3 and 4-7
     for (int r = 0; r < 8; ++r) {
@@ -399,8 +398,8 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       }
       __m256i s = transpose_sum8(v);
       if constexpr (kNib) {
-        // sum(x) times the offset (Q4_0: 8, Q5_0: 16; subtracted) or 1 (Q4_1's and Q4_K's
-        // T_b), in 8 lanes, then all.
+        // sum(x) times the offset (Q4_0: 8, Q5_0: 16; subtracted) or 1 (T_b of Q4_1, Q5_1,
+        // Q4_K, Q5_K), in 8 lanes, then all.
         const __m256i xs = dot_u8s8(_mm256_set1_epi8(kQ4 ? 8 : kQ5 ? 16 : 1), xq);
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(xs), _mm256_extracti128_si256(xs, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
