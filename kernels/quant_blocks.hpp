@@ -48,6 +48,53 @@ struct BlockQ5_0 {
 };
 static_assert(sizeof(BlockQ5_0) == 22, "Q5_0 block must be 22 bytes");
 
+/// Weights per K-quant super-block (Q4_K, Q5_K, Q6_K): 8 sub-blocks of 32, each paired with one
+/// Q8_0 activation block.
+inline constexpr int kQK_K = 256;
+
+/// Q4_K: 256 weights in 8 sub-blocks of 32; sub-block j has a 6-bit scale sc_j and min m_j
+/// (k4_scale_min) and weight l of it = (fp16(d) * sc_j) * q - fp16(dmin) * m_j, q = the
+/// nibble of qs[32 * (j / 2) + l] (the low one for even j, the high one for odd j).
+struct BlockQ4_K {
+  uint16_t d;     ///< IEEE fp16 bits of the super-block scale
+  uint16_t dmin;  ///< IEEE fp16 bits of the super-block scale of the mins
+  uint8_t scales[12];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ4_K) == 144, "Q4_K block must be 144 bytes");
+
+/// Q5_K: Q4_K with a fifth bit: weight l of sub-block j = (fp16(d) * sc_j) * q - fp16(dmin)
+/// * m_j, q = the Q4_K nibble plus 16 times bit j of qh[l] (q5k_at).
+struct BlockQ5_K {
+  uint16_t d;     ///< IEEE fp16 bits of the super-block scale
+  uint16_t dmin;  ///< IEEE fp16 bits of the super-block scale of the mins
+  uint8_t scales[12];
+  uint8_t qh[kQK_K / 8];
+  uint8_t qs[kQK_K / 2];
+};
+static_assert(sizeof(BlockQ5_K) == 176, "Q5_K block must be 176 bytes");
+
+/// Q6_K: 256 weights in 16 sub-blocks of 16, each with an int8 scale; weight e = (fp16(d) *
+/// scales[e / 16]) * (q - 32), q (0..63) = 4 low bits from ql and 2 high bits from qh (see
+/// q6k_at). 32-element block j (0..7) has the scales 2j and 2j + 1.
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];  ///< low 4 bits
+  uint8_t qh[kQK_K / 4];  ///< high 2 bits
+  int8_t scales[kQK_K / 16];
+  uint16_t d;  ///< IEEE fp16 bits of the super-block scale
+};
+static_assert(sizeof(BlockQ6_K) == 210, "Q6_K block must be 210 bytes");
+
+/// Q5_1: weight j = fp16(d) * q_j + fp16(m), q_j (0..31) = its nibble (as Q4_1) plus 16
+/// times bit j of qh (little-endian u32).
+struct BlockQ5_1 {
+  uint16_t d;  ///< IEEE fp16 bits of the scale
+  uint16_t m;  ///< IEEE fp16 bits of the offset (the block's minimum)
+  uint8_t qh[4];
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ5_1) == 24, "Q5_1 block must be 24 bytes");
+
 struct BlockQ8_0 {
   uint16_t d;  ///< IEEE fp16 bits of the scale
   int8_t qs[kQK];
@@ -142,6 +189,46 @@ TANDEM_HD_INLINE int32_t dot_block_q8_0_q8_0(const BlockQ8_0& w, const BlockQ8_0
 /// (Inf * 0 = NaN when isum or the partner scale is 0).
 TANDEM_HD_INLINE float block_scale_product(uint16_t dw, uint16_t dx) {
   return fp16_bits_to_fp32(dw) * fp16_bits_to_fp32(dx);
+}
+
+// ---- K-quant unpacking ----------------------------------------------------------------
+
+/// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block (the 12 packed
+/// bytes): j < 4 in the low 6 bits of bytes j and j + 4; otherwise the low 4 bits in byte
+/// j + 4 (the scale's in its low nibble, the min's in its high one) and the top 2 bits in
+/// the top 2 bits of bytes j - 4 (scale) and j (min).
+TANDEM_HD_INLINE void k4_scale_min(const uint8_t* q, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+/// The 4-bit value (0..15) of weight e (0..255) of a Q4_K block.
+TANDEM_HD_INLINE int q4k_at(const BlockQ4_K& w, int e) {
+  const uint8_t byte = w.qs[32 * (e / 64) + e % 32];
+  return (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+}
+
+/// The 5-bit value (0..31) of weight e (0..255) of a Q5_K block.
+TANDEM_HD_INLINE int q5k_at(const BlockQ5_K& w, int e) {
+  const uint8_t byte = w.qs[32 * (e / 64) + e % 32];
+  const int lo = (e / 32) % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+  return lo | (((w.qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+
+/// The 6-bit value minus 32 (-32..31) of weight e (0..255) of a Q6_K block: in half h =
+/// e / 128, quarter j = (e % 128) / 32, l = e % 32, the low 4 bits are the nibble (low for
+/// j < 2) of ql[64h + 32 (j % 2) + l], the high 2 bits are bits 2j, 2j + 1 of qh[32h + l].
+TANDEM_HD_INLINE int q6k_at(const BlockQ6_K& w, int e) {
+  const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+  const uint8_t lo = w.ql[64 * h + 32 * (j % 2) + l];
+  const int lo4 = j < 2 ? (lo & 0x0F) : (lo >> 4);
+  const int hi2 = (w.qh[32 * h + l] >> (2 * j)) & 3;
+  return (lo4 | (hi2 << 4)) - 32;
 }
 
 }  // namespace tandem::kernels

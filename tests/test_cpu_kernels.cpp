@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include "cpu/cpu_kernels.hpp"
 #include "cpu_test_support.hpp"
 #include "softmax_exp.hpp"
+#include "tandem/gguf/ggml_dequant.hpp"
 
 using namespace tandem::kernels;
 using tandem::test::isas;
@@ -1219,14 +1221,34 @@ namespace {
 // A weight type run natively (the file's own blocks) x Q8_0 activations: the scalar path
 // against float64 references (the dequantised blocks times the quantised activations, and
 // times the float activations with the Q8_0 rounding bound), then every ISA, a column of a
-// batch alone, vec_dot and a row range all giving the scalar path's bits.
-template <class TW, class MakeBlocks, class WAt, class Gemm, class VecDot>
-void check_native_q(std::mt19937& g, MakeBlocks make_blocks, WAt w_at, Gemm gemm, VecDot vec_dot) {
+// batch alone, vec_dot and a row range all giving the scalar path's bits. A weight block
+// holds kPer elements (32, or 256 for the K-quants); w_at(block, e) is element e's value
+// and w_mag(block, e) the magnitude of the parts the arithmetic rounds separately (|w| for
+// a plain scale; the scaled value and the min apart where a min is subtracted), for the
+// rounding bound. Activation column 0 is all +1 and column 1 all -1 per block (every q_x
+// = +-127: the integer dots' extremes).
+template <class TW, int kPer = 32, class MakeBlocks, class WAt, class WMag, class Gemm, class VecDot>
+void check_native_q(std::mt19937& g, tandem::GgmlType type, std::initializer_list<int64_t> ks, MakeBlocks make_blocks,
+                    WAt w_at, WMag w_mag, Gemm gemm, VecDot vec_dot) {
   const int64_t n = 11, m = 9;
-  for (int64_t k : {32, 64, 96, 576, 1536, 4128}) {
-    const int64_t nb = k / 32;
-    const std::vector<TW> w = make_blocks(size_t(n * nb));
-    const auto xf = rand_f32(g, size_t(m * k));
+  for (int64_t k : ks) {
+    const int64_t nb = k / 32, nbw = k / kPer;
+    const std::vector<TW> w = make_blocks(size_t(n * nbw));
+    // w_at against the library's transcription of ggml's dequantisation (f32: d * scale
+    // and the min's product rounded, then the value), so the kernels read the file's layout.
+    for (const TW& wb : w) {
+      float deq[kPer];
+      tandem::dequantize_row(type, reinterpret_cast<const std::byte*>(&wb), deq, kPer);
+      for (int e = 0; e < kPer; ++e) {
+        INFO("element " << e);
+        CHECK(std::fabs(double(deq[e]) - w_at(wb, e)) <= std::ldexp(w_mag(wb, e), -22));
+      }
+    }
+    auto xf = rand_f32(g, size_t(m * k));
+    for (int64_t e = 0; e < k; ++e) {
+      xf[size_t(e)] = 1.0f;
+      xf[size_t(k + e)] = -1.0f;
+    }
     std::vector<BlockQ8_0> xq(size_t(m * nb));
     for (int64_t c = 0; c < m; ++c) quantize_row_q8_0(xf.data() + c * k, xq.data() + c * nb, k);
     // The scalar path's bits are the reference every ISA must give.
@@ -1245,15 +1267,16 @@ void check_native_q(std::mt19937& g, MakeBlocks make_blocks, WAt w_at, Gemm gemm
         // amax / 254 (rounding q) + amax * 2^-11 (d rounded to fp16, |q| <= 127).
         double vs_float = 0;
         for (int64_t b = 0; b < nb; ++b) {
-          const TW& wb = w[size_t(r * nb + b)];
+          const TW& wb = w[size_t(r * nbw + b * 32 / kPer)];
+          const int e0 = static_cast<int>(b * 32 % kPer);  // the block's first element in wb
           const BlockQ8_0& xb = xq[size_t(c * nb + b)];
           double amax = 0;
           for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(double(xf[size_t(c * k + b * 32 + j)])));
           for (int j = 0; j < 32; ++j) {
-            const double wj = w_at(wb, j);
+            const double wj = w_at(wb, e0 + j);
             const double t = wj * double(fp16_to_fp32(xb.d)) * xb.qs[j];
             exact += t;
-            terms += std::fabs(t);
+            terms += w_mag(wb, e0 + j) * std::fabs(double(fp16_to_fp32(xb.d)) * xb.qs[j]);
             vs_float += wj * double(xf[size_t(c * k + b * 32 + j)]);
             bound_q += std::fabs(wj) * amax * (1.0 / 254 + std::ldexp(1.0, -11));
           }
@@ -1273,7 +1296,7 @@ void check_native_q(std::mt19937& g, MakeBlocks make_blocks, WAt w_at, Gemm gemm
           INFO(isa << " k " << k << " column " << c << " row " << r);
           CHECK(bits(all[size_t(c * n + r)]) == bits(ref_bits[size_t(c * n + r)]));
           CHECK(bits(one[size_t(r)]) == bits(ref_bits[size_t(c * n + r)]));
-          CHECK(bits(vec_dot(w.data() + r * nb, xq.data() + c * nb, k)) == bits(ref_bits[size_t(c * n + r)]));
+          CHECK(bits(vec_dot(w.data() + r * nbw, xq.data() + c * nb, k)) == bits(ref_bits[size_t(c * n + r)]));
         }
       }
       // A row range (as a thread pool splits it) gives the same bits.
@@ -1304,7 +1327,12 @@ TEST_CASE("Q4_1 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-
     const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
     return double(fp16_to_fp32(b.d)) * q + double(fp16_to_fp32(b.m));
   };
-  check_native_q<BlockQ4_1>(g, make, w_at, gemm_q4_1_q8_0, vec_dot_q4_1_q8_0);
+  auto w_mag = [](const BlockQ4_1& b, int j) {
+    const int q = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
+    return std::fabs(double(fp16_to_fp32(b.d)) * q) + std::fabs(double(fp16_to_fp32(b.m)));
+  };
+  check_native_q<BlockQ4_1>(g, tandem::GgmlType::kQ4_1, {32, 64, 96, 576, 1536, 4128}, make, w_at, w_mag,
+                            gemm_q4_1_q8_0, vec_dot_q4_1_q8_0);
 }
 
 TEST_CASE("Q5_0 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_0]") {
@@ -1325,5 +1353,154 @@ TEST_CASE("Q5_0 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-
     const int lo = j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4);
     return double(fp16_to_fp32(b.d)) * ((lo | int((qh >> j) & 1u) << 4) - 16);
   };
-  check_native_q<BlockQ5_0>(g, make, w_at, gemm_q5_0_q8_0, vec_dot_q5_0_q8_0);
+  auto w_mag = [&](const BlockQ5_0& b, int j) { return std::fabs(w_at(b, j)); };
+  check_native_q<BlockQ5_0>(g, tandem::GgmlType::kQ5_0, {32, 64, 96, 576, 1536, 4128}, make, w_at, w_mag,
+                            gemm_q5_0_q8_0, vec_dot_q5_0_q8_0);
+}
+
+TEST_CASE("Q4_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q4_k]") {
+  std::mt19937 g(412);
+  std::uniform_int_distribution<int> byte(0, 255), pick(0, 7);
+  std::uniform_real_distribution<float> sc(1e-4f, 4e-3f), mn(0.0f, 2e-2f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ4_K> v(nblocks);
+    for (auto& b : v) {
+      // One block in eight has extreme parts: 6-bit scales and mins all 63 or all 0, every
+      // nibble 15 or 0, the largest fp16 scales a 256-element block of weights <= 1 can use.
+      const int kind = pick(g);
+      b.d = fp32_to_fp16(kind == 0 ? 1.0f / 945 : sc(g));
+      b.dmin = fp32_to_fp16(kind == 0 ? 1.0f / 63 : kind == 1 ? 0.0f : mn(g));
+      for (auto& q : b.scales) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+    }
+    return v;
+  };
+  // ggml's dequantisation, in fp64: 64-element chunk i uses bytes 32i..32i+31, low nibbles
+  // first (sub-block 2i), then high nibbles (sub-block 2i + 1).
+  auto nibble = [](const BlockQ4_K& b, int e) {
+    const uint8_t v = b.qs[(e / 64) * 32 + e % 32];
+    return e % 64 < 32 ? v & 0x0F : v >> 4;
+  };
+  auto w_at = [&](const BlockQ4_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return double(fp16_to_fp32(b.d)) * s * nibble(b, e) - double(fp16_to_fp32(b.dmin)) * m;
+  };
+  auto w_mag = [&](const BlockQ4_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return std::fabs(double(fp16_to_fp32(b.d)) * s * nibble(b, e)) + std::fabs(double(fp16_to_fp32(b.dmin)) * m);
+  };
+  // The scales' unpacking against the layout written out by hand: sub-block j < 4 in the
+  // low 6 bits of bytes j (scale) and j + 4 (min); j >= 4 in byte j + 4's nibbles plus the
+  // top 2 bits of bytes j - 4 (scale) and j (min).
+  BlockQ4_K one{};
+  for (int i = 0; i < 12; ++i) one.scales[i] = static_cast<uint8_t>(0x40 * (i % 4) + 3 * i + 1);
+  for (int j = 0; j < 8; ++j) {
+    int s = -1, m = -1;
+    k4_scale_min(one.scales, j, s, m);
+    const int want_s = j < 4 ? one.scales[j] % 64 : one.scales[j + 4] % 16 + 16 * (one.scales[j - 4] / 64);
+    const int want_m = j < 4 ? one.scales[j + 4] % 64 : one.scales[j + 4] / 16 + 16 * (one.scales[j] / 64);
+    CHECK(s == want_s);
+    CHECK(m == want_m);
+  }
+  check_native_q<BlockQ4_K, 256>(g, tandem::GgmlType::kQ4_K, {256, 512, 768, 2048, 8448}, make, w_at, w_mag,
+                                 gemm_q4_k_q8_0, vec_dot_q4_k_q8_0);
+}
+
+TEST_CASE("Q5_1 x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_1]") {
+  std::mt19937 g(51);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f), mn(-0.8f, 0.1f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ5_1> v(nblocks);
+    for (auto& b : v) {
+      b.d = fp32_to_fp16(sc(g));
+      b.m = fp32_to_fp16(mn(g));
+      for (auto& h : b.qh) h = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    return v;
+  };
+  auto q_of = [](const BlockQ5_1& b, int j) {  // bit j of qh (little-endian) is bit 4 of q_j
+    const uint32_t qh = uint32_t(b.qh[0]) | uint32_t(b.qh[1]) << 8 | uint32_t(b.qh[2]) << 16 | uint32_t(b.qh[3]) << 24;
+    return (j < 16 ? (b.qs[j] & 0x0F) : (b.qs[j - 16] >> 4)) | int((qh >> j) & 1u) << 4;
+  };
+  auto w_at = [&](const BlockQ5_1& b, int j) {  // ggml's dequantisation, in fp64
+    return double(fp16_to_fp32(b.d)) * q_of(b, j) + double(fp16_to_fp32(b.m));
+  };
+  auto w_mag = [&](const BlockQ5_1& b, int j) {
+    return std::fabs(double(fp16_to_fp32(b.d)) * q_of(b, j)) + std::fabs(double(fp16_to_fp32(b.m)));
+  };
+  check_native_q<BlockQ5_1>(g, tandem::GgmlType::kQ5_1, {32, 64, 96, 576, 1536, 4128}, make, w_at, w_mag,
+                            gemm_q5_1_q8_0, vec_dot_q5_1_q8_0);
+}
+
+TEST_CASE("Q5_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q5_k]") {
+  std::mt19937 g(512);
+  std::uniform_int_distribution<int> byte(0, 255), pick(0, 7);
+  std::uniform_real_distribution<float> sc(1e-4f, 2e-3f), mn(0.0f, 2e-2f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ5_K> v(nblocks);
+    for (auto& b : v) {
+      // One block in eight has scales and mins all 63 and every q 31 (all bits set), one all 0.
+      const int kind = pick(g);
+      b.d = fp32_to_fp16(kind == 0 ? 1.0f / 1953 : sc(g));
+      b.dmin = fp32_to_fp16(kind == 0 ? 1.0f / 63 : kind == 1 ? 0.0f : mn(g));
+      for (auto& q : b.scales) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+      for (auto& q : b.qh) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(kind == 0 ? 0xFF : kind == 1 ? 0x00 : byte(g));
+    }
+    return v;
+  };
+  // ggml's dequantisation, in fp64: 64-element chunk i uses qs bytes 32i..32i+31, low nibbles
+  // first, and bits 2i (low half) and 2i + 1 (high half) of qh[l].
+  auto q_of = [](const BlockQ5_K& b, int e) {
+    const int chunk = e / 64, l = e % 32;
+    const bool high = e % 64 >= 32;
+    const int lo = high ? b.qs[32 * chunk + l] >> 4 : b.qs[32 * chunk + l] & 0x0F;
+    return lo + ((b.qh[l] >> (2 * chunk + (high ? 1 : 0))) & 1) * 16;
+  };
+  auto w_at = [&](const BlockQ5_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return double(fp16_to_fp32(b.d)) * s * q_of(b, e) - double(fp16_to_fp32(b.dmin)) * m;
+  };
+  auto w_mag = [&](const BlockQ5_K& b, int e) {
+    int s = 0, m = 0;
+    k4_scale_min(b.scales, e / 32, s, m);
+    return std::fabs(double(fp16_to_fp32(b.d)) * s * q_of(b, e)) + std::fabs(double(fp16_to_fp32(b.dmin)) * m);
+  };
+  check_native_q<BlockQ5_K, 256>(g, tandem::GgmlType::kQ5_K, {256, 512, 768, 2048, 8448}, make, w_at, w_mag,
+                                 gemm_q5_k_q8_0, vec_dot_q5_k_q8_0);
+}
+
+TEST_CASE("Q6_K x Q8_0: fp64 reference bound, the same bits on every ISA, batch-invariant", "[kernels][q6_k]") {
+  std::mt19937 g(614);
+  std::uniform_int_distribution<int> byte(0, 255), scale(-128, 127), pick(0, 7);
+  std::uniform_real_distribution<float> sc(1e-5f, 5e-4f);
+  auto make = [&](size_t nblocks) {
+    std::vector<BlockQ6_K> v(nblocks);
+    for (auto& b : v) {
+      // One block in eight is extreme: every q = -32 (all bits 0) and every scale -128 (the
+      // largest |s * q|), or every q = 31 and every scale 127.
+      const int kind = pick(g);
+      b.d = fp32_to_fp16(kind <= 1 ? 1.0f / 4096 : sc(g));
+      for (auto& q : b.ql) q = static_cast<uint8_t>(kind == 0 ? 0x00 : kind == 1 ? 0xFF : byte(g));
+      for (auto& q : b.qh) q = static_cast<uint8_t>(kind == 0 ? 0x00 : kind == 1 ? 0xFF : byte(g));
+      for (auto& s : b.scales) s = static_cast<int8_t>(kind == 0 ? -128 : kind == 1 ? 127 : scale(g));
+    }
+    return v;
+  };
+  // ggml's dequantisation, in fp64, from its loops over the block's halves and quarters.
+  auto w_at = [](const BlockQ6_K& b, int e) {
+    const int h = e / 128, quarter = (e % 128) / 32, l = e % 32;
+    const uint8_t lo_byte = b.ql[64 * h + (quarter == 1 || quarter == 3 ? 32 : 0) + l];
+    const int lo = quarter < 2 ? lo_byte & 0x0F : lo_byte >> 4;
+    const int hi = (b.qh[32 * h + l] >> (2 * quarter)) & 3;
+    return double(fp16_to_fp32(b.d)) * b.scales[8 * h + 2 * quarter + l / 16] * ((lo | hi << 4) - 32);
+  };
+  auto w_mag = [&](const BlockQ6_K& b, int e) { return std::fabs(w_at(b, e)); };
+  check_native_q<BlockQ6_K, 256>(g, tandem::GgmlType::kQ6_K, {256, 512, 768, 2048, 8448}, make, w_at, w_mag,
+                                 gemm_q6_k_q8_0, vec_dot_q6_k_q8_0);
 }

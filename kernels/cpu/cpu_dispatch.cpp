@@ -123,6 +123,18 @@ float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexc
 float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return K().vec_dot_q5_0_q8_0(w, x, k);
 }
+float vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return K().vec_dot_q4_k_q8_0(w, x, k);
+}
+float vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return K().vec_dot_q6_k_q8_0(w, x, k);
+}
+float vec_dot_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return K().vec_dot_q5_1_q8_0(w, x, k);
+}
+float vec_dot_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return K().vec_dot_q5_k_q8_0(w, x, k);
+}
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept {
   return K().vec_dot_f32(a, b, n);
 }
@@ -201,6 +213,22 @@ void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   K().gemm_q5_0_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  K().gemm_q4_k_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  K().gemm_q6_k_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  K().gemm_q5_1_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  K().gemm_q5_k_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
 void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {

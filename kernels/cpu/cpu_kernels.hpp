@@ -75,6 +75,23 @@ float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexc
 /// Q5_0 weights (the file's own blocks) x Q8_0 activations: the arithmetic above with
 /// q_w = the 5-bit value - 16.
 float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q4_K weights (the file's own 256-element blocks; k a multiple of 256) x Q8_0
+/// activations: Q8_0 block b meets sub-block j = b % 8 of weight block b / 8, with its
+/// 6-bit scale sc_j and min m_j, and p_b = ((d * d_x) * f32(sc_j * S_b)) - ((dmin * d_x) *
+/// f32(m_j * T_b)), S_b over the nibbles (0..15), T_b = sum_j q_x[j]; the integer products
+/// are exact in i32 and f32 (< 2^24). Lanes and tree as above (docs/arithmetic.md).
+float vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q6_K weights (256-element blocks; k a multiple of 256) x Q8_0 activations: Q8_0 block b
+/// covers the 16-element sub-blocks 2j, 2j + 1 (j = b % 8) of weight block b / 8, with int8
+/// scales s0, s1, and p_b = (d * d_x) * f32(s0 * S_lo + s1 * S_hi), S_lo / S_hi the exact
+/// dots of elements 0-15 / 16-31 (q = the 6-bit value - 32); the integer is exact and
+/// below 2^24 in magnitude. Lanes and tree as above.
+float vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_1: the Q4_1 arithmetic with q_w = the 5-bit value (0..31).
+float vec_dot_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, int64_t k) noexcept;
+/// Q5_K: the Q4_K arithmetic with q_w = the 5-bit value (0..31): |sc_j * S_b| <= 63 * 32 *
+/// 31 * 127 = 7936992 < 2^24, still exact.
+float vec_dot_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, int64_t k) noexcept;
 float vec_dot_f32(const float* a, const float* b, int64_t n) noexcept;
 float vec_dot_f16(const uint16_t* a, const uint16_t* b, int64_t n) noexcept;  ///< f32 accumulate
 float vec_dot_bf16_f32(const uint16_t* a, const float* b, int64_t n) noexcept;
@@ -89,6 +106,16 @@ void gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+/// W: n x k Q4_K / Q6_K (k / 256 blocks per row), k a multiple of 256; otherwise as above.
+void gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+/// W: n x k Q5_1 (k / 32 blocks per row) or Q5_K (k / 256, k a multiple of 256).
+void gemm_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept;
+void gemm_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept;
 /// Q4_0 weights repacked 8 rows at a time for the SIMD kernel below (the interleaving
 /// idea of ggml's q4_0_8x8 repack; this layout is Tandem's own). A matrix of n rows and

@@ -112,19 +112,87 @@ float s_vec_dot_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, int64_t k) noe
 float s_vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   return s_dot_q(w, x, k);
 }
-/// Q4_1: p_b = ((d_w * d_x) * f32(S_b)) + ((m_w * d_x) * f32(T_b)), S_b over the nibbles.
-float s_vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+/// Element e of a block whose weight is d * q + m, as the unsigned q the tiles multiply.
+inline int32_t uq_at(const BlockQ4_1& w, int e) noexcept {
+  return e < kHalf ? (w.qs[e] & 0x0F) : (w.qs[e - kHalf] >> 4);
+}
+inline int32_t uq_at(const BlockQ5_1& w, int e) noexcept {
+  uint32_t qh;
+  std::memcpy(&qh, w.qh, sizeof qh);
+  return (e < kHalf ? (w.qs[e] & 0x0F) : (w.qs[e - kHalf] >> 4)) | static_cast<int32_t>((qh >> e) & 1u) << 4;
+}
+
+/// Q4_1, Q5_1: p_b = ((d_w * d_x) * f32(S_b)) + ((m_w * d_x) * f32(T_b)), S_b over the unsigned q.
+template <class TW>
+float s_dot_q_min(const TW* w, const BlockQ8_0* x, int64_t k) noexcept {
   Lanes32 lanes;
   for (int64_t b = 0; b < k / kQK; ++b) {
     int32_t s = 0, t = 0;
     for (int e = 0; e < kQK; ++e) {
-      const int32_t q = e < kHalf ? (w[b].qs[e] & 0x0F) : (w[b].qs[e - kHalf] >> 4);
-      s += q * x[b].qs[e];
+      s += uq_at(w[b], e) * x[b].qs[e];
       t += x[b].qs[e];
     }
     const float ps = block_scale_product(w[b].d, x[b].d) * static_cast<float>(s);
     const float pm = block_scale_product(w[b].m, x[b].d) * static_cast<float>(t);
     lanes.add(b, ps + pm);
+  }
+  return lanes.tree();
+}
+
+float s_vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q_min(w, x, k);
+}
+float s_vec_dot_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q_min(w, x, k);
+}
+
+inline int32_t kq_at(const BlockQ4_K& w, int e) noexcept {
+  return q4k_at(w, e);
+}
+inline int32_t kq_at(const BlockQ5_K& w, int e) noexcept {
+  return q5k_at(w, e);
+}
+/// Q4_K, Q5_K: block b is sub-block j = b % 8 of weight block b / 8;
+/// p_b = ((d * d_x) * f32(sc_j * S_b)) - ((dmin * d_x) * f32(m_j * T_b)), S_b over the unsigned q.
+template <class TW>
+float s_dot_q_k_min(const TW* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const TW& wb = w[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int sc = 0, mn = 0;
+    k4_scale_min(wb.scales, j, sc, mn);
+    int32_t s = 0, t = 0;
+    for (int e = 0; e < kQK; ++e) {
+      s += kq_at(wb, kQK * j + e) * x[b].qs[e];
+      t += x[b].qs[e];
+    }
+    const float ps = block_scale_product(wb.d, x[b].d) * static_cast<float>(sc * s);
+    const float pm = block_scale_product(wb.dmin, x[b].d) * static_cast<float>(mn * t);
+    lanes.add(b, ps - pm);
+  }
+  return lanes.tree();
+}
+float s_vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q_k_min(w, x, k);
+}
+float s_vec_dot_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  return s_dot_q_k_min(w, x, k);
+}
+/// Q6_K: block b covers the 16-element sub-blocks 2j, 2j + 1 (j = b % 8) of weight block
+/// b / 8; p_b = (d * d_x) * f32(s_2j * S_lo + s_2j+1 * S_hi).
+float s_vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  Lanes32 lanes;
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    const BlockQ6_K& wb = w[b / 8];
+    const int j = static_cast<int>(b % 8);
+    int32_t lo = 0, hi = 0;
+    for (int e = 0; e < kQK / 2; ++e) {
+      lo += q6k_at(wb, kQK * j + e) * x[b].qs[e];
+      hi += q6k_at(wb, kQK * j + kQK / 2 + e) * x[b].qs[kQK / 2 + e];
+    }
+    const int32_t s = wb.scales[2 * j] * lo + wb.scales[2 * j + 1] * hi;
+    lanes.add(b, block_scale_product(wb.d, x[b].d) * static_cast<float>(s));
   }
   return lanes.tree();
 }
@@ -203,6 +271,22 @@ void s_gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t 
 void s_gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   s_gemm<BlockQ5_0, BlockQ8_0, s_vec_dot_q5_0_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ4_K, BlockQ8_0, s_vec_dot_q4_k_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK_K, k / kQK);
+}
+void s_gemm_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ5_1, BlockQ8_0, s_vec_dot_q5_1_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK, k / kQK);
+}
+void s_gemm_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ5_K, BlockQ8_0, s_vec_dot_q5_k_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK_K, k / kQK);
+}
+void s_gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  s_gemm<BlockQ6_K, BlockQ8_0, s_vec_dot_q6_k_q8_0>(w, x, y, k, m, ldy, r0, r1, k / kQK_K, k / kQK);
 }
 void s_gemm_q8_0_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
@@ -446,7 +530,16 @@ const KernelTable& table_scalar() noexcept {
                                  s_gemm_q4_1_q8_0,
                                  s_vec_dot_q5_0_q8_0,
                                  s_gemm_q5_0_q8_0,
-                                 s_gemm_q4_1x8_q8_0};
+                                 s_gemm_q4_1x8_q8_0,
+
+                                 s_vec_dot_q4_k_q8_0,
+                                 s_gemm_q4_k_q8_0,
+                                 s_vec_dot_q6_k_q8_0,
+                                 s_gemm_q6_k_q8_0,
+                                 s_vec_dot_q5_1_q8_0,
+                                 s_gemm_q5_1_q8_0,
+                                 s_vec_dot_q5_k_q8_0,
+                                 s_gemm_q5_k_q8_0};
   return t;
 }
 

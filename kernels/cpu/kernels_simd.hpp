@@ -209,7 +209,8 @@ void dequantize_row_q8_0(const BlockQ8_0* x, float* y, int64_t k) noexcept {
 // horizontal float sum is ever taken.
 
 /// The exact i32 lane sums of 32 byte products, lane l taking bytes 4l .. 4l + 3: u (u8)
-/// times s (i8). No i16 step saturates for the operands used here (Q4_0 / Q4_1 nibbles <= 15, Q5_0 values <= 31,
+/// times s (i8). No i16 step saturates for the operands used here (Q4_0 / Q4_1 / Q4_K
+/// nibbles <= 15, Q5_0 / Q5_1 / Q5_K values <= 31, Q6_K values <= 63,
 /// Q8_0 |w| <= 128 against |x| <= 127), so vpdpbusd and maddubs + madd agree exactly.
 inline __m256i dot_u8s8(__m256i u, __m256i s) noexcept {
 #if TANDEM_ISA_VNNI
@@ -329,43 +330,96 @@ inline __m256i q5_high_bits(const uint8_t* qh) noexcept {
   return _mm256_and_si256(_mm256_cmpeq_epi8(all_but, _mm256_set1_epi8(-1)), _mm256_set1_epi8(0x10));
 }
 
+/// Q8_0 activation blocks per weight block: 8 for the K-quants' 256-element super-blocks.
+template <class TW>
+inline constexpr int64_t kSubBlocks =
+    std::is_same_v<TW, BlockQ4_K> || std::is_same_v<TW, BlockQ5_K> || std::is_same_v<TW, BlockQ6_K> ? kQK_K / kQK : 1;
+
 // tile_q<TW, C>: y[c * ldy + r] = dot(W row r, X column c) for r < rows (<= 8), c < C, on
 // the weights in the GGUF layout (rows nb blocks apart). Per block: each row's 8 exact i32
 // lane dots, summed across lanes into one vector (lane = row, transpose_sum8), Q4_0 minus
 // 8 * sum(x) (its weights are stored as q + 8), then Lanes32::add; Q4_1 adds its offset
-// term (m_w * d_x) * sum(x) to the scaled dot (cpu_kernels.hpp). Rows past `rows` repeat
-// the last row and are not stored. pf: if not null, the start of the weights the next call
+// term (m_w * d_x) * sum(x) to the scaled dot, as Q5_1 does (cpu_kernels.hpp). K-quants
+// (Q4_K, Q5_K, Q6_K): block b is sub-block b % 8 of weight block b / 8 (rows nb / 8 weight
+// blocks apart); Q4_K and Q5_K multiply the exact dot and sum(x) by the sub-block's scale and min in i32, Q6_K
+// multiplies each row's lane dots (lanes 0-3: elements 0-15, lanes 4-7: 16-31) by the two
+// 16-element scales before the lane sum (all exact: docs/arithmetic.md). Rows past `rows`
+// repeat the last row and are not stored. pf: if not null, the start of the weights the next call
 // reads (the next 8 rows), prefetched at the pace this tile consumes its own.
 template <class TW, int C>
 void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int64_t ldy, const char* pf) noexcept {
   constexpr bool kQ4 = std::is_same_v<TW, BlockQ4_0>;
   constexpr bool kQ41 = std::is_same_v<TW, BlockQ4_1>;
   constexpr bool kQ5 = std::is_same_v<TW, BlockQ5_0>;
-  constexpr bool kNib = kQ4 || kQ41 || kQ5;  // nibble-packed weights
+  constexpr bool kQ51 = std::is_same_v<TW, BlockQ5_1>;
+  constexpr bool kQ4K = std::is_same_v<TW, BlockQ4_K>;
+  constexpr bool kQ5K = std::is_same_v<TW, BlockQ5_K>;
+  constexpr bool kQ6K = std::is_same_v<TW, BlockQ6_K>;
+  constexpr bool kMin = kQ41 || kQ51;                 // weight = d * q + m
+  constexpr bool kKMin = kQ4K || kQ5K;                // 6-bit scales and mins
+  constexpr bool kNib = kQ4 || kQ5 || kMin || kKMin;  // unsigned weights against signed x
+  constexpr int64_t kSub = kSubBlocks<TW>;
+  constexpr int64_t kPfBytes = 8 * static_cast<int64_t>(sizeof(TW)) / kSub;  // 8 rows' bytes per block
   const TW* wr[8];
-  for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * nb;
+  for (int r = 0; r < 8; ++r) wr[r] = w + std::min(r, rows - 1) * (nb / kSub);
   Lanes32 acc[C];
   for (int64_t b = 0; b < nb; ++b) {
     if (pf != nullptr) {
-      const char* p = pf + b * 8 * static_cast<int64_t>(sizeof(TW));
-      for (int64_t o = 0; o < 8 * static_cast<int64_t>(sizeof(TW)); o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+      const char* p = pf + b * kPfBytes;
+      for (int64_t o = 0; o < kPfBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
     }
+    const int64_t bw = b / kSub;               // the weight block
+    const int j = static_cast<int>(b % kSub);  // its sub-block (K-quants)
     const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(
-        static_cast<int16_t>(wr[0][b].d), static_cast<int16_t>(wr[1][b].d), static_cast<int16_t>(wr[2][b].d),
-        static_cast<int16_t>(wr[3][b].d), static_cast<int16_t>(wr[4][b].d), static_cast<int16_t>(wr[5][b].d),
-        static_cast<int16_t>(wr[6][b].d), static_cast<int16_t>(wr[7][b].d)));
+        static_cast<int16_t>(wr[0][bw].d), static_cast<int16_t>(wr[1][bw].d), static_cast<int16_t>(wr[2][bw].d),
+        static_cast<int16_t>(wr[3][bw].d), static_cast<int16_t>(wr[4][bw].d), static_cast<int16_t>(wr[5][bw].d),
+        static_cast<int16_t>(wr[6][bw].d), static_cast<int16_t>(wr[7][bw].d)));
     __m256 mw = _mm256_setzero_ps();
-    if constexpr (kQ41) {
+    if constexpr (kMin) {
       mw = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(wr[0][b].m), static_cast<int16_t>(wr[1][b].m),
                                           static_cast<int16_t>(wr[2][b].m), static_cast<int16_t>(wr[3][b].m),
                                           static_cast<int16_t>(wr[4][b].m), static_cast<int16_t>(wr[5][b].m),
                                           static_cast<int16_t>(wr[6][b].m), static_cast<int16_t>(wr[7][b].m)));
     }
-    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 nibbles (q), Q5_0 (q + 16), Q8_0 |q|
+    __m256i sc = _mm256_setzero_si256(), mn = _mm256_setzero_si256();  // Q4_K / Q5_K: sc_j, m_j per row
+    if constexpr (kKMin) {
+      mw = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(wr[0][bw].dmin), static_cast<int16_t>(wr[1][bw].dmin),
+                                          static_cast<int16_t>(wr[2][bw].dmin), static_cast<int16_t>(wr[3][bw].dmin),
+                                          static_cast<int16_t>(wr[4][bw].dmin), static_cast<int16_t>(wr[5][bw].dmin),
+                                          static_cast<int16_t>(wr[6][bw].dmin), static_cast<int16_t>(wr[7][bw].dmin)));
+      alignas(32) int32_t scs[8], mns[8];
+      for (int r = 0; r < 8; ++r) k4_scale_min(wr[r][bw].scales, j, scs[r], mns[r]);
+      sc = _mm256_load_si256(reinterpret_cast<const __m256i*>(scs));
+      mn = _mm256_load_si256(reinterpret_cast<const __m256i*>(mns));
+    }
+    __m256i u[8];  // the u8 operands: Q4_0 nibbles (q + 8), Q4_1 / Q5_1 / Q4_K / Q5_K (q), Q5_0
+                   // (q + 16), Q6_K (q + 32), Q8_0 |q|
     __m256i wq[8];
+    __m256i ws[8];  // Q6_K: the row's two 16-element scales, i32 lanes 0-3 and 4-7
     for (int r = 0; r < 8; ++r) {
-      if constexpr (kQ5) {
+      if constexpr (kQ5 || kQ51) {
         u[r] = _mm256_or_si256(unpack_q4(wr[r][b].qs), q5_high_bits(wr[r][b].qh));
+      } else if constexpr (kKMin) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r][bw].qs + 32 * (j / 2)));
+        u[r] = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (j % 2))), _mm256_set1_epi8(0x0F));
+        if constexpr (kQ5K) {  // bit j of qh[l] is bit 4 of element l
+          const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r][bw].qh));
+          u[r] = _mm256_or_si256(
+              u[r], _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(0x01)), 4));
+        }
+      } else if constexpr (kQ6K) {
+        const BlockQ6_K& wb = wr[r][bw];
+        const int h = j / 4, jq = j % 4;
+        const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.ql + 64 * h + 32 * (jq % 2)));
+        const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb.qh + 32 * h));
+        u[r] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srl_epi16(lo, _mm_cvtsi32_si128(4 * (jq / 2))), _mm256_set1_epi8(0x0F)),
+            _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * jq)), _mm256_set1_epi8(0x03)),
+                              4));
+        ws[r] =
+            _mm256_setr_epi32(wb.scales[2 * j], wb.scales[2 * j], wb.scales[2 * j], wb.scales[2 * j],
+                              wb.scales[2 * j + 1], wb.scales[2 * j + 1], wb.scales[2 * j + 1], wb.scales[2 * j + 1]);
       } else if constexpr (kNib) {
         u[r] = unpack_q4(wr[r][b].qs);
       } else {
@@ -377,11 +431,17 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
       const BlockQ8_0& xb = x[c * nb + b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
       __m256i v[8];
-      for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kNib ? xq : _mm256_sign_epi8(xq, wq[r]));
+      if constexpr (kQ6K) {
+        // Per lane (4 elements): q * x = (q + 32) * x - 32 * x, then times the lane's scale.
+        const __m256i x32 = dot_u8s8(_mm256_set1_epi8(32), xq);
+        for (int r = 0; r < 8; ++r) v[r] = _mm256_mullo_epi32(_mm256_sub_epi32(dot_u8s8(u[r], xq), x32), ws[r]);
+      } else {
+        for (int r = 0; r < 8; ++r) v[r] = dot_u8s8(u[r], kNib ? xq : _mm256_sign_epi8(xq, wq[r]));
+      }
       __m256i s = transpose_sum8(v);
       if constexpr (kNib) {
-        // sum(x) times the offset (Q4_0: 8, Q5_0: 16; subtracted) or 1 (Q4_1's T_b), in 8
-        // lanes, then all.
+        // sum(x) times the offset (Q4_0: 8, Q5_0: 16; subtracted) or 1 (T_b of Q4_1, Q5_1,
+        // Q4_K, Q5_K), in 8 lanes, then all.
         const __m256i xs = dot_u8s8(_mm256_set1_epi8(kQ4 ? 8 : kQ5 ? 16 : 1), xq);
         __m128i t = _mm_add_epi32(_mm256_castsi256_si128(xs), _mm256_extracti128_si256(xs, 1));
         t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
@@ -389,11 +449,17 @@ void tile_q(const TW* w, int64_t nb, int rows, const BlockQ8_0* x, float* y, int
         const __m256i tb = _mm256_broadcastd_epi32(t);
         if constexpr (kQ4 || kQ5) {
           s = _mm256_sub_epi32(s, tb);
-        } else {
+        } else if constexpr (kMin) {
           const __m256 dx = _mm256_set1_ps(h2f(xb.d));
           const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(s));
           const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(tb));
           acc[c].add_p(b, _mm256_add_ps(ps, pm));
+          continue;
+        } else {  // Q4_K / Q5_K: ((d * d_x) * f32(sc_j * S_b)) - ((dmin * d_x) * f32(m_j * T_b))
+          const __m256 dx = _mm256_set1_ps(h2f(xb.d));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, s)));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, tb)));
+          acc[c].add_p(b, _mm256_sub_ps(ps, pm));
           continue;
         }
       }
@@ -412,12 +478,13 @@ template <class TW>
 void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
             int64_t r1) noexcept {
   const int64_t nb = k / kQK;
+  const int64_t nbw = nb / kSubBlocks<TW>;  // weight blocks per row
   if (m <= 0 || r1 <= r0 || nb <= 0) return;
   if (m == 1) {  // decode GEMV: stream each weight row once, 8 rows in flight
     for (int64_t r = r0; r < r1; r += 8) {
       const int rows = static_cast<int>(std::min<int64_t>(8, r1 - r));
-      const char* pf = r + 8 < r1 ? reinterpret_cast<const char*>(w + (r + 8) * nb) : nullptr;
-      tile_q<TW, 1>(w + r * nb, nb, rows, x, y + r, ldy, pf);
+      const char* pf = r + 8 < r1 ? reinterpret_cast<const char*>(w + (r + 8) * nbw) : nullptr;
+      tile_q<TW, 1>(w + r * nbw, nb, rows, x, y + r, ldy, pf);
     }
     return;
   }
@@ -431,7 +498,7 @@ void gemm_q(const TW* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int
       const int rows = static_cast<int>(std::min<int64_t>(8, r1 - r));
       for (int64_t c = c0; c < c1; c += kQCols) {
         const int64_t cc = std::min<int64_t>(kQCols, c1 - c);
-        tiles[static_cast<size_t>(cc - 1)](w + r * nb, nb, rows, x + c * nb, y + c * ldy + r, ldy, nullptr);
+        tiles[static_cast<size_t>(cc - 1)](w + r * nbw, nb, rows, x + c * nb, y + c * ldy + r, ldy, nullptr);
       }
     }
   }
@@ -455,6 +522,26 @@ float vec_dot_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, int64_t k) noexc
 float vec_dot_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, int64_t k) noexcept {
   float out = 0.0f;
   gemm_q<BlockQ5_0>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ5_1>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ5_K>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ4_K>(w, x, &out, k, 1, 1, 0, 1);
+  return out;
+}
+float vec_dot_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, int64_t k) noexcept {
+  float out = 0.0f;
+  gemm_q<BlockQ6_K>(w, x, &out, k, 1, 1, 0, 1);
   return out;
 }
 
@@ -750,6 +837,22 @@ void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k,
 void gemm_q5_0_q8_0(const BlockQ5_0* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   gemm_q<BlockQ5_0>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_k_q8_0(const BlockQ4_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ4_K>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_1_q8_0(const BlockQ5_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ5_1>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_k_q8_0(const BlockQ5_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ5_K>(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q6_k_q8_0(const BlockQ6_K* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                    int64_t r1) noexcept {
+  gemm_q<BlockQ6_K>(w, x, y, k, m, ldy, r0, r1);
 }
 
 // ---------------------------------------------------------------- float-family ----------
@@ -1236,7 +1339,9 @@ inline const KernelTable& table() noexcept {
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
-      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0};
+      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  vec_dot_q4_k_q8_0, gemm_q4_k_q8_0,
+      vec_dot_q6_k_q8_0,   gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,    vec_dot_q5_k_q8_0,
+      gemm_q5_k_q8_0};
   return t;
 }
 

@@ -45,6 +45,18 @@ struct KernelTable {
                          int64_t) noexcept;
   void (*gemm_q4_1x8_q8_0)(const BlockQ4_1x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
+  float (*vec_dot_q4_k_q8_0)(const BlockQ4_K*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q4_k_q8_0)(const BlockQ4_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  float (*vec_dot_q6_k_q8_0)(const BlockQ6_K*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q6_k_q8_0)(const BlockQ6_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  float (*vec_dot_q5_1_q8_0)(const BlockQ5_1*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q5_1_q8_0)(const BlockQ5_1*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
+  float (*vec_dot_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, int64_t) noexcept;
+  void (*gemm_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction

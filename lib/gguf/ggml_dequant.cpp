@@ -149,19 +149,6 @@ void dq_q3_k(const std::byte* b, float* y) {
   }
 }
 
-// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block (ggml's
-// get_scale_min_k4): j < 4 in the low 6 bits of bytes j and j + 4; otherwise the low
-// nibbles come from byte j + 4 and the top 2 bits from bytes j - 4 and j.
-void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // block_q4_K {d; dmin; scales[12]; qs[128]}: 8 sub-blocks of 32; x = (d * sc) * q4 - (dmin * m).
 void dq_q4_k(const std::byte* b, float* y) {
   const float d = load_fp16(b);
@@ -170,9 +157,9 @@ void dq_q4_k(const std::byte* b, float* y) {
   const uint8_t* q = u8(b + 16);
   for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
     int sc, m;
-    scale_min_k4(is, scales, sc, m);
+    kernels::k4_scale_min(scales, is, sc, m);
     const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(is + 1, scales, sc, m);
+    kernels::k4_scale_min(scales, is + 1, sc, m);
     const float d2 = d * f(sc), m2 = dmin * f(m);
     for (int l = 0; l < 32; ++l) *y++ = d1 * f(q[l] & 0xF) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * f(q[l] >> 4) - m2;
@@ -190,9 +177,9 @@ void dq_q5_k(const std::byte* b, float* y) {
   unsigned u1 = 1, u2 = 2;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2) {
     int sc, m;
-    scale_min_k4(is, scales, sc, m);
+    kernels::k4_scale_min(scales, is, sc, m);
     const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(is + 1, scales, sc, m);
+    kernels::k4_scale_min(scales, is + 1, sc, m);
     const float d2 = d * f(sc), m2 = dmin * f(m);
     for (int l = 0; l < 32; ++l) *y++ = d1 * f((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
     for (int l = 0; l < 32; ++l) *y++ = d2 * f((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;

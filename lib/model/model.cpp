@@ -208,6 +208,10 @@ void embedding_row(const TensorView& t, int32_t id, float* y) noexcept {
       break;
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
       dequantize_row(t.type, row, y, t.k);  // ggml's dequantisation
       break;
     default:
@@ -291,7 +295,8 @@ void Model::convert_weights(int n_threads, GgmlType convert_to) {
   // Types with a CPU kernel run as the file has them.
   auto native = [](const GgufTensorInfo* t) {
     return !ggml_is_quantized(t->type) || t->type == GgmlType::kQ4_0 || t->type == GgmlType::kQ8_0 ||
-           t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_0;
+           t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_0 || t->type == GgmlType::kQ5_1 ||
+           t->type == GgmlType::kQ4_K || t->type == GgmlType::kQ5_K || t->type == GgmlType::kQ6_K;
   };
   // Q8_0: each weight without a kernel becomes Q8_0, the others stay. Q4_0 (asked for): a
   // file with weights other than Q4_0, Q8_0 and floats gets llama-quantize's whole Q4_0

@@ -19,11 +19,11 @@
 // "<arch>.attention.head_count_kv", ...). When `output.weight` is absent the output
 // projection is tied to `token_embd.weight`.
 //
-// Weight formats: the executors compute with F32, F16, BF16, Q4_0, Q4_1, Q5_0 and Q8_0
-// weights (Q4_1, Q5_0: the CPU executor's own kernels; the GPU executor converts them to
-// Q8_0 at upload and says so), and a file's weights of those types are used as they are
-// (memory-mapped). A 2-D weight of any other type the reader accepts (Q5_1, Q2_K..Q6_K)
-// has no kernel yet and is converted once at load, on a thread pool, as
+// Weight formats: the executors compute with F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q5_K, Q6_K and Q8_0 weights (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: the CPU executor's own
+// kernels; the GPU executor converts them to Q8_0 at upload and says so), and a file's
+// weights of those types are used as they are (memory-mapped). A 2-D weight of any other
+// type the reader accepts (Q2_K, Q3_K) has no kernel yet and is converted once at load, on a thread pool, as
 // ModelOptions::convert_to says:
 //   - kQ8_0 (the default): each such weight becomes Q8_0 (ggml's dequantisation, then its
 //     reference Q8_0 quantiser: llama-quantize's bytes for a Q8_0 target); every other
@@ -107,7 +107,7 @@ struct TensorView {
   explicit operator bool() const noexcept { return data != nullptr; }
 };
 
-/// Row `id` of an embedding table `t` (F32, F16, BF16, Q4_0, Q4_1, Q5_0 or Q8_0: the types
+/// Row `id` of an embedding table `t` (F32, F16, BF16, Q8_0 or a type with a CPU kernel above: the types
 /// Model::load leaves) as `t.k` floats into `y`. The one dequantisation of token embeddings shared by
 /// the CPU and GPU executors, so both start from the same bits. `id` must be in [0, t.n)
 /// (callers check token ids); other types write nothing. Thread-safe (reads only).

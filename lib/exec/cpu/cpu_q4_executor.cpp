@@ -548,6 +548,10 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
     case GgmlType::kQ8_0: {
       const int64_t nb = kdim / k::kQK;
       k::BlockQ8_0* xq = s.xq8.get(size_t(m * nb));
@@ -568,6 +572,14 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
           k::gemm_q4_1_q8_0(reinterpret_cast<const k::BlockQ4_1*>(W.data), xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ5_0) {
           k::gemm_q5_0_q8_0(reinterpret_cast<const k::BlockQ5_0*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ5_1) {
+          k::gemm_q5_1_q8_0(reinterpret_cast<const k::BlockQ5_1*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ4_K) {
+          k::gemm_q4_k_q8_0(reinterpret_cast<const k::BlockQ4_K*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ5_K) {
+          k::gemm_q5_k_q8_0(reinterpret_cast<const k::BlockQ5_K*>(W.data), xq, y, kdim, m, n, b, e);
+        } else if (W.type == GgmlType::kQ6_K) {
+          k::gemm_q6_k_q8_0(reinterpret_cast<const k::BlockQ6_K*>(W.data), xq, y, kdim, m, n, b, e);
         } else {
           k::gemm_q8_0_q8_0(reinterpret_cast<const k::BlockQ8_0*>(W.data), xq, y, kdim, m, n, b, e);
         }
