@@ -10,11 +10,13 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -36,7 +38,7 @@ struct Grammar::Impl {
 
 namespace {
 
-// Compiled-grammar cache per vocabulary (xgrammar's compiler caches by source text).
+// Compiled grammars kept per vocabulary, least recently used dropped first.
 constexpr int64_t kCacheBytes = int64_t(256) << 20;
 
 using Clock = std::chrono::steady_clock;
@@ -44,12 +46,37 @@ using CompileFn = std::function<xgrammar::CompiledGrammar(xgrammar::GrammarCompi
 
 // One compile at a time per vocabulary (GrammarCompiler is documented thread-safe;
 // serialising keeps its compile threads bounded). The turn is a flag, not a held mutex,
-// because a compile past its caller's deadline finishes on a thread of its own.
+// because a compile past its caller's deadline finishes on a thread of its own. The cache
+// of compiled grammars is this one (xgrammar's own is off): a cached grammar is served at
+// once, without the turn, the deadline or a thread, even while another grammar compiles.
 struct VocabCompiler {
   VocabCompiler(const xgrammar::TokenizerInfo& info, int threads, int32_t n)
-      : compiler(info, threads, /*cache_enabled=*/true, kCacheBytes), n_vocab(n) {}
+      : compiler(info, threads, /*cache_enabled=*/false), n_vocab(n) {}
   xgrammar::GrammarCompiler compiler;
   int32_t n_vocab;
+
+  /// The compiled grammar of `key` (what was compiled and its source), if kept.
+  std::optional<xgrammar::CompiledGrammar> cached(const std::string& key) {
+    std::lock_guard lock(cache_mu);
+    const auto it = index.find(key);
+    if (it == index.end()) return std::nullopt;
+    lru.splice(lru.begin(), lru, it->second);
+    return it->second->grammar;
+  }
+  /// Keeps `g` as `key`'s grammar, dropping the least recently used past kCacheBytes.
+  void remember(const std::string& key, const xgrammar::CompiledGrammar& g) {
+    std::lock_guard lock(cache_mu);
+    if (index.count(key) != 0) return;
+    const int64_t bytes = int64_t(g.MemorySizeBytes() + key.size());
+    lru.push_front(Entry{key, g, bytes});
+    index.emplace(key, lru.begin());
+    cache_bytes += bytes;
+    while (cache_bytes > kCacheBytes && lru.size() > 1) {
+      cache_bytes -= lru.back().bytes;
+      index.erase(lru.back().key);
+      lru.pop_back();
+    }
+  }
 
   /// Waits for the compiler's turn until `until` (none: forever); false when it did not come.
   bool take_turn(std::optional<Clock::time_point> until) {
@@ -75,6 +102,16 @@ struct VocabCompiler {
   std::mutex mu;
   std::condition_variable cv;
   bool compiling = false;
+
+  struct Entry {
+    std::string key;
+    xgrammar::CompiledGrammar grammar;
+    int64_t bytes;
+  };
+  std::mutex cache_mu;
+  std::list<Entry> lru;  ///< most recently used first
+  std::unordered_map<std::string, std::list<Entry>::iterator> index;
+  int64_t cache_bytes = 0;
 };
 
 xgrammar::TokenizerInfo tokenizer_info(const Tokenizer& tok) {
@@ -114,9 +151,10 @@ std::string_view reason(std::string_view m) {
 
 // Compiles on the caller's thread (no deadline), or on a thread of its own that the caller
 // waits for until the deadline; past it the compile goes on there (xgrammar cannot be
-// stopped), keeps the vocabulary's turn and leaves its result in the cache.
+// stopped), keeps the vocabulary's turn and leaves its result in the cache. A grammar that
+// a compile ahead in the queue put in the cache is taken from there.
 xgrammar::CompiledGrammar run_compile(const std::shared_ptr<VocabCompiler>& vc, const char* what,
-                                      std::chrono::milliseconds deadline, CompileFn f) {
+                                      const std::string& key, std::chrono::milliseconds deadline, CompileFn f) {
   std::optional<Clock::time_point> until;
   if (deadline.count() > 0) until = Clock::now() + deadline;
   if (!vc->take_turn(until)) {
@@ -124,19 +162,27 @@ xgrammar::CompiledGrammar run_compile(const std::shared_ptr<VocabCompiler>& vc, 
                                                      "the whole compile deadline ({} ms)",
                                                      what, deadline.count()));
   }
+  if (auto hit = vc->cached(key)) {
+    vc->end_turn();
+    return std::move(*hit);
+  }
   if (!until) {
     struct Turn {
       VocabCompiler& vc;
       ~Turn() { vc.end_turn(); }
     } turn{*vc};
-    return f(vc->compiler);
+    xgrammar::CompiledGrammar g = f(vc->compiler);
+    vc->remember(key, g);
+    return g;
   }
   auto done = std::make_shared<std::promise<xgrammar::CompiledGrammar>>();
   std::future<xgrammar::CompiledGrammar> result = done->get_future();
   try {
-    std::thread([vc, f = std::move(f), done] {
+    std::thread([vc, f = std::move(f), done, key] {
       try {
-        done->set_value(f(vc->compiler));
+        xgrammar::CompiledGrammar g = f(vc->compiler);
+        vc->remember(key, g);
+        done->set_value(std::move(g));
       } catch (...) {
         done->set_exception(std::current_exception());
       }
@@ -154,12 +200,14 @@ xgrammar::CompiledGrammar run_compile(const std::shared_ptr<VocabCompiler>& vc, 
   return result.get();
 }
 
-std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, std::chrono::milliseconds deadline,
-                                       CompileFn f) {
+// `source`: what f compiles (with `what`, the cache's key).
+std::shared_ptr<const Grammar> compile(const Tokenizer& tok, const char* what, std::string_view source,
+                                       std::chrono::milliseconds deadline, CompileFn f) {
   auto vc = compiler_for(tok);
-  std::optional<xgrammar::CompiledGrammar> compiled;
+  const std::string key = fmt::format("{}\n{}", what, source);
+  std::optional<xgrammar::CompiledGrammar> compiled = vc->cached(key);
   try {
-    compiled.emplace(run_compile(vc, what, deadline, std::move(f)));
+    if (!compiled) compiled.emplace(run_compile(vc, what, key, deadline, std::move(f)));
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -332,13 +380,14 @@ bool Grammar::available() noexcept {
 std::shared_ptr<const Grammar> Grammar::from_json_schema(const Tokenizer& tokenizer, std::string_view schema,
                                                          std::chrono::milliseconds deadline) {
   check_enforceable(schema);
-  return compile(tokenizer, "json_schema", deadline, [text = std::string(schema)](xgrammar::GrammarCompiler& c) {
-    return c.CompileJSONSchema(text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true);
-  });
+  return compile(
+      tokenizer, "json_schema", schema, deadline, [text = std::string(schema)](xgrammar::GrammarCompiler& c) {
+        return c.CompileJSONSchema(text, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true);
+      });
 }
 
 std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer& tokenizer, std::chrono::milliseconds deadline) {
-  return compile(tokenizer, "json_object", deadline, [](xgrammar::GrammarCompiler& c) {
+  return compile(tokenizer, "json_object", "", deadline, [](xgrammar::GrammarCompiler& c) {
     return c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
                                /*strict_mode=*/false);
   });
@@ -346,7 +395,7 @@ std::shared_ptr<const Grammar> Grammar::json_object(const Tokenizer& tokenizer, 
 
 std::shared_ptr<const Grammar> Grammar::from_gbnf(const Tokenizer& tokenizer, std::string_view gbnf,
                                                   std::chrono::milliseconds deadline) {
-  return compile(tokenizer, "grammar", deadline,
+  return compile(tokenizer, "grammar", gbnf, deadline,
                  [text = std::string(gbnf)](xgrammar::GrammarCompiler& c) { return c.CompileGrammar(text, "root"); });
 }
 

@@ -9,7 +9,8 @@
 // text (control, unused) are never allowed, and the end-of-generation tokens
 // (Tokenizer::eog_ids) only where the grammar is complete. Compiled grammars are cached per
 // vocabulary keyed by their source text (and kind), so building the same schema again is a
-// lookup; the cache holds at most 256 MiB per vocabulary (least recently used dropped).
+// lookup, served at once (no turn, no deadline) even while another grammar compiles; the
+// cache holds at most 256 MiB per vocabulary (least recently used dropped).
 //
 // Compile time grows with the grammar and the vocabulary and has no limit: milliseconds for
 // ordinary schemas (19 ms for a five-property one on SmolLM2's vocabulary, benchmarks/
