@@ -715,6 +715,76 @@ TEST_CASE("repacked Q4_1 gemm: layout as documented, the GGUF-layout kernel's bi
   }
 }
 
+TEST_CASE("repacked Q5_0 gemm: layout as documented, the GGUF-layout kernel's bits on every ISA, any row range and m",
+          "[kernels][q5_0]") {
+  std::mt19937 g(505);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.001f, 0.05f);
+  struct Shape {
+    int64_t k, n;
+  };
+  for (const Shape sh : {Shape{32, 1}, Shape{96, 13}, Shape{896, 37}, Shape{2048, 19}, Shape{640, 16}}) {
+    const int64_t k = sh.k, n = sh.n, nb = k / 32, m = 6;
+    std::vector<BlockQ5_0> w(static_cast<size_t>(n * nb));
+    for (auto& b : w) {
+      b.d = fp32_to_fp16(sc(g));
+      for (auto& h : b.qh) h = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    // all fifth bits set and every nibble 15 (q = 31, the i16 sums' worst case) in block 0
+    std::memset(w[0].qh, 0xFF, sizeof w[0].qh);
+    std::memset(w[0].qs, 0xFF, sizeof w[0].qs);
+    auto q5_0_value = [](const BlockQ5_0& b, int e) {  // ggml's: nibble plus 16 times bit e of qh, minus 16
+      uint32_t h;
+      std::memcpy(&h, b.qh, sizeof h);
+      return ((e < 16 ? b.qs[e] & 0x0F : b.qs[e - 16] >> 4) | static_cast<int>(((h >> e) & 1u) << 4)) - 16;
+    };
+    auto xq = rand_q8(g, m * nb);
+    for (int e = 0; e < 32; ++e) xq[0].qs[e] = 127;
+    std::vector<BlockQ5_0x8> p(static_cast<size_t>(q4_0x8_records(n, k)));
+    repack_q5_0x8(w.data(), n, k, p.data(), 0, (n + 7) / 8);
+    for (int64_t row = 0; row < (n + 7) / 8 * 8; ++row)
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ5_0x8& rec = p[static_cast<size_t>((row / 8) * nb + b)];
+        const int r = static_cast<int>(row % 8);
+        const bool real = row < n;
+        INFO("layout: row " << row << " block " << b);
+        CHECK(rec.d[r] == (real ? w[row * nb + b].d : 0));
+        for (int j = 0; j < 4; ++j) {
+          for (int i = 0; i < 4; ++i) {
+            // weight 4j + i (low nibble) and 16 + 4j + i (high nibble): nibble and fifth bit
+            const int lo_bit = (rec.qh[8 * j + r] >> i) & 1, hi_bit = (rec.qh[8 * j + r] >> (4 + i)) & 1;
+            const int q = rec.qs[32 * j + 4 * r + i];
+            const int lo = (q & 0x0F) | (lo_bit << 4), hi = (q >> 4) | (hi_bit << 4);
+            CHECK(lo == (real ? q5_0_value(w[row * nb + b], 4 * j + i) + 16 : 16));
+            CHECK(hi == (real ? q5_0_value(w[row * nb + b], 16 + 4 * j + i) + 16 : 16));
+          }
+        }
+      }
+    std::vector<float> want(static_cast<size_t>(m * n));
+    {
+      IsaScope s("scalar");  // the GGUF-layout kernel (fp64-bounded in "Q5_0 x Q8_0: ...")
+      gemm_q5_0_q8_0(w.data(), xq.data(), want.data(), k, m, n, 0, n);
+    }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      for (int64_t mm : {int64_t{1}, int64_t{2}, int64_t{5}, m}) {
+        for (int64_t split : {int64_t{0}, std::min<int64_t>(8, n), std::min<int64_t>(16, n), n / 2}) {
+          std::vector<float> y(static_cast<size_t>(mm * n), -1.0f);
+          gemm_q5_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
+          gemm_q5_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
+          for (int64_t c = 0; c < mm; ++c)
+            for (int64_t r = 0; r < n; ++r) {
+              INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "
+                       << r);
+              CHECK(bits(y[c * n + r]) == bits(want[c * n + r]));
+            }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("attention row kernels equal the per-row calls bit for bit", "[kernels]") {
   std::mt19937 g(123);
   const int64_t n = 64, stride = 256, rows = 13;

@@ -206,6 +206,33 @@ void repack_q4_1x8(const BlockQ4_1* w, int64_t n, int64_t k, BlockQ4_1x8* out, i
     }
   }
 }
+void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, int64_t g0, int64_t g1) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t g = g0; g < g1; ++g) {
+    for (int64_t b = 0; b < nb; ++b) {
+      BlockQ5_0x8& o = out[g * nb + b];
+      for (int r = 0; r < 8; ++r) {
+        const int64_t row = g * 8 + r;
+        if (row < n) {
+          const BlockQ5_0& src = w[row * nb + b];
+          uint32_t h;
+          std::memcpy(&h, src.qh, sizeof h);
+          o.d[r] = src.d;
+          for (int j = 0; j < 4; ++j) {
+            std::memcpy(o.qs + 32 * j + 4 * r, src.qs + 4 * j, 4);
+            o.qh[8 * j + r] = static_cast<uint8_t>(((h >> (4 * j)) & 0x0F) | (((h >> (16 + 4 * j)) & 0x0F) << 4));
+          }
+        } else {  // padding row: scale 0, every weight q = 16 (value 0)
+          o.d[r] = 0;
+          for (int j = 0; j < 4; ++j) {
+            std::memset(o.qs + 32 * j + 4 * r, 0, 4);
+            o.qh[8 * j + r] = 0xFF;
+          }
+        }
+      }
+    }
+  }
+}
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   K().gemm_q4_1_q8_0(w, x, y, k, m, ldy, r0, r1);
@@ -237,6 +264,10 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
 void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   K().gemm_q4_1x8_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  K().gemm_q5_0x8_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {

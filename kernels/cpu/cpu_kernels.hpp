@@ -143,6 +143,18 @@ struct BlockQ4_1x8 {
 };
 static_assert(sizeof(BlockQ4_1x8) == 160, "8 Q4_1 blocks: 8 scales + 8 mins + 128 bytes");
 
+/// Q5_0 weights repacked as BlockQ4_0x8 is (qs: each weight's low four bits), with the
+/// fifth bits per chunk j and row r in one byte:
+///   qh[8j + r]  bits 0-3: the fifth bits of row 8g + r's weights 4j .. 4j + 3; bits 4-7:
+///               of its weights 16 + 4j .. 16 + 4j + 3 (the weights qs chunk j holds).
+/// Rows past n have d = 0 and every weight q = 16 (value 0). As many bytes as the GGUF blocks.
+struct BlockQ5_0x8 {
+  uint16_t d[8];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ5_0x8) == 176, "8 Q5_0 blocks: 8 scales + 32 fifth-bit bytes + 128 bytes");
+
 /// Number of records repack_q4_0x8 (or repack_q4_1x8) writes for n rows of k elements.
 inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
   return (n + 7) / 8 * (k / kQK);
@@ -160,6 +172,10 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
 /// on the GGUF blocks (its p_b, T_b = corr / 8 of the activations' 8 * sum(x)).
 void repack_q4_1x8(const BlockQ4_1* w, int64_t n, int64_t k, BlockQ4_1x8* out, int64_t g0, int64_t g1) noexcept;
 void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// The same for Q5_0 weights: the bits of gemm_q5_0_q8_0 on the GGUF blocks.
+void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,

@@ -496,6 +496,34 @@ void s_gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int6
   }
 }
 
+// gemm_q5_0x8_q8_0, one (row, column) at a time: s_dot_q's Q5_0 arithmetic on the
+// repacked layout (q = the nibble plus 16 times its fifth bit, minus 16).
+void s_gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t c = 0; c < m; ++c) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const BlockQ5_0x8* wg = w + (r / 8) * nb;
+      const int lane = static_cast<int>(r % 8);
+      Lanes32 lanes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ8_0& xb = x[c * nb + b];
+        int32_t s = 0;
+        for (int j = 0; j < 4; ++j) {
+          const int h = wg[b].qh[8 * j + lane];
+          for (int i = 0; i < 4; ++i) {
+            const int q = wg[b].qs[32 * j + 4 * lane + i];
+            const int lo = (q & 0x0F) | (((h >> i) & 1) << 4), hi = (q >> 4) | (((h >> (4 + i)) & 1) << 4);
+            s += (lo - 16) * xb.qs[4 * j + i] + (hi - 16) * xb.qs[16 + 4 * j + i];
+          }
+        }
+        lanes.add(b, block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s));
+      }
+      y[c * ldy + r] = lanes.tree();
+    }
+  }
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -531,6 +559,7 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q5_0_q8_0,
                                  s_gemm_q5_0_q8_0,
                                  s_gemm_q4_1x8_q8_0,
+                                 s_gemm_q5_0x8_q8_0,
 
                                  s_vec_dot_q4_k_q8_0,
                                  s_gemm_q4_k_q8_0,

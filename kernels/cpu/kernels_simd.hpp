@@ -588,6 +588,21 @@ inline __m256i bcast4(const int8_t* p) noexcept {
   return _mm256_set1_epi32(v);
 }
 
+/// BlockQ5_0x8's fifth bits of chunk j (its 8 bytes qh[8j..8j+7], one per row) as 0x10
+/// in the byte of each weight: lo for the low-nibble weights, hi for the high ones.
+inline void q5x8_fifth_bits(const uint8_t* qh8, __m256i& lo, __m256i& hi) noexcept {
+  int64_t h;
+  std::memcpy(&h, qh8, sizeof h);
+  // byte 4r + i of the vector = row r's byte (set1 repeats the 8 bytes in both 128-bit lanes)
+  const __m256i rep = _mm256_shuffle_epi8(
+      _mm256_set1_epi64x(h),
+      _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+  const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32(static_cast<int32_t>(0x80402010u));
+  const __m256i x10 = _mm256_set1_epi8(0x10);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_lo), bit_lo), x10));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_hi), bit_hi), x10));
+}
+
 // y[c * ldy + 8g + r] for g < G, c < C, r < 8, except rows below row_lo of the first group
 // and from row_hi on of the last (outside the caller's row range).
 // w: G groups (stride nb records); x / aux: C columns (stride nb).
@@ -595,6 +610,8 @@ template <class TB, int G, int C>
 void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
+  constexpr int32_t kCorr = kQ5 ? 2 : 1;  // Q4_0: minus 8 * sum(x) = corr; Q5_0: 16 * sum(x)
   Lanes32 acc[G][C];
   const __m256i m4 = _mm256_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
@@ -617,6 +634,7 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[g * nb + b].qs + 32 * j));
         lo[g] = _mm256_and_si256(raw, m4);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if constexpr (kQ5) q5x8_fifth_bits(w[g * nb + b].qh + 8 * j, lo[g], hi[g]);
       }
       for (int c = 0; c < C; ++c) {
         const int8_t* q = x[c * nb + b].qs;
@@ -624,9 +642,9 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
         for (int g = 0; g < G; ++g) {
 #if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
           s16[g][c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s16[g][c], lo[g], bl), hi[g], bh);
-#else
+#else  // i16 sums; Q5_0's (values up to 31) are widened per chunk: 4 chunks could overflow
           const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], bl), _mm256_maddubs_epi16(hi[g], bh));
-          s16[g][c] = _mm256_add_epi16(s16[g][c], p);
+          s16[g][c] = kQ5 ? _mm256_add_epi32(s16[g][c], _mm256_madd_epi16(p, ones16)) : _mm256_add_epi16(s16[g][c], p);
 #endif
         }
       }
@@ -638,7 +656,7 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
 #if TANDEM_ISA_VNNI
         const __m256i sq = s16[g][c];
 #else
-        const __m256i sq = _mm256_madd_epi16(s16[g][c], ones16);
+        const __m256i sq = kQ5 ? s16[g][c] : _mm256_madd_epi16(s16[g][c], ones16);
 #endif
         const __m256 dx = _mm256_set1_ps(a.dx);
         if constexpr (kQ41) {  // S_b over the nibbles, T_b = corr / 8 (exact)
@@ -647,7 +665,7 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
           const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_set1_ps(static_cast<float>(a.corr / 8)));
           acc[g][c].add_p(b, _mm256_add_ps(ps, pm));
         } else {
-          acc[g][c].add(b, _mm256_mul_ps(dw, dx), _mm256_sub_epi32(sq, _mm256_set1_epi32(a.corr)));
+          acc[g][c].add(b, _mm256_mul_ps(dw, dx), _mm256_sub_epi32(sq, _mm256_set1_epi32(kCorr * a.corr)));
         }
       }
     }
@@ -666,6 +684,8 @@ template <class TB, int C>
 void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                 int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
+  constexpr int32_t kCorr = kQ5 ? 2 : 1;
   Lanes32T<16> acc[C];
   const __m512i m4 = _mm512_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
@@ -686,8 +706,15 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
       const __m512i raw = _mm512_inserti64x4(
           _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * j))),
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qs + 32 * j)), 1);
-      const __m512i lo = _mm512_and_si512(raw, m4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      __m512i lo = _mm512_and_si512(raw, m4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      if constexpr (kQ5) {
+        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0;
+        q5x8_fifth_bits(w[b].qh + 8 * j, l0, h0);
+        q5x8_fifth_bits(w1[b].qh + 8 * j, l1, h1);
+        lo = _mm512_or_si512(lo, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1));
+        hi = _mm512_or_si512(hi, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+      }
       for (int c = 0; c < C; ++c) {
         const int8_t* q = x[c * nb + b].qs;
         int32_t vl, vh;
@@ -697,7 +724,8 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
 #if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
         s16[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s16[c], lo, bl), hi, bh);
 #else
-        s16[c] = _mm512_add_epi16(s16[c], _mm512_add_epi16(_mm512_maddubs_epi16(lo, bl), _mm512_maddubs_epi16(hi, bh)));
+        const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, bl), _mm512_maddubs_epi16(hi, bh));
+        s16[c] = kQ5 ? _mm512_add_epi32(s16[c], _mm512_madd_epi16(p, ones16)) : _mm512_add_epi16(s16[c], p);
 #endif
       }
     }
@@ -712,7 +740,7 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
 #if TANDEM_ISA_VNNI
       const __m512i sq = s16[c];
 #else
-      const __m512i sq = _mm512_madd_epi16(s16[c], ones16);
+      const __m512i sq = kQ5 ? s16[c] : _mm512_madd_epi16(s16[c], ones16);
 #endif
       const __m512 dx = _mm512_set1_ps(a.dx);
       if constexpr (kQ41) {
@@ -722,7 +750,7 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
         acc[c].add_p(b, _mm512_add_ps(ps, pm));
       } else {
         acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, dx),
-                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(sq, _mm512_set1_epi32(a.corr)))));
+                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(sq, _mm512_set1_epi32(kCorr * a.corr)))));
       }
     }
   }
@@ -750,7 +778,7 @@ constexpr std::array<TileX8Fn<TB>, GB * CB> make_x8_tiles(std::index_sequence<I.
   return {&tile_q4x8<TB, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
 }
 
-/// gemm_q4_0x8_q8_0 and gemm_q4_1x8_q8_0 (TB: BlockQ4_0x8 or BlockQ4_1x8).
+/// gemm_q4_0x8_q8_0, gemm_q4_1x8_q8_0, gemm_q5_0x8_q8_0 (TB: BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8).
 template <class TB>
 void gemm_x8(const TB* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
              int64_t r1) noexcept {
@@ -818,6 +846,10 @@ void gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
 void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
@@ -1339,9 +1371,9 @@ inline const KernelTable& table() noexcept {
       vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
       gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
-      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  vec_dot_q4_k_q8_0, gemm_q4_k_q8_0,
-      vec_dot_q6_k_q8_0,   gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,    vec_dot_q5_k_q8_0,
-      gemm_q5_k_q8_0};
+      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
+      gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0, gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
+      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0};
   return t;
 }
 

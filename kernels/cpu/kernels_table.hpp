@@ -45,6 +45,8 @@ struct KernelTable {
                          int64_t) noexcept;
   void (*gemm_q4_1x8_q8_0)(const BlockQ4_1x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
+  void (*gemm_q5_0x8_q8_0)(const BlockQ5_0x8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) noexcept;
   float (*vec_dot_q4_k_q8_0)(const BlockQ4_K*, const BlockQ8_0*, int64_t) noexcept;
   void (*gemm_q4_k_q8_0)(const BlockQ4_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                          int64_t) noexcept;

@@ -74,7 +74,7 @@ struct CpuQ4Executor::Scratch {
 
 struct CpuQ4Executor::Repacked {
   // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry):
-  // kernels::BlockQ4_0x8 records for a Q4_0 matrix, BlockQ4_1x8 for a Q4_1 one.
+  // kernels::BlockQ4_0x8 records for a Q4_0 matrix, BlockQ4_1x8 for Q4_1, BlockQ5_0x8 for Q5_0.
   std::unordered_map<const std::byte*, std::vector<std::byte>> by_data;
   // Per layer, the repacked copy of each matrix (null: not repackable), looked up once at
   // construction so that a step indexes instead of hashing.
@@ -85,7 +85,8 @@ struct CpuQ4Executor::Repacked {
   std::vector<Layer> layers;  // empty when not repacking
   const void* output = nullptr;
   static bool repackable(const TensorView& W) {
-    return W && (W.type == GgmlType::kQ4_0 || W.type == GgmlType::kQ4_1) && W.k % k::kQK == 0;
+    return W && (W.type == GgmlType::kQ4_0 || W.type == GgmlType::kQ4_1 || W.type == GgmlType::kQ5_0) &&
+           W.k % k::kQK == 0;
   }
   const void* find(const TensorView& W) const {
     if (!repackable(W)) return nullptr;
@@ -154,18 +155,22 @@ void CpuQ4Executor::repack_weights(bool wanted) {
   const Model& m = model();
   auto add = [&](const TensorView& W) {
     if (!Repacked::repackable(W) || repacked->by_data.count(W.data) != 0) return;
-    const bool q4_1 = W.type == GgmlType::kQ4_1;
+    const size_t record = W.type == GgmlType::kQ4_1   ? sizeof(k::BlockQ4_1x8)
+                          : W.type == GgmlType::kQ5_0 ? sizeof(k::BlockQ5_0x8)
+                                                      : sizeof(k::BlockQ4_0x8);
     std::vector<std::byte> packed;
     try {
-      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)) *
-                    (q4_1 ? sizeof(k::BlockQ4_1x8) : sizeof(k::BlockQ4_0x8)));
+      packed.resize(static_cast<size_t>(k::q4_0x8_records(W.n, W.k)) * record);
     } catch (const std::bad_alloc&) {
       throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the repacked weights");
     }
     pool_->parallel_for((W.n + 7) / 8, 4, [&](int64_t b, int64_t e, int) {
-      if (q4_1) {
+      if (W.type == GgmlType::kQ4_1) {
         k::repack_q4_1x8(reinterpret_cast<const k::BlockQ4_1*>(W.data), W.n, W.k,
                          reinterpret_cast<k::BlockQ4_1x8*>(packed.data()), b, e);
+      } else if (W.type == GgmlType::kQ5_0) {
+        k::repack_q5_0x8(reinterpret_cast<const k::BlockQ5_0*>(W.data), W.n, W.k,
+                         reinterpret_cast<k::BlockQ5_0x8*>(packed.data()), b, e);
       } else {
         k::repack_q4_0x8(reinterpret_cast<const k::BlockQ4_0*>(W.data), W.n, W.k,
                          reinterpret_cast<k::BlockQ4_0x8*>(packed.data()), b, e);
@@ -239,7 +244,7 @@ void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-// packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8 or BlockQ4_1x8, as W's type), or null.
+// packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8, BlockQ4_1x8 or BlockQ5_0x8, as W's type), or null.
 void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
             const void* packed);
 
@@ -564,6 +569,8 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
       pool.parallel_for(n, kRowGrain, [&](int64_t b, int64_t e, int) {
         if (packed != nullptr && W.type == GgmlType::kQ4_1) {  // row chunks: multiples of kRowGrain (8 | 16)
           k::gemm_q4_1x8_q8_0(static_cast<const k::BlockQ4_1x8*>(packed), xq, y, kdim, m, n, b, e);
+        } else if (packed != nullptr && W.type == GgmlType::kQ5_0) {
+          k::gemm_q5_0x8_q8_0(static_cast<const k::BlockQ5_0x8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (packed != nullptr) {
           k::gemm_q4_0x8_q8_0(static_cast<const k::BlockQ4_0x8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ4_0) {

@@ -1,10 +1,10 @@
 // CpuQ4Executor: the transformer forward pass on the CPU.
 //
-// Weights stay in the GGUF mapping (Q4_0, Q4_1, Q5_0, Q8_0, F16, BF16 or F32), except that
+// Weights stay in the GGUF mapping (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, F16, BF16 or F32), except that
 // by default (on every ISA: the kernels compute the same bits on each) the executor keeps a
-// copy of every Q4_0 and Q4_1 weight matrix repacked 8 rows at a time (kernels::BlockQ4_0x8,
-// BlockQ4_1x8; the same bytes again in memory) and multiplies with
-// kernels::gemm_q4_0x8_q8_0 / gemm_q4_1x8_q8_0. The copy is
+// copy of every Q4_0, Q4_1 and Q5_0 weight matrix repacked 8 rows at a time
+// (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8; the same bytes again in memory) and
+// multiplies with kernels::gemm_q4_0x8_q8_0 / gemm_q4_1x8_q8_0 / gemm_q5_0x8_q8_0. The copy is
 // made by the first executor of a Model (on its pool) and shared by every executor of that
 // Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
 // Each matrix's copy is found once, at construction (a per-layer table): a step indexes it.
@@ -39,7 +39,7 @@ namespace tandem {
 
 struct CpuExecutorOptions {
   int n_threads = 0;  ///< > 0: a pool of this many threads of its own; <= 0: the shared node_pool()
-  /// false: multiply Q4_0 and Q4_1 weights in the GGUF layout instead of the repacked copy
+  /// false: multiply Q4_0, Q4_1 and Q5_0 weights in the GGUF layout instead of the repacked copy
   /// (llama.cpp's --no-repack): the same bits (one quantised dot arithmetic, the GPU
   /// kernels' too: kernels/cpu/cpu_kernels.hpp), no second copy of the weights, slower.
   bool repack = true;
