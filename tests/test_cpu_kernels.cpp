@@ -1002,15 +1002,22 @@ TEST_CASE("attn_tiled is the written attention arithmetic bit for bit; flash_att
           }
         for (const auto& isa : isas()) {
           IsaScope s(isa);
-          std::vector<float> online(q.size()), tiled(q.size());
-          for (int64_t h = 0; h < nkv; ++h) {
-            if (W == 0) run_flash(kv, h, group, q.data(), online.data(), q_stride, 0, static_cast<int32_t>(n_ctx));
+          // One call over every position (the keys-as-lanes scores) and one call per
+          // checked position (a decode step's shape: vec_dot_f scores).
+          std::vector<float> online(q.size()), tiled(q.size()), alone(q.size());
+          auto run_tiled = [&](int64_t h, int32_t pos0, int32_t n_pos, std::vector<float>& out) {
             FlashAttnArgs a = tandem::test::attn_args(kv.kp.data(), kv.vp.data(), kv.page_size, kv.stride(), hd, h,
-                                                      group, q.data(), tiled.data(), q_stride, 0, int32_t(n_ctx));
+                                                      group, q.data(), out.data(), q_stride, pos0, n_pos);
             a.kv_f16 = f16;
             a.window = W;
-            std::vector<float> scratch(attn_tiled_scratch_floats(hd, n_ctx * group, n_ctx), std::nanf(""));
+            std::vector<float> scratch(attn_tiled_scratch_floats(hd, int64_t{n_pos} * group, int64_t{pos0} + n_pos),
+                                       std::nanf(""));
             attn_tiled(a, scratch.data());
+          };
+          for (int64_t h = 0; h < nkv; ++h) {
+            if (W == 0) run_flash(kv, h, group, q.data(), online.data(), q_stride, 0, static_cast<int32_t>(n_ctx));
+            run_tiled(h, 0, int32_t(n_ctx), tiled);
+            for (int64_t t = 0; t < n_ctx; t += 13) run_tiled(h, int32_t(t), 1, alone);
           }
           double worst = 0.0;
           size_t tiled_diff = 0;
@@ -1018,6 +1025,7 @@ TEST_CASE("attn_tiled is the written attention arithmetic bit for bit; flash_att
             for (int64_t i = t * q_stride; i < (t + 1) * q_stride; ++i) {
               if (W == 0) worst = std::max(worst, double(std::fabs(want[size_t(i)] - online[size_t(i)])) / 2.0);
               tiled_diff += bits(want[size_t(i)]) != bits(tiled[size_t(i)]);
+              tiled_diff += bits(want[size_t(i)]) != bits(alone[size_t(i)]);
             }
           INFO(isa << " hd " << hd << (f16 ? " f16" : " f32") << " window " << W
                    << ": worst |flash_attn - written| / max|v| = " << worst);

@@ -1233,6 +1233,7 @@ inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) 
   }
 }
 
+constexpr int64_t kScDotRows = 4;  // attn_tiled: a tile with at most this many rows takes vec_dot_f
 // attn_tiled (cpu_kernels.hpp, docs/arithmetic.md "Attention"). K and V rows are converted
 // to f32 once per call (exact for f16 and for q8_0 rows), a K tile then transposed.
 void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
@@ -1298,7 +1299,9 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   auto c_first = [&](int64_t r, int64_t t0) { return std::max<int64_t>(0, win0(r) - t0); };
   const int64_t t_begin = win0(0) / T * T;  // tiles before it: no row's window
   // Scores, one K tile at a time: blocks of kScRB rows x kScKB key vectors over the keys
-  // the block's rows see (rounded out to whole vectors: the other lanes are not read).
+  // the block's rows see (rounded out to whole vectors: the other lanes are not read). With
+  // at most kScDotRows rows in the tile the transpose costs more than it saves: vec_dot_f
+  // on the K rows computes the same 32 lanes and tree (docs/arithmetic.md).
   static constexpr auto scores = make_attn_scores(std::make_index_sequence<kScRB * kScKB>{});
   for (int64_t t0 = t_begin; t0 <= last; t0 += T) {
     const int64_t nc = std::min<int64_t>(T, last + 1 - t0);
@@ -1306,6 +1309,12 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     if (rf >= re) continue;
     const int64_t cs = c_first(rf, t0), n16 = (nc + 15) / 16 * 16;
     load_tile(a.k_pages, t0, nc, cs);
+    if (re - rf <= kScDotRows) {  // few rows (a decode step): vec_dot_f per score, the same bits
+      for (int64_t r = rf; r < re; ++r)
+        for (int64_t c = c_first(r, t0), n = n_valid(r, t0, nc); c < n; ++c)
+          sc[r * ld + t0 + c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+      continue;
+    }
     for (int64_t c = cs / 16 * 16; c < n16; c += 8)
       for (int64_t d = 0; d < hp; d += 8) transpose8x8(kv + c * hp + d, hp, kt + d * T + c, T);
     for (int64_t r = rf; r < re; r += kScRB) {
