@@ -1,8 +1,8 @@
 // CPU kernel benchmarks (single-threaded): decode GEMV Q4_0 at TinyLlama shapes (weight
 // bytes/s), prefill GEMM Q4_0 m=512 (FLOP/s), both also on the 8-row repacked layout
-// (BM_GemvQ4_0x8 / BM_GemmQ4_0x8), quantize_row_q8_0, and a streaming-read
-// reference on a buffer much larger than the last-level cache, so GEMV GB/s can be read
-// against what one core can stream at all.
+// (BM_GemvQ4_0x8 / BM_GemmQ4_0x8), quantize_row_q8_0, attn_tiled (BM_AttnTiled), and a
+// streaming-read reference on a buffer much larger than the last-level cache, so GEMV GB/s
+// can be read against what one core can stream at all.
 //
 // "cold" GEMV rotates through enough copies of the weight matrix to fill a 1 GiB pool,
 // so weights come from DRAM as they do in a real decode step (a model >> LLC); "hot"
@@ -187,6 +187,48 @@ void BM_QuantizeQ8_0(benchmark::State& state, std::string isa) {
   tk::cpu_force_scalar(false);
 }
 
+// attn_tiled at SmolLM2's attention shape (head_dim 64, 3 query heads per KV head, f16 KV)
+// for the last n_pos positions of a context of n_ctx: n_pos 1 is a decode step's call, 64
+// a prefill tile's. Counter: (query row, KV position) pairs per second.
+void BM_AttnTiled(benchmark::State& state, std::string isa) {
+  if (!select_isa(state, isa)) return;
+  const int64_t hd = 64, n_ctx = state.range(0);
+  const int32_t group = 3, n_pos = static_cast<int32_t>(state.range(1));
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<uint16_t> k(static_cast<size_t>(n_ctx * hd)), v(k.size());
+  for (auto& x : k) x = tk::fp32_to_fp16(d(g));
+  for (auto& x : v) x = tk::fp32_to_fp16(d(g));
+  std::vector<float> q(static_cast<size_t>(n_ctx * group * hd)), out(q.size());
+  for (auto& x : q) x = d(g);
+  const void* kp = k.data();
+  const void* vp = v.data();
+  tk::FlashAttnArgs a;
+  a.k_pages = &kp;
+  a.v_pages = &vp;
+  a.page_size = n_ctx;
+  a.row_stride = hd;
+  a.head_dim = hd;
+  a.pos0 = static_cast<int32_t>(n_ctx) - n_pos;
+  a.q = q.data() + a.pos0 * group * hd;
+  a.out = out.data() + a.pos0 * group * hd;
+  a.q_stride = group * hd;
+  a.n_pos = n_pos;
+  a.group = group;
+  a.scale = 0.125f;
+  std::vector<float> scratch(tk::attn_tiled_scratch_floats(hd, int64_t{n_pos} * group, n_ctx));
+  for (auto _ : state) {
+    tk::attn_tiled(a, scratch.data());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  double pairs = 0.0;  // causal: row at position p sees p + 1 positions
+  for (int64_t p = a.pos0; p < n_ctx; ++p) pairs += double(group) * double(p + 1);
+  state.counters["pairs/s"] =
+      benchmark::Counter(pairs * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  tk::cpu_force_scalar(false);
+}
+
 void gemv_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"k", "n", "cold"});
   for (int cold : {1, 0}) {
@@ -232,5 +274,16 @@ BENCHMARK_CAPTURE(BM_GemmQ4_0x8, avx2, std::string("avx2"))
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx512, std::string("avx512"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, avx2, std::string("avx2"))->Arg(2048)->Arg(5632);
 BENCHMARK_CAPTURE(BM_QuantizeQ8_0, scalar, std::string("scalar"))->Arg(2048);
+
+BENCHMARK_CAPTURE(BM_AttnTiled, avx512vnni, std::string("avx512vnni"))
+    ->ArgNames({"n_ctx", "n_pos"})
+    ->Args({2048, 1})
+    ->Args({2048, 64})
+    ->Args({512, 64});
+BENCHMARK_CAPTURE(BM_AttnTiled, avx2, std::string("avx2"))
+    ->ArgNames({"n_ctx", "n_pos"})
+    ->Args({2048, 1})
+    ->Args({2048, 64})
+    ->Args({512, 64});
 
 BENCHMARK_MAIN();

@@ -3,6 +3,7 @@
 // edge blocks (field case B07) and the inner-dimension tail sweep (field case B09, CPU side).
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -1000,70 +1001,110 @@ TEST_CASE("flash attention is batch-invariant: alone, in one call, chunked, othe
   }
 }
 
-TEST_CASE("attn_tiled equals the previous per-(token, head) kernel bit for bit; flash_attn within f16 rounding",
+TEST_CASE("attn_tiled is the written attention arithmetic bit for bit; flash_attn within f16 rounding",
           "[kernels][attention]") {
-  // The per-(token, head) form of the executor kernel: scores by vec_dot_f16_rows, the
-  // written softmax, probabilities rounded to f16, then axpy_f16_rows.
-  // attn_tiled must reproduce it exactly. flash_attn differs by that f16 rounding of the
-  // probabilities: at most 2^-11 of each weight, so |diff| <= 2^-11 * max|v| plus the f32
-  // noise of both.
+  // docs/arithmetic.md "Attention", transcribed one (row, position, element) at a time: a
+  // score is 32 lane sums by fma over d (q rounded to f16 for an f16 cache), their tree and
+  // the tail, times the scale; the written softmax (softmax_exp, the sum in double over 8
+  // lanes from the row's first position, their tree, the tail); weights rounded to f16 for
+  // an f16 cache; per element an fma chain over each chunk of 64 positions counted from the
+  // row's first position, the chunks added in order to out = 0. attn_tiled must give these
+  // bits on every ISA, with and without a window (whose chunks then do not start at tile
+  // edges), f16 and f32 KV, head_dim 64, 44 and 20 (the 8-element and the last hd % 8
+  // tails). flash_attn (online softmax, f32 weights) differs by the f16 rounding of the
+  // weights: at most 2^-11 of each, so |diff| <= 2^-11 * max|v| plus the f32 noise of both.
   std::mt19937 g(5);
-  const int64_t hd = 64, nkv = 2, stride = nkv * hd, n_ctx = 300;
+  const int64_t nkv = 2, n_ctx = 300;
   const int32_t group = 7;
-  const auto k16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
-  const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
-  const int64_t q_stride = nkv * group * hd;
-  const auto q = rand_f32(g, size_t(n_ctx * q_stride), -2.f, 2.f);
-  const TestKv kv(k16, v16, hd, nkv, 16, n_ctx, true);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (const auto& isa : isas()) {
-    IsaScope s(isa);
-    std::vector<float> out(q.size()), tiled(q.size());
-    for (int64_t h = 0; h < nkv; ++h) {
-      run_flash(kv, h, group, q.data(), out.data(), q_stride, 0, static_cast<int32_t>(n_ctx));
-      run_flash(kv, h, group, q.data(), tiled.data(), q_stride, 0, static_cast<int32_t>(n_ctx), false);
-    }
-    double worst = 0.0;
-    size_t tiled_diff = 0;
-    for (int32_t t = 0; t < n_ctx; t += 13) {
-      for (int64_t head = 0; head < nkv * group; ++head) {
-        const int64_t hk = head / group;
-        std::vector<uint16_t> q16(static_cast<size_t>(hd)), p16(static_cast<size_t>(t) + 1);
-        fp32_to_fp16_row(q.data() + t * q_stride + head * hd, q16.data(), hd);
-        std::vector<float> sc(size_t(t) + 1), acc(size_t(hd), 0.0f);
-        for (int32_t p0 = 0; p0 <= t; p0 += 16) {
-          const int32_t rows = std::min(16, t + 1 - p0);
-          vec_dot_f16_rows(kv.k16[size_t(p0 / 16)].data() + hk * hd, stride, rows, q16.data(), hd, sc.data() + p0);
-        }
-        float mx = -INFINITY;
-        for (auto& x : sc) mx = std::max(mx, x *= scale);
-        // The written softmax (docs/arithmetic.md): softmax_exp, the sum in double over 8
-        // lanes (the full groups of 8 positions), their tree, then the tail in order.
-        double lanes[8] = {};
-        const size_t n8 = sc.size() / 8 * 8;
-        for (size_t p = 0; p < sc.size(); ++p) {
-          sc[p] = softmax_exp(sc[p] - mx);
-          if (p < n8) lanes[p % 8] += double(sc[p]);
-        }
-        double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-        for (size_t p = n8; p < sc.size(); ++p) sum += double(sc[p]);
-        const float inv = static_cast<float>(1.0 / sum);
-        for (auto& x : sc) x *= inv;
-        fp32_to_fp16_row(sc.data(), p16.data(), t + 1);
-        fp16_to_fp32_row(p16.data(), sc.data(), t + 1);
-        for (int32_t p0 = 0; p0 <= t; p0 += 16) {
-          const int32_t rows = std::min(16, t + 1 - p0);
-          axpy_f16_rows(sc.data() + p0, kv.v16[size_t(p0 / 16)].data() + hk * hd, stride, rows, acc.data(), hd);
-        }
-        for (int64_t d = 0; d < hd; ++d) {
-          worst = std::max(worst, double(std::fabs(acc[size_t(d)] - out[size_t(t * q_stride + head * hd + d)])) / 2.0);
-          tiled_diff += bits(acc[size_t(d)]) != bits(tiled[size_t(t * q_stride + head * hd + d)]);
+  for (const int64_t hd : {64, 44, 20}) {
+    const int64_t stride = nkv * hd, q_stride = nkv * group * hd;
+    const auto k16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+    const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+    const auto q = rand_f32(g, size_t(n_ctx * q_stride), -2.f, 2.f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (const bool f16 : {true, false})
+      for (const int32_t W : {0, 100}) {
+        const TestKv kv(k16, v16, hd, nkv, 16, n_ctx, f16);
+        auto round16 = [&](float x) { return f16 ? fp16_to_fp32(fp32_to_fp16(x)) : x; };
+        // The transcription's outputs of the checked positions t (every 13th).
+        std::vector<float> want(q.size(), 0.0f);
+        for (int64_t t = 0; t < n_ctx; t += 13)
+          for (int64_t head = 0; head < nkv * group; ++head) {
+            const int64_t hk = head / group, p0 = W > 0 ? std::max<int64_t>(0, t + 1 - W) : 0;
+            std::vector<float> w(size_t(t + 1));
+            float mx = -INFINITY;
+            for (int64_t p = p0; p <= t; ++p) {
+              // 32 lanes: element d < n32 in lane d % 32, then d < n8 in lane d % 8, by fma;
+              // lanes 8 apart added, then 16, 4, 2, 1; the last hd % 8 by fma into the sum.
+              const int64_t n32 = hd / 32 * 32, n8 = hd / 8 * 8;
+              auto qd = [&](int64_t d) { return round16(q[size_t(t * q_stride + head * hd + d)]); };
+              std::array<float, 32> lane{};
+              for (int64_t d = 0; d < n8; ++d) {
+                const size_t l = size_t(d < n32 ? d % 32 : d % 8);
+                lane[l] = std::fma(qd(d), float(kv.k(p, hk, d)), lane[l]);
+              }
+              for (const size_t o : {8, 16, 4, 2, 1})
+                for (size_t l = 0; l < 32; ++l)
+                  if ((l & o) == 0) lane[l] = lane[l] + lane[l + o];
+              float acc = lane[0];
+              for (int64_t d = n8; d < hd; ++d) acc = std::fma(qd(d), float(kv.k(p, hk, d)), acc);
+              w[size_t(p)] = acc * scale;
+              mx = std::max(mx, w[size_t(p)]);
+            }
+            double lanes[8] = {}, sum = 0.0;
+            const int64_t n8 = p0 + (t + 1 - p0) / 8 * 8;
+            for (int64_t p = p0; p <= t; ++p) {
+              w[size_t(p)] = softmax_exp(w[size_t(p)] - mx);
+              if (p < n8) lanes[(p - p0) % 8] += double(w[size_t(p)]);
+            }
+            sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+            for (int64_t p = n8; p <= t; ++p) sum += double(w[size_t(p)]);
+            const float inv = static_cast<float>(1.0 / sum);
+            for (int64_t p = p0; p <= t; ++p) w[size_t(p)] = round16(w[size_t(p)] * inv);
+            for (int64_t d = 0; d < hd; ++d) {
+              float out = 0.0f;
+              for (int64_t c = p0; c <= t; c += 64) {
+                float part = 0.0f;
+                for (int64_t p = c; p <= std::min<int64_t>(t, c + 63); ++p)
+                  part = std::fma(w[size_t(p)], float(kv.v(p, hk, d)), part);
+                out = out + part;
+              }
+              want[size_t(t * q_stride + head * hd + d)] = out;
+            }
+          }
+        for (const auto& isa : isas()) {
+          IsaScope s(isa);
+          // One call over every position (the keys-as-lanes scores) and one call per
+          // checked position (a decode step's shape: vec_dot_f scores).
+          std::vector<float> online(q.size()), tiled(q.size()), alone(q.size());
+          auto run_tiled = [&](int64_t h, int32_t pos0, int32_t n_pos, std::vector<float>& out) {
+            FlashAttnArgs a = tandem::test::attn_args(kv.kp.data(), kv.vp.data(), kv.page_size, kv.stride(), hd, h,
+                                                      group, q.data(), out.data(), q_stride, pos0, n_pos);
+            a.kv_f16 = f16;
+            a.window = W;
+            std::vector<float> scratch(attn_tiled_scratch_floats(hd, int64_t{n_pos} * group, int64_t{pos0} + n_pos),
+                                       std::nanf(""));
+            attn_tiled(a, scratch.data());
+          };
+          for (int64_t h = 0; h < nkv; ++h) {
+            if (W == 0) run_flash(kv, h, group, q.data(), online.data(), q_stride, 0, static_cast<int32_t>(n_ctx));
+            run_tiled(h, 0, int32_t(n_ctx), tiled);
+            for (int64_t t = 0; t < n_ctx; t += 13) run_tiled(h, int32_t(t), 1, alone);
+          }
+          double worst = 0.0;
+          size_t tiled_diff = 0;
+          for (int64_t t = 0; t < n_ctx; t += 13)
+            for (int64_t i = t * q_stride; i < (t + 1) * q_stride; ++i) {
+              if (W == 0) worst = std::max(worst, double(std::fabs(want[size_t(i)] - online[size_t(i)])) / 2.0);
+              tiled_diff += bits(want[size_t(i)]) != bits(tiled[size_t(i)]);
+              tiled_diff += bits(want[size_t(i)]) != bits(alone[size_t(i)]);
+            }
+          INFO(isa << " hd " << hd << (f16 ? " f16" : " f32") << " window " << W
+                   << ": worst |flash_attn - written| / max|v| = " << worst);
+          CHECK(worst <= (f16 ? std::ldexp(1.0, -11) : 0.0) + 1e-5);
+          CHECK(tiled_diff == 0);
         }
       }
-    }
-    INFO(isa << ": worst |tiled - previous| / max|v| = " << worst);
-    CHECK(worst <= std::ldexp(1.0, -11) + 1e-5);
-    CHECK(tiled_diff == 0);
   }
 }
 

@@ -253,17 +253,18 @@ size_t flash_attn_scratch_floats(int64_t head_dim, int64_t rows) noexcept;
 void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
 
 /// The same tiled causal attention (same arguments, one read of each K and V row per call
-/// for all n_pos * group query rows) with ggml's non-flash numerics, bit-identical to the
-/// per-(token, head) kernels it replaces (vec_dot_f16_rows / axpy_f16_rows): per row, every
-/// score s[p] = vec_dot_f16(k[p], f16(q)) * scale first, then m = max s, e = expf(s - m),
-/// the sum in double, w = f16(e * float(1 / sum)), out = sum over p in order of
-/// fma(w[p], v[p], out). The f16 rounding of w is what llama.cpp's reference logits
-/// (tests/test_golden.cpp) contain, so this is the executor's kernel (args.window limits each
-/// row to its last `window` positions: the max, the sum and the out chain start there); flash_attn's online
-/// softmax keeps w in f32 and lands outside those tolerances. f32 and q8_0 KV: q and w
-/// stay f32 (q8_0 rows are dequantised exactly to f32 in the tile scratch, so q8_0 KV is
-/// the f32 path on the dequantised values).
-/// Batch-invariant in the same sense as flash_attn. `scratch`:
+/// for all n_pos * group query rows) with the written attention arithmetic
+/// (docs/arithmetic.md, "Attention"): per row, every score s[p] = dot(k[p], f16(q)) * scale
+/// first (the dot: 32 lanes and their fixed tree, the keys as vector lanes), then m = max s,
+/// e = softmax_exp(s - m), the sum in double, w = f16(e * float(1 / sum)), and per output
+/// element an fma chain over each chunk of kFlashAttnTile positions counted from the row's
+/// first position, the chunks added in order. The f16 rounding of w is what llama.cpp's
+/// reference logits (tests/test_golden.cpp) contain, so this is the executor's kernel
+/// (args.window limits each row to its last `window` positions: the max, the sum and the
+/// chunks start there); flash_attn's online softmax keeps w in f32 and lands outside those
+/// tolerances. f32 and q8_0 KV: q and w stay f32 (q8_0 rows are dequantised exactly to f32
+/// in the tile scratch, so q8_0 KV is the f32 path on the dequantised values). Every ISA
+/// gives the same bits. Batch-invariant in the same sense as flash_attn. `scratch`:
 /// attn_tiled_scratch_floats(head_dim, n_pos * group, pos0 + n_pos) floats.
 size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) noexcept;
 void attn_tiled(const FlashAttnArgs& args, float* scratch) noexcept;

@@ -387,8 +387,8 @@ void s_flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
   }
 }
 
-// The reference attn_tiled: per row, the scores by vec_dot_f's arithmetic on the f32 K rows
-// and the f16-rounded q, then the same softmax and fma chains over positions.
+// The reference attn_tiled (docs/arithmetic.md "Attention"), one row at a time: each score
+// by vec_dot_f's arithmetic, the written softmax, then per element the chunked fma chains.
 void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
   if (R <= 0 || hd <= 0) return;
@@ -434,10 +434,17 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sc[p] *= inv;
       if (f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
     }
+    // Chunks of kFlashAttnTile positions from p0: part over a chunk, then out = out + part.
     float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) {
-      float y = 0.0f;
-      for (int64_t p = p0; p < n; ++p) y = std::fma(sc[p], kval(a.v_pages, p, d), y);
+      float y = 0.0f, part = 0.0f;
+      for (int64_t p = p0; p < n; ++p) {
+        part = std::fma(sc[p], kval(a.v_pages, p, d), part);
+        if ((p + 1 - p0) % kFlashAttnTile == 0 || p + 1 == n) {
+          y = y + part;
+          part = 0.0f;
+        }
+      }
       out[d] = y;
     }
   }

@@ -1230,20 +1230,161 @@ void flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
   }
 }
 
-// attn_tiled (cpu_kernels.hpp): the arithmetic of vec_dot_f16 / axpy_f16 per (row, KV
-// position), with each K or V row converted to f32 once per call (conversion is exact for
-// f16 and for q8_0 rows, dequantised into the same tile scratch; so
-// vec_dot_f<LdF32, LdF32> on converted rows equals vec_dot_f<LdF16, LdF16> on the bits).
+// ---------------------------------------------------------------- attn_tiled ------------
+//
+// docs/arithmetic.md "Attention": a K tile is transposed to [d][key] so that the keys are
+// the lanes (each lane the score's 32 lane sums and their tree, no horizontal sum), the softmax is the written
+// one, and V is accumulated per fixed chunk of kFlashAttnTile positions counted from the
+// row's first position. The AVX-512 TUs hold 16 keys (or head_dim elements) per vector,
+// the AVX2 TU 8: every lane runs the same chain, so the width changes no bit.
+#if TANDEM_ISA_AVX512
+struct AttnVec {
+  using T = __m512;
+  static constexpr int64_t n = 16;
+  static T zero() noexcept { return _mm512_setzero_ps(); }
+  static T set1(float x) noexcept { return _mm512_set1_ps(x); }
+  static T load(const float* p) noexcept { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) noexcept { _mm512_storeu_ps(p, v); }
+  static T fma(T a, T b, T c) noexcept { return _mm512_fmadd_ps(a, b, c); }
+  static T add(T a, T b) noexcept { return _mm512_add_ps(a, b); }
+};
+constexpr int kScRB = 2, kScKB = 2;  // scores: 2 rows x 32 keys (6 x 4 tree accumulators)
+constexpr int kWvRB = 4, kWvHC = 4;  // weights x V: 4 rows x 64 elements of head_dim
+#else
+struct AttnVec {
+  using T = __m256;
+  static constexpr int64_t n = 8;
+  static T zero() noexcept { return _mm256_setzero_ps(); }
+  static T set1(float x) noexcept { return _mm256_set1_ps(x); }
+  static T load(const float* p) noexcept { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) noexcept { _mm256_storeu_ps(p, v); }
+  static T fma(T a, T b, T c) noexcept { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) noexcept { return _mm256_add_ps(a, b); }
+};
+constexpr int kScRB = 2, kScKB = 1;  // 2 rows x 8 keys (6 x 2 tree accumulators)
+constexpr int kWvRB = 2, kWvHC = 4;  // 2 rows x 32 elements
+#endif
+
+// The score's 32 lanes and their tree for rows j < RB (q rows hp apart) and keys
+// k < KB * n of the transposed tile kt ([d][tile]), n32 = hd rounded down to 32, n8 to 8.
+// Lane l: a = fma(q_j[e], kt[e][k], a) from a = 0 over e = l, l + 32, ... < n32, then (l < 8)
+// over e = n32 + l, n32 + l + 8, ... < n8. Level L < 5 of the tree adds the lanes
+// kTreeOff[L] apart: t_L(l) = t_L+1(l) + t_L+1(l + kTreeOff[L]); t_0(0) is the tree's sum.
+inline constexpr int kTreeOff[5] = {1, 2, 4, 16, 8};
+template <int RB, int KB, int L>
+[[gnu::always_inline]] inline void attn_score_tree(const float* kt, int64_t n32, int64_t n8, const float* q, int64_t hp,
+                                                   int64_t l, typename AttnVec::T (&out)[RB][KB]) noexcept {
+  using V = AttnVec;
+  if constexpr (L == 5) {
+    for (int j = 0; j < RB; ++j)
+      for (int v = 0; v < KB; ++v) out[j][v] = V::zero();
+    auto term = [&](int64_t e) {
+      typename V::T k[KB];
+      for (int v = 0; v < KB; ++v) k[v] = V::load(kt + e * kFlashAttnTile + v * V::n);
+      for (int j = 0; j < RB; ++j) {
+        const typename V::T qb = V::set1(q[j * hp + e]);
+        for (int v = 0; v < KB; ++v) out[j][v] = V::fma(qb, k[v], out[j][v]);
+      }
+    };
+    for (int64_t e = l; e < n32; e += 32) term(e);
+    if (l < 8)
+      for (int64_t e = n32 + l; e < n8; e += 8) term(e);
+  } else {
+    typename V::T right[RB][KB];
+    attn_score_tree<RB, KB, L + 1>(kt, n32, n8, q, hp, l, out);
+    attn_score_tree<RB, KB, L + 1>(kt, n32, n8, q, hp, l + kTreeOff[L], right);
+    for (int j = 0; j < RB; ++j)
+      for (int v = 0; v < KB; ++v) out[j][v] = V::add(out[j][v], right[j][v]);
+  }
+}
+// The dots of rows j < RB and keys k < KB * n to s[j * ld + k]: the tree's sum (see
+// attn_score_tree), then the last hd % 8 terms by fma in order.
+template <int RB, int KB>
+void attn_scores(const float* kt, int64_t hd, const float* q, int64_t hp, float* s, int64_t ld) noexcept {
+  using V = AttnVec;
+  typename V::T acc[RB][KB];
+  const int64_t n32 = hd / 32 * 32, n8 = hd / 8 * 8;
+  attn_score_tree<RB, KB, 0>(kt, n32, n8, q, hp, 0, acc);
+  for (int64_t e = n8; e < hd; ++e) {
+    typename V::T k[KB];
+    for (int v = 0; v < KB; ++v) k[v] = V::load(kt + e * kFlashAttnTile + v * V::n);
+    for (int j = 0; j < RB; ++j) {
+      const typename V::T qb = V::set1(q[j * hp + e]);
+      for (int v = 0; v < KB; ++v) acc[j][v] = V::fma(qb, k[v], acc[j][v]);
+    }
+  }
+  for (int j = 0; j < RB; ++j)
+    for (int v = 0; v < KB; ++v) V::store(s + j * ld + v * V::n, acc[j][v]);
+}
+using AttnScoresFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t) noexcept;
+template <size_t... I>
+constexpr std::array<AttnScoresFn, kScRB * kScKB> make_attn_scores(std::index_sequence<I...>) {
+  return {&attn_scores<static_cast<int>(I) / kScKB + 1, static_cast<int>(I) % kScKB + 1>...};
+}
+
+// Rows j < RB: part_j[d0 .. d0 + HC * n) (rows hp apart) = fma(w[j * ld + c], vt[c][d], part)
+// for c = c0 .. c1 - 1 in order (V rows hp apart).
+template <int RB, int HC>
+void attn_wv(float* part, int64_t hp, const float* w, int64_t ld, const float* vt, int64_t c0, int64_t c1,
+             int64_t d0) noexcept {
+  using V = AttnVec;
+  typename V::T acc[RB][HC];
+  for (int j = 0; j < RB; ++j)
+    for (int h = 0; h < HC; ++h) acc[j][h] = V::load(part + j * hp + d0 + h * V::n);
+  for (int64_t c = c0; c < c1; ++c) {
+    typename V::T vv[HC];
+    for (int h = 0; h < HC; ++h) vv[h] = V::load(vt + c * hp + d0 + h * V::n);
+    for (int j = 0; j < RB; ++j) {
+      const typename V::T wb = V::set1(w[j * ld + c]);
+      for (int h = 0; h < HC; ++h) acc[j][h] = V::fma(wb, vv[h], acc[j][h]);
+    }
+  }
+  for (int j = 0; j < RB; ++j)
+    for (int h = 0; h < HC; ++h) V::store(part + j * hp + d0 + h * V::n, acc[j][h]);
+}
+using AttnWvFn = void (*)(float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, int64_t) noexcept;
+template <size_t... I>
+constexpr std::array<AttnWvFn, kWvRB * kWvHC> make_attn_wv(std::index_sequence<I...>) {
+  return {&attn_wv<static_cast<int>(I) / kWvHC + 1, static_cast<int>(I) % kWvHC + 1>...};
+}
+
+// out[i * ldo + j] = in[j * ldi + i] for i, j < 8 (moves only).
+inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) noexcept {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * ldi);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+constexpr int64_t kScDotRows = 4;  // attn_tiled: a tile with at most this many rows takes vec_dot_f
+// attn_tiled (cpu_kernels.hpp, docs/arithmetic.md "Attention"). K and V rows are converted
+// to f32 once per call (exact for f16 and for q8_0 rows), a K tile then transposed.
 void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
+  using V = AttnVec;
+  constexpr int64_t T = kFlashAttnTile;
   const int64_t hd = a.head_dim, G = a.group, R = int64_t{a.n_pos} * G;
   if (R <= 0 || hd <= 0) return;
   const int64_t last = int64_t{a.pos0} + a.n_pos - 1;
   const AttnTiledLayout L = attn_tiled_scratch_layout(hd, R, last + 1);
-  const int64_t hp = (hd + 15) / 16 * 16;
+  const int64_t hp = L.hp, ld = L.ld;
   float* qf = scratch + L.q;
   float* kv = scratch + L.kv;
+  float* kt = scratch + L.kt;
   float* sc = scratch + L.s;
   float* o = scratch + L.o;
+  float* part = scratch + L.part;
   const bool f16 = a.kv_f16 && !a.kv_q8_0;  // q8_0 KV: q and the weights stay f32
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
@@ -1253,21 +1394,28 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     } else {
       std::memcpy(qf + r * hp, qr, size_t(hd) * sizeof(float));
     }
-    std::fill(o + r * hp, o + r * hp + hd, 0.0f);
+    std::fill(o + r * hp, o + (r + 1) * hp, 0.0f);
+    std::fill(part + r * hp, part + (r + 1) * hp, 0.0f);
   }
-  auto load_tile = [&](const void* const* pages, int64_t t0, int64_t nc) {
-    for (int64_t c = 0; c < nc; ++c) {
+  // The tile's rows [cs, nc) as f32 (hp wide, zero past hd); rows [0, cs) (before every
+  // window: never read) and [nc, 16-rounded nc) zero.
+  auto load_tile = [&](const void* const* pages, int64_t t0, int64_t nc, int64_t cs) {
+    std::fill(kv, kv + cs * hp, 0.0f);
+    for (int64_t c = cs; c < nc; ++c) {
       const int64_t p = t0 + c;
       const void* page = pages[static_cast<size_t>(p / a.page_size)];
       const int64_t off = (p % a.page_size) * a.row_stride + a.head_offset;
+      float* row = kv + c * hp;
       if (a.kv_q8_0) {
-        q8_0_span_to_f32(static_cast<const BlockQ8_0*>(page), off, hd, kv + c * hp);
+        q8_0_span_to_f32(static_cast<const BlockQ8_0*>(page), off, hd, row);
       } else if (a.kv_f16) {
-        fp16_to_fp32_row(static_cast<const uint16_t*>(page) + off, kv + c * hp, hd);
+        fp16_to_fp32_row(static_cast<const uint16_t*>(page) + off, row, hd);
       } else {
-        std::memcpy(kv + c * hp, static_cast<const float*>(page) + off, size_t(hd) * sizeof(float));
+        std::memcpy(row, static_cast<const float*>(page) + off, size_t(hd) * sizeof(float));
       }
+      std::fill(row + hd, row + hp, 0.0f);
     }
+    std::fill(kv + nc * hp, kv + (nc + 15) / 16 * 16 * hp, 0.0f);
   };
   // Row r sees positions win0(r) .. pos0 + r / G; rows are ordered by position, so both
   // ends grow with r.
@@ -1284,20 +1432,39 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   };
   auto n_valid = [&](int64_t r, int64_t t0, int64_t nc) { return std::min<int64_t>(nc, a.pos0 + r / G - t0 + 1); };
   auto c_first = [&](int64_t r, int64_t t0) { return std::max<int64_t>(0, win0(r) - t0); };
-  const int64_t t_begin = win0(0) / kFlashAttnTile * kFlashAttnTile;  // tiles before it: no row's window
-  // Scores, one K tile at a time.
-  for (int64_t t0 = t_begin; t0 <= last; t0 += kFlashAttnTile) {
-    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
-    load_tile(a.k_pages, t0, nc);
-    for (int64_t r = first_row(t0), re = end_row(t0, nc); r < re; ++r) {
-      float* sr = sc + r * L.ld + t0;
-      const int64_t n = n_valid(r, t0, nc);
-      for (int64_t c = c_first(r, t0); c < n; ++c) sr[c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+  const int64_t t_begin = win0(0) / T * T;  // tiles before it: no row's window
+  // Scores, one K tile at a time: blocks of kScRB rows x kScKB key vectors over the keys
+  // the block's rows see (rounded out to whole vectors: the other lanes are not read). With
+  // at most kScDotRows rows in the tile the transpose costs more than it saves: vec_dot_f
+  // on the K rows computes the same 32 lanes and tree (docs/arithmetic.md).
+  static constexpr auto scores = make_attn_scores(std::make_index_sequence<kScRB * kScKB>{});
+  for (int64_t t0 = t_begin; t0 <= last; t0 += T) {
+    const int64_t nc = std::min<int64_t>(T, last + 1 - t0);
+    const int64_t rf = first_row(t0), re = end_row(t0, nc);
+    if (rf >= re) continue;
+    const int64_t cs = c_first(rf, t0), n16 = (nc + 15) / 16 * 16;
+    load_tile(a.k_pages, t0, nc, cs);
+    if (re - rf <= kScDotRows) {  // few rows (a decode step): vec_dot_f per score, the same bits
+      for (int64_t r = rf; r < re; ++r)
+        for (int64_t c = c_first(r, t0), n = n_valid(r, t0, nc); c < n; ++c)
+          sc[r * ld + t0 + c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+      continue;
+    }
+    for (int64_t c = cs / 16 * 16; c < n16; c += 8)
+      for (int64_t d = 0; d < hp; d += 8) transpose8x8(kv + c * hp + d, hp, kt + d * T + c, T);
+    for (int64_t r = rf; r < re; r += kScRB) {
+      const int64_t rb = std::min<int64_t>(kScRB, re - r);
+      const int64_t v0 = c_first(r, t0) / V::n, v1 = (n_valid(r + rb - 1, t0, nc) + V::n - 1) / V::n;
+      for (int64_t v = v0; v < v1; v += kScKB) {
+        const int64_t kb = std::min<int64_t>(kScKB, v1 - v);
+        scores[static_cast<size_t>((rb - 1) * kScKB + (kb - 1))](kt + v * V::n, hd, qf + r * hp, hp,
+                                                                 sc + r * ld + t0 + v * V::n, ld);
+      }
     }
   }
   // Softmax per row (docs/arithmetic.md; f16 weights for an f16 cache).
   for (int64_t r = 0; r < R; ++r) {
-    float* sr = sc + r * L.ld;
+    float* sr = sc + r * ld;
     const int64_t n = a.pos0 + r / G + 1;
     const int64_t p0 = win0(r);
     float mx = -std::numeric_limits<float>::infinity();
@@ -1334,30 +1501,51 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       for (; p < n; ++p) sr[p] = h2f(static_cast<uint16_t>(_cvtss_sh(sr[p], _MM_FROUND_TO_NEAREST_INT)));
     }
   }
-  // out += w * V, one V tile at a time; per (row, element) the positions in order.
-  static constexpr auto pv_one = make_attn_pv(std::make_index_sequence<kPvRB * kPvHC>{});  // [0, kPvHC): 1 row
-  for (int64_t t0 = t_begin; t0 <= last; t0 += kFlashAttnTile) {
-    const int64_t nc = std::min<int64_t>(kFlashAttnTile, last + 1 - t0);
-    load_tile(a.v_pages, t0, nc);
-    for (int64_t r = first_row(t0), re = end_row(t0, nc); r < re; ++r) {
-      // The window's columns [c0, n) of this tile: the weights and V rows from c0 on.
+  // Weights x V, one V tile at a time. Per (row, element): part = fma(w_p, v_p, part) over a
+  // chunk's positions in order, then out = out + part, chunk after chunk; a chunk is T
+  // positions counted from the row's first position p0 (0 without a window). Rows with the
+  // same p0 share the chunk edges and go kWvRB together over their common columns.
+  static constexpr auto wv = make_attn_wv(std::make_index_sequence<kWvRB * kWvHC>{});
+  auto wv_rows = [&](int64_t rb, int64_t r, int64_t t0, int64_t c0, int64_t c1) {
+    if (c1 <= c0) return;
+    for (int64_t d0 = 0; d0 < hp; d0 += kWvHC * V::n) {
+      const int64_t hc = std::min<int64_t>(kWvHC, (hp - d0) / V::n);
+      wv[static_cast<size_t>((rb - 1) * kWvHC + (hc - 1))](part + r * hp, hp, sc + r * ld + t0, ld, kv, c0, c1, d0);
+    }
+  };
+  auto flush = [&](int64_t r) {  // out = out + part; part = 0
+    for (int64_t d = 0; d < hp; d += V::n) {
+      V::store(o + r * hp + d, V::add(V::load(o + r * hp + d), V::load(part + r * hp + d)));
+      V::store(part + r * hp + d, V::zero());
+    }
+  };
+  for (int64_t t0 = t_begin; t0 <= last; t0 += T) {
+    const int64_t nc = std::min<int64_t>(T, last + 1 - t0);
+    const int64_t rf = first_row(t0), re = end_row(t0, nc);
+    if (rf >= re) continue;
+    load_tile(a.v_pages, t0, nc, c_first(rf, t0));
+    for (int64_t r = rf; r < re;) {
+      const int64_t p0 = win0(r);
+      int64_t rb = 1;
+      while (rb < kWvRB && r + rb < re && win0(r + rb) == p0) ++rb;
+      // The tile's columns split where a chunk ends: [c0, b) and [b, nc).
       const int64_t c0 = c_first(r, t0);
-      const float* wr = sc + r * L.ld + t0 + c0;
-      const float* kvt = kv + c0 * hp;
-      float* orow = o + r * hp;
-      const int64_t n = n_valid(r, t0, nc) - c0;
-      // head_dim in chunks of up to kPvHC vectors (attn_pv with one row: its row stride is
-      // the tile's, hp; weights 1 apart), then the scalar tail as axpy_f16's.
-      const int64_t hdv = hd / kW * kW;
-      for (int64_t d0 = 0; d0 < hdv; d0 += kPvHC * kW) {
-        const int64_t hc = std::min<int64_t>(kPvHC, (hdv - d0) / kW);
-        pv_one[static_cast<size_t>(hc - 1)](orow, hp, wr, 1, kvt, nullptr, 0, n, d0);
+      const int64_t b = std::min<int64_t>(nc, p0 + ((t0 + c0 - p0) / T + 1) * T - t0);
+      for (const auto& [s, e] : {std::pair{c0, b}, std::pair{b, nc}}) {
+        if (s >= e) continue;
+        int64_t ej[kWvRB], emin = e;
+        for (int64_t j = 0; j < rb; ++j) {
+          ej[j] = std::max(s, std::min(e, n_valid(r + j, t0, nc)));
+          emin = std::min(emin, ej[j]);
+        }
+        wv_rows(rb, r, t0, s, emin);
+        for (int64_t j = 0; j < rb; ++j) {
+          wv_rows(1, r + j, t0, emin, ej[j]);
+          const int64_t pe = t0 + ej[j];  // one past the row's last position so far
+          if (ej[j] > s && ((pe - p0) % T == 0 || pe == a.pos0 + (r + j) / G + 1)) flush(r + j);
+        }
       }
-      for (int64_t d = hdv; d < hd; ++d) {
-        float y = orow[d];
-        for (int64_t c = 0; c < n; ++c) y = std::fma(wr[c], kvt[c * hp + d], y);
-        orow[d] = y;
-      }
+      r += rb;
     }
   }
   for (int64_t r = 0; r < R; ++r)

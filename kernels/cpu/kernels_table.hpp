@@ -119,21 +119,26 @@ static inline void q8_0_span_to_f32(const BlockQ8_0* b, int64_t e0, int64_t n, f
   }
 }
 
-/// attn_tiled's scratch: q rows [rows][head_dim] (f32, f16-rounded for an f16 cache), one
-/// K or V tile [kFlashAttnTile][head_dim], scores [rows][n_ctx], outputs [rows][head_dim].
+/// attn_tiled's scratch: q rows [rows][hp] (f32, f16-rounded for an f16 cache; hp = head_dim
+/// rounded up to 16), one K or V tile [kFlashAttnTile][hp], the K tile transposed
+/// [hp][kFlashAttnTile], scores [rows][n_ctx], outputs and the current chunk's partial
+/// outputs [rows][hp] (docs/arithmetic.md, "Attention").
 struct AttnTiledLayout {
   int64_t ld = 0;  ///< scores row stride (n_ctx rounded up to 16)
-  size_t q = 0, kv = 0, s = 0, o = 0, total = 0;
+  int64_t hp = 0;  ///< q, tile, output row stride (head_dim rounded up to 16)
+  size_t q = 0, kv = 0, kt = 0, s = 0, o = 0, part = 0, total = 0;
 };
 inline AttnTiledLayout attn_tiled_scratch_layout(int64_t hd, int64_t rows, int64_t n_ctx) noexcept {
   AttnTiledLayout L;
   L.ld = (n_ctx + 15) / 16 * 16;
-  const int64_t hp = (hd + 15) / 16 * 16;
+  L.hp = (hd + 15) / 16 * 16;
   L.q = 0;
-  L.kv = L.q + size_t(rows * hp);
-  L.s = L.kv + size_t(kFlashAttnTile * hp);
+  L.kv = L.q + size_t(rows * L.hp);
+  L.kt = L.kv + size_t(kFlashAttnTile * L.hp);
+  L.s = L.kt + size_t(kFlashAttnTile * L.hp);
   L.o = L.s + size_t(rows * L.ld);
-  L.total = L.o + size_t(rows * hp);
+  L.part = L.o + size_t(rows * L.hp);
+  L.total = L.part + size_t(rows * L.hp);
   return L;
 }
 
