@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -152,6 +153,43 @@ void check_parts(GgmlType type, uint32_t seed) {
             CHECK(test::same_bits(merged[i], want));
           }
         }
+      }
+    }
+  }
+}
+
+// A file's own matrices `names` of `type` (not random blocks) through the decode GEMV (m =
+// 1), the dp4a GEMM (m = 6) and the Tensor Core GEMM (m = 16), against the CPU kernel on
+// every ISA. SKIPPED when the file is absent.
+template <class WB>
+void check_file_matrices(const std::filesystem::path& path, GgmlType type, std::initializer_list<const char*> names) {
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 / scripts/fetch-gemma3 download it)");
+    return;
+  }
+  const auto file = GgufFile::open(path);
+  std::mt19937 g(29);
+  for (const char* name : names) {
+    const GgufTensorInfo* t = file->find_tensor(name);
+    REQUIRE(t != nullptr);
+    REQUIRE(t->type == type);
+    const int64_t kd = t->ne[0], n = t->n_rows(), nb = kd / 32;
+    std::vector<WB> w(size_t(n * kd / ggml_block_elements(type)));
+    std::memcpy(w.data(), t->data, w.size() * sizeof(WB));
+    for (const int64_t m : {int64_t{1}, int64_t{6}, int64_t{16}}) {
+      std::vector<float> x(size_t(m * kd));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& v : x) v = nd(g);
+      std::vector<k::BlockQ8_0> xq(size_t(m * nb));
+      for (int64_t c = 0; c < m; ++c) k::quantize_row_q8_0(&x[size_t(c * kd)], &xq[size_t(c * nb)], kd);
+      std::vector<float> gpu(size_t(m * n));
+      gpu_testing::gemm_q8_blocks(type, w.data(), n, kd, xq.data(), m, true, gpu.data());
+      for (const auto& isa : test::isas()) {
+        test::IsaScope scope(isa);
+        std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
+        cpu_gemm(w, xq, cpu.data(), kd, m, n);
+        INFO(name << " " << isa << " m " << m);
+        CHECK(test::same_bits(gpu, cpu));
       }
     }
   }
@@ -473,40 +511,20 @@ TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_K, Q
 
 TEST_CASE("SmolLM2's own Q4_1 matrices: GPU outputs are the CPU kernel's bits", "[gpu][kernels][isa]") {
 #if TANDEM_HAVE_CUDA
-  // The file's bytes (not random blocks) through the decode GEMV (m = 1), the dp4a GEMM
-  // (m = 6) and the Tensor Core GEMM (m = 16), against kernels/cpu gemm_q4_1_q8_0 on every
-  // ISA: Q, gate (n_ff rows) and down (k = n_ff) of the first and last layers.
-  const auto path = test::smollm2_q4_1_path();
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
-    return;
-  }
-  const auto file = GgufFile::open(path);
-  std::mt19937 g(29);
-  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
-                           "blk.29.attn_q.weight", "blk.29.ffn_down.weight"}) {
-    const GgufTensorInfo* t = file->find_tensor(name);
-    REQUIRE(t != nullptr);
-    REQUIRE(t->type == GgmlType::kQ4_1);
-    const int64_t kd = t->ne[0], n = t->n_rows(), nb = kd / 32;
-    const auto* w = reinterpret_cast<const k::BlockQ4_1*>(t->data);
-    for (const int64_t m : {int64_t{1}, int64_t{6}, int64_t{16}}) {
-      std::vector<float> x(size_t(m * kd));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (float& v : x) v = nd(g);
-      std::vector<k::BlockQ8_0> xq(size_t(m * nb));
-      for (int64_t c = 0; c < m; ++c) k::quantize_row_q8_0(&x[size_t(c * kd)], &xq[size_t(c * nb)], kd);
-      std::vector<float> gpu(size_t(m * n));
-      gpu_testing::gemm_q8_blocks(GgmlType::kQ4_1, w, n, kd, xq.data(), m, true, gpu.data());
-      for (const auto& isa : test::isas()) {
-        test::IsaScope scope(isa);
-        std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
-        k::gemm_q4_1_q8_0(w, xq.data(), cpu.data(), kd, m, n, 0, n);
-        INFO(name << " " << isa << " m " << m);
-        CHECK(test::same_bits(gpu, cpu));
-      }
-    }
-  }
+  // Q, gate (n_ff rows) and down (k = n_ff) of the first and last layers.
+  check_file_matrices<k::BlockQ4_1>(test::smollm2_q4_1_path(), GgmlType::kQ4_1,
+                                    {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
+                                     "blk.29.attn_q.weight", "blk.29.ffn_down.weight"});
+#endif
+}
+
+TEST_CASE("Gemma 3's own Q4_K and Q6_K matrices: GPU outputs are the CPU kernels' bits", "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  // The Q4_K_M file's attention outputs (Q4_K, k = 1024) and FFN downs (Q6_K, k = 2048) of
+  // the first and last layers (the GPU executor does not run Gemma 3 itself yet).
+  const auto path = test::gemma3_q4_k_m_path();
+  check_file_matrices<k::BlockQ4_K>(path, GgmlType::kQ4_K, {"blk.0.attn_output.weight", "blk.17.attn_output.weight"});
+  check_file_matrices<k::BlockQ6_K>(path, GgmlType::kQ6_K, {"blk.0.ffn_down.weight", "blk.17.ffn_down.weight"});
 #endif
 }
 
