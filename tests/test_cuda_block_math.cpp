@@ -181,6 +181,36 @@ TEST_CASE("cuda block math: Q5_0 values minus 16, every value in every byte", "[
   }
 }
 
+TEST_CASE("cuda block math: Q6_K values minus 32 and unsigned 5-bit values, every value in every byte", "[cuda-math]") {
+  for (int i = 0; i < 4; ++i) {  // packed word i: weights 4i.. (low nibbles) and 16 + 4i.. (high)
+    for (int byte = 0; byte < 4; ++byte) {
+      for (uint32_t v = 0; v < 64; ++v) {
+        // The other bytes hold nibbles 0x5 / 0xA and top bits 2 / 1 that must not leak across.
+        uint32_t word = 0xA5A5A5A5u;
+        word &= ~(0xFFu << (8 * byte));
+        word |= ((((63 - v) & 0xFu) << 4) | (v & 0xFu)) << (8 * byte);
+        const int f = 4 * i + byte;  // the two-bit field of weight 4i + byte in its half's word
+        uint32_t lo = 0xAAAAAAAAu & ~(3u << (2 * f)), hi = 0x55555555u & ~(3u << (2 * f));
+        lo |= (v >> 4) << (2 * f);
+        hi |= ((63 - v) >> 4) << (2 * f);
+        const auto l = static_cast<uint32_t>(kc::q6_values_minus32(word, lo, i, false));
+        const auto h = static_cast<uint32_t>(kc::q6_values_minus32(word, hi, i, true));
+        INFO("word " << i << " byte " << byte << " value " << v);
+        REQUIRE(static_cast<int8_t>(l >> (8 * byte)) == int(v) - 32);
+        REQUIRE(static_cast<int8_t>(h >> (8 * byte)) == int(63 - v) - 32);
+        const int other = (byte + 1) % 4;
+        REQUIRE(static_cast<int8_t>(l >> (8 * other)) == 0x5 + 16 * 2 - 32);
+        REQUIRE(static_cast<int8_t>(h >> (8 * other)) == 0xA + 16 * 1 - 32);
+        if (v < 32) {  // the unsigned 5-bit values (Q5_1, Q5_K) of the same nibbles
+          const uint32_t qh = (v >> 4) << f | (((63 - v) >> 4) & 1u) << (16 + f);
+          REQUIRE(((kc::q5_values(word, qh, i, false) >> (8 * byte)) & 0xFFu) == v);
+          REQUIRE(((kc::q5_values(word, qh, i, true) >> (8 * byte)) & 0xFFu) == ((63 - v) & 0x1Fu));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda block math: the GPU warp's Q4_1 and Q5_0 block sums are the CPU dots on every ISA", "[cuda-math]") {
   // gemm.cu's WeightWords<kQ4_1 / kQ5_0>::contribution in the warp's lane order, against
   // kernels/cpu vec_dot_q4_1_q8_0 / vec_dot_q5_0_q8_0 (docs/arithmetic.md: Q4_1's p_b adds

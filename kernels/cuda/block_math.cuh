@@ -9,11 +9,20 @@
 //   Q4_1 weights -> qs and d as Q4_0, m: [n][nb] fp16 bits of the block's offset.
 //   Q5_0 weights -> qs and d as Q4_0 (the low four bits), qh: [n][nb] uint32 (bit j = the
 //       fifth bit of weight j, the block's little-endian qh).
+//   Q5_1 weights -> qs, d and qh as Q5_0, m as Q4_1.
+//   K-quants (256-element blocks, nb a multiple of 8): 32-element block b of a row is
+//   sub-block b % 8 of weight block b / 8, stored as a 32-element block: qs [n][nb][16] the
+//   low four bits of its values in Q4_0's order (byte i: element i low, 16 + i high); d
+//   (and Q4_K/Q5_K's dmin in m) [n][nb / 8] per 256-element block; sc [n][nb] uint16 (Q4_K,
+//   Q5_K: the 6-bit scale | the 6-bit min << 8; Q6_K: the int8 scales of elements 0-15 |
+//   16-31 << 8). Q5_K: qh [n][nb] the fifth bits as Q5_0's. Q6_K: qh [n][nb][2] uint32, word
+//   h = elements 16h..16h+15, bits 2e, 2e + 1 = the top two bits of element 16h + e.
 // The integer dot of one block is computed with dp4a (four int8 products per
 // instruction), or with int8 WMMA in the prefill GEMM (gemm.cu); the result is the
 // exact integer S_b of docs/arithmetic.md ("Quantised dot product": Q4_0 nibble - 8, Q5_0
-// 5-bit value - 16, Q4_1 the unsigned nibble plus T_b = sum q_x), and the float steps are
-// the CPU's, so CPU and GPU agree bit for bit.
+// 5-bit value - 16, Q4_1 / Q5_1 / Q4_K / Q5_K the unsigned value plus T_b = sum q_x, Q6_K
+// the 6-bit value - 32 per 16-element half), and the float steps are the CPU's, so CPU and
+// GPU agree bit for bit.
 #pragma once
 
 #include <cmath>
@@ -83,17 +92,33 @@ TANDEM_HD_INLINE int32_t dot_q4_0_q8_0_words(const uint32_t w[4], const int32_t 
   return s;
 }
 
-/// Four consecutive Q5_0 weights minus 16 as four signed bytes: the nibbles of
-/// q4_nibbles(word, high) plus 16 times bits 4i..4i+3 (16+4i.. when `high`) of the block's
+/// Four consecutive 5-bit weights (Q5_0, Q5_1, Q5_K) as four bytes in [0, 31]: the nibbles
+/// of q4_nibbles(word, high) plus 16 times bits 4i..4i+3 (16+4i.. when `high`) of the block's
 /// qh, where `word` is packed word i (0..3) of the block.
-TANDEM_HD_INLINE int32_t q5_values_minus16(uint32_t word, uint32_t qh, int i, bool high) {
+TANDEM_HD_INLINE uint32_t q5_values(uint32_t word, uint32_t qh, int i, bool high) {
   const uint32_t b = qh >> (high ? 16 + 4 * i : 4 * i);
   // bit e of b -> bit 4 of byte e
   const uint32_t fifth = ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
-  const uint32_t v = q4_nibbles(word, high) | fifth;
+  return q4_nibbles(word, high) | fifth;
+}
+
+/// Four consecutive Q5_0 weights minus 16 as four signed bytes (q5_values - 16).
+TANDEM_HD_INLINE int32_t q5_values_minus16(uint32_t word, uint32_t qh, int i, bool high) {
   // Each byte is in [0, 31]; + 0x70 stays below 0x100 (no borrow across bytes), and
   // (v + 0x70) ^ 0x80 == v - 16 as a signed byte.
-  return static_cast<int32_t>((v + 0x70707070u) ^ 0x80808080u);
+  return static_cast<int32_t>((q5_values(word, qh, i, high) + 0x70707070u) ^ 0x80808080u);
+}
+
+/// Four consecutive Q6_K weights minus 32 as four signed bytes: the nibbles of
+/// q4_nibbles(word, high) plus 16 times the two-bit fields 4i..4i+3 of `top` (the block
+/// half's qh word: elements 16+4i.. when `high`, so `top` is qh word 1 then).
+TANDEM_HD_INLINE int32_t q6_values_minus32(uint32_t word, uint32_t top, int i, bool high) {
+  const uint32_t b = top >> (8 * i);
+  // bits 2e, 2e + 1 of b -> bits 4, 5 of byte e
+  const uint32_t hi2 = ((b & 0x03u) << 4) | ((b & 0x0Cu) << 10) | ((b & 0x30u) << 16) | ((b & 0xC0u) << 22);
+  const uint32_t v = q4_nibbles(word, high) | hi2;
+  // Each byte is in [0, 63]; + 0x60 stays below 0x100, and (v + 0x60) ^ 0x80 == v - 32.
+  return static_cast<int32_t>((v + 0x60606060u) ^ 0x80808080u);
 }
 
 /// Integer dot of one Q5_0 block (16 packed bytes as 4 words, its qh) with one Q8_0 block:
@@ -115,6 +140,26 @@ TANDEM_HD_INLINE int32_t dot_q4_1_q8_0_words(const uint32_t w[4], const int32_t 
     s = dp4a(static_cast<int32_t>(q4_nibbles(w[i], false)), x[i], s);
     s = dp4a(static_cast<int32_t>(q4_nibbles(w[i], true)), x[4 + i], s);
   }
+  return s;
+}
+
+/// Integer dot of one block's unsigned 5-bit values (Q5_1, Q5_K: 4 words and the fifth bits
+/// qh) with one Q8_0 block: S_b = sum_j q_w[j] * q_x[j], q_w in [0, 31], exact.
+TANDEM_HD_INLINE int32_t dot_q5_u_q8_0_words(const uint32_t w[4], uint32_t qh, const int32_t x[8]) {
+  int32_t s = 0;
+  for (int i = 0; i < 4; ++i) {
+    s = dp4a(static_cast<int32_t>(q5_values(w[i], qh, i, false)), x[i], s);
+    s = dp4a(static_cast<int32_t>(q5_values(w[i], qh, i, true)), x[4 + i], s);
+  }
+  return s;
+}
+
+/// Integer dot of half `h` (elements 16h..16h+15) of one Q6_K 32-element block (4 words,
+/// the half's qh word `top`) with the matching 4 words of a Q8_0 block: sum (q - 32) * q_x,
+/// exact.
+TANDEM_HD_INLINE int32_t dot_q6_k_half_words(const uint32_t w[4], uint32_t top, const int32_t x4[4], bool h) {
+  int32_t s = 0;
+  for (int i = 0; i < 4; ++i) s = dp4a(q6_values_minus32(w[i], top, i, h), x4[i], s);
   return s;
 }
 
@@ -143,6 +188,21 @@ TANDEM_HD_INLINE float block_contribution(uint16_t dw, uint16_t dx, int32_t isum
 /// unsigned nibbles, T = sum q_x.
 TANDEM_HD_INLINE float block_contribution_q4_1(uint16_t dw, uint16_t mw, uint16_t dx, int32_t s, int32_t t) {
   return block_contribution(dw, dx, s) + block_contribution(mw, dx, t);
+}
+
+/// The float contribution of one Q4_K / Q5_K 32-element block (docs/arithmetic.md):
+/// ((fp16(d) * fp16(d_x)) * float(sc * S)) - ((fp16(dmin) * fp16(d_x)) * float(mn * T)), S over
+/// the unsigned values, T = sum q_x; sc, mn the sub-block's 6-bit scale and min.
+TANDEM_HD_INLINE float block_contribution_k_min(uint16_t d, uint16_t dmin, uint16_t dx, int32_t sc, int32_t mn,
+                                                int32_t s, int32_t t) {
+  return block_contribution(d, dx, sc * s) - block_contribution(dmin, dx, mn * t);
+}
+
+/// The float contribution of one Q6_K 32-element block: (fp16(d) * fp16(d_x)) * float(s0 *
+/// S_lo + s1 * S_hi), `sc` = the int8 scales s0 | s1 << 8 (the device layout's sc).
+TANDEM_HD_INLINE float block_contribution_q6_k(uint16_t d, uint16_t dx, uint16_t sc, int32_t lo, int32_t hi) {
+  const int32_t s0 = static_cast<int8_t>(sc & 0xFFu), s1 = static_cast<int8_t>(sc >> 8);
+  return block_contribution(d, dx, s0 * lo + s1 * hi);
 }
 
 // ---- Q8_0 quantisation of activations, exactly as kernels/cpu --------------------------

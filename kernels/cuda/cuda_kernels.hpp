@@ -13,13 +13,16 @@
 
 namespace tandem::kernels::cuda {
 
-enum class WType : int32_t { kQ4_0, kQ8_0, kQ4_1, kQ5_0, kF32, kF16, kBF16 };
+enum class WType : int32_t { kQ4_0, kQ8_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K, kF32, kF16, kBF16 };
 
 /// A weight matrix in VRAM (nb = k / 32 blocks per row). Q4_0: q = [n][nb][16] packed bytes,
 /// d = [n][nb] fp16 scales; Q8_0: q = [n][nb][32] int8, d = [n][nb]; Q4_1: q and d as Q4_0,
 /// m = [n][nb] fp16 offsets; Q5_0: q and d as Q4_0 (low four bits), qh = [n][nb] uint32
-/// fifth bits; F32: q = [n][k] float; F16/BF16: q = [n][k] 16-bit values. Pointers a type
-/// does not use are null. (block_math.cuh: the rearrangement is a pure repacking.)
+/// fifth bits; Q5_1: q, d, qh as Q5_0, m as Q4_1; Q4_K, Q5_K, Q6_K (k % 256 == 0): q as
+/// Q4_0 per 32-element block, d (and Q4_K/Q5_K's dmin in m) = [n][nb / 8], sc = [n][nb]
+/// sub-block scales, qh = Q5_K [n][nb], Q6_K [n][nb][2] (block_math.cuh); F32: q = [n][k]
+/// float; F16/BF16: q = [n][k] 16-bit values. Pointers a type does not use are null.
+/// (block_math.cuh: the rearrangement is a pure repacking.)
 struct DevWeight {
   WType type = WType::kF32;
   int64_t n = 0, k = 0;
@@ -27,9 +30,8 @@ struct DevWeight {
   const uint16_t* d = nullptr;
   const uint16_t* m = nullptr;
   const uint32_t* qh = nullptr;
-  bool quantized() const noexcept {
-    return type == WType::kQ4_0 || type == WType::kQ8_0 || type == WType::kQ4_1 || type == WType::kQ5_0;
-  }
+  const uint16_t* sc = nullptr;
+  bool quantized() const noexcept { return type != WType::kF32 && type != WType::kF16 && type != WType::kBF16; }
 };
 
 /// X [m][k] floats -> Q8_0: xq [m][k] int8, xd [m][k/32] fp16 scales (k % 32 == 0),

@@ -1,11 +1,12 @@
 // Q8_0 activation quantisation and the matmul kernels (decode GEMV and prefill GEMM are
 // one kernel family: a warp per weight row and a tile of MT activation rows).
 //
-// Quantised weights (Q4_0, Q8_0, Q4_1, Q5_0): lane i of the warp takes blocks i, i+32, ... of
+// Quantised weights (Q4_0, Q8_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): lane i of the warp takes blocks i, i+32, ... of
 // the weight row, so the warp reads the row's blocks contiguously (16-byte loads of the
 // repacked 4-bit data, 32-byte loads of the Q8_0 activations), computes each block's exact
 // integer dot with dp4a (block_math.cuh), forms the block's f32 contribution p_b as the CPU
-// does (docs/arithmetic.md: (fp16(d_w) * fp16(d_x)) * S_b, plus Q4_1's offset term) and
+// does (docs/arithmetic.md: (fp16(d_w) * fp16(d_x)) * S_b, plus the offset / min terms, the
+// K-quants' sub-block scales) and
 // accumulates in f32; the 32 lane sums are then added with a shuffle tree. Every index is
 // bounds-checked: any m, any n, and any number of blocks per row (field case B09: no
 // assumption that k is a multiple of 64 or 128).
@@ -47,9 +48,10 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int64_t n_bloc
 // One quantised weight matrix's device arrays (DevWeight's q, d, m, qh).
 struct QuantW {
   const void* q;
-  const uint16_t* d;
-  const uint16_t* m;   // Q4_1 offsets
-  const uint32_t* qh;  // Q5_0 fifth bits
+  const uint16_t* d;   // per 32-element block; K-quants: per 256-element block (index blk / 8)
+  const uint16_t* m;   // Q4_1 / Q5_1 offsets, Q4_K / Q5_K dmin (per 256)
+  const uint32_t* qh;  // Q5_0 / Q5_1 / Q5_K fifth bits, Q6_K top two bits (2 words a block)
+  const uint16_t* sc;  // K-quants' sub-block scales (and mins)
 };
 
 __device__ __forceinline__ void load_q4_words(const void* q, int64_t blk, uint32_t v[4]) {
@@ -113,6 +115,70 @@ struct WeightWords<WType::kQ5_0> {
   }
   __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
     return block_contribution(d, dx, dot_q5_0_q8_0_words(v, qh, x));
+  }
+};
+
+template <>
+struct WeightWords<WType::kQ5_1> {
+  uint32_t v[4];
+  uint32_t qh;
+  uint16_t d, m;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    qh = w.qh[blk];
+    d = w.d[blk];
+    m = w.m[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution_q4_1(d, m, dx, dot_q5_u_q8_0_words(v, qh, x), sum_q8_words(x, 8));
+  }
+};
+// K-quants: block blk is a sub-block of 256-element block blk / 8 (nb % 8 == 0).
+template <>
+struct WeightWords<WType::kQ4_K> {
+  uint32_t v[4];
+  uint16_t d, dmin, sc;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    d = w.d[blk / 8];
+    dmin = w.m[blk / 8];
+    sc = w.sc[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution_k_min(d, dmin, dx, sc & 0xFF, sc >> 8, dot_q4_1_q8_0_words(v, x), sum_q8_words(x, 8));
+  }
+};
+template <>
+struct WeightWords<WType::kQ5_K> {
+  uint32_t v[4];
+  uint32_t qh;
+  uint16_t d, dmin, sc;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    qh = w.qh[blk];
+    d = w.d[blk / 8];
+    dmin = w.m[blk / 8];
+    sc = w.sc[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution_k_min(d, dmin, dx, sc & 0xFF, sc >> 8, dot_q5_u_q8_0_words(v, qh, x), sum_q8_words(x, 8));
+  }
+};
+template <>
+struct WeightWords<WType::kQ6_K> {
+  uint32_t v[4];
+  uint32_t top[2];
+  uint16_t d, sc;
+  __device__ __forceinline__ void load(const QuantW& w, int64_t blk) {
+    load_q4_words(w.q, blk, v);
+    const uint2 t = reinterpret_cast<const uint2*>(w.qh)[blk];
+    top[0] = t.x, top[1] = t.y;
+    d = w.d[blk / 8];
+    sc = w.sc[blk];
+  }
+  __device__ __forceinline__ float contribution(uint16_t dx, const int32_t x[8]) const {
+    return block_contribution_q6_k(d, dx, sc, dot_q6_k_half_words(v, top[0], x, false),
+                                   dot_q6_k_half_words(v, top[1], x + 4, true));
   }
 };
 
@@ -251,11 +317,12 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 // ---- Tensor Core prefill GEMM (int8 WMMA) -------------------------------------------------
 //
 // Technique: per 32-value block, the weight tile's values are unpacked to int8 (Q4_0: q - 8,
-// Q5_0: q - 16, Q4_1: the unsigned nibble) in shared memory next to the Q8_0 activation tile,
-// and two 16x16x16 int8 mma_sync (the block's values 0..15, then 16..31) give the exact int32
-// block dot of every (weight row, activation row) pair of a 16 x 16 output tile; each dot is
-// then scaled by fp16(d_w) * fp16(d_x) and added in f32 (Q4_1: plus (fp16(m_w) * fp16(d_x)) *
-// T, T = the activation block's sum, from the staging threads). Sources: the WMMA API of the
+// Q5_0: q - 16, Q6_K: q - 32, Q4_1 / Q5_1 / Q4_K / Q5_K: the unsigned value) in shared memory
+// next to the Q8_0 activation tile, and two 16x16x16 int8 mma_sync (the block's values 0..15,
+// then 16..31) give the exact int32 block dot of every (weight row, activation row) pair of a
+// 16 x 16 output tile (Q6_K: the two halves' dots apart, for its two scales); each dot is
+// then scaled as the dp4a kernels' contribution() does and added in f32 (T, the activation
+// block's sum for the offset / min terms, from the staging threads). Sources: the WMMA API of the
 // CUDA C++ Programming Guide (section "Warp Matrix Functions": fragments, load/store/mma_sync,
 // int8 inputs with int accumulators from sm_72); llama.cpp's mmq kernels use the same idea
 // (integer MMA per quant block, float scaling per block).
@@ -272,8 +339,8 @@ __global__ void gemv_quant_kernel(QuantParts P, int64_t nb, const int8_t* __rest
 //
 // Tile: kTcTile weight rows x kTcTile activation rows per thread block of 256 threads (one
 // output each); kTcStage blocks of the row are staged at a time, warp w multiplying block w.
-// Shared memory (static): 4 + 4 KiB int8 tiles, 8 KiB int32 dots, 768 B scales and 1 KiB
-// activation half sums (Q4_1's T). Every global index is bounds-checked (rows past n,
+// Shared memory (static): 4 + 4 KiB int8 tiles, 8 KiB int32 dots (16 KiB for Q6_K), 1 KiB
+// scales and 1 KiB activation half sums (T). Every global index is bounds-checked (rows past n,
 // activation rows past m and blocks past nb are staged as zeros and never written), so any n,
 // m >= 1 and nb >= 1 are taken.
 constexpr int kTcTile = 16;
@@ -282,8 +349,16 @@ constexpr int kTcThreads = kTcStage * kWarp;
 static_assert(kTcThreads == kTcTile * kTcTile, "one output per thread");
 static_assert(kWarp % kTcStage == 0, "a stage's blocks map to consecutive lane sums");
 
+// What a type's block contribution takes besides d_w and the dot: an offset / min (in m) and
+// the activation sum T; K-quants: sub-block scales (sc) and d, m per 256-element block.
+template <WType W>
+constexpr bool kTcHasMin = W == WType::kQ4_1 || W == WType::kQ5_1 || W == WType::kQ4_K || W == WType::kQ5_K;
+template <WType W>
+constexpr bool kTcKQuant = W == WType::kQ4_K || W == WType::kQ5_K || W == WType::kQ6_K;
+
 // Half h (values 16h .. 16h + 15) of weight block `blk` as 16 int8 (Q4_0: nibble - 8,
-// Q4_1: the nibble, Q5_0: 5-bit value - 16, Q8_0: as stored).
+// Q4_1 / Q4_K: the nibble, Q5_0: 5-bit value - 16, Q5_1 / Q5_K: the 5-bit value, Q6_K: 6-bit
+// value - 32, Q8_0: as stored).
 template <WType W>
 __device__ __forceinline__ uint4 tc_weight_half(const QuantW& w, int64_t blk, int h) {
   if constexpr (W == WType::kQ8_0) {
@@ -296,7 +371,15 @@ __device__ __forceinline__ uint4 tc_weight_half(const QuantW& w, int64_t blk, in
       const uint32_t qh = w.qh[blk];
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[i] = static_cast<uint32_t>(q5_values_minus16(v[i], qh, i, h != 0));
-    } else if constexpr (W == WType::kQ4_1) {
+    } else if constexpr (W == WType::kQ5_1 || W == WType::kQ5_K) {
+      const uint32_t qh = w.qh[blk];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = q5_values(v[i], qh, i, h != 0);
+    } else if constexpr (W == WType::kQ6_K) {
+      const uint32_t top = w.qh[2 * blk + h];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = static_cast<uint32_t>(q6_values_minus32(v[i], top, i, h != 0));
+    } else if constexpr (W == WType::kQ4_1 || W == WType::kQ4_K) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[i] = q4_nibbles(v[i], h != 0);
     } else {
@@ -330,10 +413,12 @@ __global__ void __launch_bounds__(kTcThreads)
   // [stage block][half: values 0..15 | 16..31][tile row (weights) or column (activations)][16]
   __shared__ __align__(256) signed char sw[kTcStage][2][kTcTile][16];
   __shared__ __align__(256) signed char sx[kTcStage][2][kTcTile][16];
-  __shared__ __align__(256) int32_t sdot[kTcStage][kTcTile][kTcTile];  // [block][column][row]
+  constexpr int kDots = W == WType::kQ6_K ? 2 : 1;                            // Q6_K: the halves' dots apart
+  __shared__ __align__(256) int32_t sdot[kTcStage][kDots][kTcTile][kTcTile];  // [block][half][column][row]
   __shared__ uint16_t sdw[kTcStage][kTcTile], sdx[kTcStage][kTcTile];
-  __shared__ uint16_t sdm[kTcStage][kTcTile];    // Q4_1: the weight rows' offsets
-  __shared__ int32_t sxt[kTcStage][2][kTcTile];  // Q4_1: each activation half's sum of q_x
+  __shared__ uint16_t sdm[kTcStage][kTcTile];    // the weight rows' offsets / dmin (kTcHasMin)
+  __shared__ uint16_t ssc[kTcStage][kTcTile];    // K-quants: the weight rows' sub-block scales
+  __shared__ int32_t sxt[kTcStage][2][kTcTile];  // kTcHasMin: each activation half's sum of q_x
   const int t = threadIdx.x, warp = t / kWarp;
   const int64_t r0 = int64_t(blockIdx.x) * kTcTile, c0 = int64_t(blockIdx.y) * kTcTile;
   const int rl = t % kTcTile, cl = t / kTcTile;  // this thread's output (r0 + rl, c0 + cl)
@@ -353,15 +438,19 @@ __global__ void __launch_bounds__(kTcThreads)
         const int64_t b = b0 + bl;
         uint4 wv = make_uint4(0, 0, 0, 0), xv = make_uint4(0, 0, 0, 0);
         uint16_t dv = 0;
-        if (b < nb && w_in) wv = tc_weight_half<W>(w, (r0 + i) * nb + b, h);
+        const int64_t wblk = (r0 + i) * nb + b, sblk = kTcKQuant<W> ? wblk / 8 : wblk;
+        if (b < nb && w_in) wv = tc_weight_half<W>(w, wblk, h);
         if (b < nb && x_in) xv = reinterpret_cast<const uint4*>(xq + ((c0 + i) * nb + b) * kQK)[h];
-        if (h == 0 && b < nb && w_in) dv = w.d[(r0 + i) * nb + b];
+        if (h == 0 && b < nb && w_in) dv = w.d[sblk];
         if (h == 1 && b < nb && x_in) dv = xd[(c0 + i) * nb + b];
         *reinterpret_cast<uint4*>(sw[bl][h][i]) = wv;
         *reinterpret_cast<uint4*>(sx[bl][h][i]) = xv;
         (h == 0 ? sdw : sdx)[bl][i] = dv;
-        if constexpr (W == WType::kQ4_1) {
-          if (h == 0) sdm[bl][i] = b < nb && w_in ? w.m[(r0 + i) * nb + b] : uint16_t{0};
+        if constexpr (kTcKQuant<W>) {
+          if (h == 0) ssc[bl][i] = b < nb && w_in ? w.sc[wblk] : uint16_t{0};
+        }
+        if constexpr (kTcHasMin<W>) {
+          if (h == 0) sdm[bl][i] = b < nb && w_in ? w.m[sblk] : uint16_t{0};
           const int32_t xw[4] = {static_cast<int32_t>(xv.x), static_cast<int32_t>(xv.y), static_cast<int32_t>(xv.z),
                                  static_cast<int32_t>(xv.w)};
           sxt[bl][h][i] = sum_q8_words(xw, 4);
@@ -378,19 +467,30 @@ __global__ void __launch_bounds__(kTcThreads)
           wmma::load_matrix_sync(fa, &sw[warp][hh][0][0], 16);  // A[row][k], row-major
           wmma::load_matrix_sync(fb, &sx[warp][hh][0][0], 16);  // B[k][column], column-major
           wmma::mma_sync(fd, fa, fb, fd);
+          if constexpr (kDots == 2) {
+            wmma::store_matrix_sync(&sdot[warp][hh][0][0], fd, kTcTile, wmma::mem_col_major);
+            wmma::fill_fragment(fd, 0);
+          }
         }
-        wmma::store_matrix_sync(&sdot[warp][0][0], fd, kTcTile, wmma::mem_col_major);
+        if constexpr (kDots == 1) wmma::store_matrix_sync(&sdot[warp][0][0][0], fd, kTcTile, wmma::mem_col_major);
       }
       __syncthreads();
 #pragma unroll
       for (int l = 0; l < kTcStage; ++l) {
         if (b0 + l < nb) {
-          if constexpr (W == WType::kQ4_1) {
-            acc[s * kTcStage + l] += block_contribution_q4_1(sdw[l][rl], sdm[l][rl], sdx[l][cl], sdot[l][cl][rl],
-                                                             sxt[l][0][cl] + sxt[l][1][cl]);
+          float p;
+          if constexpr (W == WType::kQ6_K) {
+            p = block_contribution_q6_k(sdw[l][rl], sdx[l][cl], ssc[l][rl], sdot[l][0][cl][rl], sdot[l][1][cl][rl]);
+          } else if constexpr (kTcKQuant<W>) {
+            p = block_contribution_k_min(sdw[l][rl], sdm[l][rl], sdx[l][cl], ssc[l][rl] & 0xFF, ssc[l][rl] >> 8,
+                                         sdot[l][0][cl][rl], sxt[l][0][cl] + sxt[l][1][cl]);
+          } else if constexpr (kTcHasMin<W>) {
+            p = block_contribution_q4_1(sdw[l][rl], sdm[l][rl], sdx[l][cl], sdot[l][0][cl][rl],
+                                        sxt[l][0][cl] + sxt[l][1][cl]);
           } else {
-            acc[s * kTcStage + l] += block_contribution(sdw[l][rl], sdx[l][cl], sdot[l][cl][rl]);
+            p = block_contribution(sdw[l][rl], sdx[l][cl], sdot[l][0][cl][rl]);
           }
+          acc[s * kTcStage + l] += p;
         }
       }
       __syncthreads();  // the stage buffers are refilled next
@@ -422,6 +522,18 @@ void with_quant_type(WType t, F&& f) {
     case WType::kQ5_0:
       f(std::integral_constant<WType, WType::kQ5_0>{});
       break;
+    case WType::kQ5_1:
+      f(std::integral_constant<WType, WType::kQ5_1>{});
+      break;
+    case WType::kQ4_K:
+      f(std::integral_constant<WType, WType::kQ4_K>{});
+      break;
+    case WType::kQ5_K:
+      f(std::integral_constant<WType, WType::kQ5_K>{});
+      break;
+    case WType::kQ6_K:
+      f(std::integral_constant<WType, WType::kQ6_K>{});
+      break;
     case WType::kF32:
     case WType::kF16:
     case WType::kBF16:
@@ -430,7 +542,7 @@ void with_quant_type(WType t, F&& f) {
 }
 
 QuantW quant_w(const DevWeight& w) {
-  return QuantW{w.q, w.d, w.m, w.qh};
+  return QuantW{w.q, w.d, w.m, w.qh, w.sc};
 }
 
 void launch_gemm_tc(const DevWeight& w, const int8_t* xq, const uint16_t* xd, int64_t m, float* y, int64_t ldy,
@@ -557,6 +669,10 @@ void launch_gemm_float(const DevWeight& w, const float* x, int64_t m, float* y, 
     case WType::kQ8_0:
     case WType::kQ4_1:
     case WType::kQ5_0:
+    case WType::kQ5_1:
+    case WType::kQ4_K:
+    case WType::kQ5_K:
+    case WType::kQ6_K:
       break;  // quantised weights take launch_gemv_quant / launch_gemm_quant
   }
 }

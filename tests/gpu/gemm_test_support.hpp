@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "quant_blocks.hpp"
@@ -90,6 +91,58 @@ inline std::vector<k::BlockQ5_0> random_q5_0(std::mt19937& g, size_t count) {
     const auto fill = [&] { return static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g)); };
     for (auto& h : w[i].qh) h = fill();
     for (auto& q : w[i].qs) q = fill();
+  }
+  return w;
+}
+
+// Q5_1 blocks: random scales, offsets, nibbles and fifth bits; every 3rd block all 31,
+// every 4th all 0 (the ends of the unsigned range).
+inline std::vector<k::BlockQ5_1> random_q5_1(std::mt19937& g, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> off(-0.8f, 0.1f);
+  std::vector<k::BlockQ5_1> w(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i].d = random_scale(g);
+    w[i].m = k::fp32_to_fp16_bits(off(g));
+    const auto fill = [&] { return static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g)); };
+    for (auto& h : w[i].qh) h = fill();
+    for (auto& q : w[i].qs) q = fill();
+  }
+  return w;
+}
+
+// Q4_K / Q5_K blocks: random super-block scales and mins, packed 6-bit sub-block scales and
+// mins, values (and fifth bits); every 3rd block all bits set (scales, mins 63, every q the
+// largest), every 4th all 0.
+template <class KB>
+std::vector<KB> random_k_min(std::mt19937& g, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> mn(0.0f, 0.02f);
+  std::vector<KB> w(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i].d = random_scale(g);
+    w[i].dmin = k::fp32_to_fp16_bits(mn(g));
+    const auto fill = [&] { return static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g)); };
+    for (auto& q : w[i].scales) q = fill();
+    if constexpr (std::is_same_v<KB, k::BlockQ5_K>) {
+      for (auto& q : w[i].qh) q = fill();
+    }
+    for (auto& q : w[i].qs) q = fill();
+  }
+  return w;
+}
+
+// Q6_K blocks: random scale, int8 sub-block scales and 6-bit values; every 3rd block every
+// q = 31 and scale 127, every 4th every q = -32 and scale -128 (the largest |s * q|).
+inline std::vector<k::BlockQ6_K> random_q6_k(std::mt19937& g, size_t count) {
+  std::uniform_int_distribution<int> byte(0, 255), scale(-128, 127);
+  std::vector<k::BlockQ6_K> w(count);
+  for (size_t i = 0; i < count; ++i) {
+    w[i].d = random_scale(g);
+    const auto fill = [&] { return static_cast<uint8_t>(i % 3 == 0 ? 0xFF : i % 4 == 0 ? 0x00 : byte(g)); };
+    for (auto& q : w[i].ql) q = fill();
+    for (auto& q : w[i].qh) q = fill();
+    for (auto& sc : w[i].scales) sc = static_cast<int8_t>(i % 3 == 0 ? 127 : i % 4 == 0 ? -128 : scale(g));
   }
   return w;
 }

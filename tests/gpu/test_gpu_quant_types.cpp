@@ -1,19 +1,26 @@
-// Q4_1 and Q5_0 weights run natively on the GPU (kernels/cuda gemm.cu: the decode GEMV, the
-// dp4a GEMM, the Tensor Core GEMM, merged parts) against the CPU kernels (kernels/cpu
-// gemm_q4_1_q8_0, gemm_q5_0_q8_0), bit for bit on every ISA this machine runs
-// (docs/arithmetic.md "Quantised dot product": Q4_1's offset term (m_w * d_x) * T_b, Q5_0's
-// 5-bit values minus 16); then whole models: small models whose Q4_0 matrices are re-encoded
-// as Q4_1 and Q5_0, and SmolLM2's Q4_1 file, on the GPU executor against the CPU's.
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights run natively on the GPU (kernels/cuda gemm.cu:
+// the decode GEMV, the dp4a GEMM, the Tensor Core GEMM, merged parts) against the CPU kernels
+// (kernels/cpu gemm_q4_1_q8_0 ... gemm_q6_k_q8_0), bit for bit on every ISA this machine runs
+// (docs/arithmetic.md "Quantised dot product": Q4_1 / Q5_1's offset term (m_w * d_x) * T_b,
+// Q5_0's 5-bit values minus 16, the K-quants' per-32 p_b with sub-block scales and mins);
+// then whole models: small models whose Q4_0 matrices are re-encoded as Q4_1 and Q5_0, or as
+// Q4_K, Q6_K, Q5_K and Q5_1, and SmolLM2's Q4_1 file, on the GPU executor against the CPU's.
 // Needs a CUDA device, real or emulated (cuemu); skipped without one.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
@@ -43,6 +50,34 @@ void cpu_gemm(const std::vector<k::BlockQ5_0>& w, const std::vector<k::BlockQ8_0
               int64_t n) {
   k::gemm_q5_0_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
 }
+void cpu_gemm(const std::vector<k::BlockQ5_1>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q5_1_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+void cpu_gemm(const std::vector<k::BlockQ4_K>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q4_k_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+void cpu_gemm(const std::vector<k::BlockQ5_K>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q5_k_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+void cpu_gemm(const std::vector<k::BlockQ6_K>& w, const std::vector<k::BlockQ8_0>& x, float* y, int64_t kd, int64_t m,
+              int64_t n) {
+  k::gemm_q6_k_q8_0(w.data(), x.data(), y, kd, m, n, 0, n);
+}
+std::vector<k::BlockQ5_1> random_weights(std::mt19937& g, size_t count, const k::BlockQ5_1*) {
+  return gemm_test::random_q5_1(g, count);
+}
+std::vector<k::BlockQ4_K> random_weights(std::mt19937& g, size_t count, const k::BlockQ4_K*) {
+  return gemm_test::random_k_min<k::BlockQ4_K>(g, count);
+}
+std::vector<k::BlockQ5_K> random_weights(std::mt19937& g, size_t count, const k::BlockQ5_K*) {
+  return gemm_test::random_k_min<k::BlockQ5_K>(g, count);
+}
+std::vector<k::BlockQ6_K> random_weights(std::mt19937& g, size_t count, const k::BlockQ6_K*) {
+  return gemm_test::random_q6_k(g, count);
+}
 std::vector<k::BlockQ4_1> random_weights(std::mt19937& g, size_t count, const k::BlockQ4_1*) {
   return gemm_test::random_q4_1(g, count);
 }
@@ -51,16 +86,18 @@ std::vector<k::BlockQ5_0> random_weights(std::mt19937& g, size_t count, const k:
 }
 
 // n = 45 rows (a partial thread block, warp pair and Tensor Core tile), k of 1, 18, 33 and
-// 129 blocks (lanes with one to five blocks, the GEMV's load-ahead pair half outside the
-// row, partial Tensor Core stages), m = 1 (decode GEMV), 7 (dp4a GEMM), 16 and 33 (Tensor
-// Core GEMM, its last tile partial; the dp4a GEMM with Tensor Cores off).
+// 129 blocks of 32 (lanes with one to five blocks, the GEMV's load-ahead pair half outside
+// the row, partial Tensor Core stages; K-quants: 8, 24, 40 and 136, whole 256-element
+// blocks), m = 1 (decode GEMV), 7 (dp4a GEMM), 16 and 33 (Tensor Core GEMM, its last tile
+// partial; the dp4a GEMM with Tensor Cores off).
 template <class WB>
 void check_against_cpu(GgmlType type, uint32_t seed) {
   std::mt19937 g(seed);
-  const int64_t n = 45;
-  for (const int64_t kd : {int64_t{32}, int64_t{576}, int64_t{1056}, int64_t{4128}}) {
+  const int64_t n = 45, per = ggml_block_elements(type);
+  const auto kds = per == 32 ? std::vector<int64_t>{32, 576, 1056, 4128} : std::vector<int64_t>{256, 768, 1280, 4352};
+  for (const int64_t kd : kds) {
     const int64_t nb = kd / 32;
-    const auto w = random_weights(g, size_t(n * nb), static_cast<const WB*>(nullptr));
+    const auto w = random_weights(g, size_t(n * kd / per), static_cast<const WB*>(nullptr));
     for (const int64_t m : {int64_t{1}, int64_t{7}, int64_t{16}, int64_t{33}}) {
       const auto xq = test::rand_q8(g, size_t(m * nb));
       for (const bool tc : {false, true}) {
@@ -84,13 +121,14 @@ template <class WB>
 void check_parts(GgmlType type, uint32_t seed) {
   std::mt19937 g(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t per = ggml_block_elements(type);  // 32, or 256 for the K-quants
   for (const std::vector<int64_t>& n : {std::vector<int64_t>{64, 16, 16}, std::vector<int64_t>{33, 7, 1}}) {
-    for (const int64_t nb : {int64_t{1}, int64_t{37}}) {
+    for (const int64_t nb : {per / 32, per / 32 * 37}) {
       std::vector<std::vector<WB>> w;
       std::vector<const void*> ptrs;
       std::vector<std::vector<float>> bias(n.size());
       for (size_t i = 0; i < n.size(); ++i) {
-        w.push_back(random_weights(g, size_t(n[i] * nb), static_cast<const WB*>(nullptr)));
+        w.push_back(random_weights(g, size_t(n[i] * nb * 32 / per), static_cast<const WB*>(nullptr)));
         ptrs.push_back(w.back().data());
         if (i == 1) continue;
         bias[i].resize(size_t(n[i]));
@@ -115,6 +153,43 @@ void check_parts(GgmlType type, uint32_t seed) {
             CHECK(test::same_bits(merged[i], want));
           }
         }
+      }
+    }
+  }
+}
+
+// A file's own matrices `names` of `type` (not random blocks) through the decode GEMV (m =
+// 1), the dp4a GEMM (m = 6) and the Tensor Core GEMM (m = 16), against the CPU kernel on
+// every ISA. SKIPPED when the file is absent.
+template <class WB>
+void check_file_matrices(const std::filesystem::path& path, GgmlType type, std::initializer_list<const char*> names) {
+  if (!std::filesystem::exists(path)) {
+    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 / scripts/fetch-gemma3 download it)");
+    return;
+  }
+  const auto file = GgufFile::open(path);
+  std::mt19937 g(29);
+  for (const char* name : names) {
+    const GgufTensorInfo* t = file->find_tensor(name);
+    REQUIRE(t != nullptr);
+    REQUIRE(t->type == type);
+    const int64_t kd = t->ne[0], n = t->n_rows(), nb = kd / 32;
+    std::vector<WB> w(size_t(n * kd / ggml_block_elements(type)));
+    std::memcpy(w.data(), t->data, w.size() * sizeof(WB));
+    for (const int64_t m : {int64_t{1}, int64_t{6}, int64_t{16}}) {
+      std::vector<float> x(size_t(m * kd));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (float& v : x) v = nd(g);
+      std::vector<k::BlockQ8_0> xq(size_t(m * nb));
+      for (int64_t c = 0; c < m; ++c) k::quantize_row_q8_0(&x[size_t(c * kd)], &xq[size_t(c * nb)], kd);
+      std::vector<float> gpu(size_t(m * n));
+      gpu_testing::gemm_q8_blocks(type, w.data(), n, kd, xq.data(), m, true, gpu.data());
+      for (const auto& isa : test::isas()) {
+        test::IsaScope scope(isa);
+        std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
+        cpu_gemm(w, xq, cpu.data(), kd, m, n);
+        INFO(name << " " << isa << " m " << m);
+        CHECK(test::same_bits(gpu, cpu));
       }
     }
   }
@@ -177,40 +252,11 @@ std::filesystem::path write_q4_1_q5_0_copy(const std::string& name) {
   return path;
 }
 
-}  // namespace
-#endif
-
-TEST_CASE("GPU Q4_1 and Q5_0 matmuls are the CPU kernels' bits on every ISA (docs/arithmetic.md)",
-          "[gpu][kernels][isa]") {
-#if TANDEM_HAVE_CUDA
-  check_against_cpu<k::BlockQ4_1>(GgmlType::kQ4_1, 41);
-  check_against_cpu<k::BlockQ5_0>(GgmlType::kQ5_0, 50);
-#endif
-}
-
-TEST_CASE("merged Q4_1 and Q5_0 matmuls give each matrix's gemm() and the CPU kernel's bits", "[gpu][kernels][gemv]") {
-#if TANDEM_HAVE_CUDA
-  check_parts<k::BlockQ4_1>(GgmlType::kQ4_1, 43);
-  check_parts<k::BlockQ5_0>(GgmlType::kQ5_0, 53);
-#endif
-}
-
-TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_1 and Q5_0", "[gpu][parity]") {
-#if TANDEM_HAVE_CUDA
-  // Prefill of 37 + 17 tokens (the Tensor Core GEMM), one of 5 (the dp4a GEMM) and 6 decode
-  // steps (the GEMV), against the CPU executor: the first test::kEarlyRows rows to
-  // test::kLogitTolEarly, every row to test::kLogitTolQ4, as the Q4_0 models in
-  // test_gpu_executor.cpp. Then Tensor Cores and merged matmuls off give the same bits.
-  const std::string name = GENERATE(as<std::string>{}, "stories260K-q4_0", "synth-qwen2-small-q4_0");
-  INFO(name << " re-encoded as Q4_1 / Q5_0");
-  const auto model = Model::load(write_q4_1_q5_0_copy(name));
-  int q4_1 = 0, q5_0 = 0;
-  for (const auto& t : model->gguf().tensors()) {
-    q4_1 += t.type == GgmlType::kQ4_1;
-    q5_0 += t.type == GgmlType::kQ5_0;
-  }
-  REQUIRE(q4_1 > 0);
-  REQUIRE(q5_0 > 0);
+// Prefill of 37 + 17 tokens (the Tensor Core GEMM), one of 5 (the dp4a GEMM) and 6 decode
+// steps (the GEMV), against the CPU executor: the first test::kEarlyRows rows to
+// test::kLogitTolEarly, every row to test::kLogitTolQ4, as the Q4_0 models in
+// test_gpu_executor.cpp. Then Tensor Cores and merged matmuls off give the same bits.
+void check_logits_vs_cpu(const std::shared_ptr<const Model>& model) {
   const auto& hp = model->hparams();
   const int32_t n_vocab = hp.n_vocab;
   CpuQ4Executor cpu(model, CpuExecutorOptions{2});
@@ -258,45 +304,227 @@ TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_1 an
   plain.merge_matmuls = false;
   test::check_same_logits(model, GpuExecutorOptions{}, plain, std::span(ids).first(20), std::span(ids).subspan(7, 3),
                           {{ids[10]}, {ids[11], ids[14]}});
+}
+
+// The 32 signed values q - 8 of a Q4_0 block.
+std::array<int, 32> q4_0_values(const k::BlockQ4_0& b) {
+  std::array<int, 32> q{};
+  for (int e = 0; e < 32; ++e) q[size_t(e)] = (e < 16 ? b.qs[e] & 0x0F : b.qs[e - 16] >> 4) - 8;
+  return q;
+}
+
+// Eight Q4_0 blocks (d_j * v, v = q - 8) as one Q4_K or Q5_K block: sub-block j's weights are
+// a_j * u - o_j with a_j = |d_j|, u = v + 8 and o_j = 8 a_j for d_j >= 0, u = 7 - v and o_j =
+// 7 a_j for d_j < 0 (Q5_K: u + 16 and o_j + 16 a_j, so every fifth bit is set), a_j and o_j
+// rounded to the 6-bit multiples of d = max a_j / 63 and dmin = max o_j / 63: the nearest
+// Q4_K / Q5_K of the same weights, not the same values.
+template <class KB>
+KB encode_k_min(const k::BlockQ4_0* in) {
+  constexpr bool q5 = std::is_same_v<KB, k::BlockQ5_K>;
+  KB o{};
+  float a[8], off[8], amax = 0.0f, omax = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    const float d = k::fp16_bits_to_fp32(in[j].d);
+    a[j] = std::fabs(d);
+    off[j] = (d >= 0.0f ? 8.0f : 7.0f) * a[j] + (q5 ? 16.0f * a[j] : 0.0f);
+    amax = std::max(amax, a[j]);
+    omax = std::max(omax, off[j]);
+  }
+  o.d = k::fp32_to_fp16_bits(amax / 63.0f);
+  o.dmin = k::fp32_to_fp16_bits(omax / 63.0f);
+  const float dd = k::fp16_bits_to_fp32(o.d), dm = k::fp16_bits_to_fp32(o.dmin);
+  for (int j = 0; j < 8; ++j) {
+    const int sc = dd > 0.0f ? std::clamp(int(std::lround(a[j] / dd)), 0, 63) : 0;
+    const int mn = dm > 0.0f ? std::clamp(int(std::lround(off[j] / dm)), 0, 63) : 0;
+    if (j < 4) {
+      o.scales[j] = static_cast<uint8_t>(o.scales[j] | sc);
+      o.scales[j + 4] = static_cast<uint8_t>(o.scales[j + 4] | mn);
+    } else {
+      o.scales[j + 4] = static_cast<uint8_t>((sc & 0x0F) | (mn & 0x0F) << 4);
+      o.scales[j - 4] = static_cast<uint8_t>(o.scales[j - 4] | (sc >> 4) << 6);
+      o.scales[j] = static_cast<uint8_t>(o.scales[j] | (mn >> 4) << 6);
+    }
+    const bool pos = k::fp16_bits_to_fp32(in[j].d) >= 0.0f;
+    const auto v = q4_0_values(in[j]);
+    for (int e = 0; e < 32; ++e) {
+      const int u = (pos ? v[size_t(e)] + 8 : 7 - v[size_t(e)]) + (q5 ? 16 : 0);
+      uint8_t& byte = o.qs[32 * (j / 2) + e];
+      byte = static_cast<uint8_t>(byte | (u & 0x0F) << (j % 2 == 0 ? 0 : 4));
+      if constexpr (q5) o.qh[e] = static_cast<uint8_t>(o.qh[e] | (u >> 4) << j);
+    }
+  }
+  return o;
+}
+
+// Eight Q4_0 blocks as one Q6_K block: q = v + 32 (v = q4 - 8), both sub-block scales of
+// block j round(d_j / d), d = max |d_j| / 127 (the nearest Q6_K of the same weights).
+k::BlockQ6_K encode_q6_k(const k::BlockQ4_0* in) {
+  k::BlockQ6_K o{};
+  float amax = 0.0f;
+  for (int j = 0; j < 8; ++j) amax = std::max(amax, std::fabs(k::fp16_bits_to_fp32(in[j].d)));
+  o.d = k::fp32_to_fp16_bits(amax / 127.0f);
+  const float d = k::fp16_bits_to_fp32(o.d);
+  for (int j = 0; j < 8; ++j) {
+    const int s = d > 0.0f ? std::clamp(int(std::lround(k::fp16_bits_to_fp32(in[j].d) / d)), -128, 127) : 0;
+    o.scales[2 * j] = o.scales[2 * j + 1] = static_cast<int8_t>(s);
+    const auto v = q4_0_values(in[j]);
+    for (int l = 0; l < 32; ++l) {
+      const int e = 32 * j + l, h = e / 128, quarter = (e % 128) / 32, q = v[size_t(l)] + 32;
+      uint8_t& lo = o.ql[64 * h + 32 * (quarter % 2) + l];
+      lo = static_cast<uint8_t>(lo | (q & 0x0F) << (quarter < 2 ? 0 : 4));
+      o.qh[32 * h + l] = static_cast<uint8_t>(o.qh[32 * h + l] | (q >> 4) << (2 * quarter));
+    }
+  }
+  return o;
+}
+
+// One Q4_0 block as Q5_1, value for value: the same d, m = -16 d (exact in fp16) and the
+// 5-bit q = v + 16 (8..23: the fifth bit is set for v >= 0).
+k::BlockQ5_1 encode_q5_1(const k::BlockQ4_0& in) {
+  k::BlockQ5_1 o{};
+  o.d = in.d;
+  o.m = k::fp32_to_fp16_bits(-16.0f * k::fp16_bits_to_fp32(in.d));
+  uint32_t qh = 0;
+  const auto v = q4_0_values(in);
+  for (int e = 0; e < 32; ++e) {
+    const int q = v[size_t(e)] + 16;  // d * q - 16 d == d * v
+    qh |= uint32_t(q >> 4) << e;
+    o.qs[e % 16] = static_cast<uint8_t>(o.qs[e % 16] | (q & 0x0F) << (e < 16 ? 0 : 4));
+  }
+  std::memcpy(o.qh, &qh, sizeof qh);
+  return o;
+}
+
+// A copy of the shared Q4_0 model `name` (every Q4_0 matrix with k % 256 == 0) whose Q4_0
+// matrices are re-encoded in turn as Q4_K, Q6_K, Q5_K (the nearest of each, above) and Q5_1
+// (value for value), so a small model takes the four types through every GPU path.
+std::filesystem::path write_k_quant_copy(const std::string& name) {
+  const auto src = GgufFile::open(test::model_path(name));
+  GgufWriter w;
+  for (const auto& kv : src->metadata()) w.add_value(kv.key, kv.value);
+  int converted = 0;
+  for (const auto& t : src->tensors()) {
+    const GgufTensorInfo* info = &t;
+    if (t.type != GgmlType::kQ4_0 || t.ne.size() != 2) {
+      w.add_tensor(t.name, t.ne, t.type,
+                   [src, info](std::span<std::byte> dst) { std::memcpy(dst.data(), info->data, dst.size()); });
+      continue;
+    }
+    REQUIRE(t.ne[0] % 256 == 0);
+    const GgmlType types[4] = {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ5_1};
+    const GgmlType type = types[converted++ % 4];
+    w.add_tensor(t.name, t.ne, type, [src, info, type](std::span<std::byte> dst) {
+      const size_t count = info->n_elements / 32;
+      const auto* in = reinterpret_cast<const k::BlockQ4_0*>(info->data);
+      for (size_t b = 0; b < count; b += 8) {
+        if (type == GgmlType::kQ4_K) {
+          const auto o = encode_k_min<k::BlockQ4_K>(in + b);
+          std::memcpy(dst.data() + b / 8 * sizeof o, &o, sizeof o);
+        } else if (type == GgmlType::kQ5_K) {
+          const auto o = encode_k_min<k::BlockQ5_K>(in + b);
+          std::memcpy(dst.data() + b / 8 * sizeof o, &o, sizeof o);
+        } else if (type == GgmlType::kQ6_K) {
+          const auto o = encode_q6_k(in + b);
+          std::memcpy(dst.data() + b / 8 * sizeof o, &o, sizeof o);
+        } else {
+          for (size_t i = b; i < b + 8; ++i) {
+            const auto o = encode_q5_1(in[i]);
+            std::memcpy(dst.data() + i * sizeof o, &o, sizeof o);
+          }
+        }
+      }
+    });
+  }
+  const auto path = test::scratch_dir("quant-types-k-" + name) / (name + "-k-quants.gguf");
+  w.write(path);
+  return path;
+}
+
+}  // namespace
+#endif
+
+TEST_CASE("GPU Q4_1 and Q5_0 matmuls are the CPU kernels' bits on every ISA (docs/arithmetic.md)",
+          "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  check_against_cpu<k::BlockQ4_1>(GgmlType::kQ4_1, 41);
+  check_against_cpu<k::BlockQ5_0>(GgmlType::kQ5_0, 50);
+#endif
+}
+
+TEST_CASE("merged Q4_1 and Q5_0 matmuls give each matrix's gemm() and the CPU kernel's bits", "[gpu][kernels][gemv]") {
+#if TANDEM_HAVE_CUDA
+  check_parts<k::BlockQ4_1>(GgmlType::kQ4_1, 43);
+  check_parts<k::BlockQ5_0>(GgmlType::kQ5_0, 53);
+#endif
+}
+
+TEST_CASE("GPU Q5_1, Q4_K, Q5_K and Q6_K matmuls are the CPU kernels' bits on every ISA (docs/arithmetic.md)",
+          "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  check_against_cpu<k::BlockQ4_K>(GgmlType::kQ4_K, 44);
+  check_against_cpu<k::BlockQ6_K>(GgmlType::kQ6_K, 66);
+  check_against_cpu<k::BlockQ5_K>(GgmlType::kQ5_K, 55);
+  check_against_cpu<k::BlockQ5_1>(GgmlType::kQ5_1, 51);
+#endif
+}
+
+TEST_CASE("merged Q5_1, Q4_K, Q5_K and Q6_K matmuls give each matrix's gemm() and the CPU kernel's bits",
+          "[gpu][kernels][gemv]") {
+#if TANDEM_HAVE_CUDA
+  check_parts<k::BlockQ4_K>(GgmlType::kQ4_K, 45);
+  check_parts<k::BlockQ6_K>(GgmlType::kQ6_K, 67);
+  check_parts<k::BlockQ5_K>(GgmlType::kQ5_K, 57);
+  check_parts<k::BlockQ5_1>(GgmlType::kQ5_1, 59);
+#endif
+}
+
+TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_1 and Q5_0", "[gpu][parity]") {
+#if TANDEM_HAVE_CUDA
+  const std::string name = GENERATE(as<std::string>{}, "stories260K-q4_0", "synth-qwen2-small-q4_0");
+  INFO(name << " re-encoded as Q4_1 / Q5_0");
+  const auto model = Model::load(write_q4_1_q5_0_copy(name));
+  int q4_1 = 0, q5_0 = 0;
+  for (const auto& t : model->gguf().tensors()) {
+    q4_1 += t.type == GgmlType::kQ4_1;
+    q5_0 += t.type == GgmlType::kQ5_0;
+  }
+  REQUIRE(q4_1 > 0);
+  REQUIRE(q5_0 > 0);
+  check_logits_vs_cpu(model);
+#endif
+}
+
+TEST_CASE("GPU logits agree with the CPU's on small models re-encoded as Q4_K, Q6_K, Q5_K and Q5_1", "[gpu][parity]") {
+#if TANDEM_HAVE_CUDA
+  const std::string name = GENERATE(as<std::string>{}, "synth-qwen2-small-q4_0", "synth-llama-small-q4_0");
+  INFO(name << " re-encoded as Q4_K / Q6_K / Q5_K / Q5_1");
+  const auto model = Model::load(write_k_quant_copy(name));
+  std::map<GgmlType, int> count;
+  for (const auto& t : model->gguf().tensors()) ++count[t.type];
+  for (const GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ5_K, GgmlType::kQ5_1}) {
+    INFO(ggml_type_name(t));
+    REQUIRE(count[t] > 0);
+  }
+  check_logits_vs_cpu(model);
 #endif
 }
 
 TEST_CASE("SmolLM2's own Q4_1 matrices: GPU outputs are the CPU kernel's bits", "[gpu][kernels][isa]") {
 #if TANDEM_HAVE_CUDA
-  // The file's bytes (not random blocks) through the decode GEMV (m = 1), the dp4a GEMM
-  // (m = 6) and the Tensor Core GEMM (m = 16), against kernels/cpu gemm_q4_1_q8_0 on every
-  // ISA: Q, gate (n_ff rows) and down (k = n_ff) of the first and last layers.
-  const auto path = test::smollm2_q4_1_path();
-  if (!std::filesystem::exists(path)) {
-    WARN("SKIPPED: " << path << " is absent (scripts/fetch-smollm2 downloads it)");
-    return;
-  }
-  const auto file = GgufFile::open(path);
-  std::mt19937 g(29);
-  for (const char* name : {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
-                           "blk.29.attn_q.weight", "blk.29.ffn_down.weight"}) {
-    const GgufTensorInfo* t = file->find_tensor(name);
-    REQUIRE(t != nullptr);
-    REQUIRE(t->type == GgmlType::kQ4_1);
-    const int64_t kd = t->ne[0], n = t->n_rows(), nb = kd / 32;
-    const auto* w = reinterpret_cast<const k::BlockQ4_1*>(t->data);
-    for (const int64_t m : {int64_t{1}, int64_t{6}, int64_t{16}}) {
-      std::vector<float> x(size_t(m * kd));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (float& v : x) v = nd(g);
-      std::vector<k::BlockQ8_0> xq(size_t(m * nb));
-      for (int64_t c = 0; c < m; ++c) k::quantize_row_q8_0(&x[size_t(c * kd)], &xq[size_t(c * nb)], kd);
-      std::vector<float> gpu(size_t(m * n));
-      gpu_testing::gemm_q8_blocks(GgmlType::kQ4_1, w, n, kd, xq.data(), m, true, gpu.data());
-      for (const auto& isa : test::isas()) {
-        test::IsaScope scope(isa);
-        std::vector<float> cpu(gpu.size(), std::numeric_limits<float>::quiet_NaN());
-        k::gemm_q4_1_q8_0(w, xq.data(), cpu.data(), kd, m, n, 0, n);
-        INFO(name << " " << isa << " m " << m);
-        CHECK(test::same_bits(gpu, cpu));
-      }
-    }
-  }
+  // Q, gate (n_ff rows) and down (k = n_ff) of the first and last layers.
+  check_file_matrices<k::BlockQ4_1>(test::smollm2_q4_1_path(), GgmlType::kQ4_1,
+                                    {"blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight",
+                                     "blk.29.attn_q.weight", "blk.29.ffn_down.weight"});
+#endif
+}
+
+TEST_CASE("Gemma 3's own Q4_K and Q6_K matrices: GPU outputs are the CPU kernels' bits", "[gpu][kernels][isa]") {
+#if TANDEM_HAVE_CUDA
+  // The Q4_K_M file's attention outputs (Q4_K, k = 1024) and FFN downs (Q6_K, k = 2048) of
+  // the first and last layers (the GPU executor does not run Gemma 3 itself yet).
+  const auto path = test::gemma3_q4_k_m_path();
+  check_file_matrices<k::BlockQ4_K>(path, GgmlType::kQ4_K, {"blk.0.attn_output.weight", "blk.17.attn_output.weight"});
+  check_file_matrices<k::BlockQ6_K>(path, GgmlType::kQ6_K, {"blk.0.ffn_down.weight", "blk.17.ffn_down.weight"});
 #endif
 }
 

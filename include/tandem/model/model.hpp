@@ -20,8 +20,8 @@
 // projection is tied to `token_embd.weight`.
 //
 // Weight formats: the executors compute with F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K, Q6_K and Q8_0 weights (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: the CPU executor's own
-// kernels; the GPU executor converts them to Q8_0 at upload and says so), and a file's
+// Q5_K, Q6_K and Q8_0 weights (the CPU and GPU executors' own kernels, the same bits:
+// docs/arithmetic.md), and a file's
 // weights of those types are used as they are (memory-mapped). A 2-D weight of any other
 // type the reader accepts (Q2_K, Q3_K) has no kernel yet and is converted once at load, on a thread pool, as
 // ModelOptions::convert_to says:

@@ -13,6 +13,7 @@
 
 #include "cuda/cuda_kernels.hpp"
 #include "tandem/core/error.hpp"
+#include "tandem/model/model.hpp"  // GgmlType
 
 namespace tandem::gpu_detail {
 
@@ -91,15 +92,21 @@ class DevBuf {
 /// A quantised matrix in kernels/cuda's device layout (block_math.cuh), still on the host:
 /// the fields of its GGUF blocks split into arrays, nothing re-quantised.
 struct SplitBlocks {
-  std::vector<uint8_t> qs;   ///< [rows][nb][16] packed bytes (4-bit types) or [rows][nb][32] int8 (Q8_0)
-  std::vector<uint16_t> d;   ///< [rows][nb] fp16 scales
-  std::vector<uint16_t> m;   ///< Q4_1: [rows][nb] fp16 offsets; else empty
-  std::vector<uint32_t> qh;  ///< Q5_0: [rows][nb] fifth bits (little-endian qh); else empty
+  std::vector<uint8_t> qs;   ///< [rows][nb][16] low four bits (Q4_0 order) or [rows][nb][32] int8 (Q8_0)
+  std::vector<uint16_t> d;   ///< [rows][nb] fp16 scales (K-quants: [rows][nb / 8])
+  std::vector<uint16_t> m;   ///< Q4_1 / Q5_1: [rows][nb] fp16 offsets; Q4_K / Q5_K: [rows][nb / 8] dmin
+  std::vector<uint32_t> qh;  ///< Q5_0 / Q5_1 / Q5_K: [rows][nb] fifth bits; Q6_K: [rows][nb][2] top bits
+  std::vector<uint16_t> sc;  ///< K-quants: [rows][nb] sub-block scales (block_math.cuh); else empty
 };
 
-/// Splits `rows` rows of k / 32 GGUF blocks of the quantised `type` (Q4_0, Q8_0, Q4_1 or
-/// Q5_0; row r starts at data + r * row_bytes) into the device layout. Throws
-/// Error(kInvalidArgument) for a float type, k <= 0 or k % 32 != 0. Thread-safe.
+/// The GPU kernels' type for GGUF weights of `type`, or false when there is no GPU kernel
+/// for it (the quantised types but Q2_K, Q3_K and others; float types are not block types).
+bool gpu_quant_type(GgmlType type, kernels::cuda::WType& out) noexcept;
+
+/// Splits `rows` rows of k elements in GGUF blocks of the quantised `type` (Q4_0, Q8_0, Q4_1,
+/// Q5_0, Q5_1, Q4_K, Q5_K or Q6_K; row r starts at data + r * row_bytes) into the device
+/// layout (block_math.cuh). Throws Error(kInvalidArgument) for a float type, k <= 0, k % 32
+/// != 0 or, for a K-quant, k % 256 != 0. Thread-safe.
 SplitBlocks split_blocks(kernels::cuda::WType type, const std::byte* data, int64_t rows, int64_t k, size_t row_bytes);
 
 /// The attention kernels' score capacity on `device`, set up on the first call for that

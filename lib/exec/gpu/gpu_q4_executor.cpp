@@ -14,13 +14,12 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
-#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/cpu_kernels.hpp"
 #include "cuda/cuda_kernels.hpp"
 #include "exec/gpu/gpu_internal.hpp"
-#include "tandem/model/requantize.hpp"
 
 namespace tandem {
 
@@ -35,12 +34,106 @@ void cuda_check(cudaError_t e, const char* what) {
               fmt::format("CUDA: {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
-SplitBlocks split_blocks(ck::WType type, const std::byte* data, int64_t rows, int64_t k, size_t row_bytes) {
-  if (k <= 0 || k % kernels::kQK != 0 || rows < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("GPU executor: {} rows of {} elements do not split into blocks of 32", rows, k));
+bool gpu_quant_type(GgmlType type, ck::WType& out) noexcept {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      out = ck::WType::kQ4_0;
+      return true;
+    case GgmlType::kQ8_0:
+      out = ck::WType::kQ8_0;
+      return true;
+    case GgmlType::kQ4_1:
+      out = ck::WType::kQ4_1;
+      return true;
+    case GgmlType::kQ5_0:
+      out = ck::WType::kQ5_0;
+      return true;
+    case GgmlType::kQ5_1:
+      out = ck::WType::kQ5_1;
+      return true;
+    case GgmlType::kQ4_K:
+      out = ck::WType::kQ4_K;
+      return true;
+    case GgmlType::kQ5_K:
+      out = ck::WType::kQ5_K;
+      return true;
+    case GgmlType::kQ6_K:
+      out = ck::WType::kQ6_K;
+      return true;
+    default:
+      return false;
   }
-  size_t qbytes = kernels::kQK / 2, bbytes = 0, qs_at = sizeof(uint16_t);
+}
+
+namespace {
+
+// Sub-block j (0..7) of a K-quant block: the low four bits of its 32 values (at(kb, e): the
+// value of element e of the block) in Q4_0's order, byte i = element i low, 16 + i high.
+template <class KB, class At>
+void split_k_block(const KB& kb, int j, uint8_t* qs, At at) {
+  for (int e = 0; e < kernels::kQK / 2; ++e) {
+    qs[e] = static_cast<uint8_t>((at(kb, kernels::kQK * j + e) & 0x0F) |
+                                 (at(kb, kernels::kQK * j + kernels::kQK / 2 + e) & 0x0F) << 4);
+  }
+}
+
+// Rows of K-quant blocks (k % 256 == 0) into the device layout: see block_math.cuh.
+template <class KB>
+void split_k_rows(const std::byte* data, int64_t rows, int64_t k, size_t row_bytes, SplitBlocks& s) {
+  const size_t nb = size_t(k) / kernels::kQK, count = size_t(rows) * nb;
+  constexpr bool q6 = std::is_same_v<KB, kernels::BlockQ6_K>, q5 = std::is_same_v<KB, kernels::BlockQ5_K>;
+  s.qs.resize(count * kernels::kQK / 2);
+  s.d.resize(count / 8);
+  s.sc.resize(count);
+  if (!q6) s.m.resize(count / 8);
+  if (q6 || q5) s.qh.resize(q6 ? 2 * count : count);
+  for (size_t r = 0; r < size_t(rows); ++r) {
+    for (size_t sb = 0; sb < nb / 8; ++sb) {
+      KB kb;
+      std::memcpy(&kb, data + r * row_bytes + sb * sizeof(KB), sizeof(KB));
+      const size_t i0 = r * nb + sb * 8;
+      s.d[i0 / 8] = kb.d;
+      if constexpr (!q6) s.m[i0 / 8] = kb.dmin;
+      for (int j = 0; j < 8; ++j) {
+        const size_t i = i0 + size_t(j);
+        uint8_t* qs = &s.qs[i * kernels::kQK / 2];
+        if constexpr (q6) {
+          split_k_block(kb, j, qs, [](const KB& b, int e) { return kernels::q6k_at(b, e) + 32; });
+          for (int e = 0; e < kernels::kQK; ++e) {
+            const auto top = static_cast<uint32_t>(kernels::q6k_at(kb, kernels::kQK * j + e) + 32) >> 4;
+            s.qh[2 * i + size_t(e / 16)] |= top << (2 * (e % 16));
+          }
+          s.sc[i] = static_cast<uint16_t>(static_cast<uint8_t>(kb.scales[2 * j]) |
+                                          static_cast<uint8_t>(kb.scales[2 * j + 1]) << 8);
+        } else {
+          int sc = 0, mn = 0;
+          kernels::k4_scale_min(kb.scales, j, sc, mn);
+          s.sc[i] = static_cast<uint16_t>(sc | mn << 8);
+          if constexpr (q5) {
+            split_k_block(kb, j, qs, [](const KB& b, int e) { return kernels::q5k_at(b, e); });
+            for (int e = 0; e < kernels::kQK; ++e) {
+              s.qh[i] |= static_cast<uint32_t>(kernels::q5k_at(kb, kernels::kQK * j + e) >> 4) << e;
+            }
+          } else {
+            split_k_block(kb, j, qs, [](const KB& b, int e) { return kernels::q4k_at(b, e); });
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+SplitBlocks split_blocks(ck::WType type, const std::byte* data, int64_t rows, int64_t k, size_t row_bytes) {
+  const bool kquant = type == ck::WType::kQ4_K || type == ck::WType::kQ5_K || type == ck::WType::kQ6_K;
+  const int64_t block = kquant ? kernels::kQK_K : kernels::kQK;
+  if (k <= 0 || k % block != 0 || rows < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("GPU executor: {} rows of {} elements do not split into blocks of {}", rows, k, block));
+  }
+  SplitBlocks s;
+  size_t qbytes = kernels::kQK / 2, bbytes = 0, qs_at = sizeof(uint16_t), m_at = 0, qh_at = 0;
   switch (type) {
     case ck::WType::kQ4_0:
       bbytes = sizeof(kernels::BlockQ4_0);
@@ -50,29 +143,43 @@ SplitBlocks split_blocks(ck::WType type, const std::byte* data, int64_t rows, in
       break;
     case ck::WType::kQ4_1:
       bbytes = sizeof(kernels::BlockQ4_1), qs_at = offsetof(kernels::BlockQ4_1, qs);
+      m_at = offsetof(kernels::BlockQ4_1, m);
       break;
     case ck::WType::kQ5_0:
       bbytes = sizeof(kernels::BlockQ5_0), qs_at = offsetof(kernels::BlockQ5_0, qs);
+      qh_at = offsetof(kernels::BlockQ5_0, qh);
       break;
+    case ck::WType::kQ5_1:
+      bbytes = sizeof(kernels::BlockQ5_1), qs_at = offsetof(kernels::BlockQ5_1, qs);
+      m_at = offsetof(kernels::BlockQ5_1, m), qh_at = offsetof(kernels::BlockQ5_1, qh);
+      break;
+    case ck::WType::kQ4_K:
+      split_k_rows<kernels::BlockQ4_K>(data, rows, k, row_bytes, s);
+      return s;
+    case ck::WType::kQ5_K:
+      split_k_rows<kernels::BlockQ5_K>(data, rows, k, row_bytes, s);
+      return s;
+    case ck::WType::kQ6_K:
+      split_k_rows<kernels::BlockQ6_K>(data, rows, k, row_bytes, s);
+      return s;
     case ck::WType::kF32:
     case ck::WType::kF16:
     case ck::WType::kBF16:
       throw Error(ErrorCode::kInvalidArgument, "GPU executor: float weights have no block layout");
   }
-  SplitBlocks s;
   const size_t nb = size_t(k) / kernels::kQK, count = size_t(rows) * nb;
   s.qs.resize(count * qbytes);
   s.d.resize(count);
-  if (type == ck::WType::kQ4_1) s.m.resize(count);
-  if (type == ck::WType::kQ5_0) s.qh.resize(count);
+  if (m_at != 0) s.m.resize(count);
+  if (qh_at != 0) s.qh.resize(count);
   for (size_t r = 0; r < size_t(rows); ++r) {
     for (size_t b = 0; b < nb; ++b) {
       const std::byte* blk = data + r * row_bytes + b * bbytes;
       const size_t i = r * nb + b;
       std::memcpy(&s.d[i], blk, sizeof(uint16_t));
       std::memcpy(&s.qs[i * qbytes], blk + qs_at, qbytes);
-      if (type == ck::WType::kQ4_1) std::memcpy(&s.m[i], blk + offsetof(kernels::BlockQ4_1, m), sizeof(uint16_t));
-      if (type == ck::WType::kQ5_0) std::memcpy(&s.qh[i], blk + offsetof(kernels::BlockQ5_0, qh), sizeof(uint32_t));
+      if (m_at != 0) std::memcpy(&s.m[i], blk + m_at, sizeof(uint16_t));
+      if (qh_at != 0) std::memcpy(&s.qh[i], blk + qh_at, sizeof(uint32_t));
     }
   }
   return s;
@@ -248,18 +355,7 @@ struct DeviceWeights {
     }
     output_norm = upload_f32(m.output_norm(), "output_norm");
     output = upload_matrix(m.output());
-    if (!converted.empty()) {
-      std::string what;
-      for (const auto& [type, count] : converted) {
-        what += fmt::format("{}{} {}", what.empty() ? "" : ", ", count, ggml_type_name(type));
-      }
-      fmt::print(stderr,
-                 "tandem: GPU executor: weights converted to Q8_0 for the GPU (no GPU kernel for their type; the CPU "
-                 "executor runs them as they are, so this model's CPU and GPU logits differ slightly): {}\n",
-                 what);
-    }
   }
-  std::map<GgmlType, int> converted;  ///< weights converted to Q8_0 at upload, per file type
 
   const void* upload_bytes(const void* src, size_t n) {
     mem.emplace_back(n);
@@ -292,25 +388,19 @@ struct DeviceWeights {
     w.d = upload_vector(s.d);
     w.m = upload_vector(s.m);
     w.qh = upload_vector(s.qh);
+    w.sc = upload_vector(s.sc);
     return w;
   }
 
-  // Quantised weights with a GPU kernel through upload_quant, float weights as they are,
-  // other types converted to Q8_0.
+  // Quantised weights through upload_quant, float weights as they are. Model::load leaves
+  // only types with a kernel (it converts the others); any other type is refused.
   ck::DevWeight upload_matrix(const TensorView& t) {
     ck::DevWeight w;
     w.n = t.n;
     w.k = t.k;
     const size_t n = size_t(t.n);
+    if (ck::WType q; gpu_detail::gpu_quant_type(t.type, q)) return upload_quant(t, q);
     switch (t.type) {
-      case GgmlType::kQ4_0:
-        return upload_quant(t, ck::WType::kQ4_0);
-      case GgmlType::kQ8_0:
-        return upload_quant(t, ck::WType::kQ8_0);
-      case GgmlType::kQ4_1:
-        return upload_quant(t, ck::WType::kQ4_1);
-      case GgmlType::kQ5_0:
-        return upload_quant(t, ck::WType::kQ5_0);
       case GgmlType::kF32:
         w.type = ck::WType::kF32;
         w.q = upload_bytes(t.data, t.row_bytes * n);
@@ -323,21 +413,9 @@ struct DeviceWeights {
         w.type = ck::WType::kBF16;
         w.q = upload_bytes(t.data, t.row_bytes * n);
         break;
-      default: {  // a type without a GPU kernel: Q8_0 (the CPU's load conversion bytes), said at load
-        if (t.info == nullptr) {
-          throw Error(ErrorCode::kModelBadTensorShape,
-                      fmt::format("GPU executor: no kernel for {} weights", ggml_type_name(t.type)));
-        }
-        std::vector<std::byte> q8(n * (size_t(t.k) / kernels::kQK) * sizeof(kernels::BlockQ8_0));
-        std::vector<float> scratch(size_t(t.k));
-        requantize_rows(*t.info, GgmlType::kQ8_0, 0, t.n, q8.data(), scratch.data());
-        TensorView c = t;
-        c.type = GgmlType::kQ8_0;
-        c.data = q8.data();
-        c.row_bytes = q8.size() / n;
-        ++converted[t.type];
-        return upload_matrix(c);
-      }
+      default:
+        throw Error(ErrorCode::kModelBadTensorShape,
+                    fmt::format("GPU executor: no kernel for {} weights", ggml_type_name(t.type)));
     }
     return w;
   }

@@ -103,31 +103,23 @@ ck::KvArgs layer1_kv_args(const DevBuf& table, const DevBuf& page_off, const Dev
 
 // GGUF blocks of `type` [n][nb] -> the device layout (block_math.cuh), as the executor uploads them.
 struct QuantBufs {
-  DevBuf qs, d, m, qh;
+  DevBuf qs, d, m, qh, sc;
 };
 ck::DevWeight upload_quant_weight(GgmlType type, const void* blocks, int64_t n, int64_t k, QuantBufs& b) {
   ck::WType wtype = ck::WType::kQ4_0;
-  switch (type) {
-    case GgmlType::kQ4_0:
-      break;
-    case GgmlType::kQ8_0:
-      wtype = ck::WType::kQ8_0;
-      break;
-    case GgmlType::kQ4_1:
-      wtype = ck::WType::kQ4_1;
-      break;
-    case GgmlType::kQ5_0:
-      wtype = ck::WType::kQ5_0;
-      break;
-    default:
-      throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no GPU kernel for this weight type");
+  if (!gpu_detail::gpu_quant_type(type, wtype)) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no GPU kernel for this weight type");
+  }
+  if (k % ggml_block_elements(type) != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: k is not a whole number of the type's blocks");
   }
   const auto s = gpu_detail::split_blocks(wtype, static_cast<const std::byte*>(blocks), n, k,
-                                          size_t(k) / kernels::kQK * size_t(ggml_block_bytes(type)));
+                                          size_t(k / ggml_block_elements(type)) * size_t(ggml_block_bytes(type)));
   to_device(b.qs, s.qs.data(), s.qs.size());
   to_device(b.d, s.d.data(), s.d.size());
   to_device(b.m, s.m.data(), s.m.size());
   to_device(b.qh, s.qh.data(), s.qh.size());
+  to_device(b.sc, s.sc.data(), s.sc.size());
   ck::DevWeight w;
   w.type = wtype;
   w.n = n;
@@ -136,6 +128,7 @@ ck::DevWeight upload_quant_weight(GgmlType type, const void* blocks, int64_t n, 
   w.d = b.d.as<uint16_t>();
   if (!s.m.empty()) w.m = b.m.as<uint16_t>();
   if (!s.qh.empty()) w.qh = b.qh.as<uint32_t>();
+  if (!s.sc.empty()) w.sc = b.sc.as<uint16_t>();
   return w;
 }
 

@@ -14,12 +14,12 @@ namespace tandem::gpu_testing {
 /// floats quantised to Q8_0 on the device; the device output is filled with NaN first.
 /// Throws Error(kInvalidArgument) without a device.
 void gemm_q4_0(const void* w_blocks, int64_t n, int64_t k, const float* x, int64_t m, float* y, int device = 0);
-/// Quantised GEMM on given blocks: W [n][k/32] GGUF blocks of `wtype` (Q4_0, Q8_0, Q4_1 or
-/// Q5_0, uploaded as the executor does), X [m][k/32] GGUF Q8_0 blocks taken as they are (any
+/// Quantised GEMM on given blocks: W [n rows of k] GGUF blocks of `wtype` (Q4_0, Q8_0, Q4_1,
+/// Q5_0, Q5_1, Q4_K, Q5_K or Q6_K, uploaded as the executor does), X [m][k/32] GGUF Q8_0 blocks taken as they are (any
 /// int8, -128 included); y [m][n] floats from kernels/cuda gemm() with `tensor_cores` as
 /// passed (the Tensor Core kernel for m >= 16 when true, the dp4a kernels otherwise). The
 /// device output is NaN-filled first. Throws Error(kInvalidArgument) without a device, for
-/// k % 32 != 0 or another weight type.
+/// k % 32 != 0 (a K-quant: k % 256 != 0) or another weight type.
 void gemm_q8_blocks(GgmlType wtype, const void* w_blocks, int64_t n, int64_t k, const void* x_blocks, int64_t m,
                     bool tensor_cores, float* y, int device = 0);
 /// Several weight matrices times the same activations, as gemm_q8_blocks: w_blocks[i] with
