@@ -68,8 +68,8 @@ inline std::filesystem::path smollm2_q4_1_path() {
   if (const char* env = std::getenv("TANDEM_SMOLLM2"); env && *env) return env;
   return cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf";
 }
-/// Gemma 3 270M as the PyPI chunk packages assemble it (Q4_K_M; its Q4_K / Q6_K weights converted to Q8_0 at load,
-/// or all to Q4_0 when asked; scripts/fetch-gemma3); TANDEM_GEMMA3 overrides. Tests that need it SKIP when absent.
+/// Gemma 3 270M as the PyPI chunk packages assemble it (Q4_K_M, run in its own types; all converted to Q4_0 when
+/// asked; scripts/fetch-gemma3); TANDEM_GEMMA3 overrides. Tests that need it SKIP when absent.
 inline std::filesystem::path gemma3_q4_k_m_path() {
   if (const char* env = std::getenv("TANDEM_GEMMA3"); env && *env) return env;
   return cache_dir() / "gemma-3-270m-q4_k_m.gguf";
