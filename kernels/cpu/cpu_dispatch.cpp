@@ -166,72 +166,81 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
   K().gemm_bf16_f32(w, x, y, k, m, ldy, r0, r1);
 }
 
-void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, int64_t g0, int64_t g1) noexcept {
+namespace {
+
+/// The 8-row repack loop shared by every x8 layout: record (g, b) of `out` gets block b of
+/// rows 8g .. 8g + 7 through row(record, r, block), or pad(record, r) past row n.
+template <class TB, class TO, class Row, class Pad>
+void repack_x8(const TB* w, int64_t n, int64_t k, TO* out, int64_t g0, int64_t g1, Row row, Pad pad) noexcept {
   const int64_t nb = k / kQK;
   for (int64_t g = g0; g < g1; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
-      BlockQ4_0x8& o = out[g * nb + b];
+      TO& o = out[g * nb + b];
       for (int r = 0; r < 8; ++r) {
-        const int64_t row = g * 8 + r;
-        if (row < n) {
-          const BlockQ4_0& src = w[row * nb + b];
-          o.d[r] = src.d;
-          for (int j = 0; j < 4; ++j) std::memcpy(o.qs + 32 * j + 4 * r, src.qs + 4 * j, 4);
-        } else {  // padding row: scale 0, every weight q = 8 (value 0)
-          o.d[r] = 0;
-          for (int j = 0; j < 4; ++j) std::memset(o.qs + 32 * j + 4 * r, 0x88, 4);
+        if (g * 8 + r < n) {
+          row(o, r, w[(g * 8 + r) * nb + b]);
+        } else {
+          pad(o, r);
         }
       }
     }
   }
+}
+
+/// Chunk j's 32-bit lane r of the x8 layouts' qs: the block's bytes 4j .. 4j + 3.
+template <class TO>
+void put_nibbles(TO& o, int r, const uint8_t* qs) noexcept {
+  for (int j = 0; j < 4; ++j) std::memcpy(o.qs + 32 * j + 4 * r, qs + 4 * j, 4);
+}
+template <class TO>
+void fill_nibbles(TO& o, int r, int byte) noexcept {
+  for (int j = 0; j < 4; ++j) std::memset(o.qs + 32 * j + 4 * r, byte, 4);
+}
+
+}  // namespace
+
+void repack_q4_0x8(const BlockQ4_0* w, int64_t n, int64_t k, BlockQ4_0x8* out, int64_t g0, int64_t g1) noexcept {
+  repack_x8(
+      w, n, k, out, g0, g1,
+      [](BlockQ4_0x8& o, int r, const BlockQ4_0& src) {
+        o.d[r] = src.d;
+        put_nibbles(o, r, src.qs);
+      },
+      [](BlockQ4_0x8& o, int r) {  // padding row: scale 0, every weight q = 8 (value 0)
+        o.d[r] = 0;
+        fill_nibbles(o, r, 0x88);
+      });
 }
 void repack_q4_1x8(const BlockQ4_1* w, int64_t n, int64_t k, BlockQ4_1x8* out, int64_t g0, int64_t g1) noexcept {
-  const int64_t nb = k / kQK;
-  for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t b = 0; b < nb; ++b) {
-      BlockQ4_1x8& o = out[g * nb + b];
-      for (int r = 0; r < 8; ++r) {
-        const int64_t row = g * 8 + r;
-        if (row < n) {
-          const BlockQ4_1& src = w[row * nb + b];
-          o.d[r] = src.d;
-          o.m[r] = src.m;
-          for (int j = 0; j < 4; ++j) std::memcpy(o.qs + 32 * j + 4 * r, src.qs + 4 * j, 4);
-        } else {  // padding row: scale and min 0, every nibble 0
-          o.d[r] = 0;
-          o.m[r] = 0;
-          for (int j = 0; j < 4; ++j) std::memset(o.qs + 32 * j + 4 * r, 0, 4);
-        }
-      }
-    }
-  }
+  repack_x8(
+      w, n, k, out, g0, g1,
+      [](BlockQ4_1x8& o, int r, const BlockQ4_1& src) {
+        o.d[r] = src.d;
+        o.m[r] = src.m;
+        put_nibbles(o, r, src.qs);
+      },
+      [](BlockQ4_1x8& o, int r) {  // padding row: scale and min 0, every nibble 0
+        o.d[r] = 0;
+        o.m[r] = 0;
+        fill_nibbles(o, r, 0);
+      });
 }
 void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, int64_t g0, int64_t g1) noexcept {
-  const int64_t nb = k / kQK;
-  for (int64_t g = g0; g < g1; ++g) {
-    for (int64_t b = 0; b < nb; ++b) {
-      BlockQ5_0x8& o = out[g * nb + b];
-      for (int r = 0; r < 8; ++r) {
-        const int64_t row = g * 8 + r;
-        if (row < n) {
-          const BlockQ5_0& src = w[row * nb + b];
-          uint32_t h;
-          std::memcpy(&h, src.qh, sizeof h);
-          o.d[r] = src.d;
-          for (int j = 0; j < 4; ++j) {
-            std::memcpy(o.qs + 32 * j + 4 * r, src.qs + 4 * j, 4);
-            o.qh[8 * j + r] = static_cast<uint8_t>(((h >> (4 * j)) & 0x0F) | (((h >> (16 + 4 * j)) & 0x0F) << 4));
-          }
-        } else {  // padding row: scale 0, every weight q = 16 (value 0)
-          o.d[r] = 0;
-          for (int j = 0; j < 4; ++j) {
-            std::memset(o.qs + 32 * j + 4 * r, 0, 4);
-            o.qh[8 * j + r] = 0xFF;
-          }
-        }
-      }
-    }
-  }
+  repack_x8(
+      w, n, k, out, g0, g1,
+      [](BlockQ5_0x8& o, int r, const BlockQ5_0& src) {
+        uint32_t h;
+        std::memcpy(&h, src.qh, sizeof h);
+        o.d[r] = src.d;
+        put_nibbles(o, r, src.qs);
+        for (int j = 0; j < 4; ++j)
+          o.qh[8 * j + r] = static_cast<uint8_t>(((h >> (4 * j)) & 0x0F) | (((h >> (16 + 4 * j)) & 0x0F) << 4));
+      },
+      [](BlockQ5_0x8& o, int r) {  // padding row: scale 0, every weight q = 16 (value 0)
+        o.d[r] = 0;
+        fill_nibbles(o, r, 0);
+        for (int j = 0; j < 4; ++j) o.qh[8 * j + r] = 0xFF;
+      });
 }
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
