@@ -450,85 +450,70 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   }
 }
 
-// gemm_q4_0x8_q8_0 (cpu_kernels.hpp), one (row, column) at a time: the quantised dot
-// arithmetic on the repacked layout.
+// The repacked gemms (gemm_q4_0x8_q8_0 and its Q4_1 / Q5_0 twins, cpu_kernels.hpp), one
+// (row, column) at a time: block b's term p_b = p(record, lane, activation block) into the
+// 32 lanes and the tree.
+template <class TB, class P>
+void s_gemm_x8(const TB* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0, int64_t r1,
+               P p) noexcept {
+  const int64_t nb = k / kQK;
+  for (int64_t c = 0; c < m; ++c) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const TB* wg = w + (r / 8) * nb;
+      const int lane = static_cast<int>(r % 8);
+      Lanes32 lanes;
+      for (int64_t b = 0; b < nb; ++b) lanes.add(b, p(wg[b], lane, x[c * nb + b]));
+      y[c * ldy + r] = lanes.tree();
+    }
+  }
+}
+
+// Q4_0: the quantised dot arithmetic, q = nibble - 8.
 void s_gemm_q4_0x8_q8_0(const BlockQ4_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
                         int64_t r0, int64_t r1) noexcept {
-  const int64_t nb = k / kQK;
-  for (int64_t c = 0; c < m; ++c) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const BlockQ4_0x8* wg = w + (r / 8) * nb;
-      const int lane = static_cast<int>(r % 8);
-      Lanes32 lanes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_0& xb = x[c * nb + b];
-        int32_t s = 0;
-        for (int j = 0; j < 4; ++j)
-          for (int i = 0; i < 4; ++i) {
-            const int q = wg[b].qs[32 * j + 4 * lane + i];
-            s += ((q & 0x0F) - 8) * xb.qs[4 * j + i] + ((q >> 4) - 8) * xb.qs[16 + 4 * j + i];
-          }
-        lanes.add(b, block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s));
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ4_0x8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t s = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * j + 4 * lane + i];
+        s += ((q & 0x0F) - 8) * xb.qs[4 * j + i] + ((q >> 4) - 8) * xb.qs[16 + 4 * j + i];
       }
-      y[c * ldy + r] = lanes.tree();
-    }
-  }
+    return block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
+  });
 }
 
-// gemm_q4_1x8_q8_0, one (row, column) at a time: s_vec_dot_q4_1_q8_0's arithmetic on the
-// repacked layout.
+// Q4_1: s_vec_dot_q4_1_q8_0's arithmetic.
 void s_gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
                         int64_t r0, int64_t r1) noexcept {
-  const int64_t nb = k / kQK;
-  for (int64_t c = 0; c < m; ++c) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const BlockQ4_1x8* wg = w + (r / 8) * nb;
-      const int lane = static_cast<int>(r % 8);
-      Lanes32 lanes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_0& xb = x[c * nb + b];
-        int32_t s = 0, t = 0;
-        for (int j = 0; j < 4; ++j)
-          for (int i = 0; i < 4; ++i) {
-            const int q = wg[b].qs[32 * j + 4 * lane + i];
-            s += (q & 0x0F) * xb.qs[4 * j + i] + (q >> 4) * xb.qs[16 + 4 * j + i];
-            t += xb.qs[4 * j + i] + xb.qs[16 + 4 * j + i];
-          }
-        const float ps = block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s);
-        const float pm = block_scale_product(wg[b].m[lane], xb.d) * static_cast<float>(t);
-        lanes.add(b, ps + pm);
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ4_1x8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t s = 0, t = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * j + 4 * lane + i];
+        s += (q & 0x0F) * xb.qs[4 * j + i] + (q >> 4) * xb.qs[16 + 4 * j + i];
+        t += xb.qs[4 * j + i] + xb.qs[16 + 4 * j + i];
       }
-      y[c * ldy + r] = lanes.tree();
-    }
-  }
+    const float ps = block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
+    const float pm = block_scale_product(wb.m[lane], xb.d) * static_cast<float>(t);
+    return ps + pm;
+  });
 }
 
-// gemm_q5_0x8_q8_0, one (row, column) at a time: s_dot_q's Q5_0 arithmetic on the
-// repacked layout (q = the nibble plus 16 times its fifth bit, minus 16).
+// Q5_0: s_dot_q's Q5_0 arithmetic (q = the nibble plus 16 times its fifth bit, minus 16).
 void s_gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
                         int64_t r0, int64_t r1) noexcept {
-  const int64_t nb = k / kQK;
-  for (int64_t c = 0; c < m; ++c) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const BlockQ5_0x8* wg = w + (r / 8) * nb;
-      const int lane = static_cast<int>(r % 8);
-      Lanes32 lanes;
-      for (int64_t b = 0; b < nb; ++b) {
-        const BlockQ8_0& xb = x[c * nb + b];
-        int32_t s = 0;
-        for (int j = 0; j < 4; ++j) {
-          const int h = wg[b].qh[8 * j + lane];
-          for (int i = 0; i < 4; ++i) {
-            const int q = wg[b].qs[32 * j + 4 * lane + i];
-            const int lo = (q & 0x0F) | (((h >> i) & 1) << 4), hi = (q >> 4) | (((h >> (4 + i)) & 1) << 4);
-            s += (lo - 16) * xb.qs[4 * j + i] + (hi - 16) * xb.qs[16 + 4 * j + i];
-          }
-        }
-        lanes.add(b, block_scale_product(wg[b].d[lane], xb.d) * static_cast<float>(s));
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ5_0x8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t s = 0;
+    for (int j = 0; j < 4; ++j) {
+      const int h = wb.qh[8 * j + lane];
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * j + 4 * lane + i];
+        const int lo = (q & 0x0F) | (((h >> i) & 1) << 4), hi = (q >> 4) | (((h >> (4 + i)) & 1) << 4);
+        s += (lo - 16) * xb.qs[4 * j + i] + (hi - 16) * xb.qs[16 + 4 * j + i];
       }
-      y[c * ldy + r] = lanes.tree();
     }
-  }
+    return block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
+  });
 }
 
 bool s_thread_prepare() noexcept {
