@@ -34,38 +34,37 @@ inline std::string cpu_only_gpu_layers_error(std::string_view tool, std::string_
       value, tool);
 }
 
-/// Whether `value` is one of llama.cpp's layer counts other than 0: a whole integer of any
-/// size or sign that is not 0, or "auto" / "all".
-inline bool is_nonzero_layer_count(std::string_view value) {
-  if (value == "auto" || value == "all") return true;
+/// One llama.cpp layer count as typed: a whole integer of any size or sign (`beyond_int64`
+/// when it does not fit int64_t; llama.cpp reads it as "every layer" then), llama.cpp's
+/// "auto" / "all", or not a count (`valid` false). The one parse behind the checks below.
+struct LayerCount {
+  bool valid = false;
+  bool all = false;  ///< "auto" or "all"
+  bool beyond_int64 = false;
+  int64_t n = 0;
+};
+inline LayerCount parse_layer_count(std::string_view value) {
+  if (value == "auto" || value == "all") return {true, true, false, 0};
   int64_t n = 0;
   const char* end = value.data() + value.size();
   const auto [ptr, ec] = std::from_chars(value.data(), end, n);
-  if (value.empty() || ptr != end) return false;
-  return ec == std::errc::result_out_of_range || (ec == std::errc() && n != 0);
+  if (value.empty() || ptr != end) return {};
+  if (ec == std::errc::result_out_of_range) return {true, false, true, 0};
+  return {ec == std::errc(), false, false, n};
+}
+
+/// Whether `value` is one of llama.cpp's layer counts other than 0: a whole integer of any
+/// size or sign that is not 0, or "auto" / "all".
+inline bool is_nonzero_layer_count(std::string_view value) {
+  const LayerCount c = parse_layer_count(value);
+  return c.valid && (c.all || c.beyond_int64 || c.n != 0);
 }
 
 /// "" when `value` is a layer count as llama.cpp takes one (an integer of any size or sign,
 /// "auto", "all"); otherwise the usage error naming it.
 inline std::string check_layer_count(std::string_view value) {
-  if (value == "auto" || value == "all") return "";
-  int64_t n = 0;
-  const char* end = value.data() + value.size();
-  const auto [ptr, ec] = std::from_chars(value.data(), end, n);
-  if (!value.empty() && ptr == end && (ec == std::errc() || ec == std::errc::result_out_of_range)) return "";
+  if (parse_layer_count(value).valid) return "";
   return fmt::format("--n-gpu-layers '{}' is not a layer count (an integer; llama.cpp also takes auto or all)", value);
-}
-
-/// Checks one llama.cpp -ngl value for a CPU-only `tool`: "" for a whole integer equal to 0
-/// ("0", "-0", "00"); cpu_only_gpu_layers_error() for another integer or llama.cpp's "auto" /
-/// "all"; otherwise a usage error naming the value, quoted so that stray spaces show.
-inline std::string check_cpu_only_gpu_layers(std::string_view tool, std::string_view value) {
-  int64_t n = 0;
-  const char* end = value.data() + value.size();
-  const auto [ptr, ec] = std::from_chars(value.data(), end, n);
-  if (!value.empty() && ptr == end && ec == std::errc()) return n == 0 ? "" : cpu_only_gpu_layers_error(tool, value);
-  if (std::string bad = check_layer_count(value); !bad.empty()) return bad;
-  return cpu_only_gpu_layers_error(tool, value);
 }
 
 /// tandem-cli's reading of llama.cpp's -ngl `value` for a model of `n_layer` layers. Tandem
@@ -78,12 +77,10 @@ struct GpuLayers {
   std::string error;
 };
 inline GpuLayers whole_model_gpu_layers(std::string_view value, int32_t n_layer) {
-  if (std::string bad = check_layer_count(value); !bad.empty()) return {false, std::move(bad)};
-  if (value == "auto" || value == "all") return {true, ""};
-  int64_t n = 0;
-  const auto ec = std::from_chars(value.data(), value.data() + value.size(), n).ec;
-  if (ec == std::errc::result_out_of_range || n < 0 || n >= n_layer) return {true, ""};
-  if (n == 0) return {false, ""};
+  const LayerCount c = parse_layer_count(value);
+  if (!c.valid) return {false, check_layer_count(value)};
+  if (c.all || c.beyond_int64 || c.n < 0 || c.n >= n_layer) return {true, ""};
+  if (c.n == 0) return {false, ""};
   return {false, fmt::format("--n-gpu-layers {}: Tandem runs every layer on one executor (no partial offload): 0 "
                              "runs the CPU executor, all, -1 or a count >= the model's {} layers the GPU executor",
                              value, n_layer)};
