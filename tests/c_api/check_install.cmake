@@ -30,59 +30,58 @@ foreach(t IN LISTS tools)
   endif()
 endforeach()
 
-# The one ```c block of README.md, as written.
 file(READ "${SOURCE}/README.md" readme)
-string(FIND "${readme}" "\n```c\n" start)
-if(start EQUAL -1)
-  fail("README.md has no ```c block")
-endif()
-math(EXPR start "${start} + 6")
-string(SUBSTRING "${readme}" ${start} -1 rest)
-string(FIND "${rest}" "\n```" stop)
-string(SUBSTRING "${rest}" 0 ${stop} program)
-file(WRITE "${work}/app.c" "${program}\n")
 set(sanitize_flags "")
 if(SANITIZE)
   set(sanitize_flags "-fsanitize=${SANITIZE}")
 endif()
-execute_process(COMMAND "${CC}" -std=c99 -Wall -Wextra -Wpedantic -Werror -pedantic-errors ${sanitize_flags} "${work}/app.c"
-                        -I "${prefix}/include" -L "${prefix}/lib" -ltandem "-Wl,-rpath,${prefix}/lib"
-                        -o "${work}/app"
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  fail("README.md's C program does not compile against the install:\n${out}${err}")
-endif()
-execute_process(COMMAND "${work}/app" "${MODEL}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "\\[64 tokens, finish reason 2\\]")
-  fail("README.md's C program: rc ${rc}, stdout '${out}', stderr '${err}'")
-endif()
-string(FIND "${out}" "\n[64 tokens" text_end)
-if(text_end LESS 10)
-  fail("README.md's C program streamed no text: '${out}'")
-endif()
-set(c_out "${out}")
 
-# The ```cpp block of README.md that begins with "// app.cpp", as written.
-string(FIND "${readme}" "\n```cpp\n// app.cpp" start)
-if(start EQUAL -1)
-  fail("README.md has no ```cpp block starting with // app.cpp")
+# The README.md block opened by the line `fence` whose text begins with `first_line`, as
+# written, into ${work}/${file}.
+function(readme_block fence first_line file)
+  string(FIND "${readme}" "\n${fence}\n${first_line}" start)
+  if(start EQUAL -1)
+    fail("README.md has no ${fence} block starting with '${first_line}'")
+  endif()
+  string(LENGTH "\n${fence}\n" fence_length)
+  math(EXPR start "${start} + ${fence_length}")
+  string(SUBSTRING "${readme}" ${start} -1 rest)
+  string(FIND "${rest}" "\n```" stop)
+  string(SUBSTRING "${rest}" 0 ${stop} program)
+  file(WRITE "${work}/${file}" "${program}\n")
+endfunction()
+
+# Compiles ${work}/${source} with `compiler` and the flags after the named arguments
+# against the install, runs it on the model, and checks that it exits 0 with stdout
+# matching `regex`; the stdout in ${out_var}.
+function(build_and_run what compiler source regex out_var)
+  execute_process(COMMAND "${compiler}" ${ARGN} ${sanitize_flags} "${work}/${source}" -I "${prefix}/include"
+                          -L "${prefix}/lib" -ltandem "-Wl,-rpath,${prefix}/lib" -o "${work}/${source}.bin"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    fail("${what} does not compile against the install:\n${out}${err}")
+  endif()
+  execute_process(COMMAND "${work}/${source}.bin" "${MODEL}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "${regex}")
+    fail("${what}: rc ${rc}, stdout '${out}', stderr '${err}'")
+  endif()
+  set(${out_var} "${out}" PARENT_SCOPE)
+endfunction()
+
+# The one ```c block of README.md, as C99 with warnings as errors; it streams text.
+readme_block("```c" "" app.c)
+build_and_run("README.md's C program" "${CC}" app.c "\\[64 tokens, finish reason 2\\]" c_out -std=c99 -Wall
+              -Wextra -Wpedantic -Werror -pedantic-errors)
+string(FIND "${c_out}" "\n[64 tokens" text_end)
+if(text_end LESS 10)
+  fail("README.md's C program streamed no text: '${c_out}'")
 endif()
-math(EXPR start "${start} + 8")
-string(SUBSTRING "${readme}" ${start} -1 rest)
-string(FIND "${rest}" "\n```" stop)
-string(SUBSTRING "${rest}" 0 ${stop} program)
-file(WRITE "${work}/app.cpp" "${program}\n")
-execute_process(COMMAND "${CXX}" -std=c++17 -Wall -Wextra -Wpedantic -Werror ${sanitize_flags} "${work}/app.cpp"
-                        -I "${prefix}/include" -L "${prefix}/lib" -ltandem "-Wl,-rpath,${prefix}/lib"
-                        -o "${work}/app-cpp"
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  fail("README.md's C++ program does not compile against the install:\n${out}${err}")
-endif()
-execute_process(COMMAND "${work}/app-cpp" "${MODEL}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0 OR NOT out MATCHES "\\[[0-9]+ tokens, finish reason [0-9]\\]\n.*\\[request [0-9]+: [0-9]+ tokens\\]")
-  fail("README.md's C++ program: rc ${rc}, stdout '${out}', stderr '${err}'")
-endif()
+
+# The ```cpp block of README.md that begins with "// app.cpp", as C++17.
+readme_block("```cpp" "// app.cpp" app.cpp)
+build_and_run("README.md's C++ program" "${CXX}" app.cpp
+              "\\[[0-9]+ tokens, finish reason [0-9]\\]\n.*\\[request [0-9]+: [0-9]+ tokens\\]" cpp_out -std=c++17
+              -Wall -Wextra -Wpedantic -Werror)
 
 # examples/samples/cpp: an outside CMake project on find_package(Tandem).
 execute_process(COMMAND ${CMAKE_COMMAND} -S "${SOURCE}/examples/samples/cpp" -B "${work}/cpp" -G "${GENERATOR}"
