@@ -304,18 +304,21 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
   if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty())) {
     throw ApiError(400, "logit_bias is not supported", "logit_bias", "unsupported_parameter");
   }
-  if (s.chat) {  // logprobs: true, top_logprobs 0..20 (OpenAI: top_logprobs needs logprobs)
-    const bool lp = boolean(body, "logprobs", false);
-    const auto top = integer(body, "top_logprobs");
-    if (top && (*top < 0 || *top > kMaxTopLogprobs)) {
-      bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *top));
+  // The number of alternatives per token, field `name`: 0..20 (OpenAI's chat limit; the
+  // legacy API's is 5, vLLM's 20).
+  const auto top_count = [&](const char* name) {
+    const auto n = integer(body, name);
+    if (n && (*n < 0 || *n > kMaxTopLogprobs)) {
+      bad(name, fmt::format("'{}' must be in [0, {}], got {}", name, kMaxTopLogprobs, *n));
     }
+    return n;
+  };
+  if (s.chat) {  // logprobs: true, top_logprobs (OpenAI: top_logprobs needs logprobs)
+    const bool lp = boolean(body, "logprobs", false);
+    const auto top = top_count("top_logprobs");
     if (top && !lp) bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is given");
     s.logprobs = lp ? int32_t(top.value_or(0)) : -1;
-  } else if (const auto n = integer(body, "logprobs")) {  // the legacy API: an integer, 0..5 there, 20 as vLLM
-    if (*n < 0 || *n > kMaxTopLogprobs) {
-      bad("logprobs", fmt::format("'logprobs' must be in [0, {}], got {}", kMaxTopLogprobs, *n));
-    }
+  } else if (const auto n = top_count("logprobs")) {  // the legacy API: an integer
     s.logprobs = int32_t(*n);
   }
   if (const json* tools = field(body, "tools"); !s.chat && tools && !(tools->is_array() && tools->empty())) {
