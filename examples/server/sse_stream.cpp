@@ -306,16 +306,27 @@ void run_generation(ServerState& st, GenerationSpec spec, httplib::Response& res
 
   if (!s.stream) {
     // A client that disconnects while it waits cancels its request (its slots and KV pages
-    // are freed at the next step), as a closed stream does.
+    // are freed at the next step), as a closed stream does. A client that only shut down its
+    // sending side looks the same from here (a FIN either way), so it is treated alike, as
+    // Go's net/http and nginx do; it reads nginx's 499 "client closed request", never a 503.
+    bool client_left = false;
     for (const auto& h : job->handles) {
-      while (!h.wait_for(std::chrono::milliseconds(100))) {
+      while (!client_left && !h.wait_for(std::chrono::milliseconds(100))) {
         if (client_gone()) {
           cancel_all(st, *job);
-          break;
+          client_left = true;
         }
       }
     }
     const auto rs = wait_all(*job);
+    if (client_left) {
+      finish_job(st, *job, rs, 499, "client disconnected");
+      const ApiError e(499, "the request was cancelled: the client closed its side of the connection", "",
+                       "client_disconnected");
+      res.status = e.status();
+      res.set_content(dump(e.body()), "application/json");
+      return;
+    }
     if (const RequestResult* bad = unanswered(rs)) {
       const ApiError e = error_of(*bad);
       finish_job(st, *job, rs, e.status(), "");

@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -575,6 +576,38 @@ def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
         assert wait_idle(s, timeout=60.0) == (0, 0, 0)
         assert s.metric("vllm:request_success_total", finished_reason="abort") >= 7
         assert s.metric("vllm:request_success_total", finished_reason="length") <= 1
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_half_closed_client_reads_499_client_disconnected_not_a_shutdown(tmp_path):
+    """A client that shuts down its sending side after a whole request looks, from the
+    server, like one that left (a FIN either way): its request is cancelled, as Go's
+    net/http does, and what it can still read is 499 client_disconnected (nginx's "client
+    closed request"); the log says "client disconnected", never "shutting down" (it said
+    503 server_shutting_down). SmolLM2 keeps the work long enough for the FIN to arrive."""
+    path = smollm2_path()
+    if not path.exists():
+        pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+    s = Server(tmp_path, model=path, extra=["-c", "512", "-np", "1", "--prefix-cache", "0"])
+    assert s.wait_ready(timeout=120), s.log_path.read_text()
+    try:
+        body = json.dumps({"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 200,
+                           "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", s.port), timeout=60) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                      + body)
+            c.shutdown(socket.SHUT_WR)
+            reply = b""
+            while chunk := c.recv(65536):
+                reply += chunk
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 499"), reply
+        assert json.loads(payload)["error"]["code"] == "client_disconnected"
+        assert wait_idle(s, timeout=30.0) == (0, 0, 0)
+        assert s.metric("vllm:request_success_total", finished_reason="abort") == 1
+        log = s.log_path.read_text()
+        assert "client disconnected" in log and "shutting down" not in log, log
     finally:
         assert s.stop() == 0
 
