@@ -109,6 +109,20 @@ TEST_CASE("tool_call_start: where a streamer must start holding text back", "[to
   CHECK(tool_call_start("Sure", ToolCallFormat::kLlama3) == 4);
 }
 
+TEST_CASE("unfinished_call_start: only a call left open is cut from an output cut short", "[tool_calls]") {
+  const auto H = ToolCallFormat::kHermes;
+  // A closed block that did not parse (no name) and the text after it stay content.
+  const std::string closed = "<tool_call>{\"arguments\": {}}</tool_call>\nThe weather in Paris is";
+  CHECK(unfinished_call_start(closed, H) == closed.size());
+  CHECK(unfinished_call_start("Sure. <tool_call>{\"name\": \"f\", \"argu", H) == 6);
+  CHECK(unfinished_call_start("<tool_call>{}</tool_call> and <tool_call>{\"na", H) == 30);
+  CHECK(unfinished_call_start("<tool_call>x</tool_call> then <tool_", H) == 30);
+  CHECK(unfinished_call_start("a < b", H) == 5);
+  CHECK(unfinished_call_start("", H) == 0);
+  CHECK(unfinished_call_start(" {\"na", ToolCallFormat::kLlama3) == 0);
+  CHECK(unfinished_call_start("Sure", ToolCallFormat::kLlama3) == 4);
+}
+
 TEST_CASE("tool formats of the vendors' templates", "[tool_calls]") {
   const auto qwen = tool_prompt_for_template(read_template("Qwen-Qwen2.5-7B-Instruct.jinja"));
   CHECK(qwen.format == ToolCallFormat::kHermes);

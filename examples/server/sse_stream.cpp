@@ -149,7 +149,7 @@ const RequestResult* unanswered(const std::vector<RequestResult>& rs) {
 ParsedToolCalls parse_calls(const GenerationSpec& spec, std::string_view text, RequestFinish finish) {
   ParsedToolCalls p = parse_tool_calls(text, spec.tools->format);
   if (!spec.tools->parallel && p.calls.size() > 1) p.calls.resize(1);
-  if (cut_short(finish)) p.content.resize(tool_call_start(p.content, spec.tools->format));
+  if (cut_short(finish)) p.content.resize(unfinished_call_start(p.content, spec.tools->format));
   return p;
 }
 

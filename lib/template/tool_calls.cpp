@@ -175,6 +175,18 @@ ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format) {
   }
 }
 
+namespace {
+
+/// The offset of a trailing partial "<tool_call>" that more text may complete, else text.size().
+size_t partial_open_start(std::string_view text) {
+  for (size_t n = std::min(text.size(), kOpen.size() - 1); n > 0; --n) {
+    if (kOpen.starts_with(text.substr(text.size() - n))) return text.size() - n;
+  }
+  return text.size();
+}
+
+}  // namespace
+
 size_t tool_call_start(std::string_view text, ToolCallFormat format) {
   if (format == ToolCallFormat::kLlama3) {
     const std::string_view t = trim(text);
@@ -183,11 +195,17 @@ size_t tool_call_start(std::string_view text, ToolCallFormat format) {
     return text.size();
   }
   if (const size_t at = text.find(kOpen); at != std::string_view::npos) return at;
-  // A trailing partial "<tool_call>" that more text may complete.
-  for (size_t n = std::min(text.size(), kOpen.size() - 1); n > 0; --n) {
-    if (kOpen.starts_with(text.substr(text.size() - n))) return text.size() - n;
+  return partial_open_start(text);
+}
+
+size_t unfinished_call_start(std::string_view text, ToolCallFormat format) {
+  if (format == ToolCallFormat::kLlama3) return tool_call_start(text, format);
+  for (size_t at = text.find(kOpen); at != std::string_view::npos; at = text.find(kOpen, at + kOpen.size())) {
+    const size_t close = text.find(kClose, at + kOpen.size());
+    if (close == std::string_view::npos) return at;
+    at = close;
   }
-  return text.size();
+  return partial_open_start(text);
 }
 
 std::string forced_call_prefix(ToolCallFormat format, const std::optional<std::string>& name) {

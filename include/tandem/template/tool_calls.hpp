@@ -67,6 +67,13 @@ ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format);
 /// text[0, offset) as content and holds the rest until the output ends.
 size_t tool_call_start(std::string_view text, ToolCallFormat format);
 
+/// Where, in a finished output cut short (max_tokens, a timeout), the unfinished call
+/// begins: Hermes, the first "<tool_call>" with no "</tool_call>" after it, or a trailing
+/// partial marker; Llama 3, as tool_call_start (its call is the whole message). text.size()
+/// when no call was left open: a closed block that did not parse, and the text after it,
+/// stay content.
+size_t unfinished_call_start(std::string_view text, ToolCallFormat format);
+
 /// The text that opens a forced call in `format`, appended to the prompt after the
 /// generation prompt so that the model continues inside a call: Hermes
 /// "<tool_call>\n{\"name\": \"" (+ name + "\", \"arguments\": " when `name` is given),
