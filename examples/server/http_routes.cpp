@@ -29,11 +29,18 @@ void Log::write(std::string_view level, std::string_view msg, json fields) {
     for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
     line = j.dump(-1, ' ', false, json::error_handler_t::replace);
   } else {
+    // A string with a control character (a client's "model" with a newline, say) is
+    // written JSON-quoted, so that no value can start a line of its own.
+    const auto printable = [](const std::string& v) {
+      return std::none_of(v.begin(), v.end(), [](char c) { return (unsigned char)c < 0x20 || c == 0x7f; });
+    };
     line = fmt::format("tandem-server: {} {}", level, msg);
     for (auto it = fields.begin(); it != fields.end(); ++it) {
+      const json& v = it.value();
       line += fmt::format(" {}={}", it.key(),
-                          it.value().is_string() ? it.value().get<std::string>()
-                                                 : it.value().dump(-1, ' ', false, json::error_handler_t::replace));
+                          v.is_string() && printable(v.get_ref<const std::string&>())
+                              ? v.get_ref<const std::string&>()
+                              : v.dump(-1, ' ', false, json::error_handler_t::replace));
     }
   }
   line += '\n';

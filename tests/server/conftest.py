@@ -38,7 +38,7 @@ class Server:
         self.log_path = tmp_path / f"server-{self.port}.log"
         self._log = open(self.log_path, "w")
         cmd = [SERVER_BIN, "-m", str(model), "--port", str(self.port), "--executors", EXECUTORS,
-               "-t", "2", "--alias", alias, "--log-format", "json", *extra]
+               "-t", "2", "--alias", alias, *([] if "--log-format" in extra else ["--log-format", "json"]), *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout=60.0):

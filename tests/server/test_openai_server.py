@@ -612,6 +612,24 @@ def test_a_half_closed_client_reads_499_client_disconnected_not_a_shutdown(tmp_p
         assert s.stop() == 0
 
 
+def test_text_log_lines_cannot_be_forged_by_a_client(tmp_path):
+    """--log-format text writes a value with a control character JSON-quoted: a "model"
+    with a newline and a fake log line in it stays inside its own line (it started a
+    forged "tandem-server: info FAKE" line)."""
+    s = Server(tmp_path, extra=["--log-format", "text"])
+    assert s.wait_ready()
+    try:
+        forged = "x\ntandem-server: info FAKE status=200"
+        r = httpx.post(s.url + "/v1/chat/completions",
+                       json={"model": forged, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 404, r.text
+    finally:
+        assert s.stop() == 0
+    lines = s.log_path.read_text().splitlines()
+    assert not any(line.startswith("tandem-server: info FAKE") for line in lines), lines
+    assert any("FAKE" in line and "\\n" in line for line in lines), lines
+
+
 @pytest.mark.parametrize("method,path,allow", [
     ("GET", "/v1/completions", "POST"),
     ("PUT", "/v1/chat/completions", "POST"),
