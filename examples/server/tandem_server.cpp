@@ -10,7 +10,7 @@
 //
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
 // SIGINT: stop accepting connections, let in-flight requests finish within
-// --shutdown-grace seconds, cancel the rest, exit 0.
+// --shutdown-grace seconds (a second signal ends the grace at once), cancel the rest, exit 0.
 #include <fmt/format.h>
 #include <httplib.h>
 #include <CLI/CLI.hpp>
@@ -117,8 +117,9 @@ int main(int argc, char** argv) {
                  "another's included (past it: 400 grammar_too_complex; no turn: 503)")
       ->capture_default_str()
       ->check(CLI::Range(0.001, 3600.0));
-  app.add_option("--shutdown-grace", so.shutdown_grace_s,
-                 "seconds in-flight requests may take to finish after SIGTERM/SIGINT")
+  app.add_option(
+         "--shutdown-grace", so.shutdown_grace_s,
+         "seconds in-flight requests may take to finish after SIGTERM/SIGINT (a second signal cancels them at once)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   try {
@@ -231,8 +232,14 @@ int main(int argc, char** argv) {
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                std::chrono::duration<double>(so.shutdown_grace_s));
+    // A second SIGTERM / SIGINT ends the grace at once (as llama-server and uvicorn do).
+    const timespec tick{0, 20'000'000};
     while (st.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (const int again = sigtimedwait(&sigs, nullptr, &tick); again > 0) {
+        st.log.write("info", "second signal: cancelling the requests left",
+                     {{"signal", again == SIGTERM ? "SIGTERM" : "SIGINT"}, {"in_flight", st.in_flight.load()}});
+        break;
+      }
     }
     const int left = st.in_flight.load();
     st.engine->shutdown();  // cancels whatever is left; their handlers answer and return

@@ -492,6 +492,34 @@ def test_sigterm_during_load_exits_0_and_loses_nothing(tmp_path):
     assert sum(1 for e in logged if e.get("msg") == "request" and e.get("status") == 200) == answered_200
 
 
+def test_a_second_sigterm_ends_the_grace_at_once(tmp_path):
+    """SIGTERM starts the drain (--shutdown-grace 600 here); a second SIGTERM cancels what is
+    left at once, as llama-server and uvicorn do (it was ignored: the server waited the whole
+    grace). The stream in flight ends with an error event, the server exits 0."""
+    path = smollm2_path()
+    if not path.exists():
+        pytest.skip(f"SmolLM2 not found at {path} (set TANDEM_SMOLLM2)")
+    s = Server(tmp_path, model=path, extra=["-c", "4096", "-np", "1", "--shutdown-grace", "600"])
+    assert s.wait_ready(timeout=120), s.log_path.read_text()
+    body = {"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=120.0) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # generating
+        s.proc.send_signal(signal.SIGTERM)
+        # Two signals sent together would merge into one pending signal: the second goes
+        # once the drain has begun (its log line).
+        while "shutting down" not in s.log_path.read_text():
+            time.sleep(0.05)
+        s.proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    rc = s.stop(timeout=120.0)
+    assert rc == 0, s.log_path.read_text()
+    assert any('"error"' in l for l in rest), rest[-3:]
+    logged = [json.loads(l) for l in s.log_path.read_text().splitlines() if l.startswith("{")]
+    assert any(e.get("msg") == "second signal: cancelling the requests left" for e in logged)
+    assert next(e for e in logged if e.get("msg") == "stopped")["cancelled"] == 1
+
+
 def test_model_that_fails_to_load_exits_1(tmp_path):
     # The HTTP listener starts before the model loads (/health answers 503 meanwhile); a
     # file that is not a GGUF must still end the process with exit 1, not leave it listening.
