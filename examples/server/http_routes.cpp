@@ -317,8 +317,9 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
        [&st](const httplib::Request&, httplib::Response& res,
              const std::string& raw) { send_json(res, detokenize_response(parse_body(raw), *st.info.tokenizer)); }},
       // llama-server's /apply-template: the prompt the model's chat template makes of a chat
-      // request (messages, tools, add_generation_prompt, chat_template_kwargs), as tandem-cli
-      // apply-template prints it. The body keeps the client's key order (tojson prints it so).
+      // request (messages, tools, add_generation_prompt, chat_template_kwargs), as the chat
+      // endpoint renders it (tools through tool_template_input: a template without its own
+      // tool rendering gets Hermes' tool prompt). The body keeps the client's key order (tojson prints it so).
       // A template's own errors and its render limits are the request's fault: 400.
       {"POST",
        {"/apply-template"},
@@ -348,7 +349,12 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
          }
          std::string prompt;
          try {
-           prompt = st.info.chat_template->render_json(*msgs, add_generation_prompt, tools, kwargs);
+           if (chat_request_uses_tools(body)) {  // the chat endpoint's tool path
+             const ToolTemplateInput in = tool_template_input(st.info.tool_prompt, *msgs, tools);
+             prompt = st.info.chat_template->render_json(in.messages, add_generation_prompt, in.tools, kwargs);
+           } else {
+             prompt = st.info.chat_template->render_json(*msgs, add_generation_prompt, tools, kwargs);
+           }
          } catch (const Error& e) {
            if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
            throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()), "messages",

@@ -467,15 +467,6 @@ void check_model(const json& body, const ModelInfo& info) {
 
 namespace {
 
-/// The request names tools, a tool choice, or carries tool calls or tool results.
-bool uses_tools(const json& body, const json& msgs) {
-  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty())) return true;
-  if (field(body, "tool_choice") || field(body, "parallel_tool_calls")) return true;
-  return std::any_of(msgs.begin(), msgs.end(), [](const json& m) {
-    return m.is_object() && (m.value("role", "") == "tool" || m.contains("tool_calls"));
-  });
-}
-
 /// One entry of `tools`, as OpenAI checks it: {"type": "function", "function": {"name":
 /// ^[a-zA-Z0-9_-]{1,64}$, "description": a string, "parameters": a JSON schema object
 /// ("type" "object" when it has a type), within the grammar bounds (a forced call compiles
@@ -544,16 +535,11 @@ void parse_tools(const json& body, const ModelInfo& info, std::string_view raw, 
   if (choice == "required" && tools.size() == 1) forced_name = tools[0]["function"]["name"].get<std::string>();
   const bool parallel = boolean(body, "parallel_tool_calls", true);
   const bool use = choice != "none";
-  const nlohmann::ordered_json no_tools = nullptr;
-  const nlohmann::ordered_json& messages = ordered["messages"];
   try {
-    if (info.tool_prompt.template_renders_tools) {
-      s.prompt_ids = info.chat_template->tokenize_json(*info.tokenizer, messages, /*add_generation_prompt=*/true,
-                                                       use ? tools : no_tools);
-    } else {
-      s.prompt_ids = info.chat_template->tokenize_json(
-          *info.tokenizer, hermes_tool_messages(messages, use ? tools : nlohmann::ordered_json::array()), true);
-    }
+    const ToolTemplateInput in =
+        tool_template_input(info.tool_prompt, ordered["messages"], use ? tools : nlohmann::ordered_json::array());
+    s.prompt_ids =
+        info.chat_template->tokenize_json(*info.tokenizer, in.messages, /*add_generation_prompt=*/true, in.tools);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
     throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()), "messages",
@@ -596,7 +582,7 @@ GenerationSpec parse_chat_request(const json& body, const ModelInfo& info, std::
   if (!msgs) bad("messages", "'messages' is required");
   if (!msgs->is_array()) bad_type("messages", *msgs, "an array");
   if (msgs->empty()) bad("messages", "'messages' must not be empty");
-  if (uses_tools(body, *msgs)) {
+  if (chat_request_uses_tools(body)) {
     parse_tools(body, info, raw, s);
     parse_common(body, info, sla_header, s);
     if (s.tools && !s.tools->prefix.empty() && !s.tools->parallel && s.tools->format == ToolCallFormat::kHermes) {

@@ -52,6 +52,7 @@
 #include "tandem/session/chat_session.hpp"
 #include "tandem/session/session.hpp"
 #include "tandem/template/chat_template.hpp"
+#include "tandem/template/tool_calls.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 
 namespace {
@@ -257,9 +258,16 @@ int run_apply_template(const std::string& model_path, const std::string& request
     std::fprintf(stderr, "tandem-cli: the model's chat template is not used (%s); built-in template %s\n",
                  tmpl.fallback_reason().c_str(), std::string(tmpl.name()).c_str());
   }
-  const std::string prompt =
-      tmpl.render_json(req["messages"], agp.get<bool>(), req.value("tools", nlohmann::ordered_json()),
-                       req.value("chat_template_kwargs", nlohmann::ordered_json()));
+  const auto tools = req.value("tools", nlohmann::ordered_json());
+  const auto kwargs = req.value("chat_template_kwargs", nlohmann::ordered_json());
+  std::string prompt;
+  if (tandem::chat_request_uses_tools(req)) {  // as a chat endpoint renders it (tandem-server's)
+    const auto in =
+        tandem::tool_template_input(tandem::tool_prompt_for_template(tok.chat_template()), req["messages"], tools);
+    prompt = tmpl.render_json(in.messages, agp.get<bool>(), in.tools, kwargs);
+  } else {
+    prompt = tmpl.render_json(req["messages"], agp.get<bool>(), tools, kwargs);
+  }
   if (!write_stdout(prompt)) return finish_stdout(1);
   return finish_stdout(0);
 }

@@ -208,6 +208,11 @@ size_t unfinished_call_start(std::string_view text, ToolCallFormat format) {
   return partial_open_start(text);
 }
 
+ToolTemplateInput tool_template_input(const ToolPrompt& prompt, const ojson& messages, const ojson& tools) {
+  if (prompt.template_renders_tools) return {messages, tools.is_array() && tools.empty() ? ojson() : tools};
+  return {hermes_tool_messages(messages, tools.is_null() ? ojson::array() : tools), ojson()};
+}
+
 std::string forced_call_prefix(ToolCallFormat format, const std::optional<std::string>& name) {
   std::string p = format == ToolCallFormat::kLlama3 ? "{\"name\": \"" : "<tool_call>\n{\"name\": \"";
   if (name) {

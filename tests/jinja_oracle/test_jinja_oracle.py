@@ -14,8 +14,11 @@ jinja2 runs in the environment Hugging Face transformers renders chat templates 
      builtin_tools, date_string, ...);
   2. feature snippets (snippets.py);
   3. with --cli and SmolLM2's GGUF at hand (TANDEM_SMOLLM2 or the fetch-smollm2 cache):
-     `tandem-cli apply-template` on every conversation as a chat request file, against
-     jinja2 on the template, BOS and EOS read from the GGUF itself.
+     `tandem-cli apply-template` on every conversation without tools as a chat request
+     file, against jinja2 on the template, BOS and EOS read from the GGUF itself (with
+     tools, apply-template shows what the chat endpoint runs: SmolLM2's template renders no
+     tools, so Hermes' tool prompt is written into the messages first, which case 1 and the
+     server tests cover).
 A case passes when both render the same bytes, or both refuse it (jinja2 raises, Tandem
 reports an error). Exit 0: all pass; 1: a mismatch (printed); 77: Python's jinja2 is
 missing (ctest SKIP).
@@ -303,6 +306,8 @@ def check_apply_template(env, cli, verbose):
     n = bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, messages, tools in CONVERSATIONS:
+            if tools is not None or any(m.get("role") == "tool" or "tool_calls" in m for m in messages):
+                continue
             for agp in (True, False):
                 req = {"model": "x", "messages": messages, "add_generation_prompt": agp}
                 if tools is not None:

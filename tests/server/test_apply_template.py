@@ -17,6 +17,9 @@ REQUESTS = [
                   {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a river"}]},
     {"messages": [{"role": "user", "content": "no generation prompt"}], "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "caf\u00e9 \u2603 <|im_end|> </s>"}], "add_generation_prompt": True},
+    # Tools on a template that does not render them (the built-in ChatML): Hermes' tool
+    # prompt written into the messages, as the chat endpoint does (it was the template's 400).
+    {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
 ]
 
 
@@ -59,9 +62,6 @@ BAD = [
      "add_generation_prompt"),
     ("tools an object", {"messages": CHAT_MSG, "tools": {"type": "function"}}, "tools"),
     ("chat_template_kwargs a list", {"messages": CHAT_MSG, "chat_template_kwargs": [1]}, "chat_template_kwargs"),
-    # The built-in template renders role/content strings only: the template's refusal is a 400.
-    ("tools on the built-in template", {"messages": CHAT_MSG, "tools": [{"type": "function",
-                                                                         "function": {"name": "f"}}]}, "messages"),
     ("content a number", {"messages": [{"role": "user", "content": 5}]}, "messages"),
 ]
 
@@ -87,7 +87,8 @@ def test_apply_template_smollm2(tmp_path):
     try:
         assert s.wait_ready(timeout=120), s.log_path.read_text()
         for request in REQUESTS + [
-            # Key order kept for the template's tojson; tools and kwargs passed through.
+            # Key order kept for the template's tojson; tools (SmolLM2: Hermes' tool prompt) and
+            # kwargs passed through.
             {"messages": [{"role": "user", "content": "weather?"}],
              "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
                  "type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "string"}}}}}],
@@ -95,6 +96,18 @@ def test_apply_template_smollm2(tmp_path):
         ]:
             want = cli_apply_template(path, request, tmp_path)
             assert server_apply_template(s, request) == want
+        # With tools, the prompt is the one the chat endpoint evaluates: SmolLM2's template
+        # does not render tools, so both write Hermes' tool prompt in (it showed the prompt
+        # without tools: 37 tokens where the chat endpoint ran 180).
+        tools_request = {"messages": [{"role": "user", "content": "What's the weather in Paris?"}],
+                         "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                             "type": "object", "properties": {"city": {"type": "string"}}}}}]}
+        prompt = server_apply_template(s, tools_request)
+        assert "<tools>" in prompt and "get_weather" in prompt
+        ids = httpx.post(s.url + "/tokenize", json={"content": prompt}).json()["tokens"]
+        chat = httpx.post(s.url + "/v1/chat/completions", json={**tools_request, "max_tokens": 1}, timeout=120.0)
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["prompt_tokens"] == len(ids)
         # SmolLM2's own template adds its default system message: the Jinja template ran.
         assert "You are a helpful AI assistant named SmolLM" in server_apply_template(s, REQUESTS[0])
         # A render limit (the 16 MiB output bound) reached: 400, not 500, and the server serves on.

@@ -93,6 +93,37 @@ std::string forced_call_prefix(ToolCallFormat format, const std::optional<std::s
 nlohmann::ordered_json hermes_tool_messages(const nlohmann::ordered_json& messages,
                                             const nlohmann::ordered_json& tools);
 
+/// Whether an OpenAI chat request body takes the tool path: it names tools (a non-empty
+/// array), tool_choice or parallel_tool_calls, or a message is a tool result or carries
+/// tool_calls. For nlohmann::json and nlohmann::ordered_json bodies.
+template <class Json>
+bool chat_request_uses_tools(const Json& request) {
+  if (!request.is_object()) return false;
+  if (const auto t = request.find("tools"); t != request.end() && !t->is_null() && !(t->is_array() && t->empty()))
+    return true;
+  if (request.contains("tool_choice") || request.contains("parallel_tool_calls")) return true;
+  const auto msgs = request.find("messages");
+  if (msgs == request.end() || !msgs->is_array()) return false;
+  for (const auto& m : *msgs) {
+    if (!m.is_object()) continue;
+    const auto role = m.find("role");
+    if ((role != m.end() && role->is_string() && *role == "tool") || m.contains("tool_calls")) return true;
+  }
+  return false;
+}
+
+/// What a chat template renders for a conversation on the tool path (a chat endpoint, and
+/// llama-server's /apply-template, alike): with a template that renders tools itself
+/// (`prompt.template_renders_tools`) the messages as given and `tools` (null when empty);
+/// otherwise the messages with Hermes' tool prompt and tool turns written in
+/// (hermes_tool_messages) and no tools. Errors: hermes_tool_messages'.
+struct ToolTemplateInput {
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;
+};
+ToolTemplateInput tool_template_input(const ToolPrompt& prompt, const nlohmann::ordered_json& messages,
+                                      const nlohmann::ordered_json& tools);
+
 /// The JSON schema a forced call must satisfy, for a grammar engine to enforce
 /// `tool_choice: "required"` or a named function: an object {"name": const, "arguments":
 /// the tool's `function.parameters` ({"type": "object"} when absent)}, required both,
