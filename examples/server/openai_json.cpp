@@ -16,7 +16,11 @@ namespace tandem::server {
 using nlohmann::json;
 
 ApiError::ApiError(int status, std::string message, std::string param, std::string code)
-    : std::runtime_error(std::move(message)), status_(status), param_(std::move(param)), code_(std::move(code)) {}
+    : std::runtime_error(message),
+      status_(status),
+      message_(std::move(message)),
+      param_(std::move(param)),
+      code_(std::move(code)) {}
 
 std::string_view ApiError::type() const noexcept {
   switch (status_) {
@@ -35,7 +39,7 @@ std::string_view ApiError::type() const noexcept {
 
 json ApiError::body() const {
   json e;
-  e["message"] = what();
+  e["message"] = message_;  // whole: what() stops at a NUL a client's value may carry
   e["type"] = type();
   e["param"] = param_.empty() ? json(nullptr) : json(param_);
   e["code"] = code_.empty() ? json(nullptr) : json(code_);
@@ -341,8 +345,8 @@ void parse_common(const json& body, const ModelInfo& info, std::string_view sla_
   sp.frequency_penalty = float(number_in(body, "frequency_penalty", -2.0, 2.0, 0.0));
   sp.repeat_penalty = float(number_in(body, "repeat_penalty", 0.0, 10.0, 1.0));
   if (const auto k = integer(body, "top_k")) {
-    if (*k < 0 || *k > std::numeric_limits<int32_t>::max()) bad("top_k", "'top_k' must be >= 0");
-    sp.top_k = int32_t(*k);
+    if (*k < 0) bad("top_k", "'top_k' must be >= 0");
+    sp.top_k = int32_t(std::min<int64_t>(*k, std::numeric_limits<int32_t>::max()));  // beyond the vocabulary: no cut
   }
   if (const auto seed = integer(body, "seed")) {
     sp.seed = uint64_t(*seed);

@@ -42,6 +42,7 @@ class ApiError : public std::runtime_error {
 
  private:
   int status_;
+  std::string message_;
   std::string param_;
   std::string code_;
 };

@@ -608,6 +608,25 @@ def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
         assert s.stop() == 0
 
 
+def test_top_k_beyond_the_vocabulary_is_no_cut(server):
+    """top_k larger than any vocabulary (even past int32) is what vLLM and llama.cpp make of
+    it, no top-k cut: the same sampled text as top_k 0 (it was 400 "'top_k' must be >= 0")."""
+    def sample(k):
+        r = httpx.post(server.url + COMP, json={"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0, "seed": 7,
+                                                "top_k": k})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    assert sample(99999999999) == sample(0)
+
+
+def test_an_error_message_keeps_a_nul_the_client_sent(server):
+    """GET /v1/models/%00abc: 404 whose message names the whole id, NUL included (it
+    stopped at the NUL: "the model '")."""
+    r = httpx.get(server.url + "/v1/models/%00abc")
+    assert r.status_code == 404
+    assert "\x00abc" in r.json()["error"]["message"], r.text
+
+
 def test_a_half_closed_client_reads_499_client_disconnected_not_a_shutdown(tmp_path):
     """A client that shuts down its sending side after a whole request looks, from the
     server, like one that left (a FIN either way): its request is cancelled, as Go's
