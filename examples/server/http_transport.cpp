@@ -8,11 +8,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <string_view>
 #include <system_error>
+
+#include "openai_json.hpp"
 
 namespace tandem::server {
 
@@ -22,6 +28,66 @@ using Clock = std::chrono::steady_clock;
 
 thread_local ConnectionState* tls_connection = nullptr;
 thread_local bool tls_over_cap = false;
+
+/// The methods httplib parses (it answers any other with a bare 400).
+bool known_method(std::string_view m) {
+  static constexpr std::string_view kKnown[] = {"GET",     "HEAD",    "POST",  "PUT",   "DELETE",
+                                                "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI"};
+  return std::find(std::begin(kKnown), std::end(kKnown), m) != std::end(kKnown);
+}
+
+ApiError too_many_connections() {
+  return ApiError(503, "too many open connections; retry", "", "too_many_connections");
+}
+
+std::string_view reason_phrase(int status) {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 414:
+      return "URI Too Long";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
+  }
+}
+
+/// Answer `e` (the OpenAI error object) on a connection that closes after it; a 503 says
+/// Retry-After. Small enough for the socket's send buffer: never waits for the client.
+void send_refusal(int sock, const ApiError& e) {
+  const std::string body = e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string reply = fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\n{}Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+      e.status(), reason_phrase(e.status()), e.status() == 503 ? "Retry-After: 1\r\n" : "", body.size(), body);
+  (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/// Whether the header block `head` ("...\r\n\r\n") has the line `name: value`
+/// (name case-insensitive, value exact).
+bool has_header_line(std::string_view head, std::string_view name, std::string_view value) {
+  for (size_t at = head.find("\r\n"); at != std::string_view::npos && at + 2 < head.size();) {
+    const size_t end = head.find("\r\n", at + 2);
+    std::string_view line = head.substr(at + 2, end - at - 2);
+    at = end;
+    const size_t colon = line.find(':');
+    if (colon != name.size() || !std::equal(name.begin(), name.end(), line.begin(),
+                                            [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
+      continue;
+    std::string_view v = line.substr(colon + 1);
+    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+    if (v == value) return true;
+  }
+  return false;
+}
 
 /// poll() one socket for `events` up to `timeout_ms` (EINTR retried): >0 ready, 0 timeout, <0 error.
 int wait_for(int sock, short events, int timeout_ms) {
@@ -84,6 +150,7 @@ class ConnectionStream final : public httplib::Stream {
     deadline_ = deadline;
     header_bytes_ = 0;
     line_ = LineScan{};
+    head_written_ = false;
   }
   bool has_buffered() const { return off_ < len_; }
 
@@ -123,12 +190,12 @@ class ConnectionStream final : public httplib::Stream {
     }
     const size_t n = std::min(size, len_ - off_);
     if (state_.in_headers) {
+      for (size_t i = 0; i < n; ++i) scan_header_byte(buf_[off_ + i]);  // may throw ApiError (the request line)
       header_bytes_ += n;
       if (header_bytes_ > limits_.header_max_bytes) {
         state_.header_overflow = true;
         return -1;
       }
-      for (size_t i = 0; i < n; ++i) scan_header_byte(buf_[off_ + i]);
     }
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
@@ -136,12 +203,15 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return -1;
-    ssize_t n;
-    do {
-      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    return n;
+    const std::string_view data(ptr, size);
+    // httplib writes a response's status line and headers in one call (a 100 Continue first).
+    if (!head_written_ && data.size() > 12 && data.substr(0, 9) == "HTTP/1.1 " && data[9] != '1' &&
+        data.substr(data.size() - 4) == "\r\n\r\n") {
+      head_written_ = true;
+      const std::string head = connection_headers(data);
+      return send_all(head.data(), head.size()) ? ssize_t(size) : -1;
+    }
+    return send_all(ptr, size) ? ssize_t(size) : -1;
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, true, ip, port); }
@@ -149,24 +219,85 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  /// All of `data`, waiting at most the write timeout per send (false: not all sent).
+  bool send_all(const char* p, size_t size) {
+    while (size > 0) {
+      if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return false;
+      ssize_t n;
+      do {
+        n = ::send(sock_, p, size, MSG_NOSIGNAL);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return false;
+      p += n;
+      size -= size_t(n);
+    }
+    return true;
+  }
+
+  /// The response head `head` with the connection's own headers: when the connection closes
+  /// after it (the request never reached routing, its body was not read whole, or the
+  /// response says so), `Connection: close` and no `Keep-Alive`.
+  std::string connection_headers(std::string_view head) const {
+    const bool closes = state_.in_headers || state_.close_after || has_header_line(head, "Connection", "close");
+    if (!closes) return std::string(head);
+    std::string out;
+    out.reserve(head.size() + 40);
+    size_t at = head.find("\r\n");
+    out.append(head.substr(0, at));  // the status line
+    while (at + 4 <= head.size() && head.substr(at, 4) != "\r\n\r\n") {
+      const size_t end = head.find("\r\n", at + 2);
+      const std::string_view line = head.substr(at, end - at);  // "\r\nName: value"
+      at = end;
+      const bool keep_alive = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Keep-Alive:");
+      const bool connection = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Connection:");
+      if (keep_alive || connection) continue;
+      out.append(line);
+    }
+    out.append("\r\nConnection: close");
+    out.append("\r\n\r\n");
+    return out;
+  }
+
   /// Where the header reader is in the current line: httplib skips a header line without
   /// a colon (and reads a folded line as a header of its own), a request smuggling vector
   /// behind proxies that read them otherwise, so such a line marks the request malformed.
-  /// The first line is the request line (httplib refuses an empty one).
+  /// The first line is the request line (httplib refuses an empty one): a method httplib
+  /// does not know is 501 (it would answer a bare 400), a line longer than
+  /// request_line_max_bytes 414 as soon as it is (ApiError, answered by the connection loop).
   struct LineScan {
     bool request_line_seen = false;
     size_t length = 0;  ///< bytes of the line so far, CR excluded
     bool colon = false;
+    std::string method;  ///< the request line's first word (its first 16 bytes)
+    bool method_done = false;
   };
 
   void scan_header_byte(char c) {
+    if (!line_.request_line_seen) {
+      if (c == '\n') {
+        line_.request_line_seen = true;
+        if (line_.method_done && !known_method(line_.method)) {
+          throw ApiError(501, fmt::format("method '{}' is not implemented", line_.method), "",
+                         "method_not_implemented");
+        }
+      } else if (c != '\r') {
+        if (++line_.length > limits_.request_line_max_bytes) {
+          throw ApiError(414, fmt::format("the request line exceeds {} bytes", limits_.request_line_max_bytes), "",
+                         "uri_too_long");
+        }
+        if (c == ' ') line_.method_done = true;
+        if (!line_.method_done && line_.method.size() < 16) line_.method += c;
+        return;
+      }
+      line_.length = 0;
+      return;
+    }
     if (c == '\n') {
-      if (line_.request_line_seen && line_.length > 0 && !line_.colon) state_.header_malformed = true;
-      line_.request_line_seen = true;
+      if (line_.length > 0 && !line_.colon) state_.header_malformed = true;
       line_.length = 0;
       line_.colon = false;
     } else if (c != '\r') {
-      if (line_.length == 0 && line_.request_line_seen && (c == ' ' || c == '\t')) state_.header_malformed = true;
+      if (line_.length == 0 && (c == ' ' || c == '\t')) state_.header_malformed = true;
       ++line_.length;
       line_.colon = line_.colon || c == ':';
     }
@@ -181,6 +312,7 @@ class ConnectionStream final : public httplib::Stream {
   Clock::time_point deadline_{};
   size_t header_bytes_ = 0;
   LineScan line_;
+  bool head_written_ = false;  ///< this request's response head went out
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -309,13 +441,7 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
   } open{open_};
   bool ret = false;
   if (tls_over_cap) {  // counted in accept order by ConnectionThreads::enqueue
-    static constexpr std::string_view kBody =
-        R"({"error": {"message": "too many open connections; retry", "type": "server_error", "param": null, "code": "too_many_connections"}})";
-    const std::string reply =
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-        std::to_string(kBody.size()) + "\r\n\r\n" + std::string(kBody);
-    (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    send_refusal(sock, too_many_connections());
   } else {
     ConnectionState state;
     tls_connection = &state;
@@ -331,7 +457,13 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
       state.sock = sock;
       strm.begin_request(deadline);
       bool closed = false;
-      ret = process_request(strm, count == 1, closed, nullptr);
+      try {
+        ret = process_request(strm, count == 1, closed, nullptr);
+      } catch (const ApiError& e) {  // refused by the transport before routing (the request line)
+        send_refusal(sock, e);
+        state.close_after = true;
+        ret = false;
+      }
       // Still "in headers": the request never reached routing (bad line, headers cut off).
       if (!ret || closed || state.close_after || state.in_headers) break;
     }

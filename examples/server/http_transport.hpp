@@ -16,6 +16,9 @@
 // BoundedServer serves each connection on its own thread (ConnectionThreads grows up to
 // the connection cap), reads the request line and headers within a deadline and a byte
 // cap, and answers beyond the cap with 503 at once. Bodies are bounded by read_body().
+// What the transport refuses by itself (an unknown method, a request line over 8 KiB) it
+// answers with the OpenAI error object and closes. A response that closes the connection says `Connection: close`
+// and offers no `Keep-Alive` (httplib adds one unless it decided the close itself).
 #pragma once
 
 #include <httplib.h>
@@ -39,6 +42,7 @@ struct TransportLimits {
   double body_timeout_s = 60.0;        ///< then the whole body must arrive within this (beyond: 408)
   size_t header_max_bytes = 64 << 10;  ///< request line + headers, bytes (beyond: 431)
   size_t header_max_count = 100;       ///< header lines (beyond: 431)
+  size_t request_line_max_bytes = CPPHTTPLIB_REQUEST_URI_MAX_LENGTH;  ///< beyond: 414 as soon as it is passed
 };
 
 /// A thread per task, started when no thread is idle, up to `max_threads`; beyond that

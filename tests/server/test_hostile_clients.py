@@ -134,6 +134,7 @@ def test_declared_oversize_body_is_413_before_authentication(guarded):
         s.close()
     assert_openai_error(status, body, 413)
     assert headers.get("connection") == "close"
+    assert "keep-alive" not in headers, headers  # a response that closes offers no keep-alive
 
 
 def test_chunked_body_without_key_is_401_unread(guarded):
@@ -218,6 +219,7 @@ def test_header_deadline_closes_a_stalled_connection(tmp_path):
         status, headers, body = read_response(c)  # read until the server closes (60 s socket timeout)
         c.close()
         assert_openai_error(status, body, 408)
+        assert headers.get("connection") == "close" and "keep-alive" not in headers, headers
         assert httpx.get(s.url + "/health").status_code == 200
     finally:
         assert s.stop() == 0, s.log_path.read_text()
@@ -378,6 +380,7 @@ def test_malformed_content_length_is_400_and_closes(plain, framing):
     err = assert_openai_error(status, body, 400)
     assert "Content-Length" in err["message"], err
     assert headers.get("connection") == "close"
+    assert "keep-alive" not in headers, headers
     assert httpx.get(s.url + "/health").status_code == 200
 
 
@@ -443,3 +446,34 @@ def test_stalled_body_is_408_and_closes(plain):
     assert headers.get("connection") == "close"
     assert httpx.get(s.url + "/health").status_code == 200
 
+
+
+def test_request_line_over_64k_is_answered(plain):
+    """A request line over the 64 KiB header cap is answered (414, an OpenAI error object)
+    and closed, not dropped without a response; one under it but over 8 KiB is 414 too."""
+    for size in (70 << 10, 16 << 10):
+        c = connect(plain)
+        try:
+            c.sendall(b"GET /" + b"a" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, headers, body = read_response(c)
+        c.close()
+        assert_openai_error(status, body, 414)
+        assert headers.get("connection") == "close" and "keep-alive" not in headers, headers
+    assert httpx.get(plain.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("method", ["FOO", "BREW", "get"])
+def test_unknown_method_is_501(plain, method):
+    """A method the server does not know is 501 Not Implemented (RFC 9110 15.6.2) with the
+    OpenAI error object naming it, and the connection closes; a known method on a route that
+    does not answer it stays 405."""
+    c = connect(plain)
+    c.sendall(f"{method} /health HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    status, headers, body = read_response(c)
+    c.close()
+    err = assert_openai_error(status, body, 501)
+    assert method in err["message"] and err["code"] == "method_not_implemented", err
+    assert headers.get("connection") == "close"
+    assert httpx.delete(plain.url + "/health").status_code == 405
