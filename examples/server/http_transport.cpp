@@ -40,6 +40,12 @@ ApiError too_many_connections() {
   return ApiError(503, "too many open connections; retry", "", "too_many_connections");
 }
 
+ApiError budget_exhausted(size_t capacity) {
+  return ApiError(
+      503, fmt::format("request bodies in flight would exceed the server's body budget ({} bytes); retry", capacity),
+      "", "body_budget_exhausted");
+}
+
 std::string_view reason_phrase(int status) {
   switch (status) {
     case 400:
@@ -236,10 +242,12 @@ class ConnectionStream final : public httplib::Stream {
 
   /// The response head `head` with the connection's own headers: when the connection closes
   /// after it (the request never reached routing, its body was not read whole, or the
-  /// response says so), `Connection: close` and no `Keep-Alive`.
+  /// response says so), `Connection: close` and no `Keep-Alive`; `Retry-After: 1` when the
+  /// transport asked for it.
   std::string connection_headers(std::string_view head) const {
     const bool closes = state_.in_headers || state_.close_after || has_header_line(head, "Connection", "close");
-    if (!closes) return std::string(head);
+    const bool retry = state_.retry_after && head.find("\r\nRetry-After:") == std::string_view::npos;
+    if (!closes && !retry) return std::string(head);
     std::string out;
     out.reserve(head.size() + 40);
     size_t at = head.find("\r\n");
@@ -250,10 +258,11 @@ class ConnectionStream final : public httplib::Stream {
       at = end;
       const bool keep_alive = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Keep-Alive:");
       const bool connection = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Connection:");
-      if (keep_alive || connection) continue;
+      if (closes && (keep_alive || connection)) continue;
       out.append(line);
     }
-    out.append("\r\nConnection: close");
+    if (closes) out.append("\r\nConnection: close");
+    if (retry) out.append("\r\nRetry-After: 1");
     out.append("\r\n\r\n");
     return out;
   }
@@ -356,6 +365,14 @@ bool client_gone() noexcept {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+bool BodyBudget::take(size_t n) noexcept {
+  size_t used = used_.load();
+  do {
+    if (n > capacity_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + n));
+  return true;
+}
+
 ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
     : max_threads_(max_threads), open_(open), cap_(cap) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -412,7 +429,8 @@ void ConnectionThreads::work() {
   }
 }
 
-BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limits_(limits) {
+BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads)
+    : limits_(limits), body_budget_(limits.body_budget) {
   // SO_REUSEADDR only (a restart binds over TIME_WAIT sockets); the library's default,
   // SO_REUSEPORT, let a second server bind a port another one listens on and take half of
   // its connections. Now that bind fails (EADDRINUSE), as llama-server's.
@@ -447,6 +465,17 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     tls_connection = &state;
     ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
                           to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
+    // Before routing, once the headers are parsed: a declared body takes its bytes from the
+    // budget now, before any is read (a Content-Length over the body limit is refused by the
+    // routes, unread: not reserved).
+    const auto admit = [&](httplib::Request& req) {
+      const std::string cl = req.get_header_value("Content-Length");
+      uint64_t length = 0;
+      const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), length);
+      if (ec != std::errc() || end != cl.data() + cl.size() || length == 0 || length > limits_.body_limit) return;
+      if (!body_budget_.take(size_t(length))) throw budget_exhausted(body_budget_.capacity());
+      state.budget_held = size_t(length);
+    };
     Clock::time_point deadline = deadline_in(limits_.header_timeout_s);  // the first request: from accept
     for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
       if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
@@ -455,15 +484,17 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
       }
       state = ConnectionState{};
       state.sock = sock;
+      state.budget = &body_budget_;
       strm.begin_request(deadline);
       bool closed = false;
       try {
-        ret = process_request(strm, count == 1, closed, nullptr);
-      } catch (const ApiError& e) {  // refused by the transport before routing (the request line)
+        ret = process_request(strm, count == 1, closed, admit);
+      } catch (const ApiError& e) {  // refused by the transport before routing (admit, the request line)
         send_refusal(sock, e);
         state.close_after = true;
         ret = false;
       }
+      body_budget_.give(std::exchange(state.budget_held, 0));
       // Still "in headers": the request never reached routing (bad line, headers cut off).
       if (!ret || closed || state.close_after || state.in_headers) break;
     }
@@ -476,21 +507,34 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
 }
 
 int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out) {
+  auto* c = current_connection();
   bool over = false;
+  bool over_budget = false;
   const bool ok = reader([&](const char* data, size_t n) {
     if (n > limit - out.size()) {
       over = true;
       return false;
     }
+    // A chunked body (or one longer than declared) takes what it lacks from the budget.
+    if (c && c->budget && out.size() + n > c->budget_held) {
+      const size_t more = out.size() + n - c->budget_held;
+      if (!c->budget->take(more)) {
+        over_budget = true;
+        return false;
+      }
+      c->budget_held += more;
+    }
     out.append(data, n);
     return true;
   });
-  if (ok && !over) return 0;
-  auto* c = current_connection();
+  if (ok && !over && !over_budget) return 0;
   if (c) c->close_after = true;
+  if (over_budget) {
+    if (c) c->retry_after = true;
+    throw budget_exhausted(c->budget->capacity());
+  }
   return over ? 413 : c && c->body_timeout ? 408 : 400;
 }
-
 size_t raise_open_file_limit(size_t want) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;

@@ -477,3 +477,84 @@ def test_unknown_method_is_501(plain, method):
     assert method in err["message"] and err["code"] == "method_not_implemented", err
     assert headers.get("connection") == "close"
     assert httpx.delete(plain.url + "/health").status_code == 405
+
+
+def hold_body(server, declared, sent, path="/v1/completions"):
+    """A connection that declares a `declared`-byte body and sends `sent` bytes of it."""
+    c = connect(server)
+    c.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {declared}\r\n\r\n".encode())
+    try:
+        c.sendall(b" " * sent)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused and closed
+    return c
+
+
+def assert_budget_503(status, headers, body):
+    err = assert_openai_error(status, body, 503)
+    assert err["code"] == "body_budget_exhausted", err
+    assert headers.get("retry-after") == "1" and headers.get("connection") == "close", headers
+
+
+def test_body_budget_bounds_memory_of_held_bodies(tmp_path):
+    """64 connections each declare a 1 MiB body (the limit) and send all of it but the last
+    byte. The server-wide body budget (4 MiB + 256 KiB here) holds 4 such bodies at a time;
+    the others get 503 (OpenAI error object, Retry-After) from their headers, before a byte of
+    the body is read, so the peak resident set grows by far less than the 64 MiB the clients
+    hold out (without the budget every body is read: +64 MiB or more). Meanwhile a small
+    request is served. A held body ends with 408 (the 5 s read timeout) and frees its part."""
+    n, limit = 64, MIB
+    s = Server(tmp_path, extra=["--body-limit", str(limit), "--body-budget", str(4 * limit + 256 * 1024)])
+    assert s.wait_ready(), s.log_path.read_text()
+    conns = []
+    try:
+        reset_peak(s)
+        before = vm_kib(s, "VmHWM")
+        conns = [hold_body(s, limit, limit - 1) for _ in range(n)]
+        r = httpx.post(s.url + "/v1/completions", json={"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 2},
+                       timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+        statuses = []
+        for c in conns:
+            status, headers, body = read_response(c)
+            statuses.append(status)
+            if status == 503:
+                assert_budget_503(status, headers, body)
+        grown = vm_kib(s, "VmHWM") - before
+        assert grown < 24 * 1024, f"peak RSS grew by {grown} KiB with a 4.25 MiB body budget"
+        # 4 admitted at a time (more only if one timed out while the 64 were still connecting).
+        assert statuses.count(503) >= n // 2 and set(statuses) == {408, 503}, statuses
+        # All released when their connections ended: a body the size of the limit fits again.
+        r = httpx.post(s.url + "/v1/completions", content=b'{"prompt": "a", "max_tokens": 1}' + b" " * (limit - 64),
+                       headers={"Content-Type": "application/json"}, timeout=120)
+        assert r.status_code == 200, r.text
+    finally:
+        for c in conns:
+            c.close()
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_body_budget_grows_with_chunked_bodies(tmp_path):
+    """A chunked body takes from the budget as its chunks arrive: with 1 MiB of a 1.25 MiB
+    budget held by a stalled upload, a chunked body of 1 MiB (within the limit) is cut off
+    with 503 once it outgrows what is left; a small chunked one still fits."""
+    s = Server(tmp_path, extra=["--body-limit", str(MIB), "--body-budget", str(MIB + MIB // 4)])
+    assert s.wait_ready(), s.log_path.read_text()
+    held = None
+    try:
+        held = hold_body(s, MIB, MIB - 1)
+        assert_budget_503(*send_chunked(s, "/v1/completions", MIB))
+        payload = json.dumps({"model": ALIAS, "prompt": "Once", "max_tokens": 1}).encode()
+        c = connect(s)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                  b"%x\r\n" % len(payload) + payload + b"\r\n0\r\n\r\n")
+        status, _, body = read_response(c)
+        c.close()
+        assert status == 200, body[:300]
+        assert read_response(held)[0] == 408
+    finally:
+        if held:
+            held.close()
+        assert s.stop() == 0, s.log_path.read_text()
