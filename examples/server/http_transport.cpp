@@ -27,7 +27,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local ConnectionState* tls_connection = nullptr;
-thread_local bool tls_over_cap = false;
+/// How many connections were open with this one when it was accepted (ConnectionThreads).
+thread_local size_t tls_position = 0;
 
 /// The methods httplib parses (it answers any other with a bare 400).
 bool known_method(std::string_view m) {
@@ -373,8 +374,8 @@ bool BodyBudget::take(size_t n) noexcept {
   return true;
 }
 
-ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
-    : max_threads_(max_threads), open_(open), cap_(cap) {
+ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open)
+    : max_threads_(max_threads), open_(open) {
   std::lock_guard<std::mutex> lk(mu_);
   try {
     for (size_t i = 0; i < std::min(warm, max_threads); ++i) threads_.emplace_back([this] { work(); });
@@ -389,7 +390,7 @@ ConnectionThreads::~ConnectionThreads() {
 
 void ConnectionThreads::enqueue(std::function<void()> fn) {
   std::unique_lock<std::mutex> lk(mu_);
-  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1 > cap_});
+  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1});
   if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
     try {
       threads_.emplace_back([this] { work(); });
@@ -423,7 +424,7 @@ void ConnectionThreads::work() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lk.unlock();
-    tls_over_cap = job.over_cap;
+    tls_position = job.position;
     job.fn();
     lk.lock();
   }
@@ -438,10 +439,11 @@ BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads)
     int yes = 1;
     (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
-  // A connection over the cap gets its 503 from a thread of its own: a few spare threads.
-  const size_t max_threads = limits_.max_connections + 64;
+  // A connection over the cap and the reserve gets its 503 from a thread of its own: a few
+  // spare threads.
+  const size_t max_threads = limits_.max_connections + limits_.probe_reserve + 64;
   new_task_queue = [this, max_threads, warm_threads] {
-    return new ConnectionThreads(max_threads, warm_threads, open_, limits_.max_connections);
+    return new ConnectionThreads(max_threads, warm_threads, open_);
   };
 }
 
@@ -458,17 +460,22 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     ~Open() { n.fetch_sub(1); }
   } open{open_};
   bool ret = false;
-  if (tls_over_cap) {  // counted in accept order by ConnectionThreads::enqueue
+  // Counted in accept order by ConnectionThreads::enqueue.
+  const bool probe_only = tls_position > limits_.max_connections;
+  if (tls_position > limits_.max_connections + limits_.probe_reserve) {
     send_refusal(sock, too_many_connections());
   } else {
     ConnectionState state;
     tls_connection = &state;
     ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
                           to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
-    // Before routing, once the headers are parsed: a declared body takes its bytes from the
-    // budget now, before any is read (a Content-Length over the body limit is refused by the
-    // routes, unread: not reserved).
+    // Before routing, once the headers are parsed: a reserve connection serves the probes
+    // only; a declared body takes its bytes from the budget now, before any is read (a
+    // Content-Length over the body limit is refused by the routes, unread: not reserved).
     const auto admit = [&](httplib::Request& req) {
+      if (probe_only &&
+          !((req.method == "GET" || req.method == "HEAD") && (req.path == "/health" || req.path == "/metrics")))
+        throw too_many_connections();
       const std::string cl = req.get_header_value("Content-Length");
       uint64_t length = 0;
       const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), length);
@@ -476,11 +483,13 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
       if (!body_budget_.take(size_t(length))) throw budget_exhausted(body_budget_.capacity());
       state.budget_held = size_t(length);
     };
-    Clock::time_point deadline = deadline_in(limits_.header_timeout_s);  // the first request: from accept
-    for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
-      if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
+    const double header_timeout_s = probe_only ? limits_.probe_header_timeout_s : limits_.header_timeout_s;
+    const size_t max_requests = probe_only ? 1 : keep_alive_max_count_;
+    Clock::time_point deadline = deadline_in(header_timeout_s);  // the first request: from accept
+    for (size_t count = max_requests; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
+      if (count != max_requests) {  // keep-alive: wait for the next request to begin
         if (!strm.has_buffered() && wait_readable(sock, to_ms(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) break;
-        deadline = deadline_in(limits_.header_timeout_s);
+        deadline = deadline_in(header_timeout_s);
       }
       state = ConnectionState{};
       state.sock = sock;

@@ -15,11 +15,13 @@
 //
 // BoundedServer serves each connection on its own thread (ConnectionThreads grows up to
 // the connection cap), reads the request line and headers within a deadline and a byte
-// cap, and answers beyond the cap with 503 at once. Each body is bounded by read_body();
-// all bodies in flight together by the body budget (BodyBudget).
+// cap, serves a few connections beyond the cap for GET /health and /metrics only (the
+// probe reserve) and answers beyond that with 503 at once. Each body is bounded by
+// read_body(); all bodies in flight together by the body budget (BodyBudget).
 // What the transport refuses by itself (an unknown method, a request line over 8 KiB, a
-// body over the budget) it answers with the OpenAI error object and closes. A response that closes the connection says
-// `Connection: close` and offers no `Keep-Alive` (httplib adds one unless it decided the close itself).
+// body over the budget, a non-probe request on the reserve) it answers with the OpenAI
+// error object and closes. A response that closes the connection says `Connection: close`
+// and offers no `Keep-Alive` (httplib adds one unless it decided the close itself).
 #pragma once
 
 #include <httplib.h>
@@ -49,6 +51,8 @@ struct TransportLimits {
   /// when the headers are read, taken chunk by chunk for a chunked body, given back when the
   /// request ends. A body that does not fit: 503 body_budget_exhausted with Retry-After.
   size_t body_budget = 64 << 20;
+  size_t probe_reserve = 8;             ///< connections beyond max_connections, for GET /health and /metrics only
+  double probe_header_timeout_s = 2.0;  ///< header deadline on a reserve connection (one request each)
 };
 
 /// The server-wide count of request-body bytes in flight, at most `capacity`. Thread-safe.
@@ -67,12 +71,13 @@ class BodyBudget {
 
 /// A thread per task, started when no thread is idle, up to `max_threads`; beyond that
 /// tasks wait in the queue (each one is an accepted socket, already bounded by the cap).
-/// Each task is counted in `open` when it is queued (the accept order) and told by
-/// over_connection_cap() whether it came beyond `cap`; the task itself decrements `open`.
+/// Each task is counted in `open` when it is queued (the accept order) and runs knowing
+/// (thread-locally) how many were open with it then, its position against the connection
+/// cap; the task itself decrements `open`.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
   /// `warm` threads start at once.
-  ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap);
+  ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open);
   ~ConnectionThreads() override;
   void enqueue(std::function<void()> fn) override;
   void shutdown() override;
@@ -84,10 +89,9 @@ class ConnectionThreads : public httplib::TaskQueue {
   std::condition_variable cv_;
   struct Job {
     std::function<void()> fn;
-    bool over_cap = false;
+    size_t position = 0;  ///< how many were open with this one, when it was accepted
   };
   std::atomic<size_t>& open_;
-  size_t cap_;
   std::deque<Job> jobs_;
   std::vector<std::thread> threads_;
   size_t idle_ = 0;

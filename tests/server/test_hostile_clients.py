@@ -254,7 +254,7 @@ def test_body_deadline_closes_a_trickling_upload(tmp_path):
         assert s.stop() == 0, s.log_path.read_text()
 
 
-def test_connection_cap_answers_503_beyond_it(tmp_path):
+def test_connection_cap_answers_503_beyond_it_but_health_and_metrics(tmp_path):
     s = Server(tmp_path, extra=["--max-connections", "8", "--header-timeout", "300"])
     assert s.wait_ready(), s.log_path.read_text()
 
@@ -281,13 +281,20 @@ def test_connection_cap_answers_503_beyond_it(tmp_path):
         deadline = time.monotonic() + 60
         while True:
             held = [hold() if answered(c) and not c.close() else c for c in held]
-            r = httpx.get(s.url + "/health", timeout=60)
+            r = httpx.get(s.url + "/v1/models", timeout=60)
             if r.status_code == 503:
                 break
             assert time.monotonic() < deadline, "a 9th connection was still served with 8 held"
             time.sleep(0.05)
         assert r.json()["error"]["code"] == "too_many_connections"
         assert r.headers.get("retry-after") == "1"
+        assert r.headers.get("connection") == "close"
+        # The liveness probe and the metrics scrape are served beyond the cap (a reserve of
+        # connections for GET /health and GET /metrics only), while the 8 are still held.
+        assert httpx.get(s.url + "/health", timeout=60).json() == {"status": "ok"}
+        assert "vllm:num_requests_running" in httpx.get(s.url + "/metrics", timeout=60).text
+        assert httpx.get(s.url + "/v1/models", timeout=60).status_code == 503
+        assert not any(answered(c) for c in held), "a held connection was dropped to make room"
         for c in held:
             c.close()
         held = []
