@@ -17,6 +17,7 @@
 #include <cstring>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include "openai_json.hpp"
 
@@ -78,22 +79,24 @@ void send_refusal(int sock, const ApiError& e) {
   (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/// Whether the header block `head` ("...\r\n\r\n") has the line `name: value`
-/// (name case-insensitive, value exact).
-bool has_header_line(std::string_view head, std::string_view name, std::string_view value) {
-  for (size_t at = head.find("\r\n"); at != std::string_view::npos && at + 2 < head.size();) {
+/// Whether the header line `line` ("Name: value") is named `name` (case-insensitive).
+bool header_named(std::string_view line, std::string_view name) {
+  return line.size() > name.size() && line[name.size()] == ':' &&
+         std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+         });
+}
+
+/// The header lines of a response head ("status line\r\nName: value\r\n...\r\n\r\n"), in order.
+std::vector<std::string_view> header_lines(std::string_view head) {
+  std::vector<std::string_view> lines;
+  for (size_t at = head.find("\r\n"); at != std::string_view::npos && at + 4 <= head.size();) {
     const size_t end = head.find("\r\n", at + 2);
-    std::string_view line = head.substr(at + 2, end - at - 2);
+    if (end == at + 2 || end == std::string_view::npos) break;  // the blank line ends the head
+    lines.push_back(head.substr(at + 2, end - at - 2));
     at = end;
-    const size_t colon = line.find(':');
-    if (colon != name.size() || !std::equal(name.begin(), name.end(), line.begin(),
-                                            [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
-      continue;
-    std::string_view v = line.substr(colon + 1);
-    while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
-    if (v == value) return true;
   }
-  return false;
+  return lines;
 }
 
 /// poll() one socket for `events` up to `timeout_ms` (EINTR retried): >0 ready, 0 timeout, <0 error.
@@ -246,21 +249,20 @@ class ConnectionStream final : public httplib::Stream {
   /// response says so), `Connection: close` and no `Keep-Alive`; `Retry-After: 1` when the
   /// transport asked for it.
   std::string connection_headers(std::string_view head) const {
-    const bool closes = state_.in_headers || state_.close_after || has_header_line(head, "Connection", "close");
-    const bool retry = state_.retry_after && head.find("\r\nRetry-After:") == std::string_view::npos;
+    const std::vector<std::string_view> lines = header_lines(head);
+    const auto has = [&](std::string_view name) {
+      return std::any_of(lines.begin(), lines.end(), [&](std::string_view l) { return header_named(l, name); });
+    };
+    const bool closes =
+        state_.in_headers || state_.close_after || std::any_of(lines.begin(), lines.end(), [](std::string_view l) {
+          return header_named(l, "Connection") && l.substr(l.find(':') + 1).find("close") != l.npos;
+        });
+    const bool retry = state_.retry_after && !has("Retry-After");
     if (!closes && !retry) return std::string(head);
-    std::string out;
-    out.reserve(head.size() + 40);
-    size_t at = head.find("\r\n");
-    out.append(head.substr(0, at));  // the status line
-    while (at + 4 <= head.size() && head.substr(at, 4) != "\r\n\r\n") {
-      const size_t end = head.find("\r\n", at + 2);
-      const std::string_view line = head.substr(at, end - at);  // "\r\nName: value"
-      at = end;
-      const bool keep_alive = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Keep-Alive:");
-      const bool connection = line.size() > 12 && std::equal(line.begin() + 2, line.begin() + 13, "Connection:");
-      if (closes && (keep_alive || connection)) continue;
-      out.append(line);
+    std::string out(head.substr(0, head.find("\r\n")));  // the status line
+    for (const std::string_view line : lines) {
+      if (closes && (header_named(line, "Keep-Alive") || header_named(line, "Connection"))) continue;
+      out.append("\r\n").append(line);
     }
     if (closes) out.append("\r\nConnection: close");
     if (retry) out.append("\r\nRetry-After: 1");
@@ -539,7 +541,7 @@ int read_body(const httplib::ContentReader& reader, size_t limit, std::string& o
   if (ok && !over && !over_budget) return 0;
   if (c) c->close_after = true;
   if (over_budget) {
-    if (c) c->retry_after = true;
+    c->retry_after = true;
     throw budget_exhausted(c->budget->capacity());
   }
   return over ? 413 : c && c->body_timeout ? 408 : 400;
