@@ -8,11 +8,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <string_view>
 #include <system_error>
+#include <vector>
+
+#include "openai_json.hpp"
 
 namespace tandem::server {
 
@@ -21,7 +28,76 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local ConnectionState* tls_connection = nullptr;
-thread_local bool tls_over_cap = false;
+/// How many connections were open with this one when it was accepted (ConnectionThreads).
+thread_local size_t tls_position = 0;
+
+/// The methods httplib parses (it answers any other with a bare 400).
+bool known_method(std::string_view m) {
+  static constexpr std::string_view kKnown[] = {"GET",     "HEAD",    "POST",  "PUT",   "DELETE",
+                                                "CONNECT", "OPTIONS", "TRACE", "PATCH", "PRI"};
+  return std::find(std::begin(kKnown), std::end(kKnown), m) != std::end(kKnown);
+}
+
+ApiError too_many_connections() {
+  return ApiError(503, "too many open connections; retry", "", "too_many_connections");
+}
+
+ApiError budget_exhausted(size_t capacity) {
+  return ApiError(
+      503, fmt::format("request bodies in flight would exceed the server's body budget ({} bytes); retry", capacity),
+      "", "body_budget_exhausted");
+}
+
+std::string_view reason_phrase(int status) {
+  switch (status) {
+    case 400:
+      return "Bad Request";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 414:
+      return "URI Too Long";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
+  }
+}
+
+/// Answer `e` (the OpenAI error object) on a connection that closes after it; a 503 says
+/// Retry-After. Small enough for the socket's send buffer: never waits for the client.
+void send_refusal(int sock, const ApiError& e) {
+  const std::string body = e.body().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string reply = fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\n{}Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+      e.status(), reason_phrase(e.status()), e.status() == 503 ? "Retry-After: 1\r\n" : "", body.size(), body);
+  (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/// Whether the header line `line` ("Name: value") is named `name` (case-insensitive).
+bool header_named(std::string_view line, std::string_view name) {
+  return line.size() > name.size() && line[name.size()] == ':' &&
+         std::equal(name.begin(), name.end(), line.begin(), [](char a, char b) {
+           return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+         });
+}
+
+/// The header lines of a response head ("status line\r\nName: value\r\n...\r\n\r\n"), in order.
+std::vector<std::string_view> header_lines(std::string_view head) {
+  std::vector<std::string_view> lines;
+  for (size_t at = head.find("\r\n"); at != std::string_view::npos && at + 4 <= head.size();) {
+    const size_t end = head.find("\r\n", at + 2);
+    if (end == at + 2 || end == std::string_view::npos) break;  // the blank line ends the head
+    lines.push_back(head.substr(at + 2, end - at - 2));
+    at = end;
+  }
+  return lines;
+}
 
 /// poll() one socket for `events` up to `timeout_ms` (EINTR retried): >0 ready, 0 timeout, <0 error.
 int wait_for(int sock, short events, int timeout_ms) {
@@ -84,6 +160,7 @@ class ConnectionStream final : public httplib::Stream {
     deadline_ = deadline;
     header_bytes_ = 0;
     line_ = LineScan{};
+    head_written_ = false;
   }
   bool has_buffered() const { return off_ < len_; }
 
@@ -123,12 +200,12 @@ class ConnectionStream final : public httplib::Stream {
     }
     const size_t n = std::min(size, len_ - off_);
     if (state_.in_headers) {
+      for (size_t i = 0; i < n; ++i) scan_header_byte(buf_[off_ + i]);  // may throw ApiError (the request line)
       header_bytes_ += n;
       if (header_bytes_ > limits_.header_max_bytes) {
         state_.header_overflow = true;
         return -1;
       }
-      for (size_t i = 0; i < n; ++i) scan_header_byte(buf_[off_ + i]);
     }
     std::memcpy(ptr, buf_ + off_, n);
     off_ += n;
@@ -136,12 +213,15 @@ class ConnectionStream final : public httplib::Stream {
   }
 
   ssize_t write(const char* ptr, size_t size) override {
-    if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return -1;
-    ssize_t n;
-    do {
-      n = ::send(sock_, ptr, size, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    return n;
+    const std::string_view data(ptr, size);
+    // httplib writes a response's status line and headers in one call (a 100 Continue first).
+    if (!head_written_ && data.size() > 12 && data.substr(0, 9) == "HTTP/1.1 " && data[9] != '1' &&
+        data.substr(data.size() - 4) == "\r\n\r\n") {
+      head_written_ = true;
+      const std::string head = connection_headers(data);
+      return send_all(head.data(), head.size()) ? ssize_t(size) : -1;
+    }
+    return send_all(ptr, size) ? ssize_t(size) : -1;
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override { address_of(sock_, true, ip, port); }
@@ -149,24 +229,87 @@ class ConnectionStream final : public httplib::Stream {
   socket_t socket() const override { return sock_; }
 
  private:
+  /// All of `data`, waiting at most the write timeout per send (false: not all sent).
+  bool send_all(const char* p, size_t size) {
+    while (size > 0) {
+      if (wait_for(sock_, POLLOUT, write_timeout_ms_) <= 0) return false;
+      ssize_t n;
+      do {
+        n = ::send(sock_, p, size, MSG_NOSIGNAL);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return false;
+      p += n;
+      size -= size_t(n);
+    }
+    return true;
+  }
+
+  /// The response head `head` with the connection's own headers: when the connection closes
+  /// after it (the request never reached routing, its body was not read whole, or the
+  /// response says so), `Connection: close` and no `Keep-Alive`; `Retry-After: 1` when the
+  /// transport asked for it.
+  std::string connection_headers(std::string_view head) const {
+    const std::vector<std::string_view> lines = header_lines(head);
+    const auto has = [&](std::string_view name) {
+      return std::any_of(lines.begin(), lines.end(), [&](std::string_view l) { return header_named(l, name); });
+    };
+    const bool closes =
+        state_.in_headers || state_.close_after || std::any_of(lines.begin(), lines.end(), [](std::string_view l) {
+          return header_named(l, "Connection") && l.substr(l.find(':') + 1).find("close") != l.npos;
+        });
+    const bool retry = state_.retry_after && !has("Retry-After");
+    if (!closes && !retry) return std::string(head);
+    std::string out(head.substr(0, head.find("\r\n")));  // the status line
+    for (const std::string_view line : lines) {
+      if (closes && (header_named(line, "Keep-Alive") || header_named(line, "Connection"))) continue;
+      out.append("\r\n").append(line);
+    }
+    if (closes) out.append("\r\nConnection: close");
+    if (retry) out.append("\r\nRetry-After: 1");
+    out.append("\r\n\r\n");
+    return out;
+  }
+
   /// Where the header reader is in the current line: httplib skips a header line without
   /// a colon (and reads a folded line as a header of its own), a request smuggling vector
   /// behind proxies that read them otherwise, so such a line marks the request malformed.
-  /// The first line is the request line (httplib refuses an empty one).
+  /// The first line is the request line (httplib refuses an empty one): a method httplib
+  /// does not know is 501 (it would answer a bare 400), a line longer than
+  /// request_line_max_bytes 414 as soon as it is (ApiError, answered by the connection loop).
   struct LineScan {
     bool request_line_seen = false;
     size_t length = 0;  ///< bytes of the line so far, CR excluded
     bool colon = false;
+    std::string method;  ///< the request line's first word (its first 16 bytes)
+    bool method_done = false;
   };
 
   void scan_header_byte(char c) {
+    if (!line_.request_line_seen) {
+      if (c == '\n') {
+        line_.request_line_seen = true;
+        if (line_.method_done && !known_method(line_.method)) {
+          throw ApiError(501, fmt::format("method '{}' is not implemented", line_.method), "",
+                         "method_not_implemented");
+        }
+      } else if (c != '\r') {
+        if (++line_.length > limits_.request_line_max_bytes) {
+          throw ApiError(414, fmt::format("the request line exceeds {} bytes", limits_.request_line_max_bytes), "",
+                         "uri_too_long");
+        }
+        if (c == ' ') line_.method_done = true;
+        if (!line_.method_done && line_.method.size() < 16) line_.method += c;
+        return;
+      }
+      line_.length = 0;
+      return;
+    }
     if (c == '\n') {
-      if (line_.request_line_seen && line_.length > 0 && !line_.colon) state_.header_malformed = true;
-      line_.request_line_seen = true;
+      if (line_.length > 0 && !line_.colon) state_.header_malformed = true;
       line_.length = 0;
       line_.colon = false;
     } else if (c != '\r') {
-      if (line_.length == 0 && line_.request_line_seen && (c == ' ' || c == '\t')) state_.header_malformed = true;
+      if (line_.length == 0 && (c == ' ' || c == '\t')) state_.header_malformed = true;
       ++line_.length;
       line_.colon = line_.colon || c == ':';
     }
@@ -181,6 +324,7 @@ class ConnectionStream final : public httplib::Stream {
   Clock::time_point deadline_{};
   size_t header_bytes_ = 0;
   LineScan line_;
+  bool head_written_ = false;  ///< this request's response head went out
   char buf_[4096];
   size_t off_ = 0, len_ = 0;
 };
@@ -224,8 +368,16 @@ bool client_gone() noexcept {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open, size_t cap)
-    : max_threads_(max_threads), open_(open), cap_(cap) {
+bool BodyBudget::take(size_t n) noexcept {
+  size_t used = used_.load();
+  do {
+    if (n > capacity_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + n));
+  return true;
+}
+
+ConnectionThreads::ConnectionThreads(size_t max_threads, size_t warm, std::atomic<size_t>& open)
+    : max_threads_(max_threads), open_(open) {
   std::lock_guard<std::mutex> lk(mu_);
   try {
     for (size_t i = 0; i < std::min(warm, max_threads); ++i) threads_.emplace_back([this] { work(); });
@@ -240,7 +392,7 @@ ConnectionThreads::~ConnectionThreads() {
 
 void ConnectionThreads::enqueue(std::function<void()> fn) {
   std::unique_lock<std::mutex> lk(mu_);
-  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1 > cap_});
+  jobs_.push_back(Job{std::move(fn), open_.fetch_add(1) + 1});
   if (idle_ < jobs_.size() && threads_.size() < max_threads_) {
     try {
       threads_.emplace_back([this] { work(); });
@@ -274,13 +426,14 @@ void ConnectionThreads::work() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     lk.unlock();
-    tls_over_cap = job.over_cap;
+    tls_position = job.position;
     job.fn();
     lk.lock();
   }
 }
 
-BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limits_(limits) {
+BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads)
+    : limits_(limits), body_budget_(limits.body_budget) {
   // SO_REUSEADDR only (a restart binds over TIME_WAIT sockets); the library's default,
   // SO_REUSEPORT, let a second server bind a port another one listens on and take half of
   // its connections. Now that bind fails (EADDRINUSE), as llama-server's.
@@ -288,10 +441,11 @@ BoundedServer::BoundedServer(TransportLimits limits, size_t warm_threads) : limi
     int yes = 1;
     (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
-  // A connection over the cap gets its 503 from a thread of its own: a few spare threads.
-  const size_t max_threads = limits_.max_connections + 64;
+  // A connection over the cap and the reserve gets its 503 from a thread of its own: a few
+  // spare threads.
+  const size_t max_threads = limits_.max_connections + limits_.probe_reserve + 64;
   new_task_queue = [this, max_threads, warm_threads] {
-    return new ConnectionThreads(max_threads, warm_threads, open_, limits_.max_connections);
+    return new ConnectionThreads(max_threads, warm_threads, open_);
   };
 }
 
@@ -308,30 +462,50 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
     ~Open() { n.fetch_sub(1); }
   } open{open_};
   bool ret = false;
-  if (tls_over_cap) {  // counted in accept order by ConnectionThreads::enqueue
-    static constexpr std::string_view kBody =
-        R"({"error": {"message": "too many open connections; retry", "type": "server_error", "param": null, "code": "too_many_connections"}})";
-    const std::string reply =
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
-        std::to_string(kBody.size()) + "\r\n\r\n" + std::string(kBody);
-    (void)::send(sock, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Counted in accept order by ConnectionThreads::enqueue.
+  const bool probe_only = tls_position > limits_.max_connections;
+  if (tls_position > limits_.max_connections + limits_.probe_reserve) {
+    send_refusal(sock, too_many_connections());
   } else {
     ConnectionState state;
     tls_connection = &state;
     ConnectionStream strm(sock, limits_, state, to_ms(read_timeout_sec_, read_timeout_usec_),
                           to_ms(write_timeout_sec_, write_timeout_usec_), svr_sock_);
-    Clock::time_point deadline = deadline_in(limits_.header_timeout_s);  // the first request: from accept
-    for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
-      if (count != keep_alive_max_count_) {  // keep-alive: wait for the next request to begin
+    // Before routing, once the headers are parsed: a reserve connection serves the probes
+    // only; a declared body takes its bytes from the budget now, before any is read (a
+    // Content-Length over the body limit is refused by the routes, unread: not reserved).
+    const auto admit = [&](httplib::Request& req) {
+      if (probe_only &&
+          !((req.method == "GET" || req.method == "HEAD") && (req.path == "/health" || req.path == "/metrics")))
+        throw too_many_connections();
+      const std::string cl = req.get_header_value("Content-Length");
+      uint64_t length = 0;
+      const auto [end, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), length);
+      if (ec != std::errc() || end != cl.data() + cl.size() || length == 0 || length > limits_.body_limit) return;
+      if (!body_budget_.take(size_t(length))) throw budget_exhausted(body_budget_.capacity());
+      state.budget_held = size_t(length);
+    };
+    const double header_timeout_s = probe_only ? limits_.probe_header_timeout_s : limits_.header_timeout_s;
+    const size_t max_requests = probe_only ? 1 : keep_alive_max_count_;
+    Clock::time_point deadline = deadline_in(header_timeout_s);  // the first request: from accept
+    for (size_t count = max_requests; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
+      if (count != max_requests) {  // keep-alive: wait for the next request to begin
         if (!strm.has_buffered() && wait_readable(sock, to_ms(keep_alive_timeout_sec_, 0), svr_sock_) <= 0) break;
-        deadline = deadline_in(limits_.header_timeout_s);
+        deadline = deadline_in(header_timeout_s);
       }
       state = ConnectionState{};
       state.sock = sock;
+      state.budget = &body_budget_;
       strm.begin_request(deadline);
       bool closed = false;
-      ret = process_request(strm, count == 1, closed, nullptr);
+      try {
+        ret = process_request(strm, count == 1, closed, admit);
+      } catch (const ApiError& e) {  // refused by the transport before routing (admit, the request line)
+        send_refusal(sock, e);
+        state.close_after = true;
+        ret = false;
+      }
+      body_budget_.give(std::exchange(state.budget_held, 0));
       // Still "in headers": the request never reached routing (bad line, headers cut off).
       if (!ret || closed || state.close_after || state.in_headers) break;
     }
@@ -344,21 +518,34 @@ bool BoundedServer::process_and_close_socket(socket_t sock) {
 }
 
 int read_body(const httplib::ContentReader& reader, size_t limit, std::string& out) {
+  auto* c = current_connection();
   bool over = false;
+  bool over_budget = false;
   const bool ok = reader([&](const char* data, size_t n) {
     if (n > limit - out.size()) {
       over = true;
       return false;
     }
+    // A chunked body (or one longer than declared) takes what it lacks from the budget.
+    if (c && c->budget && out.size() + n > c->budget_held) {
+      const size_t more = out.size() + n - c->budget_held;
+      if (!c->budget->take(more)) {
+        over_budget = true;
+        return false;
+      }
+      c->budget_held += more;
+    }
     out.append(data, n);
     return true;
   });
-  if (ok && !over) return 0;
-  auto* c = current_connection();
+  if (ok && !over && !over_budget) return 0;
   if (c) c->close_after = true;
+  if (over_budget) {
+    c->retry_after = true;
+    throw budget_exhausted(c->budget->capacity());
+  }
   return over ? 413 : c && c->body_timeout ? 408 : 400;
 }
-
 size_t raise_open_file_limit(size_t want) {
   rlimit rl{};
   if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return want;

@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
   app.add_option("--body-limit", so.body_limit, "largest request body in bytes (larger: 413)")
       ->capture_default_str()
       ->check(CLI::Range(size_t(1024), size_t(1) << 32));
+  size_t body_budget = 0;
+  app.add_option("--body-budget", body_budget,
+                 "request-body bytes held by all connections together (default 8 x --body-limit); a body that "
+                 "does not fit: 503 with Retry-After")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 40));
   app.add_option("--max-connections", so.max_connections,
                  "open connections at most (one thread each); beyond: 503 and close")
       ->capture_default_str()
@@ -128,6 +133,11 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // --help: 0; a refused flag: usage, 2 (as the other tools)
     return rc == 0 ? 0 : 2;
   }
+  if (body_budget > 0 && body_budget < so.body_limit) {  // a body within the limit would never fit
+    std::fprintf(stderr, "tandem-server: --body-budget (%zu) is below --body-limit (%zu)\n", body_budget,
+                 so.body_limit);
+    return 2;
+  }
   eo.kv_file_tier = kv_tier == "file";
   if (const std::string bad = tandem::cli::resolve_cache_types(cache_type_k, cache_type_v, eo.kv_dtype); !bad.empty()) {
     std::fprintf(stderr, "tandem-server: %s\n", bad.c_str());
@@ -149,6 +159,8 @@ int main(int argc, char** argv) {
   TransportLimits limits;
   limits.header_timeout_s = so.header_timeout_s;
   limits.body_timeout_s = so.body_timeout_s;
+  limits.body_limit = so.body_limit;
+  limits.body_budget = body_budget > 0 ? body_budget : 8 * so.body_limit;
   // A descriptor per connection, plus the model, the KV files and the listener.
   const size_t nofile = raise_open_file_limit(so.max_connections + 64);
   limits.max_connections = std::min(so.max_connections, nofile > 128 ? nofile - 64 : size_t(64));
@@ -178,7 +190,8 @@ int main(int argc, char** argv) {
                 {"http_threads", http_threads},
                 {"max_connections", limits.max_connections},
                 {"header_timeout_s", limits.header_timeout_s},
-                {"body_timeout_s", limits.body_timeout_s}});
+                {"body_timeout_s", limits.body_timeout_s},
+                {"body_budget", limits.body_budget}});
 
   int rc = 0;
   try {

@@ -134,6 +134,7 @@ def test_declared_oversize_body_is_413_before_authentication(guarded):
         s.close()
     assert_openai_error(status, body, 413)
     assert headers.get("connection") == "close"
+    assert "keep-alive" not in headers, headers  # a response that closes offers no keep-alive
 
 
 def test_chunked_body_without_key_is_401_unread(guarded):
@@ -218,6 +219,7 @@ def test_header_deadline_closes_a_stalled_connection(tmp_path):
         status, headers, body = read_response(c)  # read until the server closes (60 s socket timeout)
         c.close()
         assert_openai_error(status, body, 408)
+        assert headers.get("connection") == "close" and "keep-alive" not in headers, headers
         assert httpx.get(s.url + "/health").status_code == 200
     finally:
         assert s.stop() == 0, s.log_path.read_text()
@@ -252,7 +254,7 @@ def test_body_deadline_closes_a_trickling_upload(tmp_path):
         assert s.stop() == 0, s.log_path.read_text()
 
 
-def test_connection_cap_answers_503_beyond_it(tmp_path):
+def test_connection_cap_answers_503_beyond_it_but_health_and_metrics(tmp_path):
     s = Server(tmp_path, extra=["--max-connections", "8", "--header-timeout", "300"])
     assert s.wait_ready(), s.log_path.read_text()
 
@@ -279,13 +281,20 @@ def test_connection_cap_answers_503_beyond_it(tmp_path):
         deadline = time.monotonic() + 60
         while True:
             held = [hold() if answered(c) and not c.close() else c for c in held]
-            r = httpx.get(s.url + "/health", timeout=60)
+            r = httpx.get(s.url + "/v1/models", timeout=60)
             if r.status_code == 503:
                 break
             assert time.monotonic() < deadline, "a 9th connection was still served with 8 held"
             time.sleep(0.05)
         assert r.json()["error"]["code"] == "too_many_connections"
         assert r.headers.get("retry-after") == "1"
+        assert r.headers.get("connection") == "close"
+        # The liveness probe and the metrics scrape are served beyond the cap (a reserve of
+        # connections for GET /health and GET /metrics only), while the 8 are still held.
+        assert httpx.get(s.url + "/health", timeout=60).json() == {"status": "ok"}
+        assert "vllm:num_requests_running" in httpx.get(s.url + "/metrics", timeout=60).text
+        assert httpx.get(s.url + "/v1/models", timeout=60).status_code == 503
+        assert not any(answered(c) for c in held), "a held connection was dropped to make room"
         for c in held:
             c.close()
         held = []
@@ -378,6 +387,7 @@ def test_malformed_content_length_is_400_and_closes(plain, framing):
     err = assert_openai_error(status, body, 400)
     assert "Content-Length" in err["message"], err
     assert headers.get("connection") == "close"
+    assert "keep-alive" not in headers, headers
     assert httpx.get(s.url + "/health").status_code == 200
 
 
@@ -443,3 +453,115 @@ def test_stalled_body_is_408_and_closes(plain):
     assert headers.get("connection") == "close"
     assert httpx.get(s.url + "/health").status_code == 200
 
+
+
+def test_request_line_over_64k_is_answered(plain):
+    """A request line over the 64 KiB header cap is answered (414, an OpenAI error object)
+    and closed, not dropped without a response; one under it but over 8 KiB is 414 too."""
+    for size in (70 << 10, 16 << 10):
+        c = connect(plain)
+        try:
+            c.sendall(b"GET /" + b"a" * size + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status, headers, body = read_response(c)
+        c.close()
+        assert_openai_error(status, body, 414)
+        assert headers.get("connection") == "close" and "keep-alive" not in headers, headers
+    assert httpx.get(plain.url + "/health").status_code == 200
+
+
+@pytest.mark.parametrize("method", ["FOO", "BREW", "get"])
+def test_unknown_method_is_501(plain, method):
+    """A method the server does not know is 501 Not Implemented (RFC 9110 15.6.2) with the
+    OpenAI error object naming it, and the connection closes; a known method on a route that
+    does not answer it stays 405."""
+    c = connect(plain)
+    c.sendall(f"{method} /health HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    status, headers, body = read_response(c)
+    c.close()
+    err = assert_openai_error(status, body, 501)
+    assert method in err["message"] and err["code"] == "method_not_implemented", err
+    assert headers.get("connection") == "close"
+    assert httpx.delete(plain.url + "/health").status_code == 405
+
+
+def hold_body(server, declared, sent, path="/v1/completions"):
+    """A connection that declares a `declared`-byte body and sends `sent` bytes of it."""
+    c = connect(server)
+    c.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {declared}\r\n\r\n".encode())
+    try:
+        c.sendall(b" " * sent)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused and closed
+    return c
+
+
+def assert_budget_503(status, headers, body):
+    err = assert_openai_error(status, body, 503)
+    assert err["code"] == "body_budget_exhausted", err
+    assert headers.get("retry-after") == "1" and headers.get("connection") == "close", headers
+
+
+def test_body_budget_bounds_memory_of_held_bodies(tmp_path):
+    """64 connections each declare a 1 MiB body (the limit) and send all of it but the last
+    byte. The server-wide body budget (4 MiB + 256 KiB here) holds 4 such bodies at a time;
+    the others get 503 (OpenAI error object, Retry-After) from their headers, before a byte of
+    the body is read, so the peak resident set grows by far less than the 64 MiB the clients
+    hold out (without the budget every body is read: +64 MiB or more). Meanwhile a small
+    request is served. A held body ends with 408 (the 5 s read timeout) and frees its part."""
+    n, limit = 64, MIB
+    s = Server(tmp_path, extra=["--body-limit", str(limit), "--body-budget", str(4 * limit + 256 * 1024)])
+    assert s.wait_ready(), s.log_path.read_text()
+    conns = []
+    try:
+        reset_peak(s)
+        before = vm_kib(s, "VmHWM")
+        conns = [hold_body(s, limit, limit - 1) for _ in range(n)]
+        r = httpx.post(s.url + "/v1/completions", json={"model": ALIAS, "prompt": "Once upon a time", "max_tokens": 2},
+                       timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+        statuses = []
+        for c in conns:
+            status, headers, body = read_response(c)
+            statuses.append(status)
+            if status == 503:
+                assert_budget_503(status, headers, body)
+        grown = vm_kib(s, "VmHWM") - before
+        assert grown < 24 * 1024, f"peak RSS grew by {grown} KiB with a 4.25 MiB body budget"
+        # 4 admitted at a time (more only if one timed out while the 64 were still connecting).
+        assert statuses.count(503) >= n // 2 and set(statuses) == {408, 503}, statuses
+        # All released when their connections ended: a body the size of the limit fits again.
+        r = httpx.post(s.url + "/v1/completions", content=b'{"prompt": "a", "max_tokens": 1}' + b" " * (limit - 64),
+                       headers={"Content-Type": "application/json"}, timeout=120)
+        assert r.status_code == 200, r.text
+    finally:
+        for c in conns:
+            c.close()
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_body_budget_grows_with_chunked_bodies(tmp_path):
+    """A chunked body takes from the budget as its chunks arrive: with 1 MiB of a 1.25 MiB
+    budget held by a stalled upload, a chunked body of 1 MiB (within the limit) is cut off
+    with 503 once it outgrows what is left; a small chunked one still fits."""
+    s = Server(tmp_path, extra=["--body-limit", str(MIB), "--body-budget", str(MIB + MIB // 4)])
+    assert s.wait_ready(), s.log_path.read_text()
+    held = None
+    try:
+        held = hold_body(s, MIB, MIB - 1)
+        assert_budget_503(*send_chunked(s, "/v1/completions", MIB))
+        payload = json.dumps({"model": ALIAS, "prompt": "Once", "max_tokens": 1}).encode()
+        c = connect(s)
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                  b"%x\r\n" % len(payload) + payload + b"\r\n0\r\n\r\n")
+        status, _, body = read_response(c)
+        c.close()
+        assert status == 200, body[:300]
+        assert read_response(held)[0] == 408
+    finally:
+        if held:
+            held.close()
+        assert s.stop() == 0, s.log_path.read_text()
