@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include "bench_serve.hpp"
 #include "bench_speed.hpp"
+#include "cli_stdout.hpp"
 #include "gpu_layers.hpp"
 #include "kv_cache_type.hpp"
 
@@ -86,16 +87,6 @@ std::pair<double, double> file_bandwidth(const std::filesystem::path& dir, size_
   });
   ::close(fd);
   return {double(bytes) / w, double(got) / r};
-}
-
-// Reports a failed write to stdout (a full disk, /dev/full) as an error: exit status 1.
-int finish_stdout(int rc) {
-  std::cout.flush();
-  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
-    std::fprintf(stderr, "tandem-bench: error: cannot write standard output: %s\n", std::strerror(errno ? errno : EIO));
-    return rc == 0 ? 1 : rc;
-  }
-  return rc;
 }
 
 // A path removed when this object goes out of scope, on any return or exception.
@@ -188,7 +179,7 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
-  CLI::App app{"tandem-bench: prompt (pp) and generation (tg) tokens/s"};
+  CLI::App app{"tandem-bench: prompt (pp) and generation (tg) tokens/s", "tandem-bench"};
   tandem::bench::SpeedOptions speed;
   app.add_option("-m,--model", speed.model, "GGUF model")->required();
   const auto list = CLI::MultiOptionPolicy::TakeAll;
@@ -246,7 +237,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   std::signal(SIGXFSZ, SIG_IGN);  // a file size limit is an EFBIG error, reported
-  if (serve_opt.cmd->parsed()) return finish_stdout(tandem::bench::run_serve(serve_opt));
+  if (serve_opt.cmd->parsed()) return tandem::cli::finish_stdout("tandem-bench", tandem::bench::run_serve(serve_opt));
   if (kv_cmd->parsed()) {
     tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;
     if (const std::string bad = tandem::cli::resolve_cache_types(kv_ctk, kv_ctv, kv_dtype); !bad.empty()) {
@@ -254,7 +245,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     try {
-      return finish_stdout(run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json, kv_dtype));
+      return tandem::cli::finish_stdout("tandem-bench",
+                                        run_kv(kv_model, kv_ctx, kv_threads, kv_dir, kv_json, kv_dtype));
     } catch (const std::exception& e) {
       std::cerr << "tandem-bench: error: " << e.what() << "\n";
       return 1;
@@ -264,5 +256,5 @@ int main(int argc, char** argv) {
     std::cerr << "tandem-bench: error: --model is required\n";
     return 2;
   }
-  return finish_stdout(tandem::bench::run_speed(speed));
+  return tandem::cli::finish_stdout("tandem-bench", tandem::bench::run_speed(speed));
 }

@@ -42,6 +42,7 @@
 
 #include "cli_session_lock.hpp"
 #include "cli_signals.hpp"
+#include "cli_stdout.hpp"
 #include "gpu_layers.hpp"
 #include "kv_cache_type.hpp"
 #include "tandem/core/atomic_file.hpp"
@@ -172,24 +173,6 @@ std::string read_prompt_file(const std::string& path) {
   return read_bounded(f, fmt::format("the prompt file '{}'", path));
 }
 
-// Text to stdout as it streams; false (stop generating) on an interrupt or a write error.
-bool write_stdout(std::string_view text) {
-  if (!text.empty()) std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
-  if (std::ferror(stdout) && errno == EINTR && tandem::cli::interrupted()) std::clearerr(stdout);  // not a failure
-  return !tandem::cli::interrupted() && !std::ferror(stdout);
-}
-
-// Reports a failed write to stdout (a full disk, /dev/full, a closed pipe) as an error.
-int finish_stdout(int rc) {
-  std::cout.flush();
-  if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout) {
-    std::fprintf(stderr, "tandem-cli: error: cannot write standard output: %s\n", std::strerror(errno ? errno : EIO));
-    return rc == 0 ? 1 : rc;
-  }
-  return rc;
-}
-
 // Evaluates a long prompt in pieces of n_batch tokens with progress on stderr, stopping
 // early (at a chunk boundary) on an interrupt. Returns the tokens evaluated and the seconds taken.
 std::pair<size_t, double> prefill_with_progress(tandem::Session& session, std::span<const int32_t> ids, int n_batch) {
@@ -225,7 +208,7 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
   const tandem::Tokenizer tok = tandem::Tokenizer::from_gguf(*gguf);
   const auto ids = tok.tokenize(text, !no_bos, parse_special);
   std::cout << nlohmann::json(ids).dump() << "\n";
-  return finish_stdout(0);
+  return tandem::cli::finish_stdout("tandem-cli", 0);
 }
 
 // The rendered prompt of an OpenAI chat-completions request body (llama-server's
@@ -268,14 +251,14 @@ int run_apply_template(const std::string& model_path, const std::string& request
   } else {
     prompt = tmpl.render_json(req["messages"], agp.get<bool>(), tools, kwargs);
   }
-  if (!write_stdout(prompt)) return finish_stdout(1);
-  return finish_stdout(0);
+  if (!tandem::cli::write_stdout(prompt)) return tandem::cli::finish_stdout("tandem-cli", 1);
+  return tandem::cli::finish_stdout("tandem-cli", 0);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"tandem-cli: generate text with a GGUF model on the CPU"};
+  CLI::App app{"tandem-cli: generate text with a GGUF model on the CPU", "tandem-cli"};
   app.require_subcommand(0, 1);
   app.option_defaults()->always_capture_default();  // --help shows each default
 #if TANDEM_HAVE_CUDA
@@ -460,7 +443,7 @@ int main(int argc, char** argv) {
     if (json_out) {
       go.on_text = [](std::string_view, int32_t) { return !tandem::cli::interrupted(); };
     } else {
-      go.on_text = [](std::string_view text, int32_t) { return write_stdout(text); };
+      go.on_text = [](std::string_view text, int32_t) { return tandem::cli::write_stdout(text); };
     }
 
     if (chat) {
@@ -520,7 +503,7 @@ int main(int argc, char** argv) {
         }
       }
       save_session();
-      return finish_stdout(tandem::cli::interrupt_exit_code());
+      return tandem::cli::finish_stdout("tandem-cli", tandem::cli::interrupt_exit_code());
     }
 
     const bool fresh = session.tokens().empty() || prompt_cache;
@@ -648,7 +631,7 @@ int main(int argc, char** argv) {
                  load_s * 1e3, r.n_prompt, pp_tps, r.tokens.size(), tg_tps,
                  cpu_exec != nullptr ? fmt::format("{} threads", cpu_exec->n_threads()).c_str() : "GPU executor",
                  std::string(tandem::finish_reason_name(r.finish)).c_str());
-    return finish_stdout(tandem::cli::interrupt_exit_code());
+    return tandem::cli::finish_stdout("tandem-cli", tandem::cli::interrupt_exit_code());
   } catch (const UsageError& e) {
     std::fprintf(stderr, "tandem-cli: error: %s\nRun with --help for more information.\n", e.what());
     return 2;

@@ -26,7 +26,7 @@
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
-  CLI::App app{"tandem-perplexity: perplexity of a model on a text (llama-perplexity's method)"};
+  CLI::App app{"tandem-perplexity: perplexity of a model on a text (llama-perplexity's method)", "tandem-perplexity"};
   std::string model_path, text_path;
   tandem::PerplexityOptions opt;
   int threads = 0;

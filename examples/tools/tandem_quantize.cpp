@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -20,11 +21,13 @@
 #include <string>
 
 #include "tandem/core/error.hpp"
+#include "tandem/gguf/gguf.hpp"
 #include "tandem/model/requantize.hpp"
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
-  CLI::App app{"tandem-quantize: convert a GGUF model to Q4_0 or Q8_0 (llama-quantize's rule and bytes)"};
+  CLI::App app{"tandem-quantize: convert a GGUF model to Q4_0 or Q8_0 (llama-quantize's rule and bytes)",
+               "tandem-quantize"};
   std::string in, out, type = "q4_0";
   tandem::QuantizeFileOptions opt;
   app.add_option("input", in, "input GGUF (F32, F16, BF16, Q4_0..Q8_0, Q2_K..Q6_K weights)")->required();
@@ -62,8 +65,12 @@ int main(int argc, char** argv) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     fmt::print(stderr, "tandem-quantize: {} tensors ({} converted), {:.1f} MiB -> {:.1f} MiB in {:.2f} s: {}\n",
                r.n_tensors, r.n_converted, double(r.bytes_in) / 1048576.0, double(r.bytes_out) / 1048576.0, s, out);
-    if (r.n_converted > 0) {
-      // llama.cpp's llama-perplexity (GPL-3 text, -c 512, 14 chunks; benchmarks/README.md).
+    // The cost of requantising (an input already quantised), from llama.cpp's
+    // llama-perplexity (GPL-3 text, -c 512, 14 chunks; benchmarks/README.md).
+    const auto& tensors = tandem::GgufFile::open(in)->tensors();
+    const bool requantised =
+        std::any_of(tensors.begin(), tensors.end(), [](const auto& t) { return tandem::ggml_is_quantized(t.type); });
+    if (r.n_converted > 0 && requantised) {
       fmt::print(
           stderr, "tandem-quantize: {}\n",
           opt.target == tandem::GgmlType::kQ4_0

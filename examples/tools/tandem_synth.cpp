@@ -73,7 +73,7 @@ void quantize_q4_0(const float* x, tandem::kernels::BlockQ4_0* y, int64_t n) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);  // a closed stdout pipe: a failed write (exit 1), not a kill
-  CLI::App app{"tandem-synth: GGUF files with random Q4_0 weights at real model shapes"};
+  CLI::App app{"tandem-synth: GGUF files with random Q4_0 weights at real model shapes", "tandem-synth"};
   std::string preset_name, out;
   uint64_t seed = 1;
   bool list = false;
