@@ -154,8 +154,9 @@ def closed_pipe_run(*args):
 
 pipe_sess = os.path.join(tmp, "pipe.session")
 p = closed_pipe_run("-p", "Once upon a time", "-n", "16", "--session", pipe_sess)
-check("closed stdout pipe, first run: exit 1, not SIGPIPE",
-      p.returncode == 1 and b"cannot write standard output" in p.stderr, f"rc {p.returncode} {p.stderr[-200:]!r}")
+check("closed stdout pipe, first run: exit 1 naming the broken pipe, not SIGPIPE",
+      p.returncode == 1 and b"cannot write standard output: Broken pipe" in p.stderr,
+      f"rc {p.returncode} {p.stderr[-200:]!r}")
 first = restored(pipe_sess)
 check("closed stdout pipe, first run: the session saved whole", first >= 13, f"restored {first}")
 p = run("-n", "4", "--session", pipe_sess, "--temp", "0")
