@@ -155,7 +155,24 @@ struct BlockQ5_0x8 {
 };
 static_assert(sizeof(BlockQ5_0x8) == 176, "8 Q5_0 blocks: 8 scales + 32 fifth-bit bytes + 128 bytes");
 
-/// Number of records repack_q4_0x8 (or repack_q4_1x8) writes for n rows of k elements.
+/// Q4_K weights repacked 8 rows and one 32-element sub-block at a time (record b of group g
+/// holds sub-block b % 8 of super-block b / 8 of rows 8g .. 8g + 7):
+///   d[r], dmin[r]  fp16 super-block scale and min scale of row 8g + r;
+///   sc[r], m[r]    its 6-bit sub-block scale and min (k4_scale_min);
+///   qs             as BlockQ4_0x8's, the sub-block's 32 nibbles q (0..15) laid out as a
+///                  Q4_0 block's (weight l < 16: low nibble of byte l, l >= 16: high of l - 16).
+/// Rows past n have d = dmin = 0, sc = m = 0 and all nibbles 0. 22 bytes per row and 32
+/// weights (the GGUF blocks: 18).
+struct BlockQ4_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t sc[8];
+  uint8_t m[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_Kx8) == 176, "8 Q4_K sub-blocks: 8 scales, mins, sub-scales, sub-mins + 128 bytes");
+
+/// Number of records repack_q4_0x8 (or any x8 repack) writes for n rows of k elements.
 inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
   return (n + 7) / 8 * (k / kQK);
 }
@@ -176,6 +193,11 @@ void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_
 /// The same for Q5_0 weights: the bits of gemm_q5_0_q8_0 on the GGUF blocks.
 void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, int64_t g0, int64_t g1) noexcept;
 void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// The same for Q4_K weights (k a multiple of 256): the bits of gemm_q4_k_q8_0 on the
+/// GGUF blocks (its p_b, T_b = corr / 8 of the activations' 8 * sum(x)).
+void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,

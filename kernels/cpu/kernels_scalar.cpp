@@ -516,6 +516,23 @@ void s_gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int6
   });
 }
 
+// Q4_K: s_dot_q_k_min's arithmetic (q = the nibble, the sub-block's scale and min).
+void s_gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ4_Kx8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t s = 0, t = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * j + 4 * lane + i];
+        s += (q & 0x0F) * xb.qs[4 * j + i] + (q >> 4) * xb.qs[16 + 4 * j + i];
+        t += xb.qs[4 * j + i] + xb.qs[16 + 4 * j + i];
+      }
+    const float ps = block_scale_product(wb.d[lane], xb.d) * static_cast<float>(wb.sc[lane] * s);
+    const float pm = block_scale_product(wb.dmin[lane], xb.d) * static_cast<float>(wb.m[lane] * t);
+    return ps - pm;
+  });
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -560,7 +577,8 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q5_1_q8_0,
                                  s_gemm_q5_1_q8_0,
                                  s_vec_dot_q5_k_q8_0,
-                                 s_gemm_q5_k_q8_0};
+                                 s_gemm_q5_k_q8_0,
+                                 s_gemm_q4_kx8_q8_0};
   return t;
 }
 

@@ -610,6 +610,7 @@ template <class TB, int G, int C>
 void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ4K = std::is_same_v<TB, BlockQ4_Kx8>;
   constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
   constexpr int32_t kCorr = kQ5 ? 2 : 1;  // Q4_0: minus 8 * sum(x) = corr; Q5_0: 16 * sum(x)
   Lanes32 acc[G][C];
@@ -664,6 +665,15 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
           const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sq));
           const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_set1_ps(static_cast<float>(a.corr / 8)));
           acc[g][c].add_p(b, _mm256_add_ps(ps, pm));
+        } else if constexpr (kQ4K) {  // ((d * d_x) * f32(sc * S_b)) - ((dmin * d_x) * f32(m * T_b))
+          const TB& wb = w[g * nb + b];
+          const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.sc)));
+          const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.m)));
+          const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.dmin)));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, sq)));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx),
+                                          _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, _mm256_set1_epi32(a.corr / 8))));
+          acc[g][c].add_p(b, _mm256_sub_ps(ps, pm));
         } else {
           acc[g][c].add(b, _mm256_mul_ps(dw, dx), _mm256_sub_epi32(sq, _mm256_set1_epi32(kCorr * a.corr)));
         }
@@ -684,6 +694,7 @@ template <class TB, int C>
 void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                 int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ4K = std::is_same_v<TB, BlockQ4_Kx8>;
   constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
   constexpr int32_t kCorr = kQ5 ? 2 : 1;
   Lanes32T<16> acc[C];
@@ -735,6 +746,17 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi16)), 1));
     };
     const __m512 dw = halves(w[b].d, w1[b].d);
+    __m512 mw = _mm512_setzero_ps();
+    __m512i sc = _mm512_setzero_si512(), mn = sc;  // Q4_K: the 16 rows' sub-block scales and mins
+    if constexpr (kQ4K) {
+      const auto bytes16 = [](const uint8_t* lo8, const uint8_t* hi8) {
+        return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo8)),
+                                                       _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi8))));
+      };
+      mw = halves(w[b].dmin, w1[b].dmin);
+      sc = bytes16(w[b].sc, w1[b].sc);
+      mn = bytes16(w[b].m, w1[b].m);
+    }
     for (int c = 0; c < C; ++c) {
       const XAux& a = aux[c * nb + b];
 #if TANDEM_ISA_VNNI
@@ -748,6 +770,11 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
         const __m512 pm =
             _mm512_mul_ps(_mm512_mul_ps(halves(w[b].m, w1[b].m), dx), _mm512_set1_ps(static_cast<float>(a.corr / 8)));
         acc[c].add_p(b, _mm512_add_ps(ps, pm));
+      } else if constexpr (kQ4K) {
+        const __m512 ps = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc, sq)));
+        const __m512 pm = _mm512_mul_ps(_mm512_mul_ps(mw, dx),
+                                        _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, _mm512_set1_epi32(a.corr / 8))));
+        acc[c].add_p(b, _mm512_sub_ps(ps, pm));
       } else {
         acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, dx),
                                       _mm512_cvtepi32_ps(_mm512_sub_epi32(sq, _mm512_set1_epi32(kCorr * a.corr)))));
@@ -778,7 +805,8 @@ constexpr std::array<TileX8Fn<TB>, GB * CB> make_x8_tiles(std::index_sequence<I.
   return {&tile_q4x8<TB, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
 }
 
-/// gemm_q4_0x8_q8_0, gemm_q4_1x8_q8_0, gemm_q5_0x8_q8_0 (TB: BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8).
+/// gemm_q4_0x8_q8_0, gemm_q4_1x8_q8_0, gemm_q5_0x8_q8_0, gemm_q4_kx8_q8_0 (TB: BlockQ4_0x8,
+/// BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8).
 template <class TB>
 void gemm_x8(const TB* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
              int64_t r1) noexcept {
@@ -850,6 +878,11 @@ void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
 void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
+}
+
+void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
@@ -1561,7 +1594,7 @@ inline const KernelTable& table() noexcept {
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
       vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
       gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0, gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
-      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0};
+      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,    gemm_q4_kx8_q8_0};
   return t;
 }
 

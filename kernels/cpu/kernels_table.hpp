@@ -59,6 +59,8 @@ struct KernelTable {
   float (*vec_dot_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, int64_t) noexcept;
   void (*gemm_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                          int64_t) noexcept;
+  void (*gemm_q4_kx8_q8_0)(const BlockQ4_Kx8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction
