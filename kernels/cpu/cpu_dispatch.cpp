@@ -273,6 +273,33 @@ void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, i
         fill_nibbles(o, r, 0);
       });
 }
+void repack_q6_kx8(const BlockQ6_K* w, int64_t n, int64_t k, BlockQ6_Kx8* out, int64_t g0, int64_t g1) noexcept {
+  repack_x8<kQK_K / kQK>(
+      w, n, k, out, g0, g1,
+      [](BlockQ6_Kx8& o, int r, const BlockQ6_K& src, int j) {
+        o.d[r] = src.d;
+        o.s[r] = src.scales[2 * j];
+        o.s[8 + r] = src.scales[2 * j + 1];
+        int u[kQK];  // the sub-block's weights q + 32
+        for (int e = 0; e < kQK; ++e) u[e] = q6k_at(src, kQK * j + e) + 32;
+        uint8_t qs[kQK / 2];  // low four bits as a Q4_0 block's
+        for (int l = 0; l < kQK / 2; ++l) qs[l] = static_cast<uint8_t>((u[l] & 0x0F) | ((u[l + kQK / 2] & 0x0F) << 4));
+        put_nibbles(o, r, qs);
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            uint8_t& h = o.qh[32 * (c / 2) + 4 * r + i];
+            if (c % 2 == 0) h = 0;
+            h = static_cast<uint8_t>(h | (((u[4 * c + i] >> 4) | ((u[16 + 4 * c + i] >> 4) << 2)) << (4 * (c % 2))));
+          }
+      },
+      [](BlockQ6_Kx8& o, int r) {  // padding row: scales 0, every u = 32 (top bits 10, value 0)
+        o.d[r] = 0;
+        o.s[r] = 0;
+        o.s[8 + r] = 0;
+        fill_nibbles(o, r, 0);
+        for (int p = 0; p < 2; ++p) std::memset(o.qh + 32 * p + 4 * r, 0xAA, 4);
+      });
+}
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                     int64_t r1) noexcept {
   K().gemm_q4_1_q8_0(w, x, y, k, m, ldy, r0, r1);
@@ -312,6 +339,10 @@ void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_
 void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   K().gemm_q4_kx8_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  K().gemm_q6_kx8_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {

@@ -172,6 +172,24 @@ struct BlockQ4_Kx8 {
 };
 static_assert(sizeof(BlockQ4_Kx8) == 176, "8 Q4_K sub-blocks: 8 scales, mins, sub-scales, sub-mins + 128 bytes");
 
+/// Q6_K weights repacked 8 rows and one 32-element sub-block at a time (record b of group g
+/// holds elements 32 (b % 8) .. + 31 of super-block b / 8 of rows 8g .. 8g + 7), each
+/// weight as u = q + 32 (0..63):
+///   d[r]              fp16 super-block scale of row 8g + r;
+///   s[r], s[8 + r]    its int8 scales of the sub-block's elements 0-15 and 16-31;
+///   qs                as BlockQ4_0x8's, the low four bits of u;
+///   qh[32p + 4r + i]  u's top two bits of row r's weights 4c + i (bits 0-1), 16 + 4c + i
+///                     (bits 2-3) for chunk c = 2p, and the same for c = 2p + 1 (bits 4-7).
+/// Rows past n have d = 0, scales 0 and every u = 32 (value 0). 28 bytes per row and 32
+/// weights (the GGUF blocks: 26.25).
+struct BlockQ6_Kx8 {
+  uint16_t d[8];
+  int8_t s[16];
+  uint8_t qs[128];
+  uint8_t qh[64];
+};
+static_assert(sizeof(BlockQ6_Kx8) == 224, "8 Q6_K sub-blocks: 8 scales, 16 sub-scales, 128 + 64 bytes");
+
 /// Number of records repack_q4_0x8 (or any x8 repack) writes for n rows of k elements.
 inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
   return (n + 7) / 8 * (k / kQK);
@@ -198,6 +216,11 @@ void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_
 /// GGUF blocks (its p_b, T_b = corr / 8 of the activations' 8 * sum(x)).
 void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, int64_t g0, int64_t g1) noexcept;
 void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// The same for Q6_K weights (k a multiple of 256): the bits of gemm_q6_k_q8_0 on the
+/// GGUF blocks.
+void repack_q6_kx8(const BlockQ6_K* w, int64_t n, int64_t k, BlockQ6_Kx8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,

@@ -533,6 +533,23 @@ void s_gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int6
   });
 }
 
+// Q6_K: s_vec_dot_q6_k_q8_0's arithmetic (q = u - 32, the two 16-element scales).
+void s_gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ6_Kx8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t lo = 0, hi = 0;
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * c + 4 * lane + i];
+        const int h = wb.qh[32 * (c / 2) + 4 * lane + i] >> (4 * (c % 2));
+        lo += ((q & 0x0F) + ((h & 3) << 4) - 32) * xb.qs[4 * c + i];
+        hi += ((q >> 4) + (((h >> 2) & 3) << 4) - 32) * xb.qs[16 + 4 * c + i];
+      }
+    const int32_t s = wb.s[lane] * lo + wb.s[8 + lane] * hi;
+    return block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
+  });
+}
+
 bool s_thread_prepare() noexcept {
   return true;
 }  // the scalar kernels use no scratch
@@ -578,7 +595,8 @@ const KernelTable& table_scalar() noexcept {
                                  s_gemm_q5_1_q8_0,
                                  s_vec_dot_q5_k_q8_0,
                                  s_gemm_q5_k_q8_0,
-                                 s_gemm_q4_kx8_q8_0};
+                                 s_gemm_q4_kx8_q8_0,
+                                 s_gemm_q6_kx8_q8_0};
   return t;
 }
 
