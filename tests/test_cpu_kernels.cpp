@@ -754,7 +754,7 @@ TEST_CASE("repacked Q5_0 gemm: layout as documented, the GGUF-layout kernel's bi
         for (int j = 0; j < 4; ++j) {
           for (int i = 0; i < 4; ++i) {
             // weight 4j + i (low nibble) and 16 + 4j + i (high nibble): nibble and fifth bit
-            const int lo_bit = (rec.qh[8 * j + r] >> i) & 1, hi_bit = (rec.qh[8 * j + r] >> (4 + i)) & 1;
+            const int lo_bit = (rec.qh[4 * r + i] >> (2 * j)) & 1, hi_bit = (rec.qh[4 * r + i] >> (2 * j + 1)) & 1;
             const int q = rec.qs[32 * j + 4 * r + i];
             const int lo = (q & 0x0F) | (lo_bit << 4), hi = (q >> 4) | (hi_bit << 4);
             CHECK(lo == (real ? q5_0_value(w[row * nb + b], 4 * j + i) + 16 : 16));

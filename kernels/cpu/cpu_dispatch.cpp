@@ -239,13 +239,17 @@ void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, i
         std::memcpy(&h, src.qh, sizeof h);
         o.d[r] = src.d;
         put_nibbles(o, r, src.qs);
-        for (int j = 0; j < 4; ++j)
-          o.qh[8 * j + r] = static_cast<uint8_t>(((h >> (4 * j)) & 0x0F) | (((h >> (16 + 4 * j)) & 0x0F) << 4));
+        for (int i = 0; i < 4; ++i) {
+          uint32_t v = 0;
+          for (int j = 0; j < 4; ++j)
+            v |= ((h >> (4 * j + i)) & 1u) << (2 * j) | ((h >> (16 + 4 * j + i)) & 1u) << (2 * j + 1);
+          o.qh[4 * r + i] = static_cast<uint8_t>(v);
+        }
       },
       [](BlockQ5_0x8& o, int r) {  // padding row: scale 0, every weight q = 16 (value 0)
         o.d[r] = 0;
         fill_nibbles(o, r, 0);
-        for (int j = 0; j < 4; ++j) o.qh[8 * j + r] = 0xFF;
+        std::memset(o.qh + 4 * r, 0xFF, 4);
       });
 }
 void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, int64_t g0, int64_t g1) noexcept {

@@ -144,9 +144,9 @@ struct BlockQ4_1x8 {
 static_assert(sizeof(BlockQ4_1x8) == 160, "8 Q4_1 blocks: 8 scales + 8 mins + 128 bytes");
 
 /// Q5_0 weights repacked as BlockQ4_0x8 is (qs: each weight's low four bits), with the
-/// fifth bits per chunk j and row r in one byte:
-///   qh[8j + r]  bits 0-3: the fifth bits of row 8g + r's weights 4j .. 4j + 3; bits 4-7:
-///               of its weights 16 + 4j .. 16 + 4j + 3 (the weights qs chunk j holds).
+/// fifth bits beside the bytes of qs they complete:
+///   qh[4r + i]  bit 2j: the fifth bit of row 8g + r's weight 4j + i, bit 2j + 1: of its
+///               weight 16 + 4j + i (j < 4: the weights of qs[32j + 4r + i]).
 /// Rows past n have d = 0 and every weight q = 16 (value 0). As many bytes as the GGUF blocks.
 struct BlockQ5_0x8 {
   uint16_t d[8];

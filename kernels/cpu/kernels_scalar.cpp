@@ -505,10 +505,9 @@ void s_gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int6
   s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ5_0x8& wb, int lane, const BlockQ8_0& xb) {
     int32_t s = 0;
     for (int j = 0; j < 4; ++j) {
-      const int h = wb.qh[8 * j + lane];
       for (int i = 0; i < 4; ++i) {
-        const int q = wb.qs[32 * j + 4 * lane + i];
-        const int lo = (q & 0x0F) | (((h >> i) & 1) << 4), hi = (q >> 4) | (((h >> (4 + i)) & 1) << 4);
+        const int q = wb.qs[32 * j + 4 * lane + i], h = wb.qh[4 * lane + i];
+        const int lo = (q & 0x0F) | (((h >> (2 * j)) & 1) << 4), hi = (q >> 4) | (((h >> (2 * j + 1)) & 1) << 4);
         s += (lo - 16) * xb.qs[4 * j + i] + (hi - 16) * xb.qs[16 + 4 * j + i];
       }
     }

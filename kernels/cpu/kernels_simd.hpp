@@ -592,19 +592,20 @@ inline __m256i bcast4(const int8_t* p) noexcept {
   return _mm256_set1_epi32(v);
 }
 
-/// BlockQ5_0x8's fifth bits of chunk j (its 8 bytes qh[8j..8j+7], one per row) as 0x10
-/// in the byte of each weight: lo for the low-nibble weights, hi for the high ones.
-inline void q5x8_fifth_bits(const uint8_t* qh8, __m256i& lo, __m256i& hi) noexcept {
-  int64_t h;
-  std::memcpy(&h, qh8, sizeof h);
-  // byte 4r + i of the vector = row r's byte (set1 repeats the 8 bytes in both 128-bit lanes)
-  const __m256i rep = _mm256_shuffle_epi8(
-      _mm256_set1_epi64x(h),
-      _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
-  const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32(static_cast<int32_t>(0x80402010u));
-  const __m256i x10 = _mm256_set1_epi8(0x10);
-  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_lo), bit_lo), x10));
-  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_hi), bit_hi), x10));
+/// Bit `from` of every byte of h moved to bit 4 (0x10), the byte's other bits 0. A 16-bit
+/// shift by at most 4 moves bits within their byte into bit 4, and the mask drops the rest.
+inline __m256i bit_to_0x10(__m256i h, int from) noexcept {
+  const __m256i v =
+      from <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/// BlockQ5_0x8's fifth bits of chunk j (qh: the record's 32 bytes, byte 4r + i; bits 2j and
+/// 2j + 1) as 0x10 in the byte of each weight: lo for the low-nibble weights, hi for the high ones.
+inline void q5x8_fifth_bits(const uint8_t* qh, int j, __m256i& lo, __m256i& hi) noexcept {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  lo = _mm256_or_si256(lo, bit_to_0x10(h, 2 * j));
+  hi = _mm256_or_si256(hi, bit_to_0x10(h, 2 * j + 1));
 }
 
 /// BlockQ6_Kx8's top two bits of chunk j (qh: the record's qh + 32 * (j / 2)) as 16 and 32
@@ -650,7 +651,7 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[g * nb + b].qs + 32 * j));
         lo[g] = _mm256_and_si256(raw, m4);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        if constexpr (kQ5) q5x8_fifth_bits(w[g * nb + b].qh + 8 * j, lo[g], hi[g]);
+        if constexpr (kQ5) q5x8_fifth_bits(w[g * nb + b].qh, j, lo[g], hi[g]);
         if constexpr (kQ6K) q6x8_top_bits(w[g * nb + b].qh + 32 * (j / 2), j, lo[g], hi[g]);
       }
       for (int c = 0; c < C; ++c) {
@@ -756,12 +757,17 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qs + 32 * j)), 1);
       __m512i lo = _mm512_and_si512(raw, m4);
       __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-      if constexpr (kQ5) {
-        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0;
-        q5x8_fifth_bits(w[b].qh + 8 * j, l0, h0);
-        q5x8_fifth_bits(w1[b].qh + 8 * j, l1, h1);
-        lo = _mm512_or_si512(lo, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1));
-        hi = _mm512_or_si512(hi, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+      if constexpr (kQ5) {  // q5x8_fifth_bits on both groups
+        const __m512i h =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh))),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qh)), 1);
+        const auto bit = [&](int from) {  // bit_to_0x10
+          const __m512i v = from <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from))
+                                      : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+          return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+        };
+        lo = _mm512_or_si512(lo, bit(2 * j));
+        hi = _mm512_or_si512(hi, bit(2 * j + 1));
       }
       if constexpr (kQ6K) {  // q6x8_top_bits on both groups
         const __m512i h = _mm512_srl_epi16(
