@@ -754,7 +754,7 @@ TEST_CASE("repacked Q5_0 gemm: layout as documented, the GGUF-layout kernel's bi
         for (int j = 0; j < 4; ++j) {
           for (int i = 0; i < 4; ++i) {
             // weight 4j + i (low nibble) and 16 + 4j + i (high nibble): nibble and fifth bit
-            const int lo_bit = (rec.qh[8 * j + r] >> i) & 1, hi_bit = (rec.qh[8 * j + r] >> (4 + i)) & 1;
+            const int lo_bit = (rec.qh[4 * r + i] >> (2 * j)) & 1, hi_bit = (rec.qh[4 * r + i] >> (2 * j + 1)) & 1;
             const int q = rec.qs[32 * j + 4 * r + i];
             const int lo = (q & 0x0F) | (lo_bit << 4), hi = (q >> 4) | (hi_bit << 4);
             CHECK(lo == (real ? q5_0_value(w[row * nb + b], 4 * j + i) + 16 : 16));
@@ -774,6 +774,152 @@ TEST_CASE("repacked Q5_0 gemm: layout as documented, the GGUF-layout kernel's bi
           std::vector<float> y(static_cast<size_t>(mm * n), -1.0f);
           gemm_q5_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
           gemm_q5_0x8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
+          for (int64_t c = 0; c < mm; ++c)
+            for (int64_t r = 0; r < n; ++r) {
+              INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "
+                       << r);
+              CHECK(bits(y[c * n + r]) == bits(want[c * n + r]));
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("repacked Q4_K gemm: layout as documented, the GGUF-layout kernel's bits on every ISA, any row range and m",
+          "[kernels][q4_k]") {
+  std::mt19937 g(4128);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(1e-4f, 4e-3f), mn(0.0f, 2e-2f);
+  struct Shape {
+    int64_t k, n;
+  };
+  // n: 1, 2, 3, 5 row groups (odd counts leave a lone group beside the AVX-512 pairs) and tails
+  for (const Shape sh : {Shape{256, 1}, Shape{512, 13}, Shape{768, 37}, Shape{2048, 19}, Shape{1280, 16}}) {
+    const int64_t k = sh.k, n = sh.n, nb = k / 32, nbw = k / 256, m = 6;
+    std::vector<BlockQ4_K> w(static_cast<size_t>(n * nbw));
+    for (auto& b : w) {
+      b.d = fp32_to_fp16(sc(g));
+      b.dmin = fp32_to_fp16(mn(g));
+      for (auto& q : b.scales) q = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qs) q = static_cast<uint8_t>(byte(g));
+    }
+    // block 0: every 6-bit scale and min 63, every nibble 15 (the i16 sums' and sc * S_b's worst case)
+    std::memset(w[0].scales, 0xFF, sizeof w[0].scales);
+    std::memset(w[0].qs, 0xFF, sizeof w[0].qs);
+    w[0].d = fp32_to_fp16(1.0f / 945);
+    w[0].dmin = fp32_to_fp16(1.0f / 63);
+    auto nibble = [](const BlockQ4_K& b, int e) {  // ggml's: bytes 32i.. of chunk i = e / 64, low nibbles first
+      const uint8_t v = b.qs[(e / 64) * 32 + e % 32];
+      return e % 64 < 32 ? v & 0x0F : v >> 4;
+    };
+    auto xq = rand_q8(g, m * nb);
+    for (int e = 0; e < 32; ++e) xq[0].qs[e] = 127;
+    xq[1].qs[3] = -128;
+    std::vector<BlockQ4_Kx8> p(static_cast<size_t>(q4_0x8_records(n, k)));
+    repack_q4_kx8(w.data(), n, k, p.data(), 0, (n + 7) / 8);
+    for (int64_t row = 0; row < (n + 7) / 8 * 8; ++row)
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ4_Kx8& rec = p[static_cast<size_t>((row / 8) * nb + b)];
+        const int r = static_cast<int>(row % 8), j = static_cast<int>(b % 8);
+        const bool real = row < n;
+        const BlockQ4_K& src = w[static_cast<size_t>(real ? row * nbw + b / 8 : 0)];
+        int want_sc = 0, want_m = 0;
+        k4_scale_min(src.scales, j, want_sc, want_m);
+        INFO("layout: row " << row << " block " << b);
+        CHECK(rec.d[r] == (real ? src.d : 0));
+        CHECK(rec.dmin[r] == (real ? src.dmin : 0));
+        CHECK(rec.sc[r] == (real ? want_sc : 0));
+        CHECK(rec.m[r] == (real ? want_m : 0));
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            // weight 4c + i (low nibble) and 16 + 4c + i (high nibble) of sub-block j
+            const int q = rec.qs[32 * c + 4 * r + i];
+            CHECK((q & 0x0F) == (real ? nibble(src, 32 * j + 4 * c + i) : 0));
+            CHECK((q >> 4) == (real ? nibble(src, 32 * j + 16 + 4 * c + i) : 0));
+          }
+      }
+    std::vector<float> want(static_cast<size_t>(m * n));
+    {
+      IsaScope s("scalar");  // the GGUF-layout kernel (fp64-bounded in "Q4_K x Q8_0: ...")
+      gemm_q4_k_q8_0(w.data(), xq.data(), want.data(), k, m, n, 0, n);
+    }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      for (int64_t mm : {int64_t{1}, int64_t{2}, int64_t{5}, m}) {
+        for (int64_t split : {int64_t{0}, std::min<int64_t>(8, n), std::min<int64_t>(16, n), n / 2}) {
+          std::vector<float> y(static_cast<size_t>(mm * n), -1.0f);
+          gemm_q4_kx8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
+          gemm_q4_kx8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
+          for (int64_t c = 0; c < mm; ++c)
+            for (int64_t r = 0; r < n; ++r) {
+              INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "
+                       << r);
+              CHECK(bits(y[c * n + r]) == bits(want[c * n + r]));
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("repacked Q6_K gemm: layout as documented, the GGUF-layout kernel's bits on every ISA, any row range and m",
+          "[kernels][q6_k]") {
+  std::mt19937 g(6128);
+  std::uniform_int_distribution<int> byte(0, 255), scale(-128, 127);
+  std::uniform_real_distribution<float> sc(1e-4f, 2e-3f);
+  struct Shape {
+    int64_t k, n;
+  };
+  // n: 1, 2, 3, 5 row groups (odd counts leave a lone group beside the AVX-512 pairs) and tails
+  for (const Shape sh : {Shape{256, 1}, Shape{512, 13}, Shape{768, 37}, Shape{2048, 19}, Shape{1280, 16}}) {
+    const int64_t k = sh.k, n = sh.n, nb = k / 32, nbw = k / 256, m = 6;
+    std::vector<BlockQ6_K> w(static_cast<size_t>(n * nbw));
+    for (auto& b : w) {
+      b.d = fp32_to_fp16(sc(g));
+      for (auto& q : b.scales) q = static_cast<int8_t>(scale(g));
+      for (auto& q : b.ql) q = static_cast<uint8_t>(byte(g));
+      for (auto& q : b.qh) q = static_cast<uint8_t>(byte(g));
+    }
+    // block 0: every q = 31 (the largest u, 63: the i16 sums' worst case) and scales -128 / 127
+    std::memset(w[0].ql, 0xFF, sizeof w[0].ql);
+    std::memset(w[0].qh, 0xFF, sizeof w[0].qh);
+    for (int i = 0; i < 16; ++i) w[0].scales[i] = static_cast<int8_t>(i % 2 ? 127 : -128);
+    auto xq = rand_q8(g, m * nb);
+    for (int e = 0; e < 32; ++e) xq[0].qs[e] = e < 16 ? 127 : -128;
+    std::vector<BlockQ6_Kx8> p(static_cast<size_t>(q4_0x8_records(n, k)));
+    repack_q6_kx8(w.data(), n, k, p.data(), 0, (n + 7) / 8);
+    for (int64_t row = 0; row < (n + 7) / 8 * 8; ++row)
+      for (int64_t b = 0; b < nb; ++b) {
+        const BlockQ6_Kx8& rec = p[static_cast<size_t>((row / 8) * nb + b)];
+        const int r = static_cast<int>(row % 8), j = static_cast<int>(b % 8);
+        const bool real = row < n;
+        const BlockQ6_K& src = w[static_cast<size_t>(real ? row * nbw + b / 8 : 0)];
+        INFO("layout: row " << row << " block " << b);
+        CHECK(rec.d[r] == (real ? src.d : 0));
+        CHECK(rec.s[r] == (real ? src.scales[2 * j] : 0));
+        CHECK(rec.s[8 + r] == (real ? src.scales[2 * j + 1] : 0));
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            // weight 4c + i (low nibble, qh bits 0-1 / 4-5) and 16 + 4c + i (high, bits 2-3 / 6-7)
+            const int q = rec.qs[32 * c + 4 * r + i];
+            const int h = rec.qh[32 * (c / 2) + 4 * r + i] >> (4 * (c % 2));
+            CHECK((q & 0x0F) + 16 * (h & 3) - 32 == (real ? q6k_at(src, 32 * j + 4 * c + i) : 0));
+            CHECK((q >> 4) + 16 * ((h >> 2) & 3) - 32 == (real ? q6k_at(src, 32 * j + 16 + 4 * c + i) : 0));
+          }
+      }
+    std::vector<float> want(static_cast<size_t>(m * n));
+    {
+      IsaScope s("scalar");  // the GGUF-layout kernel (fp64-bounded in "Q6_K x Q8_0: ...")
+      gemm_q6_k_q8_0(w.data(), xq.data(), want.data(), k, m, n, 0, n);
+    }
+    for (const auto& isa : isas()) {
+      IsaScope s(isa);
+      for (int64_t mm : {int64_t{1}, int64_t{2}, int64_t{5}, m}) {
+        for (int64_t split : {int64_t{0}, std::min<int64_t>(8, n), std::min<int64_t>(16, n), n / 2}) {
+          std::vector<float> y(static_cast<size_t>(mm * n), -1.0f);
+          gemm_q6_kx8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, 0, split);
+          gemm_q6_kx8_q8_0(p.data(), xq.data(), y.data(), k, mm, n, split, n);
           for (int64_t c = 0; c < mm; ++c)
             for (int64_t r = 0; r < n; ++r) {
               INFO(isa << " k " << k << " n " << n << " m " << mm << " split " << split << " column " << c << " row "

@@ -168,17 +168,23 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
 
 namespace {
 
-/// The 8-row repack loop shared by every x8 layout: record (g, b) of `out` gets block b of
-/// rows 8g .. 8g + 7 through row(record, r, block), or pad(record, r) past row n.
-template <class TB, class TO, class Row, class Pad>
+/// The 8-row repack loop shared by every x8 layout: record (g, b) of `out` gets 32-element
+/// block b of rows 8g .. 8g + 7 through row(record, r, block), or pad(record, r) past row
+/// n. K-quants (kSub = 8 sub-blocks per GGUF block): row(record, r, block, sub-block b % 8).
+template <int kSub = 1, class TB, class TO, class Row, class Pad>
 void repack_x8(const TB* w, int64_t n, int64_t k, TO* out, int64_t g0, int64_t g1, Row row, Pad pad) noexcept {
   const int64_t nb = k / kQK;
+  const int64_t nbw = nb / kSub;  // GGUF blocks per row
   for (int64_t g = g0; g < g1; ++g) {
     for (int64_t b = 0; b < nb; ++b) {
       TO& o = out[g * nb + b];
       for (int r = 0; r < 8; ++r) {
         if (g * 8 + r < n) {
-          row(o, r, w[(g * 8 + r) * nb + b]);
+          if constexpr (kSub == 1) {
+            row(o, r, w[(g * 8 + r) * nb + b]);
+          } else {
+            row(o, r, w[(g * 8 + r) * nbw + b / kSub], static_cast<int>(b % kSub));
+          }
         } else {
           pad(o, r);
         }
@@ -233,13 +239,69 @@ void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, i
         std::memcpy(&h, src.qh, sizeof h);
         o.d[r] = src.d;
         put_nibbles(o, r, src.qs);
-        for (int j = 0; j < 4; ++j)
-          o.qh[8 * j + r] = static_cast<uint8_t>(((h >> (4 * j)) & 0x0F) | (((h >> (16 + 4 * j)) & 0x0F) << 4));
+        for (int i = 0; i < 4; ++i) {
+          uint32_t v = 0;
+          for (int j = 0; j < 4; ++j)
+            v |= ((h >> (4 * j + i)) & 1u) << (2 * j) | ((h >> (16 + 4 * j + i)) & 1u) << (2 * j + 1);
+          o.qh[4 * r + i] = static_cast<uint8_t>(v);
+        }
       },
       [](BlockQ5_0x8& o, int r) {  // padding row: scale 0, every weight q = 16 (value 0)
         o.d[r] = 0;
         fill_nibbles(o, r, 0);
-        for (int j = 0; j < 4; ++j) o.qh[8 * j + r] = 0xFF;
+        std::memset(o.qh + 4 * r, 0xFF, 4);
+      });
+}
+void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, int64_t g0, int64_t g1) noexcept {
+  repack_x8<kQK_K / kQK>(
+      w, n, k, out, g0, g1,
+      [](BlockQ4_Kx8& o, int r, const BlockQ4_K& src, int j) {
+        int sc = 0, mn = 0;
+        k4_scale_min(src.scales, j, sc, mn);
+        o.d[r] = src.d;
+        o.dmin[r] = src.dmin;
+        o.sc[r] = static_cast<uint8_t>(sc);
+        o.m[r] = static_cast<uint8_t>(mn);
+        uint8_t qs[kQK / 2];  // sub-block j's nibbles (the low or high ones of its 32 bytes) as a Q4_0 block's
+        const uint8_t* q = src.qs + 32 * (j / 2);
+        const int shift = 4 * (j % 2);
+        for (int l = 0; l < kQK / 2; ++l)
+          qs[l] = static_cast<uint8_t>(((q[l] >> shift) & 0x0F) | (((q[l + kQK / 2] >> shift) & 0x0F) << 4));
+        put_nibbles(o, r, qs);
+      },
+      [](BlockQ4_Kx8& o, int r) {  // padding row: every scale 0, every nibble 0
+        o.d[r] = 0;
+        o.dmin[r] = 0;
+        o.sc[r] = 0;
+        o.m[r] = 0;
+        fill_nibbles(o, r, 0);
+      });
+}
+void repack_q6_kx8(const BlockQ6_K* w, int64_t n, int64_t k, BlockQ6_Kx8* out, int64_t g0, int64_t g1) noexcept {
+  repack_x8<kQK_K / kQK>(
+      w, n, k, out, g0, g1,
+      [](BlockQ6_Kx8& o, int r, const BlockQ6_K& src, int j) {
+        o.d[r] = src.d;
+        o.s[r] = src.scales[2 * j];
+        o.s[8 + r] = src.scales[2 * j + 1];
+        int u[kQK];  // the sub-block's weights q + 32
+        for (int e = 0; e < kQK; ++e) u[e] = q6k_at(src, kQK * j + e) + 32;
+        uint8_t qs[kQK / 2];  // low four bits as a Q4_0 block's
+        for (int l = 0; l < kQK / 2; ++l) qs[l] = static_cast<uint8_t>((u[l] & 0x0F) | ((u[l + kQK / 2] & 0x0F) << 4));
+        put_nibbles(o, r, qs);
+        for (int c = 0; c < 4; ++c)
+          for (int i = 0; i < 4; ++i) {
+            uint8_t& h = o.qh[32 * (c / 2) + 4 * r + i];
+            if (c % 2 == 0) h = 0;
+            h = static_cast<uint8_t>(h | (((u[4 * c + i] >> 4) | ((u[16 + 4 * c + i] >> 4) << 2)) << (4 * (c % 2))));
+          }
+      },
+      [](BlockQ6_Kx8& o, int r) {  // padding row: scales 0, every u = 32 (top bits 10, value 0)
+        o.d[r] = 0;
+        o.s[r] = 0;
+        o.s[8 + r] = 0;
+        fill_nibbles(o, r, 0);
+        for (int p = 0; p < 2; ++p) std::memset(o.qh + 32 * p + 4 * r, 0xAA, 4);
       });
 }
 void gemm_q4_1_q8_0(const BlockQ4_1* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
@@ -277,6 +339,14 @@ void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_
 void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   K().gemm_q5_0x8_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  K().gemm_q4_kx8_q8_0(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  K().gemm_q6_kx8_q8_0(w, x, y, k, m, ldy, r0, r1);
 }
 
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {

@@ -144,9 +144,9 @@ struct BlockQ4_1x8 {
 static_assert(sizeof(BlockQ4_1x8) == 160, "8 Q4_1 blocks: 8 scales + 8 mins + 128 bytes");
 
 /// Q5_0 weights repacked as BlockQ4_0x8 is (qs: each weight's low four bits), with the
-/// fifth bits per chunk j and row r in one byte:
-///   qh[8j + r]  bits 0-3: the fifth bits of row 8g + r's weights 4j .. 4j + 3; bits 4-7:
-///               of its weights 16 + 4j .. 16 + 4j + 3 (the weights qs chunk j holds).
+/// fifth bits beside the bytes of qs they complete:
+///   qh[4r + i]  bit 2j: the fifth bit of row 8g + r's weight 4j + i, bit 2j + 1: of its
+///               weight 16 + 4j + i (j < 4: the weights of qs[32j + 4r + i]).
 /// Rows past n have d = 0 and every weight q = 16 (value 0). As many bytes as the GGUF blocks.
 struct BlockQ5_0x8 {
   uint16_t d[8];
@@ -155,7 +155,42 @@ struct BlockQ5_0x8 {
 };
 static_assert(sizeof(BlockQ5_0x8) == 176, "8 Q5_0 blocks: 8 scales + 32 fifth-bit bytes + 128 bytes");
 
-/// Number of records repack_q4_0x8 (or repack_q4_1x8) writes for n rows of k elements.
+/// Q4_K weights repacked 8 rows and one 32-element sub-block at a time (record b of group g
+/// holds sub-block b % 8 of super-block b / 8 of rows 8g .. 8g + 7):
+///   d[r], dmin[r]  fp16 super-block scale and min scale of row 8g + r;
+///   sc[r], m[r]    its 6-bit sub-block scale and min (k4_scale_min);
+///   qs             as BlockQ4_0x8's, the sub-block's 32 nibbles q (0..15) laid out as a
+///                  Q4_0 block's (weight l < 16: low nibble of byte l, l >= 16: high of l - 16).
+/// Rows past n have d = dmin = 0, sc = m = 0 and all nibbles 0. 22 bytes per row and 32
+/// weights (the GGUF blocks: 18).
+struct BlockQ4_Kx8 {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t sc[8];
+  uint8_t m[8];
+  uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_Kx8) == 176, "8 Q4_K sub-blocks: 8 scales, mins, sub-scales, sub-mins + 128 bytes");
+
+/// Q6_K weights repacked 8 rows and one 32-element sub-block at a time (record b of group g
+/// holds elements 32 (b % 8) .. + 31 of super-block b / 8 of rows 8g .. 8g + 7), each
+/// weight as u = q + 32 (0..63):
+///   d[r]              fp16 super-block scale of row 8g + r;
+///   s[r], s[8 + r]    its int8 scales of the sub-block's elements 0-15 and 16-31;
+///   qs                as BlockQ4_0x8's, the low four bits of u;
+///   qh[32p + 4r + i]  u's top two bits of row r's weights 4c + i (bits 0-1), 16 + 4c + i
+///                     (bits 2-3) for chunk c = 2p, and the same for c = 2p + 1 (bits 4-7).
+/// Rows past n have d = 0, scales 0 and every u = 32 (value 0). 28 bytes per row and 32
+/// weights (the GGUF blocks: 26.25).
+struct BlockQ6_Kx8 {
+  uint16_t d[8];
+  int8_t s[16];
+  uint8_t qs[128];
+  uint8_t qh[64];
+};
+static_assert(sizeof(BlockQ6_Kx8) == 224, "8 Q6_K sub-blocks: 8 scales, 16 sub-scales, 128 + 64 bytes");
+
+/// Number of records repack_q4_0x8 (or any x8 repack) writes for n rows of k elements.
 inline int64_t q4_0x8_records(int64_t n, int64_t k) noexcept {
   return (n + 7) / 8 * (k / kQK);
 }
@@ -176,6 +211,16 @@ void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_
 /// The same for Q5_0 weights: the bits of gemm_q5_0_q8_0 on the GGUF blocks.
 void repack_q5_0x8(const BlockQ5_0* w, int64_t n, int64_t k, BlockQ5_0x8* out, int64_t g0, int64_t g1) noexcept;
 void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// The same for Q4_K weights (k a multiple of 256): the bits of gemm_q4_k_q8_0 on the
+/// GGUF blocks (its p_b, T_b = corr / 8 of the activations' 8 * sum(x)).
+void repack_q4_kx8(const BlockQ4_K* w, int64_t n, int64_t k, BlockQ4_Kx8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept;
+/// The same for Q6_K weights (k a multiple of 256): the bits of gemm_q6_k_q8_0 on the
+/// GGUF blocks.
+void repack_q6_kx8(const BlockQ6_K* w, int64_t n, int64_t k, BlockQ6_Kx8* out, int64_t g0, int64_t g1) noexcept;
+void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept;
 /// F32 weights x F32 activations.
 void gemm_f32_f32(const float* w, const float* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,

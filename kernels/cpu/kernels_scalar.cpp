@@ -505,13 +505,46 @@ void s_gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int6
   s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ5_0x8& wb, int lane, const BlockQ8_0& xb) {
     int32_t s = 0;
     for (int j = 0; j < 4; ++j) {
-      const int h = wb.qh[8 * j + lane];
       for (int i = 0; i < 4; ++i) {
-        const int q = wb.qs[32 * j + 4 * lane + i];
-        const int lo = (q & 0x0F) | (((h >> i) & 1) << 4), hi = (q >> 4) | (((h >> (4 + i)) & 1) << 4);
+        const int q = wb.qs[32 * j + 4 * lane + i], h = wb.qh[4 * lane + i];
+        const int lo = (q & 0x0F) | (((h >> (2 * j)) & 1) << 4), hi = (q >> 4) | (((h >> (2 * j + 1)) & 1) << 4);
         s += (lo - 16) * xb.qs[4 * j + i] + (hi - 16) * xb.qs[16 + 4 * j + i];
       }
     }
+    return block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
+  });
+}
+
+// Q4_K: s_dot_q_k_min's arithmetic (q = the nibble, the sub-block's scale and min).
+void s_gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ4_Kx8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t s = 0, t = 0;
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * j + 4 * lane + i];
+        s += (q & 0x0F) * xb.qs[4 * j + i] + (q >> 4) * xb.qs[16 + 4 * j + i];
+        t += xb.qs[4 * j + i] + xb.qs[16 + 4 * j + i];
+      }
+    const float ps = block_scale_product(wb.d[lane], xb.d) * static_cast<float>(wb.sc[lane] * s);
+    const float pm = block_scale_product(wb.dmin[lane], xb.d) * static_cast<float>(wb.m[lane] * t);
+    return ps - pm;
+  });
+}
+
+// Q6_K: s_vec_dot_q6_k_q8_0's arithmetic (q = u - 32, the two 16-element scales).
+void s_gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy,
+                        int64_t r0, int64_t r1) noexcept {
+  s_gemm_x8(w, x, y, k, m, ldy, r0, r1, [](const BlockQ6_Kx8& wb, int lane, const BlockQ8_0& xb) {
+    int32_t lo = 0, hi = 0;
+    for (int c = 0; c < 4; ++c)
+      for (int i = 0; i < 4; ++i) {
+        const int q = wb.qs[32 * c + 4 * lane + i];
+        const int h = wb.qh[32 * (c / 2) + 4 * lane + i] >> (4 * (c % 2));
+        lo += ((q & 0x0F) + ((h & 3) << 4) - 32) * xb.qs[4 * c + i];
+        hi += ((q >> 4) + (((h >> 2) & 3) << 4) - 32) * xb.qs[16 + 4 * c + i];
+      }
+    const int32_t s = wb.s[lane] * lo + wb.s[8 + lane] * hi;
     return block_scale_product(wb.d[lane], xb.d) * static_cast<float>(s);
   });
 }
@@ -560,7 +593,9 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q5_1_q8_0,
                                  s_gemm_q5_1_q8_0,
                                  s_vec_dot_q5_k_q8_0,
-                                 s_gemm_q5_k_q8_0};
+                                 s_gemm_q5_k_q8_0,
+                                 s_gemm_q4_kx8_q8_0,
+                                 s_gemm_q6_kx8_q8_0};
   return t;
 }
 

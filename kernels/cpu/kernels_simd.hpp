@@ -577,8 +577,12 @@ inline void x8_aux(const BlockQ8_0* x, int64_t n, XAux* aux) noexcept {
     __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
     t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    __m128i tl = _mm256_castsi256_si128(s);  // bytes 0-15
+    tl = _mm_add_epi32(tl, _mm_shuffle_epi32(tl, 0x4E));
+    tl = _mm_add_epi32(tl, _mm_shuffle_epi32(tl, 0xB1));
     aux[i].dx = h2f(x[i].d);
     aux[i].corr = _mm_cvtsi128_si32(t);
+    aux[i].corr_lo = _mm_cvtsi128_si32(tl);
   }
 }
 
@@ -588,19 +592,29 @@ inline __m256i bcast4(const int8_t* p) noexcept {
   return _mm256_set1_epi32(v);
 }
 
-/// BlockQ5_0x8's fifth bits of chunk j (its 8 bytes qh[8j..8j+7], one per row) as 0x10
+/// Bit `from` of every byte of h moved to bit 4 (0x10), the byte's other bits 0. A 16-bit
+/// shift by at most 4 moves bits within their byte into bit 4, and the mask drops the rest.
+inline __m256i bit_to_0x10(__m256i h, int from) noexcept {
+  const __m256i v =
+      from <= 4 ? _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - from)) : _mm256_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+  return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/// BlockQ5_0x8's fifth bits of chunk j (qh: the record's 32 bytes, byte 4r + i; bits 2j and
+/// 2j + 1) as 0x10 in the byte of each weight: lo for the low-nibble weights, hi for the high ones.
+inline void q5x8_fifth_bits(const uint8_t* qh, int j, __m256i& lo, __m256i& hi) noexcept {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  lo = _mm256_or_si256(lo, bit_to_0x10(h, 2 * j));
+  hi = _mm256_or_si256(hi, bit_to_0x10(h, 2 * j + 1));
+}
+
+/// BlockQ6_Kx8's top two bits of chunk j (qh: the record's qh + 32 * (j / 2)) as 16 and 32
 /// in the byte of each weight: lo for the low-nibble weights, hi for the high ones.
-inline void q5x8_fifth_bits(const uint8_t* qh8, __m256i& lo, __m256i& hi) noexcept {
-  int64_t h;
-  std::memcpy(&h, qh8, sizeof h);
-  // byte 4r + i of the vector = row r's byte (set1 repeats the 8 bytes in both 128-bit lanes)
-  const __m256i rep = _mm256_shuffle_epi8(
-      _mm256_set1_epi64x(h),
-      _mm256_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
-  const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32(static_cast<int32_t>(0x80402010u));
-  const __m256i x10 = _mm256_set1_epi8(0x10);
-  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_lo), bit_lo), x10));
-  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(rep, bit_hi), bit_hi), x10));
+inline void q6x8_top_bits(const uint8_t* qh, int j, __m256i& lo, __m256i& hi) noexcept {
+  const __m256i h =
+      _mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)), _mm_cvtsi32_si128(4 * (j % 2)));
+  lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
+  hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
 }
 
 // y[c * ldy + 8g + r] for g < G, c < C, r < 8, except rows below row_lo of the first group
@@ -610,8 +624,11 @@ template <class TB, int G, int C>
 void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ4K = std::is_same_v<TB, BlockQ4_Kx8>;
   constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
-  constexpr int32_t kCorr = kQ5 ? 2 : 1;  // Q4_0: minus 8 * sum(x) = corr; Q5_0: 16 * sum(x)
+  constexpr bool kQ6K = std::is_same_v<TB, BlockQ6_Kx8>;  // S_lo in s16, S_hi in s16h
+  [[maybe_unused]] constexpr bool kWide = kQ5 || kQ6K;    // values > 15: i16 sums widened per chunk
+  constexpr int32_t kCorr = kQ5 ? 2 : 1;                  // Q4_0: minus 8 * sum(x) = corr; Q5_0: 16 * sum(x)
   Lanes32 acc[G][C];
   const __m256i m4 = _mm256_set1_epi8(0x0F);
 #if !TANDEM_ISA_VNNI
@@ -625,26 +642,38 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
         for (int64_t o = 0; o < static_cast<int64_t>(sizeof(TB)); o += 64) _mm_prefetch(pg + o, _MM_HINT_T0);
       }
     }
-    __m256i s16[G][C];
+    __m256i s16[G][C], s16h[G][C];
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < C; ++c) s16[g][c] = _mm256_setzero_si256();
+      for (int c = 0; c < C; ++c) s16[g][c] = s16h[g][c] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       __m256i lo[G], hi[G];
       for (int g = 0; g < G; ++g) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[g * nb + b].qs + 32 * j));
         lo[g] = _mm256_and_si256(raw, m4);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        if constexpr (kQ5) q5x8_fifth_bits(w[g * nb + b].qh + 8 * j, lo[g], hi[g]);
+        if constexpr (kQ5) q5x8_fifth_bits(w[g * nb + b].qh, j, lo[g], hi[g]);
+        if constexpr (kQ6K) q6x8_top_bits(w[g * nb + b].qh + 32 * (j / 2), j, lo[g], hi[g]);
       }
       for (int c = 0; c < C; ++c) {
         const int8_t* q = x[c * nb + b].qs;
         const __m256i bl = bcast4(q + 4 * j), bh = bcast4(q + 16 + 4 * j);
         for (int g = 0; g < G; ++g) {
 #if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
-          s16[g][c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s16[g][c], lo[g], bl), hi[g], bh);
-#else  // i16 sums; Q5_0's (values up to 31) are widened per chunk: 4 chunks could overflow
-          const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], bl), _mm256_maddubs_epi16(hi[g], bh));
-          s16[g][c] = kQ5 ? _mm256_add_epi32(s16[g][c], _mm256_madd_epi16(p, ones16)) : _mm256_add_epi16(s16[g][c], p);
+          if constexpr (kQ6K) {
+            s16[g][c] = _mm256_dpbusd_epi32(s16[g][c], lo[g], bl);
+            s16h[g][c] = _mm256_dpbusd_epi32(s16h[g][c], hi[g], bh);
+          } else {
+            s16[g][c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s16[g][c], lo[g], bl), hi[g], bh);
+          }
+#else  // i16 sums; Q5_0's and Q6_K's (values up to 31, 63) are widened per chunk: 4 chunks could overflow
+          if constexpr (kQ6K) {
+            s16[g][c] = _mm256_add_epi32(s16[g][c], _mm256_madd_epi16(_mm256_maddubs_epi16(lo[g], bl), ones16));
+            s16h[g][c] = _mm256_add_epi32(s16h[g][c], _mm256_madd_epi16(_mm256_maddubs_epi16(hi[g], bh), ones16));
+          } else {
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[g], bl), _mm256_maddubs_epi16(hi[g], bh));
+            s16[g][c] =
+                kQ5 ? _mm256_add_epi32(s16[g][c], _mm256_madd_epi16(p, ones16)) : _mm256_add_epi16(s16[g][c], p);
+          }
 #endif
         }
       }
@@ -656,7 +685,7 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
 #if TANDEM_ISA_VNNI
         const __m256i sq = s16[g][c];
 #else
-        const __m256i sq = kQ5 ? s16[g][c] : _mm256_madd_epi16(s16[g][c], ones16);
+        const __m256i sq = kWide ? s16[g][c] : _mm256_madd_epi16(s16[g][c], ones16);
 #endif
         const __m256 dx = _mm256_set1_ps(a.dx);
         if constexpr (kQ41) {  // S_b over the nibbles, T_b = corr / 8 (exact)
@@ -664,6 +693,23 @@ void tile_q4x8(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, flo
           const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(sq));
           const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx), _mm256_set1_ps(static_cast<float>(a.corr / 8)));
           acc[g][c].add_p(b, _mm256_add_ps(ps, pm));
+        } else if constexpr (kQ4K) {  // ((d * d_x) * f32(sc * S_b)) - ((dmin * d_x) * f32(m * T_b))
+          const TB& wb = w[g * nb + b];
+          const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.sc)));
+          const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.m)));
+          const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb.dmin)));
+          const __m256 ps = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(_mm256_mullo_epi32(sc, sq)));
+          const __m256 pm = _mm256_mul_ps(_mm256_mul_ps(mw, dx),
+                                          _mm256_cvtepi32_ps(_mm256_mullo_epi32(mn, _mm256_set1_epi32(a.corr / 8))));
+          acc[g][c].add_p(b, _mm256_sub_ps(ps, pm));
+        } else if constexpr (kQ6K) {  // s0 * S_lo + s1 * S_hi, S = the dot of u minus 32 * sum(x)
+          const TB& wb = w[g * nb + b];
+          const __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.s)));
+          const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wb.s + 8)));
+          const __m256i slo = _mm256_sub_epi32(sq, _mm256_set1_epi32(4 * a.corr_lo));
+          const __m256i shi = _mm256_sub_epi32(s16h[g][c], _mm256_set1_epi32(4 * (a.corr - a.corr_lo)));
+          acc[g][c].add(b, _mm256_mul_ps(dw, dx),
+                        _mm256_add_epi32(_mm256_mullo_epi32(s0, slo), _mm256_mullo_epi32(s1, shi)));
         } else {
           acc[g][c].add(b, _mm256_mul_ps(dw, dx), _mm256_sub_epi32(sq, _mm256_set1_epi32(kCorr * a.corr)));
         }
@@ -684,7 +730,10 @@ template <class TB, int C>
 void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, float* y, int64_t ldy, int row_lo,
                 int row_hi, const char* pf) noexcept {
   constexpr bool kQ41 = std::is_same_v<TB, BlockQ4_1x8>;
+  constexpr bool kQ4K = std::is_same_v<TB, BlockQ4_Kx8>;
   constexpr bool kQ5 = std::is_same_v<TB, BlockQ5_0x8>;
+  constexpr bool kQ6K = std::is_same_v<TB, BlockQ6_Kx8>;
+  [[maybe_unused]] constexpr bool kWide = kQ5 || kQ6K;
   constexpr int32_t kCorr = kQ5 ? 2 : 1;
   Lanes32T<16> acc[C];
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -700,20 +749,34 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
         for (int64_t o = 0; o < static_cast<int64_t>(sizeof(TB)); o += 64) _mm_prefetch(pg + o, _MM_HINT_T0);
       }
     }
-    __m512i s16[C];
-    for (int c = 0; c < C; ++c) s16[c] = _mm512_setzero_si512();
+    __m512i s16[C], s16h[C];
+    for (int c = 0; c < C; ++c) s16[c] = s16h[c] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
       const __m512i raw = _mm512_inserti64x4(
           _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qs + 32 * j))),
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qs + 32 * j)), 1);
       __m512i lo = _mm512_and_si512(raw, m4);
       __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-      if constexpr (kQ5) {
-        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0;
-        q5x8_fifth_bits(w[b].qh + 8 * j, l0, h0);
-        q5x8_fifth_bits(w1[b].qh + 8 * j, l1, h1);
-        lo = _mm512_or_si512(lo, _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1));
-        hi = _mm512_or_si512(hi, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+      if constexpr (kQ5) {  // q5x8_fifth_bits on both groups
+        const __m512i h =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh))),
+                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qh)), 1);
+        const auto bit = [&](int from) {  // bit_to_0x10
+          const __m512i v = from <= 4 ? _mm512_sll_epi16(h, _mm_cvtsi32_si128(4 - from))
+                                      : _mm512_srl_epi16(h, _mm_cvtsi32_si128(from - 4));
+          return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+        };
+        lo = _mm512_or_si512(lo, bit(2 * j));
+        hi = _mm512_or_si512(hi, bit(2 * j + 1));
+      }
+      if constexpr (kQ6K) {  // q6x8_top_bits on both groups
+        const __m512i h = _mm512_srl_epi16(
+            _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[b].qh + 32 * (j / 2)))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w1[b].qh + 32 * (j / 2))), 1),
+            _mm_cvtsi32_si128(4 * (j % 2)));
+        lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x03)), 4));
+        hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(0x0C)), 2));
       }
       for (int c = 0; c < C; ++c) {
         const int8_t* q = x[c * nb + b].qs;
@@ -722,10 +785,20 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
         std::memcpy(&vh, q + 16 + 4 * j, 4);
         const __m512i bl = _mm512_set1_epi32(vl), bh = _mm512_set1_epi32(vh);
 #if TANDEM_ISA_VNNI  // s16 holds i32 lane sums here
-        s16[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s16[c], lo, bl), hi, bh);
+        if constexpr (kQ6K) {
+          s16[c] = _mm512_dpbusd_epi32(s16[c], lo, bl);
+          s16h[c] = _mm512_dpbusd_epi32(s16h[c], hi, bh);
+        } else {
+          s16[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s16[c], lo, bl), hi, bh);
+        }
 #else
-        const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, bl), _mm512_maddubs_epi16(hi, bh));
-        s16[c] = kQ5 ? _mm512_add_epi32(s16[c], _mm512_madd_epi16(p, ones16)) : _mm512_add_epi16(s16[c], p);
+        if constexpr (kQ6K) {
+          s16[c] = _mm512_add_epi32(s16[c], _mm512_madd_epi16(_mm512_maddubs_epi16(lo, bl), ones16));
+          s16h[c] = _mm512_add_epi32(s16h[c], _mm512_madd_epi16(_mm512_maddubs_epi16(hi, bh), ones16));
+        } else {
+          const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, bl), _mm512_maddubs_epi16(hi, bh));
+          s16[c] = kQ5 ? _mm512_add_epi32(s16[c], _mm512_madd_epi16(p, ones16)) : _mm512_add_epi16(s16[c], p);
+        }
 #endif
       }
     }
@@ -735,12 +808,28 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi16)), 1));
     };
     const __m512 dw = halves(w[b].d, w1[b].d);
+    __m512 mw = _mm512_setzero_ps();
+    // Q4_K: the 16 rows' sub-block scales and mins; Q6_K: their scales of elements 0-15, 16-31
+    __m512i sc = _mm512_setzero_si512(), mn = sc;
+    [[maybe_unused]] const auto bytes16 = [](const void* lo8, const void* hi8) {  // 8 bytes of each group
+      return _mm_unpacklo_epi64(_mm_loadl_epi64(static_cast<const __m128i*>(lo8)),
+                                _mm_loadl_epi64(static_cast<const __m128i*>(hi8)));
+    };
+    if constexpr (kQ4K) {
+      mw = halves(w[b].dmin, w1[b].dmin);
+      sc = _mm512_cvtepu8_epi32(bytes16(w[b].sc, w1[b].sc));
+      mn = _mm512_cvtepu8_epi32(bytes16(w[b].m, w1[b].m));
+    }
+    if constexpr (kQ6K) {
+      sc = _mm512_cvtepi8_epi32(bytes16(w[b].s, w1[b].s));
+      mn = _mm512_cvtepi8_epi32(bytes16(w[b].s + 8, w1[b].s + 8));
+    }
     for (int c = 0; c < C; ++c) {
       const XAux& a = aux[c * nb + b];
 #if TANDEM_ISA_VNNI
       const __m512i sq = s16[c];
 #else
-      const __m512i sq = kQ5 ? s16[c] : _mm512_madd_epi16(s16[c], ones16);
+      const __m512i sq = kWide ? s16[c] : _mm512_madd_epi16(s16[c], ones16);
 #endif
       const __m512 dx = _mm512_set1_ps(a.dx);
       if constexpr (kQ41) {
@@ -748,6 +837,16 @@ void tile_q4x16(const TB* w, int64_t nb, const BlockQ8_0* x, const XAux* aux, fl
         const __m512 pm =
             _mm512_mul_ps(_mm512_mul_ps(halves(w[b].m, w1[b].m), dx), _mm512_set1_ps(static_cast<float>(a.corr / 8)));
         acc[c].add_p(b, _mm512_add_ps(ps, pm));
+      } else if constexpr (kQ4K) {
+        const __m512 ps = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_mullo_epi32(sc, sq)));
+        const __m512 pm = _mm512_mul_ps(_mm512_mul_ps(mw, dx),
+                                        _mm512_cvtepi32_ps(_mm512_mullo_epi32(mn, _mm512_set1_epi32(a.corr / 8))));
+        acc[c].add_p(b, _mm512_sub_ps(ps, pm));
+      } else if constexpr (kQ6K) {  // tile_q4x8's s0 * S_lo + s1 * S_hi
+        const __m512i slo = _mm512_sub_epi32(sq, _mm512_set1_epi32(4 * a.corr_lo));
+        const __m512i shi = _mm512_sub_epi32(s16h[c], _mm512_set1_epi32(4 * (a.corr - a.corr_lo)));
+        const __m512i s = _mm512_add_epi32(_mm512_mullo_epi32(sc, slo), _mm512_mullo_epi32(mn, shi));
+        acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(s)));
       } else {
         acc[c].add_p(b, _mm512_mul_ps(_mm512_mul_ps(dw, dx),
                                       _mm512_cvtepi32_ps(_mm512_sub_epi32(sq, _mm512_set1_epi32(kCorr * a.corr)))));
@@ -778,7 +877,8 @@ constexpr std::array<TileX8Fn<TB>, GB * CB> make_x8_tiles(std::index_sequence<I.
   return {&tile_q4x8<TB, static_cast<int>(I) / CB + 1, static_cast<int>(I) % CB + 1>...};
 }
 
-/// gemm_q4_0x8_q8_0, gemm_q4_1x8_q8_0, gemm_q5_0x8_q8_0 (TB: BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8).
+/// gemm_q4_0x8_q8_0, gemm_q4_1x8_q8_0, gemm_q5_0x8_q8_0, gemm_q4_kx8_q8_0, gemm_q6_kx8_q8_0
+/// (TB: BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8, BlockQ6_Kx8).
 template <class TB>
 void gemm_x8(const TB* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
              int64_t r1) noexcept {
@@ -850,6 +950,15 @@ void gemm_q4_1x8_q8_0(const BlockQ4_1x8* w, const BlockQ8_0* x, float* y, int64_
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
 void gemm_q5_0x8_q8_0(const BlockQ5_0x8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
+}
+
+void gemm_q4_kx8_q8_0(const BlockQ4_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
+                      int64_t r1) noexcept {
+  gemm_x8(w, x, y, k, m, ldy, r0, r1);
+}
+void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_t k, int64_t m, int64_t ldy, int64_t r0,
                       int64_t r1) noexcept {
   gemm_x8(w, x, y, k, m, ldy, r0, r1);
 }
@@ -1561,7 +1670,7 @@ inline const KernelTable& table() noexcept {
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
       vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
       gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0, gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
-      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0};
+      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,    gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0};
   return t;
 }
 

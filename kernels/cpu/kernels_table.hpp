@@ -59,13 +59,19 @@ struct KernelTable {
   float (*vec_dot_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, int64_t) noexcept;
   void (*gemm_q5_k_q8_0)(const BlockQ5_K*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                          int64_t) noexcept;
+  void (*gemm_q4_kx8_q8_0)(const BlockQ4_Kx8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) noexcept;
+  void (*gemm_q6_kx8_q8_0)(const BlockQ6_Kx8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction
-/// 8 * sum(qs), the two per-column scalars of the repacked kernel (gemm_q4_0x8_q8_0).
+/// 8 * sum(qs), the two per-column scalars of the repacked kernel (gemm_q4_0x8_q8_0), and
+/// 8 * the sum of qs[0..15] (Q6_K's correction of the first 16 elements).
 struct XAux {
   float dx;
   int32_t corr;
+  int32_t corr_lo;
 };
 
 /// Where flash_attn's scratch parts start (in floats) for head_dim and `rows` query rows;

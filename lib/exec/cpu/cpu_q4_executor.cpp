@@ -74,7 +74,8 @@ struct CpuQ4Executor::Scratch {
 
 struct CpuQ4Executor::Repacked {
   // The copies, keyed by the GGUF data of the matrix (tied embeddings share one entry):
-  // kernels::BlockQ4_0x8 records for a Q4_0 matrix, BlockQ4_1x8 for Q4_1, BlockQ5_0x8 for Q5_0.
+  // kernels::BlockQ4_0x8 records for a Q4_0 matrix, BlockQ4_1x8 for Q4_1, BlockQ5_0x8 for Q5_0,
+  // BlockQ4_Kx8 for Q4_K, BlockQ6_Kx8 for Q6_K.
   std::unordered_map<const std::byte*, std::vector<std::byte>> by_data;
   // Per layer, the repacked copy of each matrix (null: not repackable), looked up once at
   // construction so that a step indexes instead of hashing.
@@ -85,8 +86,9 @@ struct CpuQ4Executor::Repacked {
   std::vector<Layer> layers;  // empty when not repacking
   const void* output = nullptr;
   static bool repackable(const TensorView& W) {
-    return W && (W.type == GgmlType::kQ4_0 || W.type == GgmlType::kQ4_1 || W.type == GgmlType::kQ5_0) &&
-           W.k % k::kQK == 0;
+    return W && (((W.type == GgmlType::kQ4_0 || W.type == GgmlType::kQ4_1 || W.type == GgmlType::kQ5_0) &&
+                  W.k % k::kQK == 0) ||
+                 ((W.type == GgmlType::kQ4_K || W.type == GgmlType::kQ6_K) && W.k % k::kQK_K == 0));
   }
   const void* find(const TensorView& W) const {
     if (!repackable(W)) return nullptr;
@@ -157,6 +159,8 @@ void CpuQ4Executor::repack_weights(bool wanted) {
     if (!Repacked::repackable(W) || repacked->by_data.count(W.data) != 0) return;
     const size_t record = W.type == GgmlType::kQ4_1   ? sizeof(k::BlockQ4_1x8)
                           : W.type == GgmlType::kQ5_0 ? sizeof(k::BlockQ5_0x8)
+                          : W.type == GgmlType::kQ4_K ? sizeof(k::BlockQ4_Kx8)
+                          : W.type == GgmlType::kQ6_K ? sizeof(k::BlockQ6_Kx8)
                                                       : sizeof(k::BlockQ4_0x8);
     std::vector<std::byte> packed;
     try {
@@ -171,6 +175,12 @@ void CpuQ4Executor::repack_weights(bool wanted) {
       } else if (W.type == GgmlType::kQ5_0) {
         k::repack_q5_0x8(reinterpret_cast<const k::BlockQ5_0*>(W.data), W.n, W.k,
                          reinterpret_cast<k::BlockQ5_0x8*>(packed.data()), b, e);
+      } else if (W.type == GgmlType::kQ4_K) {
+        k::repack_q4_kx8(reinterpret_cast<const k::BlockQ4_K*>(W.data), W.n, W.k,
+                         reinterpret_cast<k::BlockQ4_Kx8*>(packed.data()), b, e);
+      } else if (W.type == GgmlType::kQ6_K) {
+        k::repack_q6_kx8(reinterpret_cast<const k::BlockQ6_K*>(W.data), W.n, W.k,
+                         reinterpret_cast<k::BlockQ6_Kx8*>(packed.data()), b, e);
       } else {
         k::repack_q4_0x8(reinterpret_cast<const k::BlockQ4_0*>(W.data), W.n, W.k,
                          reinterpret_cast<k::BlockQ4_0x8*>(packed.data()), b, e);
@@ -244,7 +254,8 @@ void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64
 namespace {
 
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
-// packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8, BlockQ4_1x8 or BlockQ5_0x8, as W's type), or null.
+// packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8 or BlockQ6_Kx8, as
+// W's type), or null.
 void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
             const void* packed);
 
@@ -571,6 +582,10 @@ void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, co
           k::gemm_q4_1x8_q8_0(static_cast<const k::BlockQ4_1x8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (packed != nullptr && W.type == GgmlType::kQ5_0) {
           k::gemm_q5_0x8_q8_0(static_cast<const k::BlockQ5_0x8*>(packed), xq, y, kdim, m, n, b, e);
+        } else if (packed != nullptr && W.type == GgmlType::kQ4_K) {
+          k::gemm_q4_kx8_q8_0(static_cast<const k::BlockQ4_Kx8*>(packed), xq, y, kdim, m, n, b, e);
+        } else if (packed != nullptr && W.type == GgmlType::kQ6_K) {
+          k::gemm_q6_kx8_q8_0(static_cast<const k::BlockQ6_Kx8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (packed != nullptr) {
           k::gemm_q4_0x8_q8_0(static_cast<const k::BlockQ4_0x8*>(packed), xq, y, kdim, m, n, b, e);
         } else if (W.type == GgmlType::kQ4_0) {

@@ -2,9 +2,11 @@
 //
 // Weights stay in the GGUF mapping (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_0, F16, BF16 or F32), except that
 // by default (on every ISA: the kernels compute the same bits on each) the executor keeps a
-// copy of every Q4_0, Q4_1 and Q5_0 weight matrix repacked 8 rows at a time
-// (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8; the same bytes again in memory) and
-// multiplies with kernels::gemm_q4_0x8_q8_0 / gemm_q4_1x8_q8_0 / gemm_q5_0x8_q8_0. The copy is
+// copy of every Q4_0, Q4_1, Q5_0, Q4_K and Q6_K weight matrix repacked 8 rows at a time
+// (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8, BlockQ6_Kx8; the same bytes
+// again in memory, the K-quants' 1.22x and 1.07x that) and multiplies with
+// kernels::gemm_q4_0x8_q8_0 / gemm_q4_1x8_q8_0 / gemm_q5_0x8_q8_0 / gemm_q4_kx8_q8_0 /
+// gemm_q6_kx8_q8_0. The copy is
 // made by the first executor of a Model (on its pool) and shared by every executor of that
 // Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
 // Each matrix's copy is found once, at construction (a per-layer table): a step indexes it.
