@@ -215,6 +215,11 @@ int main(int argc, char** argv) {
     }
     st.metrics = std::make_unique<PrometheusMetrics>(so.alias, std::move(cache));
     st.created = int64_t(std::time(nullptr));
+    if (!st.engine->chat_template().is_jinja()) {  // as tandem-cli --chat says it
+      st.log.write("warn", "the model's chat template is not used",
+                   {{"reason", st.engine->chat_template().fallback_reason()},
+                    {"built_in_template", st.engine->chat_template().name()}});
+    }
     st.ready.store(true, std::memory_order_release);
     st.log.write("info", "model loaded",
                  {{"model", so.alias},

@@ -608,6 +608,16 @@ def test_non_streaming_clients_that_disconnect_cancel_their_requests(tmp_path):
         assert s.stop() == 0
 
 
+def test_a_model_without_a_chat_template_is_warned_about(server):
+    """The tiny model's GGUF has no tokenizer.chat_template: the server says at load that the
+    built-in template is used instead, and why (as tandem-cli --chat does; it only logged
+    chat_template=chatml)."""
+    logged = [json.loads(l) for l in server.log_path.read_text().splitlines() if l.startswith("{")]
+    warn = [e for e in logged if e.get("msg") == "the model's chat template is not used"]
+    assert len(warn) == 1 and warn[0]["level"] == "warn", logged[:5]
+    assert "chat_template" in warn[0]["reason"] and warn[0]["built_in_template"]
+
+
 def test_top_k_beyond_the_vocabulary_is_no_cut(server):
     """top_k larger than any vocabulary (even past int32) is what vLLM and llama.cpp make of
     it, no top-k cut: the same sampled text as top_k 0 (it was 400 "'top_k' must be >= 0")."""
