@@ -124,8 +124,9 @@ __global__ void rope_kernel(float* x, const float* __restrict__ cs, int64_t tota
   rope_pair(x + th * head_dim, cs + t * n_rot, static_cast<int32_t>(idx % half), n_rot, neox);
 }
 
+// SwiGLU with the written SiLU (softmax_exp.hpp): the CPU executor's bits.
 __device__ __forceinline__ float swiglu_value(float g, float u) {
-  return g / (1.0f + expf(-g)) * u;
+  return silu(g) * u;
 }
 
 __global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
