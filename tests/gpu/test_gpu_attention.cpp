@@ -209,13 +209,9 @@ Prefill make_prefill(const Case& c, const std::vector<int32_t>& lens, const std:
 
 // Float64 causal attention of every query token over positions [0, pos] of its sequence, as
 // reference() does for one token, with reference()'s bound for n = pos + 1 positions. It
-// holds for both kernels: attention() forms the CPU's sum S = sum_p exp(s_p - max) directly;
-// attention_prefill() forms it per K tile against the tile's max m_t and rescales the running
-// sum by exp(m_old - m_new) in double (each rescale within 2^-50, negligible next to the
-// 8 ulp allowed per term), so each term exp(s_p - m_t) exp(m_t - max) still carries twice the
-// score error plus a few ulp of expf, the sums of n terms gamma(n + 2) (per-tile partials and
-// the running sum are in double, below that); both then weigh V with e * (1 / S) and add the
-// n products in f32.
+// holds for both kernels: each forms the CPU's sum S = sum_p exp(s_p - max) in double (the
+// written 8 lanes and their tree), weighs V with e * (1 / S) and adds the n products in f32
+// (within each 64-position chunk, then the chunks: no worse than one chain).
 void prefill_reference(const Case& c, const Prefill& d, std::vector<double>& out, std::vector<double>& bound) {
   const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
   out.assign(d.q.size(), 0.0);
