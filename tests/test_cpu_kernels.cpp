@@ -1473,6 +1473,31 @@ TEST_CASE("softmax_exp: within 2 ulp of exp on [-87, 0], exact at 0, 0 below the
   CHECK(std::isnan(softmax_exp(NAN)));
 }
 
+// SiLU's exp is softmax_exp extended to (0, 88] (kernels/softmax_exp.hpp, silu): the same
+// steps on positive arguments stay within 2 ulp of exp; +inf above kExpMax; silu on
+// [-88, 88] within 4 ulp of float64 (the exp's 2, the sum's and the quotient's roundings).
+TEST_CASE("softmax_exp on (0, 88] and silu: within a few ulp of float64, +inf above the range", "[kernels]") {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<float> u(0.0f, 88.0f), v(-88.0f, 88.0f);
+  int worst = 0, worst_silu = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const float x = u(g);
+    const int ulps = std::abs(int(bits(softmax_exp(x))) - int(bits(static_cast<float>(std::exp(double(x))))));
+    worst = std::max(worst, ulps);
+    const float y = v(g);
+    const float want = static_cast<float>(double(y) / (1.0 + std::exp(-double(y))));
+    worst_silu = std::max(worst_silu, std::abs(int(bits(silu(y))) - int(bits(want))));
+  }
+  INFO("worst ulp distance: exp " << worst << ", silu " << worst_silu);
+  CHECK(worst <= 2);
+  CHECK(worst_silu <= 4);
+  CHECK(softmax_exp(88.5f) == INFINITY);
+  CHECK(silu(0.0f) == 0.0f);
+  CHECK(silu(-100.0f) == 0.0f);  // -100 / +inf = -0
+  CHECK(silu(100.0f) == 100.0f);
+  CHECK(std::isnan(silu(NAN)));
+}
+
 namespace {
 
 // A weight type run natively (the file's own blocks) x Q8_0 activations: the scalar path

@@ -73,7 +73,8 @@ void gemm_parts(const DevWeight* const* w, float* const* y, const float* const* 
                 bool tensor_cores = true);
 
 /// y row i = RMSNorm(x row src_i) * w, src_i = rows ? rows[i] : i; n elements per row,
-/// x and y rows strided by n. Sum of squares in double. In place allowed (y == x, rows null).
+/// x and y rows strided by n. Sum of squares in double in index order, the CPU's rms_norm_row bit for bit. In place
+/// allowed (y == x, rows null).
 void rms_norm(const float* x, const float* w, float* y, int64_t n_rows, int64_t n, float eps, const int32_t* rows,
               cudaStream_t stream);
 
@@ -103,7 +104,9 @@ void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* 
 
 /// Where a step's tokens read and write KV: token t's sequence has its page pointers at
 /// pages[page_off[t]...] (one per page_size positions), t is at position pos[t] and
-/// attends to positions [0, pos[t]].
+/// attends to positions [p0, pos[t]]: p0 = 0, or with a sliding window (window > 0, the
+/// layer's; Gemma 3's local layers) p0 = max(0, pos[t] + 1 - window), as the CPU's
+/// FlashAttnArgs::window.
 struct KvArgs {
   void* const* pages = nullptr;
   const int32_t* page_off = nullptr;
@@ -111,7 +114,8 @@ struct KvArgs {
   int32_t page_size = 16;
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
-  int32_t layer = 0;  ///< page-local layer
+  int32_t layer = 0;   ///< page-local layer
+  int32_t window = 0;  ///< sliding window in positions; 0: full causal attention
   bool f16 = true;
 };
 
@@ -132,47 +136,55 @@ void rope_kv_store(const KvArgs& kv, float* q, float* k, const float* v, const f
 /// Returns the first CUDA error (nothing else is left pending).
 cudaError_t attention_setup(int device, int32_t* score_capacity);
 
+/// The attention kernels below (attention, attention_split, attention_prefill) all compute
+/// docs/arithmetic.md's "Attention" steps 1-4 bit for bit, the CPU's attn_tiled on the same
+/// q and KV: q rounded to f16 with f16 KV; each score by a warp (32 lanes of fma, the
+/// butterfly 8, 16, 4, 2, 1, then the hd % 8 tail) times `scale`; the max; e =
+/// softmax_exp(s - max); the sum in double over 8 lanes, their tree and the tail; w = e *
+/// f32(1 / sum), rounded to f16 with f16 KV; the output per element over chunks of
+/// kAttentionChunk positions from p0 (fma within a chunk, chunk partials added in order).
+/// So the three give the same bits as each other and as the CPU, for any batch
+/// (tests/gpu/test_gpu_attention.cpp).
+inline constexpr int32_t kAttentionChunk = 64;
+
 /// Causal GQA attention: out [T][n_head][head_dim] from q [T][n_head][head_dim] and the KV
-/// pages. One thread block per (token, head). As the CPU: with f16 KV, q and the
-/// probabilities are rounded to f16; softmax max-subtracted, sum in double.
-/// `max_pos` bounds pos[t] + 1 over the step (sizes the shared score buffer);
-/// `score_capacity` is attention_setup()'s. With `tokens` (device, T entries) only the
-/// rows t = tokens[0..T) of q/out are computed (T then counts the list, not the step).
+/// pages. One thread block per (token, head). `max_pos` bounds pos[t] + 1 over the step
+/// (sizes the shared score buffer); `score_capacity` is attention_setup()'s (positions past
+/// it recompute their score). With `tokens` (device, T entries) only the rows t =
+/// tokens[0..T) of q/out are computed (T then counts the list, not the step).
 void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t n_head, float scale, int32_t max_pos,
                int32_t score_capacity, cudaStream_t stream, const int32_t* tokens = nullptr);
 
-/// Partition size (positions) of attention_split() in the executor. A partition is a fixed
-/// range of absolute positions, so a token's result does not depend on the batch.
+/// Partition size (positions, a multiple of kAttentionChunk) of attention_split() in the
+/// executor. Partitions are counted from each token's p0, so a token's result does not
+/// depend on the batch.
 inline constexpr int32_t kAttentionPartition = 128;
 
-/// Device scratch of attention_split(): for n_tokens tokens, n_head heads and
-/// max_parts = ceil(max_pos / part) partitions, `acc` holds n_tokens * n_head * max_parts *
-/// head_dim floats, `max` and `sum` n_tokens * n_head * max_parts floats / doubles and
-/// `score` n_tokens * n_head * max_pos floats.
+/// Device scratch of attention_split(): for n_tokens tokens, n_head heads, max_parts =
+/// ceil(max_pos / part) partitions and max_chunks = ceil(max_pos / kAttentionChunk) chunks,
+/// `acc` holds n_tokens * n_head * max_chunks * head_dim floats, `max` n_tokens * n_head *
+/// max_parts floats and `score` n_tokens * n_head * max_pos floats.
 struct AttentionSplitScratch {
   float* acc = nullptr;
   float* max = nullptr;
-  double* sum = nullptr;
   float* score = nullptr;
   int32_t part = kAttentionPartition;
 };
 
-/// Dynamic shared memory (bytes) of attention_split()'s kernels: per tile, not per
-/// sequence: (group * (head_dim + part) + G * head_dim) floats, G = threads / head_dim.
-/// The caller uses attention() instead when this exceeds 48 KiB.
+/// Dynamic shared memory (bytes) of attention_split()'s score kernel: per tile, not per
+/// sequence: group * (head_dim + part) floats. The caller uses attention() instead when
+/// this exceeds 48 KiB.
 size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part);
 
 /// Split-KV (flash-decoding) attention of the tokens t = tokens[0..n_tokens) (a device
-/// list), same inputs and output rows as attention() and the same probabilities. The
-/// positions [0, pos[t]] are split into partitions of scratch.part absolute positions (so
-/// a token's result does not depend on the batch); blocks take one (token, KV head,
-/// partition) with all n_head / n_head_kv query heads of its GQA group, so each K and V row
-/// is read from memory once per group. Three kernels: scores and each partition's max and
-/// sum of exp; then per partition the global max and sum by log-sum-exp (double) and its
-/// share of the output with the CPU's probabilities (f16-rounded with f16 KV, which is why
-/// the normaliser is combined before V is read rather than after); then the partitions'
-/// shares added in order. Sources: FlashDecoding (Dao, Haziza, Massa, Sizov, 2023), online
-/// softmax (Milakov & Gimelshein, 2018). `max_pos` bounds pos[t] + 1.
+/// list), same inputs and output rows as attention() and the same bits. Each token's
+/// positions [p0, pos[t]] are split into partitions of scratch.part positions (a multiple
+/// of kAttentionChunk) from p0. Four kernels: per (token, KV head, partition) the scores of
+/// all n_head / n_head_kv query heads of the GQA group (each K row read once per group) and
+/// the partition's max; per (token, head) the max, the exps, the sum and the probabilities;
+/// per (token, KV head, partition) each chunk's V partial; per (token, head) the chunks
+/// added in order. Sources: FlashDecoding (Dao, Haziza, Massa, Sizov, 2023) for the split.
+/// `max_pos` bounds pos[t] + 1.
 /// out_q/out_d (both non-null, head_dim % 32 == 0; otherwise ignored): the combining kernel
 /// also writes the Q8_0 quantisation of each written output row, xq [T][n_head * head_dim]
 /// int8 and xd [T][n_head * head_dim / 32] fp16 as quantize_q8_0(out, T, n_head * head_dim)
@@ -187,10 +199,10 @@ inline constexpr int32_t kAttentionPrefillMaxTile = 16;
 
 /// Tile shape of attention_prefill() for a head_dim and GQA group: bq query tokens (times
 /// `group` query heads) per block, bk K/V positions per shared-memory tile, and the block's
-/// dynamic shared memory in bytes, (bk * (2 * head_dim + 1) + bq * group * (2 * head_dim + bk + 4))
-/// floats, at most 48 KiB (the default limit: no attribute needed). bq is the largest
-/// that fits, capped at kAttentionPrefillMaxTile; bq == 0 when not even one token fits (the
-/// caller then uses attention()). Pure function of its arguments; thread-safe.
+/// dynamic shared memory in bytes, (bk * (2 * head_dim + 1) + bq * group * (3 * head_dim +
+/// bk + 26)) floats, at most 48 KiB (the default limit: no attribute needed). bq is the
+/// largest that fits, capped at kAttentionPrefillMaxTile; bq == 0 when not even one token
+/// fits (the caller then uses attention()). Pure function of its arguments; thread-safe.
 struct AttentionPrefillPlan {
   int32_t bq = 0;
   int32_t bk = 0;
@@ -198,27 +210,17 @@ struct AttentionPrefillPlan {
 };
 AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group);
 
-/// Tiled flash-attention prefill: for each tile i of `tiles` (device, n_tiles pairs
-/// (t0, nq), 1 <= nq <= attention_prefill_plan(kv.head_dim, n_head / kv.n_head_kv).bq), the
-/// rows t0 .. t0 + nq - 1 of q/out ([step tokens][n_head][head_dim] floats), which must be
-/// tokens of one sequence (same page_off); token t attends to positions [0, pos[t]] of its
-/// sequence's pages (causal mask per query token). One thread block per (tile, KV head)
-/// with all query heads of its GQA group, so each K/V row is read from memory by one block
-/// per tile and group instead of once per (token, head) as in attention(): O(T^2 / bq) row
-/// reads per KV head for a T-token prompt instead of O(T^2 * group). K/V tiles of bk
-/// positions are staged in shared memory as floats (see attention_prefill_plan). Two
-/// passes over the tiles: (1) K only: per query row the running max and the sum of
-/// exp(s - max) (online softmax: each tile's partial sum against the tile's max, the running
-/// sum rescaled by exp(m_old - m_new), in double); (2) K and V: the CPU's probabilities
-/// prob = exp(s - max) * (1 / sum), rounded to f16 with f16 KV, times V, added in f32 in
-/// position order. The second pass replaces FlashAttention-2's rescaled accumulator: the
-/// f16 rounding of the normalised probability (the CPU's convention) needs the final
-/// normaliser before V is weighed, as in attention_split(); one pass with rescaling moved
-/// the tiny test models' logits 2-11% (parity tolerance 4%). Scores as the CPU's (q rounded
-/// to f16 with f16 KV, the dot in order over d, times `scale`). Not bit-identical to
-/// attention() (the sum's order); tests/gpu/test_gpu_attention.cpp bounds both against
-/// float64. Source: FlashAttention-2 (Dao, 2023): tiling of queries and K/V, online softmax
-/// over K/V tiles (Milakov & Gimelshein, 2018). Asynchronous on `stream`; no host state.
+/// Tiled prefill attention: for each tile i of `tiles` (device, n_tiles pairs (t0, nq), 1 <=
+/// nq <= attention_prefill_plan(kv.head_dim, n_head / kv.n_head_kv).bq), the rows t0 .. t0 +
+/// nq - 1 of q/out ([step tokens][n_head][head_dim] floats), which must be tokens of one
+/// sequence (same page_off), at increasing positions; token t attends to [p0, pos[t]] of
+/// its sequence's pages. One thread block per (tile, KV head) with all query heads of its
+/// GQA group, so each K/V row is read from memory by one block per tile and group instead
+/// of once per (token, head) as in attention(). K/V tiles of bk positions are staged in
+/// shared memory as floats; three passes over them (the max; the sum's lanes; the
+/// probabilities times V, each row's chunk partial kept across tiles) give attention()'s
+/// bits. Source: FlashAttention-2 (Dao, 2023) for the tiling of queries and K/V.
+/// Asynchronous on `stream`; no host state.
 void attention_prefill(const KvArgs& kv, const float* q, float* out, const int32_t* tiles, int64_t n_tiles,
                        int32_t n_head, float scale, cudaStream_t stream);
 

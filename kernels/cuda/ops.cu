@@ -5,7 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cfloat>
+#include <cmath>
+#include <cstdint>
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
@@ -38,35 +39,35 @@ __device__ T block_reduce(T v, T* red, Op op) {
   return r;
 }
 
-struct SumD {
-  __device__ double operator()(double a, double b) const { return a + b; }
-};
 struct MaxF {
   __device__ float operator()(float a, float b) const { return b > a ? b : a; }
 };
 
-// Threads per block of the RMSNorm kernels: the sum of squares is split over this many
-// threads, so the plain and the fused kernel must use the same count to agree bit for bit.
+// Threads per block of the RMSNorm kernels (the scale is one thread's; the row's elements
+// are spread over all of them).
 constexpr int kRmsThreads = 256;
 
-// 1 / sqrt(mean(x^2) + eps) of the row xr [n], every thread of the block striding over it,
-// squares summed in double; every thread gets the result (block_reduce ends with a barrier,
-// so the row may be overwritten afterwards).
-__device__ __forceinline__ float rms_inv_scale(const float* xr, int64_t n, float eps, double* red) {
-  double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i]) * double(xr[i]);
-  sum = block_reduce(sum, red, SumD{});
-  const float mean = static_cast<float>(sum / double(n));
-  return 1.0f / sqrtf(mean + eps);
+// 1 / sqrt(mean(x^2) + eps) of the row xr [n] as the CPU's rms_norm_row computes it: the
+// squares summed in double in index order (by thread 0), mean = f32(sum / n); every thread
+// gets the result (after a barrier, so the row may be overwritten afterwards).
+__device__ __forceinline__ float rms_inv_scale(const float* xr, int64_t n, float eps, float* scale_sh) {
+  if (threadIdx.x == 0) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum = sum + double(xr[i]) * double(xr[i]);
+    const float mean = static_cast<float>(sum / double(n));
+    *scale_sh = 1.0f / sqrtf(mean + eps);
+  }
+  __syncthreads();
+  return *scale_sh;
 }
 
 __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, float* y, int64_t n, float eps,
                                 const int32_t* __restrict__ rows) {
-  __shared__ double red[32];
+  __shared__ float scale_sh;
   const int64_t row = blockIdx.x;
   const float* xr = x + (rows ? int64_t(rows[row]) : row) * n;
   float* yr = y + row * n;
-  const float scale = rms_inv_scale(xr, n, eps, red);
+  const float scale = rms_inv_scale(xr, n, eps, &scale_sh);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
 }
 
@@ -76,11 +77,11 @@ __global__ void rms_norm_kernel(const float* x, const float* __restrict__ w, flo
 __global__ void rms_norm_q8_0_kernel(const float* x, const float* __restrict__ w, float* y, int8_t* __restrict__ yq,
                                      uint16_t* __restrict__ yd, int64_t n, float eps,
                                      const int32_t* __restrict__ rows) {
-  __shared__ double red[32];
+  __shared__ float scale_sh;
   const int64_t row = blockIdx.x;
   const float* xr = x + (rows ? int64_t(rows[row]) : row) * n;
   float* yr = y + row * n;
-  const float scale = rms_inv_scale(xr, n, eps, red);
+  const float scale = rms_inv_scale(xr, n, eps, &scale_sh);
   const int64_t nb = n / kQK;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   for (int64_t b = threadIdx.x / kWarp; b < nb; b += blockDim.x / kWarp) {  // whole warps iterate together
@@ -123,8 +124,9 @@ __global__ void rope_kernel(float* x, const float* __restrict__ cs, int64_t tota
   rope_pair(x + th * head_dim, cs + t * n_rot, static_cast<int32_t>(idx % half), n_rot, neox);
 }
 
+// SwiGLU with the written SiLU (softmax_exp.hpp): the CPU executor's bits.
 __device__ __forceinline__ float swiglu_value(float g, float u) {
-  return g / (1.0f + expf(-g)) * u;
+  return silu(g) * u;
 }
 
 __global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
@@ -251,232 +253,293 @@ __device__ __forceinline__ void kv_load_vec(const char* row, int32_t c, float* x
   }
 }
 
-// q . K row of one head: sum_d q[d] * K[d], added in order over d (the CPU's scalar order).
-// The K row is read 16 bytes at a time where kv_vec_ok, else one value at a time; the
-// products and their order are the same, so is the result.
-template <bool F16>
-__device__ __forceinline__ float k_row_dot(const char* row, const float* qs, int32_t head_dim) {
-  float s = 0.0f;
-  if (kv_vec_ok<F16>(row, head_dim)) {
-    constexpr int32_t kV = kKvPerVec<F16>;
-    for (int32_t c = 0; c < head_dim / kV; ++c) {
-      float x[kV];
-      kv_load_vec<F16>(row, c, x);
-#pragma unroll
-      for (int32_t i = 0; i < kV; ++i) s += qs[c * kV + i] * x[i];
-    }
-    return s;
+// ---- attention: docs/arithmetic.md "Attention", steps 1-4, bit for bit -------------------
+// Every kernel below computes, for a query row at position pos, exactly the CPU's attn_tiled
+// (kernels/cpu): the positions p0 .. pos with p0 = attn_first(); scores by warp_score (the
+// 32-lane dot and its butterfly); the max; e_p = softmax_exp(s_p - max); the sum in double
+// over 8 lanes, their tree, then the tail (softmax_lane_sums / softmax_sum_tail); w_p =
+// e_p * f32(1 / sum), rounded to f16 with f16 KV; the output per element over chunks of
+// kAttentionChunk positions counted from p0 (fma within a chunk, chunk partials added in
+// chunk order from 0). They differ only in how the work is spread over threads.
+
+// The first position a row at `pos` attends to: 0, or pos + 1 - window with a window.
+__device__ __forceinline__ int32_t attn_first(const KvArgs& kv, int32_t pos) {
+  return kv.window > 0 && pos + 1 > kv.window ? pos + 1 - kv.window : 0;
+}
+
+// dot(q, k) of one head by a whole warp (every lane calls it, `kf(d)` gives K element d as a
+// float): with n32 = hd rounded down to 32 and n8 to 8, lane l takes elements l, l + 32, ...
+// < n32, then lanes l < 8 the elements n32 + l, n32 + l + 8, ... < n8, each `a = fma(q, k, a)`
+// from +0; the butterfly adds lanes 8, 16, 4, 2, 1 apart; lane 0's sum (which every lane
+// gets) then takes the last hd % 8 elements by fma in order. Unscaled.
+template <class K>
+__device__ __forceinline__ float warp_score(const float* qs, K kf, int32_t hd, int lane) {
+  const int32_t n32 = hd / kWarp * kWarp, n8 = hd / 8 * 8;
+  float a = 0.0f;
+  for (int32_t e = lane; e < n32; e += kWarp) a = __fmaf_rn(qs[e], kf(e), a);
+  if (lane < 8) {
+    for (int32_t e = n32 + lane; e < n8; e += 8) a = __fmaf_rn(qs[e], kf(e), a);
   }
-  for (int32_t d = 0; d < head_dim; ++d) s += qs[d] * kv_load<F16>(row, d);
+  for (const int o : {8, 16, 4, 2, 1}) a = __fadd_rn(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  float s = __shfl_sync(0xFFFFFFFFu, a, 0);
+  for (int32_t e = n8; e < hd; ++e) s = __fmaf_rn(qs[e], kf(e), s);
   return s;
 }
 
-// q . K[p] of one head (k_row_dot) times the scale. The same function serves every pass,
-// so a recomputed score equals the stored one.
-template <bool F16>
-__device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t p, int32_t hk, const float* qs,
-                                            float scale) {
-  const char* row = kv_row(kv, t, p, 0) + int64_t(hk) * kv.head_dim * (F16 ? 2 : 4);
-  return k_row_dot<F16>(row, qs, kv.head_dim) * scale;
+// The softmax sum's tree over its 8 double lanes: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+__device__ __forceinline__ double tree8(const double* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-// One thread block per (token, head); blockDim >= head_dim (a multiple of 32).
-// Shared memory: q [head_dim] | scores [cap] | partial outputs [G][head_dim].
-// Pass 1: scores (thread per position), max. Pass 2: e = softmax_exp(s - max) (the CPU's
-// written exp, softmax_exp.hpp), sum in double.
-// Pass 3: out[d] = sum_p prob_p * V[p][d], prob rounded to f16 with an f16 cache, the
-// positions split over G = blockDim / head_dim groups, group partials added in order.
-// Positions beyond the shared capacity recompute their score instead of storing it.
+// The probability of a row from its e_p and 1 / sum: e * inv, rounded to f16 with f16 KV.
+template <bool F16>
+__device__ __forceinline__ float attn_weight(float e, float inv) {
+  const float w = __fmul_rn(e, inv);
+  return F16 ? round_f16(w) : w;
+}
+
+// K or V element d of head hk at position p of token t's sequence, as a float.
+template <bool F16>
+__device__ __forceinline__ const char* kv_head_row(const KvArgs& kv, int64_t t, int32_t p, int kind, int32_t hk) {
+  return kv_row(kv, t, p, kind) + int64_t(hk) * kv.head_dim * (F16 ? 2 : 4);
+}
+
+// warp_score of K[p] (head hk) against qs, times the scale: the value attn_tiled stores.
+template <bool F16>
+__device__ __forceinline__ float attn_score(const KvArgs& kv, int64_t t, int32_t p, int32_t hk, const float* qs,
+                                            float scale, int lane) {
+  const char* row = kv_head_row<F16>(kv, t, p, 0, hk);
+  return __fmul_rn(warp_score(
+                       qs, [row](int32_t d) { return kv_load<F16>(row, d); }, kv.head_dim, lane),
+                   scale);
+}
+
+// One thread block per (token, head); blockDim = attention_threads(head_dim) (>= head_dim,
+// a multiple of 32). Shared memory: q [head_dim] | scores [cap]. Warps score positions p0 +
+// w, p0 + w + n_warps, ...; warp 0 takes the sum; thread d < head_dim takes output element
+// d over the chunks. Positions from p0 + cap on recompute their score (by the whole warp:
+// every loop that calls attn_score is uniform over the warp) instead of storing it.
 template <bool F16>
 __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* __restrict__ out, int32_t n_head,
                                  int32_t group, float scale, int32_t cap, const int32_t* __restrict__ tokens) {
   extern __shared__ float sh[];
-  __shared__ double red_d[32];
   __shared__ float red_f[32];
+  __shared__ float inv_sh;
+  __shared__ double lanes_sh[8];
   const int32_t hd = kv.head_dim;
   float* qs = sh;
   float* sc = sh + hd;
-  float* part = sc + cap;
   const int64_t t = tokens ? int64_t(tokens[blockIdx.x / n_head]) : int64_t(blockIdx.x / n_head);
   const int32_t h = blockIdx.x % n_head;
   const int32_t hk = h / group;
-  const int32_t n_pos = kv.pos[t] + 1;
+  const int32_t n = kv.pos[t] + 1;
+  const int32_t p0 = attn_first(kv, kv.pos[t]);
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarp;
   const float* qh = q + (t * n_head + h) * hd;
   for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = F16 ? round_f16(qh[d]) : qh[d];
   __syncthreads();
 
-  float mx = -FLT_MAX;
-  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {
-    const float s = attn_score<F16>(kv, t, p, hk, qs, scale);
-    if (p < cap) sc[p] = s;
+  float mx = -INFINITY;
+  for (int32_t p = p0 + warp; p < n; p += n_warps) {
+    const float s = attn_score<F16>(kv, t, p, hk, qs, scale, lane);
+    if (lane == 0 && p - p0 < cap) sc[p - p0] = s;
     mx = s > mx ? s : mx;
   }
-  mx = block_reduce(mx, red_f, MaxF{});
-
-  double sum = 0.0;
-  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {  // same p -> thread map as pass 1
-    const float s = p < cap ? sc[p] : attn_score<F16>(kv, t, p, hk, qs, scale);
-    const float e = softmax_exp(s - mx);
-    if (p < cap) sc[p] = e;
-    sum += e;
-  }
-  sum = block_reduce(sum, red_d, SumD{});  // ends with a barrier: every sc[p] is visible
-  const float inv = static_cast<float>(1.0 / sum);
-
-  const int32_t G = static_cast<int32_t>(blockDim.x) / hd;
-  const int32_t g = static_cast<int32_t>(threadIdx.x) / hd;
-  const int32_t d = static_cast<int32_t>(threadIdx.x) % hd;
-  if (g < G) {
-    float acc = 0.0f;
-    for (int32_t p = g; p < n_pos; p += G) {
-      const float e = p < cap ? sc[p] : softmax_exp(attn_score<F16>(kv, t, p, hk, qs, scale) - mx);
-      const float prob = F16 ? round_f16(e * inv) : e * inv;
-      const char* vrow = kv_row(kv, t, p, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
-      acc += prob * kv_load<F16>(vrow, d);
-    }
-    part[g * hd + d] = acc;
+  mx = block_reduce(mx, red_f, MaxF{});  // ends with a barrier: every stored score is visible
+  for (int32_t p = p0 + static_cast<int32_t>(threadIdx.x); p < n && p - p0 < cap; p += blockDim.x) {
+    sc[p - p0] = softmax_exp(__fsub_rn(sc[p - p0], mx));
   }
   __syncthreads();
-  if (static_cast<int32_t>(threadIdx.x) < hd) {
-    float r = 0.0f;
-    for (int32_t j = 0; j < G; ++j) r += part[j * hd + threadIdx.x];
-    out[(t * n_head + h) * hd + threadIdx.x] = r;
+  // e_p, warp-uniform: stored, or recomputed past the capacity.
+  auto e_at = [&](int32_t p) {
+    return p - p0 < cap ? sc[p - p0] : softmax_exp(__fsub_rn(attn_score<F16>(kv, t, p, hk, qs, scale, lane), mx));
+  };
+  if (warp == 0) {
+    // Lane l < 8 adds the e_p with (p - p0) % 8 == l over the full groups of 8; the warp
+    // walks the groups together, so every attn_score call in e_at is warp-uniform.
+    const int32_t n8 = p0 + (n - p0) / 8 * 8;
+    double l = 0.0;
+    for (int32_t g = p0; g < n8; g += 8) {
+      float mine = 0.0f;
+      for (int32_t j = 0; j < 8; ++j) {
+        const float e = e_at(g + j);
+        if (j == lane) mine = e;
+      }
+      if (lane < 8) l = l + double(mine);
+    }
+    if (lane < 8) lanes_sh[lane] = l;
+    __syncwarp();
+    double sum = tree8(lanes_sh);
+    for (int32_t p = n8; p < n; ++p) sum = sum + double(e_at(p));
+    if (lane == 0) inv_sh = static_cast<float>(1.0 / sum);
   }
+  __syncthreads();
+  const float inv = inv_sh;
+  for (int32_t p = p0 + static_cast<int32_t>(threadIdx.x); p < n && p - p0 < cap; p += blockDim.x) {
+    sc[p - p0] = attn_weight<F16>(sc[p - p0], inv);
+  }
+  __syncthreads();
+  const int32_t d = static_cast<int32_t>(threadIdx.x);  // blockDim >= hd: every thread runs the loop
+  float y = 0.0f, part = 0.0f;
+  for (int32_t p = p0; p < n; ++p) {
+    const float w = p - p0 < cap ? sc[p - p0] : attn_weight<F16>(e_at(p), inv);
+    if (d < hd) part = __fmaf_rn(w, kv_load<F16>(kv_head_row<F16>(kv, t, p, 1, hk), d), part);
+    if ((p + 1 - p0) % kAttentionChunk == 0 || p + 1 == n) {
+      y = __fadd_rn(y, part);
+      part = 0.0f;
+    }
+  }
+  if (d < hd) out[(t * n_head + h) * hd + d] = y;
 }
 
 // ---- flash-decoding (split-KV) attention -------------------------------------------------
-// The positions [0, pos[t]] of a token are split into partitions of `part` absolute
-// positions (independent of the batch). Blocks of the first two kernels each take one
-// (token, KV head, partition) and every query head of the GQA group, so each K and V row is
-// fetched from memory by one block only. Shared memory is sized per tile:
-// q [group][hd] | e [group][part] | slice partials [G][hd], G = blockDim / hd.
-// Slot of (list index i, head h, partition c): (i * n_head + h) * max_parts + c.
+// A token's positions p0 .. pos are split into partitions of `part` positions (a multiple of
+// kAttentionChunk) counted from p0, so a token's result does not depend on the batch.
+// Kernels 1 and 3 take one (token, KV head, partition) with every query head of the GQA
+// group, so each K and V row is fetched by one block only; kernel 2 one (token, head).
+// Scratch slots: score (i * n_head + h) * max_pos + (p - p0); max (i * n_head + h) *
+// max_parts + c; acc ((i * n_head + h) * max_chunks + chunk) * hd.
 
-// Kernel 1: scores s_p = q . K[p] * scale (the CPU's order over d) to `score`
-// [i][h][max_pos], and per head the partition's max m_c and sum of exp(s - m_c) (double).
+// Kernel 1: the scores s_p (warp_score times the scale) to `score`, and per head the
+// partition's max. Shared memory: q [group][hd] | s [group][part].
 template <bool F16>
 __global__ void attention_split_scores_kernel(KvArgs kv, const float* __restrict__ q, int32_t n_head, int32_t group,
                                               float scale, int32_t part, int32_t max_parts, int32_t max_pos,
                                               const int32_t* __restrict__ tokens, float* __restrict__ score,
-                                              float* __restrict__ p_max, double* __restrict__ p_sum) {
+                                              float* __restrict__ p_max) {
   extern __shared__ float sh[];
-  __shared__ double red_d[32];
   __shared__ float red_f[32];
   const int32_t hd = kv.head_dim;
   const int32_t i = static_cast<int32_t>(blockIdx.x) / kv.n_head_kv;  // index into tokens
   const int32_t hk = static_cast<int32_t>(blockIdx.x) % kv.n_head_kv;
   const int32_t c = static_cast<int32_t>(blockIdx.y);
   const int64_t t = tokens[i];
-  const int32_t n_pos = kv.pos[t] + 1;
-  const int32_t p0 = c * part;
-  if (p0 >= n_pos) return;  // the whole block: no barrier is skipped by part of it
-  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
+  const int32_t n = kv.pos[t] + 1;
+  const int32_t p0 = attn_first(kv, kv.pos[t]);
+  const int32_t pa = p0 + c * part;  // the partition's first position
+  if (pa >= n) return;               // the whole block: no barrier is skipped by part of it
+  const int32_t np = (pa + part < n ? pa + part : n) - pa;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp, warp = static_cast<int>(threadIdx.x) / kWarp;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarp;
   float* qs = sh;
-  float* es = qs + group * hd;
+  float* ss = qs + group * hd;
   for (int32_t e = threadIdx.x; e < group * hd; e += blockDim.x) {
     const float x = q[(t * n_head + hk * group) * hd + e];
     qs[e] = F16 ? round_f16(x) : x;
   }
   __syncthreads();
   const int64_t head0 = int64_t(i) * n_head + hk * group;
-  for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {  // the K row once for all heads
-    const char* row = kv_row(kv, t, p0 + j, 0) + int64_t(hk) * hd * (F16 ? 2 : 4);
+  for (int32_t j = warp; j < np; j += n_warps) {  // the K row once for all heads
+    const char* row = kv_head_row<F16>(kv, t, pa + j, 0, hk);
     for (int32_t h = 0; h < group; ++h) {
-      const float sc = k_row_dot<F16>(row, qs + h * hd, hd) * scale;
-      es[h * part + j] = sc;
-      score[(head0 + h) * max_pos + p0 + j] = sc;
+      const float s = __fmul_rn(warp_score(
+                                    qs + h * hd, [row](int32_t d) { return kv_load<F16>(row, d); }, hd, lane),
+                                scale);
+      if (lane == 0) {
+        ss[h * part + j] = s;
+        score[(head0 + h) * max_pos + (pa - p0) + j] = s;
+      }
     }
   }
   __syncthreads();
   for (int32_t h = 0; h < group; ++h) {
-    const float* eh = es + h * part;
-    float mx = -FLT_MAX;
-    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) mx = eh[j] > mx ? eh[j] : mx;
+    float mx = -INFINITY;
+    for (int32_t j = threadIdx.x; j < np; j += blockDim.x) mx = ss[h * part + j] > mx ? ss[h * part + j] : mx;
     mx = block_reduce(mx, red_f, MaxF{});
-    double sum = 0.0;
-    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) sum += softmax_exp(eh[j] - mx);
-    sum = block_reduce(sum, red_d, SumD{});
-    if (threadIdx.x == 0) {
-      p_max[(head0 + h) * max_parts + c] = mx;
-      p_sum[(head0 + h) * max_parts + c] = sum;
-    }
+    if (threadIdx.x == 0) p_max[(head0 + h) * max_parts + c] = mx;
   }
 }
 
-// Kernel 2: per head, the global max M = max_c m_c and sum S = sum_c e^(m_c - M) sum_c
-// (log-sum-exp, in double) from every partition, then the CPU's probabilities
-// prob_p = e^(s_p - M) / S (rounded to f16 with f16 KV) and the partition's share of the
-// output, acc_c[d] = sum_p prob_p V[p][d] (positions split over G slices, added in order).
+// Kernel 2, one block per (token, head): the max over the partitions' maxima, e_p in place
+// of the scores, warp 0's sum (warp_softmax_sum), then the probabilities w_p in place.
 template <bool F16>
-__global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t group, int32_t part, int32_t max_parts,
-                                              int32_t max_pos, const int32_t* __restrict__ tokens,
-                                              const float* __restrict__ score, const float* __restrict__ p_max,
-                                              const double* __restrict__ p_sum, float* __restrict__ p_acc) {
-  extern __shared__ float sh[];
+__global__ void attention_split_softmax_kernel(const int32_t* __restrict__ pos, int32_t window,
+                                               const int32_t* __restrict__ tokens, int32_t n_head, int32_t part,
+                                               int32_t max_parts, int32_t max_pos, float* __restrict__ score,
+                                               const float* __restrict__ p_max) {
+  __shared__ float inv_sh;
+  __shared__ double lanes_sh[8];
+  const int32_t i = static_cast<int32_t>(blockIdx.x) / n_head;
+  const int32_t h = static_cast<int32_t>(blockIdx.x) % n_head;
+  const int64_t t = tokens[i];
+  KvArgs w;
+  w.window = window;
+  const int32_t p0 = attn_first(w, pos[t]);
+  const int32_t cnt = pos[t] + 1 - p0;
+  const int32_t n_parts = (cnt + part - 1) / part;
+  const int64_t slot = int64_t(i) * n_head + h;
+  float* e = score + slot * max_pos;  // e[k]: position p0 + k
+  float mx = -INFINITY;
+  for (int32_t c = 0; c < n_parts; ++c) mx = p_max[slot * max_parts + c] > mx ? p_max[slot * max_parts + c] : mx;
+  for (int32_t k = threadIdx.x; k < cnt; k += blockDim.x) e[k] = softmax_exp(__fsub_rn(e[k], mx));
+  __syncthreads();
+  const int32_t n8 = cnt / 8 * 8;
+  if (threadIdx.x < 8) {
+    double l = 0.0;
+    for (int32_t k = threadIdx.x; k < n8; k += 8) l = l + double(e[k]);
+    lanes_sh[threadIdx.x] = l;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double sum = tree8(lanes_sh);
+    for (int32_t k = n8; k < cnt; ++k) sum = sum + double(e[k]);
+    inv_sh = static_cast<float>(1.0 / sum);
+  }
+  __syncthreads();
+  const float inv = inv_sh;
+  for (int32_t k = threadIdx.x; k < cnt; k += blockDim.x) e[k] = attn_weight<F16>(e[k], inv);
+}
+
+// Kernel 3: per query head of the group and chunk of the partition, a thread per (head,
+// element d): part = fma(w_p, V[p][d], part) over the chunk's positions in order, to acc.
+template <bool F16>
+__global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t group, int32_t part,
+                                              int32_t max_chunks, int32_t max_pos, const int32_t* __restrict__ tokens,
+                                              const float* __restrict__ score, float* __restrict__ p_acc) {
   const int32_t hd = kv.head_dim;
   const int32_t i = static_cast<int32_t>(blockIdx.x) / kv.n_head_kv;
   const int32_t hk = static_cast<int32_t>(blockIdx.x) % kv.n_head_kv;
   const int32_t c = static_cast<int32_t>(blockIdx.y);
   const int64_t t = tokens[i];
-  const int32_t n_pos = kv.pos[t] + 1;
-  const int32_t p0 = c * part;
-  if (p0 >= n_pos) return;
-  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
-  const int32_t n_parts = (n_pos + part - 1) / part;
-  float* es = sh + group * hd;  // same layout as kernel 1 (the q area is unused here)
-  float* slice = es + group * part;
+  const int32_t n = kv.pos[t] + 1;
+  const int32_t p0 = attn_first(kv, kv.pos[t]);
+  const int32_t pa = p0 + c * part;
+  if (pa >= n) return;
+  const int32_t pe = pa + part < n ? pa + part : n;
   const int64_t head0 = int64_t(i) * n_head + hk * group;
-  for (int32_t h = 0; h < group; ++h) {
-    const int64_t s0 = (head0 + h) * max_parts;
-    float mx = -FLT_MAX;
-    for (int32_t k = 0; k < n_parts; ++k) mx = p_max[s0 + k] > mx ? p_max[s0 + k] : mx;
-    double sum = 0.0;
-    for (int32_t k = 0; k < n_parts; ++k) sum += double(softmax_exp(p_max[s0 + k] - mx)) * p_sum[s0 + k];
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float e = softmax_exp(score[(head0 + h) * max_pos + p0 + j] - mx);
-      es[h * part + j] = F16 ? round_f16(e * inv) : e * inv;
-    }
-  }
-  __syncthreads();
-  const int32_t G = static_cast<int32_t>(blockDim.x) / hd;
-  const int32_t g = static_cast<int32_t>(threadIdx.x) / hd;
-  const int32_t d = static_cast<int32_t>(threadIdx.x) % hd;
-  for (int32_t h = 0; h < group; ++h) {
-    if (g < G) {
+  for (int32_t e = threadIdx.x; e < group * hd; e += blockDim.x) {
+    const int32_t h = e / hd, d = e % hd;
+    const float* w = score + (head0 + h) * max_pos - p0;  // w[p]
+    for (int32_t cs = pa; cs < pe; cs += kAttentionChunk) {
+      const int32_t ce = cs + kAttentionChunk < pe ? cs + kAttentionChunk : pe;
       float acc = 0.0f;
-      for (int32_t j = g; j < n; j += G) {
-        const char* vrow = kv_row(kv, t, p0 + j, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
-        acc += es[h * part + j] * kv_load<F16>(vrow, d);
-      }
-      slice[g * hd + d] = acc;
+      for (int32_t p = cs; p < ce; ++p) acc = __fmaf_rn(w[p], kv_load<F16>(kv_head_row<F16>(kv, t, p, 1, hk), d), acc);
+      p_acc[((head0 + h) * max_chunks + (cs - p0) / kAttentionChunk) * hd + d] = acc;
     }
-    __syncthreads();
-    if (static_cast<int32_t>(threadIdx.x) < hd) {
-      float r = 0.0f;
-      for (int32_t k = 0; k < G; ++k) r += slice[k * hd + threadIdx.x];
-      p_acc[((head0 + h) * max_parts + c) * hd + threadIdx.x] = r;
-    }
-    __syncthreads();  // `slice` is rewritten for the next head
   }
 }
 
-// Kernel 3, one block per (token, head), a thread per dim: out[d] = sum_c acc_c[d], in order.
-// With oq/od (head_dim % 32 == 0, blockDim == head_dim): each warp also quantises its 32
-// outputs, one Q8_0 block of the row, as quantize_q8_0_kernel does (warp_quantize_q8_0).
-__global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const int32_t* __restrict__ tokens,
-                                         int32_t n_head, int32_t head_dim, int32_t part, int32_t max_parts,
-                                         const float* __restrict__ p_acc, float* __restrict__ out,
+// Kernel 4, one block per (token, head), a thread per dim: out[d] = 0 + acc_0[d] + acc_1[d]
+// + ..., in chunk order. With oq/od (head_dim % 32 == 0, blockDim == head_dim): each warp
+// also quantises its 32 outputs, one Q8_0 block of the row, as quantize_q8_0_kernel does
+// (warp_quantize_q8_0).
+__global__ void attention_combine_kernel(const int32_t* __restrict__ pos, int32_t window,
+                                         const int32_t* __restrict__ tokens, int32_t n_head, int32_t head_dim,
+                                         int32_t max_chunks, const float* __restrict__ p_acc, float* __restrict__ out,
                                          int8_t* __restrict__ oq, uint16_t* __restrict__ od) {
   const int32_t i = static_cast<int32_t>(blockIdx.x) / n_head;
   const int32_t h = static_cast<int32_t>(blockIdx.x) % n_head;
   const int32_t d = static_cast<int32_t>(threadIdx.x);
   if (d >= head_dim) return;  // never a partial warp when quantising (head_dim % 32 == 0)
   const int64_t t = tokens[i];
-  const int32_t n_parts = (pos[t] + 1 + part - 1) / part;
-  const int64_t s0 = (int64_t(i) * n_head + h) * max_parts;
+  KvArgs w;
+  w.window = window;
+  const int32_t cnt = pos[t] + 1 - attn_first(w, pos[t]);
+  const int32_t n_chunks = (cnt + kAttentionChunk - 1) / kAttentionChunk;
+  const int64_t s0 = (int64_t(i) * n_head + h) * max_chunks;
   float r = 0.0f;
-  for (int32_t c = 0; c < n_parts; ++c) r += p_acc[(s0 + c) * head_dim + d];
+  for (int32_t c = 0; c < n_chunks; ++c) r = __fadd_rn(r, p_acc[(s0 + c) * head_dim + d]);
   const int64_t e = (t * n_head + h) * head_dim + d;
   out[e] = r;
   if (oq != nullptr) {
@@ -488,10 +551,9 @@ __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const 
 // ---- tiled flash-attention prefill ---------------------------------------------------------
 // One block per (tile of bq consecutive query tokens of one sequence, KV head), with the
 // group's query heads: rows r = i * group + g (token t0 + i, head hk * group + g). K/V tiles
-// of bk positions are staged in shared memory. Shared memory: S [R] doubles | q [R][hd] |
-// O [R][hd] | K [bk][hd + 1] | V [bk][hd] | scores [R][bk] | m [R] | inv [R] floats,
-// R = bq * group. K rows are padded by one float so the threads of a warp, each scoring
-// another position against the same q row, read distinct banks.
+// of bk positions are staged in shared memory. Shared memory: lane sums [R][8] doubles | q
+// [R][hd] | out [R][hd] | chunk part [R][hd] | K [bk][hd + 1] | V [bk][hd] | scores [R][bk] |
+// max [R] | inv [R] | tail e [R][8] floats, R = bq * group. K rows are padded by one float.
 
 // Stage rows [kb, kb + n) of the K (and with `with_v` the V) cache of head hk as floats,
 // 16 bytes per load where the head holds whole 16-byte chunks (kv_vec_ok).
@@ -527,28 +589,32 @@ __device__ __forceinline__ void prefill_stage(const KvArgs& kv, int64_t t0, int3
   }
 }
 
-// Scores of the staged K tile for every row, the CPU's order over d, times the scale;
-// positions past the row's own (the causal mask) are not written.
+// Scores of the staged K tile (positions kb .. kb + n - 1) for every row, by warps
+// (warp_score times the scale): positions outside a row's [p0, pos] are not written.
 __device__ __forceinline__ void prefill_scores(const KvArgs& kv, int64_t t0, int32_t group, int32_t R, int32_t bk,
                                                int32_t kb, int32_t n, float scale, const float* qs, const float* ks,
                                                float* ss) {
   const int32_t hd = kv.head_dim;
-  for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (int32_t e = static_cast<int32_t>(threadIdx.x) / kWarp; e < R * bk;
+       e += static_cast<int32_t>(blockDim.x) / kWarp) {
     const int32_t r = e / bk, j = e % bk;
-    if (j >= n || kb + j > kv.pos[t0 + r / group]) continue;
-    const float* qr = qs + r * hd;
+    const int32_t pos = kv.pos[t0 + r / group];
+    if (j >= n || kb + j > pos || kb + j < attn_first(kv, pos)) continue;  // uniform over the warp
     const float* kj = ks + j * (hd + 1);
-    float s = 0.0f;
-    for (int32_t d = 0; d < hd; ++d) s += qr[d] * kj[d];
-    ss[e] = s * scale;
+    const float s = __fmul_rn(warp_score(
+                                  qs + r * hd, [kj](int32_t d) { return kj[d]; }, hd, lane),
+                              scale);
+    if (lane == 0) ss[e] = s;
   }
 }
 
-// Pass 1 over K tiles: per row the running max m and sum S = sum_p exp(s_p - m) (double),
-// each tile's partial sum taken against the tile's own max and the running sum rescaled by
-// exp(m_old - m_new) when the max grows (online softmax). Pass 2 over K/V tiles: the CPU's
-// probabilities e * (1 / S) (f16-rounded with f16 KV) times V, accumulated in f32 in
-// position order; no rescaling is left to do as the max is final.
+// Three passes over the K (and in the last, V) tiles from the rows' first p0: (1) each row's
+// max; (2) e_p and the sum's 8 double lanes, a thread per (row, lane) adding its positions
+// in order across the tiles (the last (pos + 1 - p0) % 8 e_p, the tail, kept apart), then
+// per row the tree and the tail; (3) w_p, and a thread per (row, element d) keeping the
+// running chunk part and output in shared memory across tiles, a chunk closed every
+// kAttentionChunk positions from the row's p0 and at its last position.
 template <bool F16>
 __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q, float* __restrict__ out,
                                          int32_t n_head, int32_t group, float scale, int32_t bq, int32_t bk,
@@ -561,55 +627,94 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
   const int32_t nq = tiles[2 * tile + 1];
   const int32_t R = nq * group;  // rows in use (<= bq * group)
   const int32_t R_cap = bq * group;
-  double* sd = reinterpret_cast<double*>(sh);
-  float* qs = sh + 2 * R_cap;
+  double* ls = reinterpret_cast<double*>(sh);
+  float* qs = sh + 16 * R_cap;
   float* os = qs + R_cap * hd;
-  float* ks = os + R_cap * hd;
+  float* ps = os + R_cap * hd;
+  float* ks = ps + R_cap * hd;
   float* vs = ks + bk * (hd + 1);
   float* ss = vs + bk * hd;
   float* ms = ss + R_cap * bk;
   float* inv = ms + R_cap;
+  float* et = inv + R_cap;
   for (int32_t e = threadIdx.x; e < R * hd; e += blockDim.x) {
     const int32_t r = e / hd, d = e % hd;
     const float x = q[((t0 + r / group) * n_head + hk * group + r % group) * hd + d];
     qs[e] = F16 ? round_f16(x) : x;
     os[e] = 0.0f;
+    ps[e] = 0.0f;
   }
-  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
-    ms[r] = -FLT_MAX;
-    sd[r] = 0.0;
+  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) ms[r] = -INFINITY;
+  for (int32_t e = threadIdx.x; e < 8 * R; e += blockDim.x) ls[e] = 0.0;
+  int32_t first = INT32_MAX, last = 0;  // the K/V rows any row reads: [first, last]
+  for (int32_t i = 0; i < nq; ++i) {
+    const int32_t p = kv.pos[t0 + i];
+    last = p > last ? p : last;
+    const int32_t f = attn_first(kv, p);
+    first = f < first ? f : first;
   }
-  int32_t last = 0;  // the tile's largest position: its K/V rows are [0, last]
-  for (int32_t i = 0; i < nq; ++i) last = kv.pos[t0 + i] > last ? kv.pos[t0 + i] : last;
+  auto tile_len = [&](int32_t kb) { return kb + bk <= last + 1 ? bk : last + 1 - kb; };
+  // Row r's positions within the tile at kb: j in [lo, hi).
+  auto row_span = [&](int32_t r, int32_t kb, int32_t n, int32_t* lo, int32_t* hi) {
+    const int32_t pos = kv.pos[t0 + r / group];
+    const int32_t p0 = attn_first(kv, pos);
+    *lo = p0 > kb ? p0 - kb : 0;
+    *hi = pos + 1 - kb < n ? pos + 1 - kb : n;
+    return p0;
+  };
 
-  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 1: max and sum
-    const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
+  for (int32_t kb = first; kb <= last; kb += bk) {  // pass 1: max
+    const int32_t n = tile_len(kb);
     __syncthreads();  // the previous tile's K and scores are no longer read
     prefill_stage<F16>(kv, t0, hk, kb, n, false, ks, vs);
     __syncthreads();
     prefill_scores(kv, t0, group, R, bk, kb, n, scale, qs, ks, ss);
     __syncthreads();
     for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
-      const int32_t nr = kv.pos[t0 + r / group] - kb + 1;  // valid positions of the row here
-      const int32_t nv = nr < n ? nr : n;
-      if (nv <= 0) continue;
-      const float* sr = ss + r * bk;
-      float mt = -FLT_MAX;
-      for (int32_t j = 0; j < nv; ++j) mt = sr[j] > mt ? sr[j] : mt;
-      double st = 0.0;
-      for (int32_t j = 0; j < nv; ++j) st += softmax_exp(sr[j] - mt);
-      if (mt > ms[r]) {
-        sd[r] = sd[r] * exp(double(ms[r]) - double(mt)) + st;
-        ms[r] = mt;
-      } else {
-        sd[r] += exp(double(mt) - double(ms[r])) * st;
-      }
+      int32_t lo, hi;
+      row_span(r, kb, n, &lo, &hi);
+      float mx = ms[r];
+      for (int32_t j = lo; j < hi; ++j) mx = ss[r * bk + j] > mx ? ss[r * bk + j] : mx;
+      ms[r] = mx;
     }
   }
-  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) inv[r] = static_cast<float>(1.0 / sd[r]);
+  for (int32_t kb = first; kb <= last; kb += bk) {  // pass 2: the sum's lanes and tail
+    const int32_t n = tile_len(kb);
+    __syncthreads();
+    prefill_stage<F16>(kv, t0, hk, kb, n, false, ks, vs);
+    __syncthreads();
+    prefill_scores(kv, t0, group, R, bk, kb, n, scale, qs, ks, ss);
+    __syncthreads();
+    for (int32_t e = threadIdx.x; e < 8 * R; e += blockDim.x) {
+      const int32_t r = e / 8, l = e % 8;
+      int32_t lo, hi;
+      const int32_t p0 = row_span(r, kb, n, &lo, &hi);
+      const int32_t n8 = p0 + (kv.pos[t0 + r / group] + 1 - p0) / 8 * 8;
+      double acc = ls[e];
+      for (int32_t j = lo; j < hi; ++j) {
+        const int32_t p = kb + j;
+        if ((p - p0) % 8 != l) continue;
+        const float x = softmax_exp(__fsub_rn(ss[r * bk + j], ms[r]));
+        if (p < n8) {
+          acc = acc + double(x);
+        } else {
+          et[e] = x;  // tail term p - n8 == l
+        }
+      }
+      ls[e] = acc;
+    }
+  }
+  __syncthreads();
+  for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
+    const int32_t pos = kv.pos[t0 + r / group];
+    const int32_t cnt = pos + 1 - attn_first(kv, pos);
+    double sum = tree8(ls + 8 * r);
+    for (int32_t l = 0; l < cnt % 8; ++l) sum = sum + double(et[8 * r + l]);
+    inv[r] = static_cast<float>(1.0 / sum);
+  }
 
-  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 2: probabilities times V
-    const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
+  for (int32_t kb = first; kb <= last; kb += bk) {  // pass 3: probabilities times V
+    const int32_t n = tile_len(kb);
     __syncthreads();  // the previous tile's K, V and probabilities are no longer read
     prefill_stage<F16>(kv, t0, hk, kb, n, true, ks, vs);
     __syncthreads();
@@ -617,21 +722,27 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
     __syncthreads();
     for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
       const int32_t r = e / bk, j = e % bk;
-      if (j >= n) continue;
-      if (kb + j > kv.pos[t0 + r / group]) {
-        ss[e] = 0.0f;
-        continue;
-      }
-      const float prob = softmax_exp(ss[e] - ms[r]) * inv[r];
-      ss[e] = F16 ? round_f16(prob) : prob;
+      int32_t lo, hi;
+      row_span(r, kb, n, &lo, &hi);
+      if (j >= lo && j < hi) ss[e] = attn_weight<F16>(softmax_exp(__fsub_rn(ss[e], ms[r])), inv[r]);
     }
     __syncthreads();
     for (int32_t e = threadIdx.x; e < R * hd; e += blockDim.x) {
       const int32_t r = e / hd, d = e % hd;
-      const float* pr = ss + r * bk;
-      float acc = os[e];
-      for (int32_t j = 0; j < n; ++j) acc += pr[j] * vs[j * hd + d];
-      os[e] = acc;
+      int32_t lo, hi;
+      const int32_t p0 = row_span(r, kb, n, &lo, &hi);
+      const int32_t pos = kv.pos[t0 + r / group];
+      float y = os[e], part = ps[e];
+      for (int32_t j = lo; j < hi; ++j) {
+        const int32_t p = kb + j;
+        part = __fmaf_rn(ss[r * bk + j], vs[j * hd + d], part);
+        if ((p + 1 - p0) % kAttentionChunk == 0 || p == pos) {
+          y = __fadd_rn(y, part);
+          part = 0.0f;
+        }
+      }
+      os[e] = y;
+      ps[e] = part;
     }
   }
   __syncthreads();
@@ -685,9 +796,7 @@ void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* 
 }
 
 size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {
-  const int threads = attention_threads(head_dim);
-  const size_t G = size_t(threads / head_dim);
-  return (size_t(group) * size_t(head_dim) + size_t(group) * size_t(part) + G * size_t(head_dim)) * sizeof(float);
+  return (size_t(group) * size_t(head_dim) + size_t(group) * size_t(part)) * sizeof(float);
 }
 
 void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t* tokens, int64_t n_tokens,
@@ -698,23 +807,29 @@ void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t
   const int32_t group = n_head / kv.n_head_kv;
   const int32_t part = scratch.part;
   const int32_t max_parts = (max_pos + part - 1) / part;
+  const int32_t max_chunks = (max_pos + kAttentionChunk - 1) / kAttentionChunk;
   const size_t shmem = attention_split_shmem(kv.head_dim, group, part);
   const dim3 grid(static_cast<unsigned>(n_tokens * kv.n_head_kv), static_cast<unsigned>(max_parts));
+  const unsigned heads = static_cast<unsigned>(n_tokens * n_head);
   if (kv.f16) {
-    attention_split_scores_kernel<true><<<grid, threads, shmem, stream>>>(
-        kv, q, n_head, group, scale, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum);
-    attention_split_values_kernel<true><<<grid, threads, shmem, stream>>>(
-        kv, n_head, group, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum, scratch.acc);
+    attention_split_scores_kernel<true><<<grid, threads, shmem, stream>>>(kv, q, n_head, group, scale, part, max_parts,
+                                                                          max_pos, tokens, scratch.score, scratch.max);
+    attention_split_softmax_kernel<true><<<heads, 128, 0, stream>>>(kv.pos, kv.window, tokens, n_head, part, max_parts,
+                                                                    max_pos, scratch.score, scratch.max);
+    attention_split_values_kernel<true><<<grid, threads, 0, stream>>>(kv, n_head, group, part, max_chunks, max_pos,
+                                                                      tokens, scratch.score, scratch.acc);
   } else {
-    attention_split_scores_kernel<false><<<grid, threads, shmem, stream>>>(
-        kv, q, n_head, group, scale, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum);
-    attention_split_values_kernel<false><<<grid, threads, shmem, stream>>>(
-        kv, n_head, group, part, max_parts, max_pos, tokens, scratch.score, scratch.max, scratch.sum, scratch.acc);
+    attention_split_scores_kernel<false><<<grid, threads, shmem, stream>>>(kv, q, n_head, group, scale, part, max_parts,
+                                                                           max_pos, tokens, scratch.score, scratch.max);
+    attention_split_softmax_kernel<false><<<heads, 128, 0, stream>>>(kv.pos, kv.window, tokens, n_head, part, max_parts,
+                                                                     max_pos, scratch.score, scratch.max);
+    attention_split_values_kernel<false><<<grid, threads, 0, stream>>>(kv, n_head, group, part, max_chunks, max_pos,
+                                                                       tokens, scratch.score, scratch.acc);
   }
   const int combine_threads = ((kv.head_dim + kWarp - 1) / kWarp) * kWarp;
   const bool quantise = out_q != nullptr && out_d != nullptr && kv.head_dim % kQK == 0;
-  attention_combine_kernel<<<static_cast<unsigned>(n_tokens * n_head), combine_threads, 0, stream>>>(
-      kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out, quantise ? out_q : nullptr,
+  attention_combine_kernel<<<heads, combine_threads, 0, stream>>>(
+      kv.pos, kv.window, tokens, n_head, kv.head_dim, max_chunks, scratch.acc, out, quantise ? out_q : nullptr,
       quantise ? out_d : nullptr);
 }
 
@@ -724,7 +839,8 @@ AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group) {
   const int32_t bk = 16;
   const int64_t budget = 48 * 1024 / 4;                             // floats of the default dynamic limit
   const int64_t fixed = int64_t(bk) * (2 * int64_t(head_dim) + 1);  // K (rows padded) and V tiles
-  const int64_t per_row = 2 * int64_t(head_dim) + bk + 4;           // q, O, scores, m, inv, S (a double)
+  // q, out, chunk part, scores, max, inv, tail [8], lane sums [8] (doubles)
+  const int64_t per_row = 3 * int64_t(head_dim) + bk + 2 + 8 + 16;
   const int64_t rows = budget > fixed ? (budget - fixed) / per_row : 0;
   const int64_t bq = std::min<int64_t>(kAttentionPrefillMaxTile, rows / group);
   if (bq < 1) return plan;
@@ -768,7 +884,7 @@ cudaError_t attention_setup(int device, int32_t* score_capacity) {
     return e;
   }
   // Dynamic + static shared memory must fit the opt-in limit: 1 KiB is left for the
-  // kernel's static reductions (384 bytes).
+  // kernel's static reductions and scalars (under 256 bytes).
   const int dynamic_max = optin - 1024;
   for (const void* k : {reinterpret_cast<const void*>(attention_kernel<true>),
                         reinterpret_cast<const void*>(attention_kernel<false>)}) {
@@ -777,8 +893,8 @@ cudaError_t attention_setup(int device, int32_t* score_capacity) {
       return e;
     }
   }
-  // Room for q and the group partials (at most 1024 + 1024 floats).
-  const int64_t avail = int64_t(dynamic_max) - int64_t(2048) * 4;
+  // Room for q (at most 1024 floats).
+  const int64_t avail = int64_t(dynamic_max) - int64_t(1024) * 4;
   *score_capacity = static_cast<int32_t>(avail > 0 ? avail / 4 : 0);
   return cudaSuccess;
 }
@@ -788,8 +904,7 @@ void attention(const KvArgs& kv, const float* q, float* out, int64_t T, int32_t 
   if (T <= 0) return;
   const int threads = attention_threads(kv.head_dim);
   const int32_t cap = max_pos < score_capacity ? max_pos : score_capacity;
-  const int32_t G = threads / kv.head_dim;
-  const size_t shmem = (size_t(kv.head_dim) + size_t(cap) + size_t(G) * size_t(kv.head_dim)) * sizeof(float);
+  const size_t shmem = (size_t(kv.head_dim) + size_t(cap)) * sizeof(float);
   const int32_t group = n_head / kv.n_head_kv;
   const unsigned grid = static_cast<unsigned>(T * n_head);
   if (kv.f16) {

@@ -1,6 +1,7 @@
 // Flash-decoding attention (kernels/cuda attention_split) against a float64 reference and
 // against the one-block-per-head kernel (attention), over head_dim 8/64/128, GQA groups 1/2/4/8,
-// f16 and f32 KV, and lengths around partition (24) and page (16) boundaries.
+// f16 and f32 KV, and lengths around partition (64) and page (16) boundaries; and every
+// kernel against the CPU's attn_tiled bit for bit (docs/arithmetic.md, "Attention").
 // Needs a CUDA device, real or emulated (cuemu); skipped without one.
 #include <catch2/catch.hpp>
 
@@ -10,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "hooks/gpu_hooks.hpp"
 #include "quant_blocks.hpp"
@@ -130,9 +132,9 @@ double worst_over_bound(const Case& c, const std::vector<float>& got, const std:
 }  // namespace
 
 TEST_CASE("flash-decoding attention matches float64 and the per-head kernel", "[gpu][kernels][attention]") {
-  // Partitions of 24 positions, pages of 16: the lengths end just before, on and after both.
-  const std::vector<int32_t> lens = {1, 16, 17, 24, 25, 48, 49, 70};
-  const int32_t page = 16, part = 24;
+  // Partitions of 64 positions, pages of 16: the lengths end just before, on and after both.
+  const std::vector<int32_t> lens = {1, 16, 17, 63, 64, 65, 128, 130};
+  const int32_t page = 16, part = 64;
   for (const Case c : {Case{8, 4, 8, true}, Case{4, 4, 16, true}, Case{4, 4, 64, true}, Case{8, 2, 64, true},
                        Case{8, 1, 64, false}, Case{4, 4, 128, false}, Case{8, 2, 128, true}, Case{8, 1, 128, true}}) {
     INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
@@ -163,7 +165,7 @@ TEST_CASE("flash-decoding attention of a sequence does not depend on the batch a
   const Data all = make_data(c, {70, 25, 3}, 7);
   std::vector<float> batch(all.q.size());
   gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, all.lens, all.q.data(), all.k.data(),
-                                all.v.data(), batch.data(), 24);
+                                all.v.data(), batch.data(), 64);
   // The second sequence alone: its q row and its 25 K/V rows.
   const size_t q_row = size_t(c.n_head) * size_t(c.head_dim), kv_row = size_t(c.n_head_kv) * size_t(c.head_dim);
   const std::vector<float> q(all.q.begin() + long(q_row), all.q.begin() + long(2 * q_row));
@@ -171,7 +173,7 @@ TEST_CASE("flash-decoding attention of a sequence does not depend on the batch a
   const std::vector<float> v(all.v.begin() + long(70 * kv_row), all.v.begin() + long(95 * kv_row));
   std::vector<float> solo(q_row);
   gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, {25}, q.data(), k.data(), v.data(),
-                                solo.data(), 24);
+                                solo.data(), 64);
   CHECK(std::equal(solo.begin(), solo.end(), batch.begin() + long(q_row)));
 }
 #endif
@@ -207,13 +209,9 @@ Prefill make_prefill(const Case& c, const std::vector<int32_t>& lens, const std:
 
 // Float64 causal attention of every query token over positions [0, pos] of its sequence, as
 // reference() does for one token, with reference()'s bound for n = pos + 1 positions. It
-// holds for both kernels: attention() forms the CPU's sum S = sum_p exp(s_p - max) directly;
-// attention_prefill() forms it per K tile against the tile's max m_t and rescales the running
-// sum by exp(m_old - m_new) in double (each rescale within 2^-50, negligible next to the
-// 8 ulp allowed per term), so each term exp(s_p - m_t) exp(m_t - max) still carries twice the
-// score error plus a few ulp of expf, the sums of n terms gamma(n + 2) (per-tile partials and
-// the running sum are in double, below that); both then weigh V with e * (1 / S) and add the
-// n products in f32.
+// holds for both kernels: each forms the CPU's sum S = sum_p exp(s_p - max) in double (the
+// written 8 lanes and their tree), weighs V with e * (1 / S) and adds the n products in f32
+// (within each 64-position chunk, then the chunks: no worse than one chain).
 void prefill_reference(const Case& c, const Prefill& d, std::vector<double>& out, std::vector<double>& bound) {
   const int32_t hd = c.head_dim, group = c.n_head / c.n_head_kv;
   out.assign(d.q.size(), 0.0);
@@ -274,12 +272,12 @@ TEST_CASE("tiled flash-attention prefill matches float64 and the per-head kernel
 #endif
 
 #if TANDEM_HAVE_CUDA
-// The kernels read a head's K (and in the tiled prefill V) rows 16 bytes at a time where the
-// row is 16-byte aligned and holds whole 16-byte chunks, one value at a time otherwise, with
-// the same products in the same order. Pages shifted off 16-byte alignment (by 2 and 8
-// bytes with f16, 4 and 8 with f32) take the element-wise path everywhere; every kernel's
-// output must be bit-identical to the aligned run's. Head dims 8-128, and 12 (f16: no
-// whole chunks, element-wise both times) as a control.
+// The tiled prefill stages a head's K and V rows 16 bytes at a time where the row is
+// 16-byte aligned and holds whole 16-byte chunks, one value at a time otherwise (the same
+// floats). Pages shifted off 16-byte alignment (by 2 and 8 bytes with f16, 4 and 8 with f32)
+// take the element-wise path everywhere; every kernel's output must be bit-identical to the
+// aligned run's. Head dims 8-128, and 12 (f16: no whole chunks, element-wise both times) as
+// a control.
 TEST_CASE("16-byte KV loads give the bits of element-wise loads", "[gpu][kernels][attention]") {
   const std::vector<int32_t> lens = {1, 17, 49, 70};
   const std::vector<int32_t> chunks = {1, 9, 17, 70};
@@ -290,7 +288,7 @@ TEST_CASE("16-byte KV loads give the bits of element-wise loads", "[gpu][kernels
     const Prefill p = make_prefill(c, lens, chunks, uint32_t(c.head_dim * 11 + c.f16));
     auto run = [&](int32_t shift) {
       std::vector<std::vector<float>> outs;
-      for (int32_t part : {24, 0}) {
+      for (int32_t part : {64, 0}) {
         outs.emplace_back(d.q.size());
         gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, d.lens, d.q.data(), d.k.data(),
                                       d.v.data(), outs.back().data(), part, shift);
@@ -312,6 +310,93 @@ TEST_CASE("16-byte KV loads give the bits of element-wise loads", "[gpu][kernels
                                : i == 2 ? "tiled prefill"
                                         : "per-head prefill"));
         CHECK(test::same_bits(aligned[i], shifted[i]));
+      }
+    }
+  }
+}
+#endif
+
+#if TANDEM_HAVE_CUDA
+namespace {
+
+// The CPU's attn_tiled (the dispatched ISA) on the harness's rows: per sequence, its K/V
+// rows in one page (f16 or f32 as the cache holds them), its queried rows at positions
+// [lens[s] - chunks[s], lens[s]); out rows sequence by sequence as the harness writes them.
+std::vector<float> cpu_attention(const Case& c, const Prefill& d, int32_t window) {
+  const int32_t group = c.n_head / c.n_head_kv, hd = c.head_dim;
+  const int64_t row = int64_t{c.n_head_kv} * hd, q_stride = int64_t{c.n_head} * hd;
+  std::vector<float> out;
+  int64_t r0 = 0, tok = 0;
+  for (size_t s = 0; s < d.lens.size(); ++s) {
+    const int32_t len = d.lens[s], chunk = d.chunks[s], pos0 = len - chunk;
+    const auto k0 = d.k.begin() + long(r0 * row), v0 = d.v.begin() + long(r0 * row);
+    const std::vector<float> kf(k0, k0 + long(len * row)), vf(v0, v0 + long(len * row));
+    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {
+      kh[i] = kernels::fp32_to_fp16_bits(kf[i]);
+      vh[i] = kernels::fp32_to_fp16_bits(vf[i]);
+    }
+    const void* kp[1] = {c.f16 ? static_cast<const void*>(kh.data()) : kf.data()};
+    const void* vp[1] = {c.f16 ? static_cast<const void*>(vh.data()) : vf.data()};
+    std::vector<float> q(size_t(len * q_stride)), o(q.size(), std::nanf(""));
+    std::copy(d.q.begin() + long(tok * q_stride), d.q.begin() + long((tok + chunk) * q_stride),
+              q.begin() + long(pos0 * q_stride));
+    for (int32_t h = 0; h < c.n_head_kv; ++h) {
+      kernels::FlashAttnArgs a =
+          test::attn_args(kp, vp, len, row, hd, h, group, q.data(), o.data(), q_stride, pos0, chunk);
+      a.kv_f16 = c.f16;
+      a.window = window;
+      std::vector<float> scratch(kernels::attn_tiled_scratch_floats(hd, int64_t{chunk} * group, len), std::nanf(""));
+      kernels::attn_tiled(a, scratch.data());
+    }
+    out.insert(out.end(), o.begin() + long(pos0 * q_stride), o.end());
+    r0 += len;
+    tok += chunk;
+  }
+  return out;
+}
+
+}  // namespace
+
+// docs/arithmetic.md, "Attention": the decode kernels (split over partitions of 64 and 128
+// positions, and one block per head) and the prefill kernels (tiled, and one block per
+// head) give the bytes of the CPU's attn_tiled on every ISA, for full attention and
+// sliding windows (shorter and longer than the sequences, ending inside and on chunk
+// boundaries), f16 and f32 KV, head_dim 64, 128, 44 (an 8-element and a 4-element tail), 20
+// and 8 (no 32-lane part), GQA groups 1-7, sequences crossing the 64-position chunks.
+TEST_CASE("GPU attention kernels give attn_tiled's bits, full and windowed", "[gpu][kernels][attention]") {
+  const std::vector<int32_t> lens = {1, 9, 63, 64, 65, 130, 200};
+  const std::vector<int32_t> chunks = {1, 9, 17, 64, 2, 70, 40};
+  for (const Case c : {Case{8, 2, 64, true}, Case{4, 4, 64, false}, Case{7, 1, 128, true}, Case{4, 2, 44, true},
+                       Case{6, 3, 44, false}, Case{4, 1, 20, true}, Case{8, 4, 8, false}}) {
+    const Prefill dec = make_prefill(c, lens, std::vector<int32_t>(lens.size(), 1), uint32_t(c.head_dim * 13 + c.f16));
+    const Prefill pre = make_prefill(c, lens, chunks, uint32_t(c.head_dim * 17 + c.n_head));
+    for (const int32_t window : {0, 7, 64, 70, 150}) {
+      INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16
+                     << " window " << window);
+      std::vector<std::vector<float>> gpu_dec, gpu_pre;
+      for (const int32_t part : {64, 128, 0}) {
+        gpu_dec.emplace_back(dec.q.size());
+        gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, dec.lens, dec.q.data(),
+                                      dec.k.data(), dec.v.data(), gpu_dec.back().data(), part, 0, nullptr, 0, window);
+      }
+      for (const bool tiled : {true, false}) {
+        gpu_pre.emplace_back(pre.q.size());
+        gpu_testing::attention_prefill(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, pre.lens, pre.chunks, pre.q.data(),
+                                       pre.k.data(), pre.v.data(), gpu_pre.back().data(), tiled, 0, 0, window);
+      }
+      for (const auto& isa : test::isas()) {
+        INFO("CPU ISA " << isa);
+        test::IsaScope scope(isa);
+        const std::vector<float> want_dec = cpu_attention(c, dec, window), want_pre = cpu_attention(c, pre, window);
+        for (size_t i = 0; i < gpu_dec.size(); ++i) {
+          INFO("decode kernel " << (i == 0 ? "split 64" : i == 1 ? "split 128" : "per head"));
+          CHECK(test::same_bits(want_dec, gpu_dec[i]));
+        }
+        for (size_t i = 0; i < gpu_pre.size(); ++i) {
+          INFO("prefill kernel " << (i == 0 ? "tiled" : "per head"));
+          CHECK(test::same_bits(want_pre, gpu_pre[i]));
+        }
       }
     }
   }

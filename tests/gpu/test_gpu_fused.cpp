@@ -116,7 +116,7 @@ TEST_CASE("split attention with Q8_0 output gives the bits of attention_split th
   std::mt19937 g(13);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   // head_dim 32 (one block per head), 64 and 128 (several), GQA groups 1/4, f16 and f32 KV,
-  // sequences ending inside, on and past the 24-position partitions.
+  // sequences ending inside, on and past the 64-position partitions.
   struct Shape {
     int32_t n_head, n_head_kv, head_dim;
     bool f16;
@@ -124,7 +124,7 @@ TEST_CASE("split attention with Q8_0 output gives the bits of attention_split th
   for (const Shape c :
        {Shape{4, 4, 32, true}, Shape{8, 2, 64, true}, Shape{4, 1, 128, false}, Shape{8, 8, 64, false}}) {
     INFO("n_head " << c.n_head << " n_head_kv " << c.n_head_kv << " head_dim " << c.head_dim << " f16 " << c.f16);
-    const std::vector<int32_t> lens = {1, 24, 25, 70};
+    const std::vector<int32_t> lens = {1, 64, 65, 130};
     int64_t rows = 0;
     for (int32_t l : lens) rows += l;
     const size_t q_row = size_t(c.n_head) * size_t(c.head_dim), kv_row = size_t(c.n_head_kv) * size_t(c.head_dim);
@@ -135,9 +135,9 @@ TEST_CASE("split attention with Q8_0 output gives the bits of attention_split th
     std::vector<float> plain(q.size()), fused(q.size());
     std::vector<k::BlockQ8_0> blocks(q.size() / k::kQK), separate(blocks.size());
     gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, lens, q.data(), k_rows.data(),
-                                  v_rows.data(), plain.data(), 24);
+                                  v_rows.data(), plain.data(), 64);
     gpu_testing::attention_decode(c.n_head, c.n_head_kv, c.head_dim, 16, c.f16, lens, q.data(), k_rows.data(),
-                                  v_rows.data(), fused.data(), 24, 0, blocks.data());
+                                  v_rows.data(), fused.data(), 64, 0, blocks.data());
     gpu_testing::quantize_q8_0(fused.data(), int64_t(lens.size()), int64_t(q_row), separate.data());
     CHECK(same_bits(plain, fused));
     CHECK(same_blocks(blocks, separate));
@@ -146,7 +146,7 @@ TEST_CASE("split attention with Q8_0 output gives the bits of attention_split th
   // Shapes the fused quantisation does not take are refused, not half-written.
   std::vector<float> q(8 * 8), kv(8), out(q.size());
   std::vector<k::BlockQ8_0> b(2);
-  CHECK_THROWS_AS(gpu_testing::attention_decode(8, 1, 8, 16, true, {1}, q.data(), kv.data(), kv.data(), out.data(), 24,
+  CHECK_THROWS_AS(gpu_testing::attention_decode(8, 1, 8, 16, true, {1}, q.data(), kv.data(), kv.data(), out.data(), 64,
                                                 0, b.data()),
                   Error);
 #endif

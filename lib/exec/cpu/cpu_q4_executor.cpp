@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "cpu/cpu_kernels.hpp"
+#include "softmax_exp.hpp"
 
 namespace tandem {
 
@@ -513,7 +514,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       }
       for (int64_t i = b; i < e; ++i) {
         const float g = gate[i];
-        gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202)
+        gate[i] = kernels::silu(g) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202), written SiLU
       }
     });
     s.prepared = {};

@@ -475,7 +475,7 @@ struct GpuQ4Executor::Impl {
 
   // Per-step device buffers (grow by doubling, never shrink; outgrown ones in `retired`).
   DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
-  DevBuf attn_tokens, split_acc, split_max, split_sum, split_score;  // attention token lists, flash-decoding partials
+  DevBuf attn_tokens, split_acc, split_max, split_score;  // attention token lists, flash-decoding partials
   std::vector<DevBuf> retired;
   // Per-step host buffers.
   PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
@@ -625,9 +625,9 @@ uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   const Impl& im = *impl_;
   uint64_t b = 0;
   for (const DevBuf* d :
-       {&im.x,      &im.xn,    &im.q,           &im.k,         &im.v,         &im.attn,      &im.gate,       &im.up,
-        &im.xq,     &im.xd,    &im.rope,        &im.pages,     &im.page_off,  &im.pos,       &im.out_index,  &im.rows,
-        &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_sum, &im.split_score}) {
+       {&im.x,      &im.xn,    &im.q,           &im.k,         &im.v,         &im.attn,       &im.gate,      &im.up,
+        &im.xq,     &im.xd,    &im.rope,        &im.pages,     &im.page_off,  &im.pos,        &im.out_index, &im.rows,
+        &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
     b += d->bytes();
   }
   for (const DevBuf& d : im.retired) b += d.bytes();
@@ -815,10 +815,10 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   ck::AttentionSplitScratch split;
   if (n_dec > 0) {
     const int32_t max_parts = (max_pos + split.part - 1) / split.part;
-    const size_t slots = size_t(n_dec) * size_t(hp.n_head) * size_t(max_parts);
-    split.acc = im.scratch<float>(im.split_acc, slots * size_t(hd));
-    split.max = im.scratch<float>(im.split_max, slots);
-    split.sum = im.scratch<double>(im.split_sum, slots);
+    const int32_t max_chunks = (max_pos + ck::kAttentionChunk - 1) / ck::kAttentionChunk;
+    const size_t heads = size_t(n_dec) * size_t(hp.n_head);
+    split.acc = im.scratch<float>(im.split_acc, heads * size_t(max_chunks) * size_t(hd));
+    split.max = im.scratch<float>(im.split_max, heads * size_t(max_parts));
     split.score = im.scratch<float>(im.split_score, size_t(n_dec) * size_t(hp.n_head) * size_t(max_pos));
   }
   auto* d_out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));

@@ -330,7 +330,7 @@ namespace {
 void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
                        const float* k, const float* v, float* out, int mode, int32_t part, int32_t page_shift,
-                       void* q8_blocks_out, int device) {
+                       void* q8_blocks_out, int device, int32_t window) {
   if (device < 0 || device >= GpuQ4Executor::device_count()) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: no such CUDA device");
   }
@@ -345,6 +345,10 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
   if (q8_blocks_out != nullptr && (mode != 2 || head_dim % kernels::kQK != 0)) {
     throw Error(ErrorCode::kInvalidArgument, "gpu_testing: Q8_0 output needs the split kernels and head_dim % 32 == 0");
   }
+  if (mode == 2 && (part <= 0 || part % ck::kAttentionChunk != 0)) {
+    throw Error(ErrorCode::kInvalidArgument, "gpu_testing: the split partition must be a multiple of the chunk");
+  }
+  if (window < 0) throw Error(ErrorCode::kInvalidArgument, "gpu_testing: negative window");
   if (page_shift < 0 || page_shift >= 16 || page_shift % (f16 ? 2 : 4) != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "gpu_testing: page_shift must be a multiple of the KV element size in [0, 16)");
@@ -403,17 +407,18 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
   TANDEM_CUDA(cudaMemcpy(dtok.as<void>(), tokens.data(), dtok.bytes(), cudaMemcpyHostToDevice));
   TANDEM_CUDA(cudaMemcpy(dq.as<void>(), q, dq.bytes(), cudaMemcpyHostToDevice));
   ck::fill_nan(dout.as<float>(), int64_t(q_elems), nullptr);
-  const ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
+  ck::KvArgs kv = layer1_kv_args(dtable, doff, dpos, page_size, n_head_kv, head_dim, f16);
+  kv.window = window;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   if (mode == 2) {
     const int32_t max_parts = (max_pos + part - 1) / part;
-    const size_t slots = size_t(T) * size_t(n_head) * size_t(max_parts);
-    DevBuf acc(slots * size_t(head_dim) * 4), mx(slots * 4), sum(slots * 8),
-        score(size_t(T) * size_t(n_head) * size_t(max_pos) * 4);
+    const int32_t max_chunks = (max_pos + ck::kAttentionChunk - 1) / ck::kAttentionChunk;
+    const size_t heads = size_t(T) * size_t(n_head);
+    DevBuf acc(heads * size_t(max_chunks) * size_t(head_dim) * 4), mx(heads * size_t(max_parts) * 4),
+        score(heads * size_t(max_pos) * 4);
     ck::AttentionSplitScratch sc;
     sc.acc = acc.as<float>();
     sc.max = mx.as<float>();
-    sc.sum = sum.as<double>();
     sc.score = score.as<float>();
     sc.part = part;
     const size_t n_blocks = q8_blocks_out != nullptr ? q_elems / kernels::kQK : 0;
@@ -453,17 +458,18 @@ void attention_harness(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int3
 
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int32_t page_shift, void* q8_blocks_out, int device) {
+                      int32_t part, int32_t page_shift, void* q8_blocks_out, int device, int32_t window) {
   const std::vector<int32_t> chunks(lens.size(), 1);
   attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, part > 0 ? 2 : 0, part,
-                    page_shift, q8_blocks_out, device);
+                    page_shift, q8_blocks_out, device, window);
 }
 
 void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
-                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift, int device) {
+                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift, int device,
+                       int32_t window) {
   attention_harness(n_head, n_head_kv, head_dim, page_size, f16, lens, chunks, q, k, v, out, tiled ? 1 : 0, 0,
-                    page_shift, nullptr, device);
+                    page_shift, nullptr, device, window);
 }
 
 }  // namespace tandem::gpu_testing

@@ -42,7 +42,8 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 /// another, [sum lens][n_head_kv * head_dim] floats (stored to the pages as f16 when `f16`);
 /// q, out: [lens.size()][n_head][head_dim]. Pages of page_size positions, two layers, rows in
 /// layer 1, page pointers in reverse allocation order. part > 0: flash-decoding
-/// (attention_split) with partitions of `part` positions; part == 0: attention().
+/// (attention_split) with partitions of `part` positions (a multiple of
+/// kAttentionChunk); part == 0: attention(). window: KvArgs::window (0: full attention).
 /// page_shift: bytes every page starts past a 16-byte aligned address (a multiple of the
 /// KV element size, below 16; non-zero exercises the kernels' element-wise loads).
 /// q8_blocks_out (part > 0, head_dim % 32 == 0): also the Q8_0 blocks the split kernels'
@@ -51,18 +52,20 @@ void quantize_q8_0(const float* x, int64_t m, int64_t k, void* blocks_out, int d
 /// bad page_shift or a q8_blocks_out the shape does not allow.
 void attention_decode(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                       const std::vector<int32_t>& lens, const float* q, const float* k, const float* v, float* out,
-                      int32_t part, int32_t page_shift = 0, void* q8_blocks_out = nullptr, int device = 0);
+                      int32_t part, int32_t page_shift = 0, void* q8_blocks_out = nullptr, int device = 0,
+                      int32_t window = 0);
 /// Prefill attention harness: sequence s holds positions [0, lens[s]) (k, v as in
 /// attention_decode) and queries with its last chunks[s] positions, [lens[s] - chunks[s],
 /// lens[s]) (a later chunk of a prompt when chunks[s] < lens[s]); q, out: [sum chunks][n_head]
 /// [head_dim], sequence by sequence, all in one launch. tiled: the tiled flash-attention
 /// kernel (attention_prefill, tiles of its plan's bq tokens, the last one partial); else
-/// attention(). Pages (and page_shift) as in attention_decode. Output NaN-filled first.
+/// attention(). Pages (and page_shift, window) as in attention_decode. Output NaN-filled first.
 /// Throws Error(kInvalidArgument) without a device, for chunks outside [1, lens[s]], a bad
 /// page_shift, or (tiled) when no tile fits the shape.
 void attention_prefill(int32_t n_head, int32_t n_head_kv, int32_t head_dim, int32_t page_size, bool f16,
                        const std::vector<int32_t>& lens, const std::vector<int32_t>& chunks, const float* q,
-                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift = 0, int device = 0);
+                       const float* k, const float* v, float* out, bool tiled, int32_t page_shift = 0, int device = 0,
+                       int32_t window = 0);
 /// Fused-kernel harnesses (tests/gpu/test_gpu_fused.cpp): with `fused` the one-launch
 /// kernel, else the separate launches it replaces; device outputs are NaN- or 0x5A-filled
 /// first. Throw Error(kInvalidArgument) without a device.
