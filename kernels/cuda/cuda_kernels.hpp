@@ -96,6 +96,29 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 /// gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
 
+/// Entries of the GELU table geglu() reads: one per f16 bit pattern.
+inline constexpr int64_t kGeluTableSize = int64_t{1} << 16;
+
+/// gate[i] = gelu(gate[i]) * up[i] with the CPU executor's arithmetic (GELU tanh form through
+/// an f16 table, ggml_geglu_split's): 0 where gate <= -10, gate * up where gate >= 10, else
+/// f32(table[f16(gate)]) * up. `table`: kGeluTableSize f16 values in device memory, the
+/// CPU's kernels::gelu_f16_table() uploaded as it is. Same bits as the CPU.
+void geglu(float* gate, const float* up, int64_t n, const uint16_t* table, cudaStream_t stream);
+
+/// geglu() then quantize_q8_0() of gate in one launch, as swiglu_q8_0() for SwiGLU.
+void geglu_q8_0(float* gate, const float* up, int64_t n, const uint16_t* table, int8_t* hq, uint16_t* hd,
+                cudaStream_t stream);
+
+/// y[i] += x[i], i < n (the CPU's residual add of a separately computed term).
+void add(float* y, const float* x, int64_t n, cudaStream_t stream);
+
+/// x[i] *= s, i < n.
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+
+/// Final-logit soft-capping in place, x[i] = tanhf(x[i] * (1 / c)) * c (c > 0), the CPU's
+/// order of operations (tanhf: the device's, within its ulp bound of the host's).
+void softcap(float* x, int64_t n, float c, cudaStream_t stream);
+
 /// swiglu() then quantize_q8_0() of gate in one launch (n % 32 == 0; for m rows of k
 /// values, n = m * k with k % 32 == 0): gate, hq [n] and hd [n/32] bit for bit as the two
 /// launches write them.
@@ -103,7 +126,8 @@ void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* 
 
 /// Where a step's tokens read and write KV: token t's sequence has its page pointers at
 /// pages[page_off[t]...] (one per page_size positions), t is at position pos[t] and
-/// attends to positions [0, pos[t]].
+/// attends to positions [p0, pos[t]], p0 = max(0, pos[t] - window + 1) with a sliding
+/// window (window > 0), else 0. Positions before p0 are never read.
 struct KvArgs {
   void* const* pages = nullptr;
   const int32_t* page_off = nullptr;
@@ -113,6 +137,7 @@ struct KvArgs {
   int32_t head_dim = 0;
   int32_t layer = 0;  ///< page-local layer
   bool f16 = true;
+  int32_t window = 0;  ///< sliding window (positions a token sees, itself included); 0: none
 };
 
 /// Write K and V rows ([T][n_head_kv * head_dim] floats) of layer kv.layer at each token's
@@ -164,7 +189,7 @@ size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part);
 
 /// Split-KV (flash-decoding) attention of the tokens t = tokens[0..n_tokens) (a device
 /// list), same inputs and output rows as attention() and the same probabilities. The
-/// positions [0, pos[t]] are split into partitions of scratch.part absolute positions (so
+/// positions [p0, pos[t]] (KvArgs) are split into partitions of scratch.part absolute positions (so
 /// a token's result does not depend on the batch); blocks take one (token, KV head,
 /// partition) with all n_head / n_head_kv query heads of its GQA group, so each K and V row
 /// is read from memory once per group. Three kernels: scores and each partition's max and
@@ -201,7 +226,7 @@ AttentionPrefillPlan attention_prefill_plan(int32_t head_dim, int32_t group);
 /// Tiled flash-attention prefill: for each tile i of `tiles` (device, n_tiles pairs
 /// (t0, nq), 1 <= nq <= attention_prefill_plan(kv.head_dim, n_head / kv.n_head_kv).bq), the
 /// rows t0 .. t0 + nq - 1 of q/out ([step tokens][n_head][head_dim] floats), which must be
-/// tokens of one sequence (same page_off); token t attends to positions [0, pos[t]] of its
+/// tokens of one sequence (same page_off); token t attends to positions [p0, pos[t]] (KvArgs) of its
 /// sequence's pages (causal mask per query token). One thread block per (tile, KV head)
 /// with all query heads of its GQA group, so each K/V row is read from memory by one block
 /// per tile and group instead of once per (token, head) as in attention(): O(T^2 / bq) row

@@ -1,4 +1,4 @@
-// Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU), the KV row store and paged
+// Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU, GEGLU, soft-cap), the KV row store and paged
 // attention. Numerics follow lib/exec/cpu/cpu_q4_executor.cpp; the library is compiled with
 // --fmad=false so a * b - c * d and friends round exactly as the CPU's (uncontracted)
 // arithmetic does.
@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdint>
 
 #include "block_math.cuh"
 #include "cuda_kernels.hpp"
@@ -127,23 +128,51 @@ __device__ __forceinline__ float swiglu_value(float g, float u) {
   return g / (1.0f + expf(-g)) * u;
 }
 
-__global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  gate[i] = swiglu_value(gate[i], up[i]);
+// The CPU executor's GEGLU value (its geglu(): the f16 GELU table between -10 and 10).
+__device__ __forceinline__ float geglu_value(float g, float u, const uint16_t* __restrict__ table) {
+  if (g <= -10.0f) return 0.0f;
+  if (g >= 10.0f) return g * u;
+  return h2f(table[fp32_to_fp16_bits(g)]) * u;
 }
 
-// swiglu_kernel's values, quantised as they are made: one warp per Q8_0 block of 32
+// The gated value: GEGLU through `table`, SwiGLU without one.
+__device__ __forceinline__ float glu_value(float g, float u, const uint16_t* __restrict__ table) {
+  return table != nullptr ? geglu_value(g, u, table) : swiglu_value(g, u);
+}
+
+__global__ void glu_kernel(float* gate, const float* __restrict__ up, int64_t n, const uint16_t* __restrict__ table) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  gate[i] = glu_value(gate[i], up[i], table);
+}
+
+// glu_kernel's values, quantised as they are made: one warp per Q8_0 block of 32
 // consecutive values (the blocks of quantize_q8_0 over rows of a multiple of 32).
-__global__ void swiglu_q8_0_kernel(float* gate, const float* __restrict__ up, int64_t n_blocks, int8_t* __restrict__ hq,
-                                   uint16_t* __restrict__ hd) {
+__global__ void glu_q8_0_kernel(float* gate, const float* __restrict__ up, int64_t n_blocks,
+                                const uint16_t* __restrict__ table, int8_t* __restrict__ hq,
+                                uint16_t* __restrict__ hd) {
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int64_t i = blk * kQK + lane;
-  const float h = swiglu_value(gate[i], up[i]);
+  const float h = glu_value(gate[i], up[i], table);
   gate[i] = h;
   warp_quantize_q8_0(h, lane, hq + blk * kQK, hd + blk);
+}
+
+__global__ void add_kernel(float* y, const float* __restrict__ x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float c) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = tanhf(x[i] * (1.0f / c)) * c;
 }
 
 __global__ void fill_nan_kernel(float* y, int64_t n) {
@@ -271,6 +300,12 @@ __device__ __forceinline__ float k_row_dot(const char* row, const float* qs, int
   return s;
 }
 
+// The first position token t attends to: its sliding window's start, 0 without a window
+// (KvArgs::window). Each attention kernel below starts its position loops here.
+__device__ __forceinline__ int32_t attn_first(const KvArgs& kv, int64_t t) {
+  return kv.window > 0 && kv.pos[t] + 1 > kv.window ? kv.pos[t] + 1 - kv.window : 0;
+}
+
 // q . K[p] of one head (k_row_dot) times the scale. The same function serves every pass,
 // so a recomputed score equals the stored one.
 template <bool F16>
@@ -301,12 +336,13 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   const int32_t h = blockIdx.x % n_head;
   const int32_t hk = h / group;
   const int32_t n_pos = kv.pos[t] + 1;
+  const int32_t first = attn_first(kv, t);
   const float* qh = q + (t * n_head + h) * hd;
   for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = F16 ? round_f16(qh[d]) : qh[d];
   __syncthreads();
 
   float mx = -FLT_MAX;
-  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {
+  for (int32_t p = first + threadIdx.x; p < n_pos; p += blockDim.x) {
     const float s = attn_score<F16>(kv, t, p, hk, qs, scale);
     if (p < cap) sc[p] = s;
     mx = s > mx ? s : mx;
@@ -314,7 +350,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   mx = block_reduce(mx, red_f, MaxF{});
 
   double sum = 0.0;
-  for (int32_t p = threadIdx.x; p < n_pos; p += blockDim.x) {  // same p -> thread map as pass 1
+  for (int32_t p = first + threadIdx.x; p < n_pos; p += blockDim.x) {  // same p -> thread map as pass 1
     const float s = p < cap ? sc[p] : attn_score<F16>(kv, t, p, hk, qs, scale);
     const float e = softmax_exp(s - mx);
     if (p < cap) sc[p] = e;
@@ -328,7 +364,7 @@ __global__ void attention_kernel(KvArgs kv, const float* __restrict__ q, float* 
   const int32_t d = static_cast<int32_t>(threadIdx.x) % hd;
   if (g < G) {
     float acc = 0.0f;
-    for (int32_t p = g; p < n_pos; p += G) {
+    for (int32_t p = first + g; p < n_pos; p += G) {
       const float e = p < cap ? sc[p] : softmax_exp(attn_score<F16>(kv, t, p, hk, qs, scale) - mx);
       const float prob = F16 ? round_f16(e * inv) : e * inv;
       const char* vrow = kv_row(kv, t, p, 1) + int64_t(hk) * hd * (F16 ? 2 : 4);
@@ -368,9 +404,10 @@ __global__ void attention_split_scores_kernel(KvArgs kv, const float* __restrict
   const int32_t c = static_cast<int32_t>(blockIdx.y);
   const int64_t t = tokens[i];
   const int32_t n_pos = kv.pos[t] + 1;
-  const int32_t p0 = c * part;
-  if (p0 >= n_pos) return;  // the whole block: no barrier is skipped by part of it
-  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
+  const int32_t first = attn_first(kv, t);
+  if (c * part >= n_pos || (c + 1) * part <= first) return;  // the whole block: no barrier is skipped by part of it
+  const int32_t p0 = c * part > first ? c * part : first;    // the partition's positions in the window
+  const int32_t n = ((c + 1) * part < n_pos ? (c + 1) * part : n_pos) - p0;
   float* qs = sh;
   float* es = qs + group * hd;
   for (int32_t e = threadIdx.x; e < group * hd; e += blockDim.x) {
@@ -419,9 +456,11 @@ __global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t
   const int32_t c = static_cast<int32_t>(blockIdx.y);
   const int64_t t = tokens[i];
   const int32_t n_pos = kv.pos[t] + 1;
-  const int32_t p0 = c * part;
-  if (p0 >= n_pos) return;
-  const int32_t n = (p0 + part < n_pos ? p0 + part : n_pos) - p0;
+  const int32_t first = attn_first(kv, t);
+  if (c * part >= n_pos || (c + 1) * part <= first) return;
+  const int32_t p0 = c * part > first ? c * part : first;
+  const int32_t n = ((c + 1) * part < n_pos ? (c + 1) * part : n_pos) - p0;
+  const int32_t c_first = first / part;  // the partitions kernel 1 wrote: c_first .. n_parts - 1
   const int32_t n_parts = (n_pos + part - 1) / part;
   float* es = sh + group * hd;  // same layout as kernel 1 (the q area is unused here)
   float* slice = es + group * part;
@@ -429,9 +468,9 @@ __global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t
   for (int32_t h = 0; h < group; ++h) {
     const int64_t s0 = (head0 + h) * max_parts;
     float mx = -FLT_MAX;
-    for (int32_t k = 0; k < n_parts; ++k) mx = p_max[s0 + k] > mx ? p_max[s0 + k] : mx;
+    for (int32_t k = c_first; k < n_parts; ++k) mx = p_max[s0 + k] > mx ? p_max[s0 + k] : mx;
     double sum = 0.0;
-    for (int32_t k = 0; k < n_parts; ++k) sum += double(softmax_exp(p_max[s0 + k] - mx)) * p_sum[s0 + k];
+    for (int32_t k = c_first; k < n_parts; ++k) sum += double(softmax_exp(p_max[s0 + k] - mx)) * p_sum[s0 + k];
     const float inv = static_cast<float>(1.0 / sum);
     for (int32_t j = threadIdx.x; j < n; j += blockDim.x) {
       const float e = softmax_exp(score[(head0 + h) * max_pos + p0 + j] - mx);
@@ -464,8 +503,8 @@ __global__ void attention_split_values_kernel(KvArgs kv, int32_t n_head, int32_t
 // Kernel 3, one block per (token, head), a thread per dim: out[d] = sum_c acc_c[d], in order.
 // With oq/od (head_dim % 32 == 0, blockDim == head_dim): each warp also quantises its 32
 // outputs, one Q8_0 block of the row, as quantize_q8_0_kernel does (warp_quantize_q8_0).
-__global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const int32_t* __restrict__ tokens,
-                                         int32_t n_head, int32_t head_dim, int32_t part, int32_t max_parts,
+__global__ void attention_combine_kernel(KvArgs kv, const int32_t* __restrict__ tokens, int32_t n_head,
+                                         int32_t head_dim, int32_t part, int32_t max_parts,
                                          const float* __restrict__ p_acc, float* __restrict__ out,
                                          int8_t* __restrict__ oq, uint16_t* __restrict__ od) {
   const int32_t i = static_cast<int32_t>(blockIdx.x) / n_head;
@@ -473,10 +512,10 @@ __global__ void attention_combine_kernel(const int32_t* __restrict__ pos, const 
   const int32_t d = static_cast<int32_t>(threadIdx.x);
   if (d >= head_dim) return;  // never a partial warp when quantising (head_dim % 32 == 0)
   const int64_t t = tokens[i];
-  const int32_t n_parts = (pos[t] + 1 + part - 1) / part;
+  const int32_t n_parts = (kv.pos[t] + 1 + part - 1) / part;
   const int64_t s0 = (int64_t(i) * n_head + h) * max_parts;
   float r = 0.0f;
-  for (int32_t c = 0; c < n_parts; ++c) r += p_acc[(s0 + c) * head_dim + d];
+  for (int32_t c = attn_first(kv, t) / part; c < n_parts; ++c) r += p_acc[(s0 + c) * head_dim + d];
   const int64_t e = (t * n_head + h) * head_dim + d;
   out[e] = r;
   if (oq != nullptr) {
@@ -528,14 +567,14 @@ __device__ __forceinline__ void prefill_stage(const KvArgs& kv, int64_t t0, int3
 }
 
 // Scores of the staged K tile for every row, the CPU's order over d, times the scale;
-// positions past the row's own (the causal mask) are not written.
+// positions past the row's own (the causal mask) or before its window are not written.
 __device__ __forceinline__ void prefill_scores(const KvArgs& kv, int64_t t0, int32_t group, int32_t R, int32_t bk,
                                                int32_t kb, int32_t n, float scale, const float* qs, const float* ks,
                                                float* ss) {
   const int32_t hd = kv.head_dim;
   for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
     const int32_t r = e / bk, j = e % bk;
-    if (j >= n || kb + j > kv.pos[t0 + r / group]) continue;
+    if (j >= n || kb + j > kv.pos[t0 + r / group] || kb + j < attn_first(kv, t0 + r / group)) continue;
     const float* qr = qs + r * hd;
     const float* kj = ks + j * (hd + 1);
     float s = 0.0f;
@@ -579,10 +618,15 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
     ms[r] = -FLT_MAX;
     sd[r] = 0.0;
   }
-  int32_t last = 0;  // the tile's largest position: its K/V rows are [0, last]
-  for (int32_t i = 0; i < nq; ++i) last = kv.pos[t0 + i] > last ? kv.pos[t0 + i] : last;
+  int32_t last = 0;         // the tile's largest position: its K/V rows are [kb0, last]
+  int32_t kb0 = INT32_MAX;  // the first position of the K/V tile holding the tile's earliest window start
+  for (int32_t i = 0; i < nq; ++i) {
+    last = kv.pos[t0 + i] > last ? kv.pos[t0 + i] : last;
+    const int32_t f = attn_first(kv, t0 + i) / bk * bk;
+    kb0 = f < kb0 ? f : kb0;
+  }
 
-  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 1: max and sum
+  for (int32_t kb = kb0; kb <= last; kb += bk) {  // pass 1: max and sum
     const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
     __syncthreads();  // the previous tile's K and scores are no longer read
     prefill_stage<F16>(kv, t0, hk, kb, n, false, ks, vs);
@@ -592,12 +636,14 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
     for (int32_t r = threadIdx.x; r < R; r += blockDim.x) {
       const int32_t nr = kv.pos[t0 + r / group] - kb + 1;  // valid positions of the row here
       const int32_t nv = nr < n ? nr : n;
-      if (nv <= 0) continue;
+      const int32_t j0 = attn_first(kv, t0 + r / group) - kb;  // the row's window start here (<= 0: none)
+      const int32_t jf = j0 > 0 ? j0 : 0;
+      if (nv <= jf) continue;
       const float* sr = ss + r * bk;
       float mt = -FLT_MAX;
-      for (int32_t j = 0; j < nv; ++j) mt = sr[j] > mt ? sr[j] : mt;
+      for (int32_t j = jf; j < nv; ++j) mt = sr[j] > mt ? sr[j] : mt;
       double st = 0.0;
-      for (int32_t j = 0; j < nv; ++j) st += softmax_exp(sr[j] - mt);
+      for (int32_t j = jf; j < nv; ++j) st += softmax_exp(sr[j] - mt);
       if (mt > ms[r]) {
         sd[r] = sd[r] * exp(double(ms[r]) - double(mt)) + st;
         ms[r] = mt;
@@ -608,7 +654,7 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
   }
   for (int32_t r = threadIdx.x; r < R; r += blockDim.x) inv[r] = static_cast<float>(1.0 / sd[r]);
 
-  for (int32_t kb = 0; kb <= last; kb += bk) {  // pass 2: probabilities times V
+  for (int32_t kb = kb0; kb <= last; kb += bk) {  // pass 2: probabilities times V
     const int32_t n = (kb + bk <= last + 1 ? bk : last + 1 - kb);
     __syncthreads();  // the previous tile's K, V and probabilities are no longer read
     prefill_stage<F16>(kv, t0, hk, kb, n, true, ks, vs);
@@ -618,7 +664,7 @@ __global__ void attention_prefill_kernel(KvArgs kv, const float* __restrict__ q,
     for (int32_t e = threadIdx.x; e < R * bk; e += blockDim.x) {
       const int32_t r = e / bk, j = e % bk;
       if (j >= n) continue;
-      if (kb + j > kv.pos[t0 + r / group]) {
+      if (kb + j > kv.pos[t0 + r / group] || kb + j < attn_first(kv, t0 + r / group)) {
         ss[e] = 0.0f;
         continue;
       }
@@ -675,13 +721,40 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+  glu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, nullptr);
 }
 
 void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* hd, cudaStream_t stream) {
   const int64_t n_blocks = n / kQK;
   if (n_blocks <= 0) return;
-  swiglu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, hq, hd);
+  glu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, nullptr, hq, hd);
+}
+
+void geglu(float* gate, const float* up, int64_t n, const uint16_t* table, cudaStream_t stream) {
+  if (n <= 0) return;
+  glu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, table);
+}
+
+void geglu_q8_0(float* gate, const float* up, int64_t n, const uint16_t* table, int8_t* hq, uint16_t* hd,
+                cudaStream_t stream) {
+  const int64_t n_blocks = n / kQK;
+  if (n_blocks <= 0) return;
+  glu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, table, hq, hd);
+}
+
+void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, s, n);
+}
+
+void softcap(float* x, int64_t n, float c, cudaStream_t stream) {
+  if (n <= 0) return;
+  softcap_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, c);
 }
 
 size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {
@@ -714,7 +787,7 @@ void attention_split(const KvArgs& kv, const float* q, float* out, const int32_t
   const int combine_threads = ((kv.head_dim + kWarp - 1) / kWarp) * kWarp;
   const bool quantise = out_q != nullptr && out_d != nullptr && kv.head_dim % kQK == 0;
   attention_combine_kernel<<<static_cast<unsigned>(n_tokens * n_head), combine_threads, 0, stream>>>(
-      kv.pos, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out, quantise ? out_q : nullptr,
+      kv, tokens, n_head, kv.head_dim, part, max_parts, scratch.acc, out, quantise ? out_q : nullptr,
       quantise ? out_d : nullptr);
 }
 
