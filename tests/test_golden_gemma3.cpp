@@ -7,7 +7,7 @@
 // what llama.cpp's `llama-quantize --allow-requantize ... Q4_0` makes; the goldens used are
 // those of that Q4_0 conversion (`gemma-3-270m-q4_0/`): the last test proves the converted
 // bytes are that file's (its SHA-256). Prompts are token ids (cases.json).
-// CPU executors only: the GPU executor refuses gemma3 (tests/gpu).
+// CPU executors here; the GPU executor against the same goldens: tests/gpu/test_gpu_gemma3.cpp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

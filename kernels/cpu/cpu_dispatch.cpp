@@ -4,8 +4,10 @@
 // scalar. The environment variable TANDEM_CPU_ISA=avx512vnni|avx512|avx2|scalar caps the choice
 // (a request for an ISA the CPU lacks falls back to the best supported one).
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cpu_kernels.hpp"
 #include "kernels_table.hpp"
@@ -93,6 +95,21 @@ uint16_t fp32_to_fp16(float f) noexcept {
 }
 float bf16_to_fp32(uint16_t h) noexcept {
   return bf16_bits_to_fp32(h);
+}
+
+const uint16_t* gelu_f16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(size_t{1} << 16);
+    constexpr float kCoefA = 0.044715f;
+    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const float x = fp16_bits_to_fp32(static_cast<uint16_t>(h));
+      const float inner = kSqrt2OverPi * x * (1.0f + kCoefA * x * x);
+      t[h] = fp32_to_fp16_bits(0.5f * x * (1.0f + std::tanh(inner)));
+    }
+    return t;
+  }();
+  return table.data();
 }
 
 void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept {

@@ -36,6 +36,12 @@ float fp16_to_fp32(uint16_t h) noexcept;
 uint16_t fp32_to_fp16(float f) noexcept;  ///< round to nearest even, as F16C
 float bf16_to_fp32(uint16_t h) noexcept;
 
+/// ggml's GELU (tanh form) as its CPU backend computes it in a GEGLU (GGML_GELU_FP16): 65536
+/// entries, entry h = f16(gelu(x)) for the f16 value x of bit pattern h, the formula in f32
+/// (docs/arithmetic.md). Built once, on first use (thread-safe static; std::bad_alloc if
+/// there is no memory for it); the CPU executor reads it and the GPU executor uploads it.
+const uint16_t* gelu_f16_table();
+
 void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept;
 void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) noexcept;
 

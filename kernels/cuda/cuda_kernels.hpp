@@ -97,6 +97,29 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 /// gate[i] = silu(gate[i]) * up[i].
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
 
+/// Entries of the GELU table geglu() reads: one per f16 bit pattern.
+inline constexpr int64_t kGeluTableSize = int64_t{1} << 16;
+
+/// gate[i] = gelu(gate[i]) * up[i] with the CPU executor's arithmetic (GELU tanh form through
+/// an f16 table, ggml_geglu_split's): 0 where gate <= -10, gate * up where gate >= 10, else
+/// f32(table[f16(gate)]) * up. `table`: kGeluTableSize f16 values in device memory, the
+/// CPU's kernels::gelu_f16_table() uploaded as it is. Same bits as the CPU.
+void geglu(float* gate, const float* up, int64_t n, const uint16_t* table, cudaStream_t stream);
+
+/// geglu() then quantize_q8_0() of gate in one launch, as swiglu_q8_0() for SwiGLU.
+void geglu_q8_0(float* gate, const float* up, int64_t n, const uint16_t* table, int8_t* hq, uint16_t* hd,
+                cudaStream_t stream);
+
+/// y[i] += x[i], i < n (the CPU's residual add of a separately computed term).
+void add(float* y, const float* x, int64_t n, cudaStream_t stream);
+
+/// x[i] *= s, i < n.
+void scale(float* x, float s, int64_t n, cudaStream_t stream);
+
+/// Final-logit soft-capping in place, x[i] = tanhf(x[i] * (1 / c)) * c (c > 0), the CPU's
+/// order of operations (tanhf: the device's, within its ulp bound of the host's).
+void softcap(float* x, int64_t n, float c, cudaStream_t stream);
+
 /// swiglu() then quantize_q8_0() of gate in one launch (n % 32 == 0; for m rows of k
 /// values, n = m * k with k % 32 == 0): gate, hq [n] and hd [n/32] bit for bit as the two
 /// launches write them.

@@ -1,4 +1,4 @@
-// Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU), the KV row store and paged
+// Element-wise and row kernels (RMSNorm, bias, RoPE, SwiGLU, GEGLU, soft-cap), the KV row store and paged
 // attention. Numerics follow lib/exec/cpu/cpu_q4_executor.cpp; the library is compiled with
 // --fmad=false so a * b - c * d and friends round exactly as the CPU's (uncontracted)
 // arithmetic does.
@@ -129,23 +129,51 @@ __device__ __forceinline__ float swiglu_value(float g, float u) {
   return silu(g) * u;
 }
 
-__global__ void swiglu_kernel(float* gate, const float* __restrict__ up, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  gate[i] = swiglu_value(gate[i], up[i]);
+// The CPU executor's GEGLU value (its geglu(): the f16 GELU table between -10 and 10).
+__device__ __forceinline__ float geglu_value(float g, float u, const uint16_t* __restrict__ table) {
+  if (g <= -10.0f) return 0.0f;
+  if (g >= 10.0f) return g * u;
+  return h2f(table[fp32_to_fp16_bits(g)]) * u;
 }
 
-// swiglu_kernel's values, quantised as they are made: one warp per Q8_0 block of 32
+// The gated value: GEGLU through `table`, SwiGLU without one.
+__device__ __forceinline__ float glu_value(float g, float u, const uint16_t* __restrict__ table) {
+  return table != nullptr ? geglu_value(g, u, table) : swiglu_value(g, u);
+}
+
+__global__ void glu_kernel(float* gate, const float* __restrict__ up, int64_t n, const uint16_t* __restrict__ table) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  gate[i] = glu_value(gate[i], up[i], table);
+}
+
+// glu_kernel's values, quantised as they are made: one warp per Q8_0 block of 32
 // consecutive values (the blocks of quantize_q8_0 over rows of a multiple of 32).
-__global__ void swiglu_q8_0_kernel(float* gate, const float* __restrict__ up, int64_t n_blocks, int8_t* __restrict__ hq,
-                                   uint16_t* __restrict__ hd) {
+__global__ void glu_q8_0_kernel(float* gate, const float* __restrict__ up, int64_t n_blocks,
+                                const uint16_t* __restrict__ table, int8_t* __restrict__ hq,
+                                uint16_t* __restrict__ hd) {
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   if (blk >= n_blocks) return;  // whole warps exit together (blockDim is a multiple of 32)
   const int64_t i = blk * kQK + lane;
-  const float h = swiglu_value(gate[i], up[i]);
+  const float h = glu_value(gate[i], up[i], table);
   gate[i] = h;
   warp_quantize_q8_0(h, lane, hq + blk * kQK, hd + blk);
+}
+
+__global__ void add_kernel(float* y, const float* __restrict__ x, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += x[i];
+}
+
+__global__ void scale_kernel(float* x, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+__global__ void softcap_kernel(float* x, int64_t n, float c) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = tanhf(x[i] * (1.0f / c)) * c;
 }
 
 __global__ void fill_nan_kernel(float* y, int64_t n) {
@@ -786,13 +814,40 @@ void rope(float* x, const float* cs, int64_t T, int32_t n_heads, int32_t head_di
 
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  swiglu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n);
+  glu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, nullptr);
 }
 
 void swiglu_q8_0(float* gate, const float* up, int64_t n, int8_t* hq, uint16_t* hd, cudaStream_t stream) {
   const int64_t n_blocks = n / kQK;
   if (n_blocks <= 0) return;
-  swiglu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, hq, hd);
+  glu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, nullptr, hq, hd);
+}
+
+void geglu(float* gate, const float* up, int64_t n, const uint16_t* table, cudaStream_t stream) {
+  if (n <= 0) return;
+  glu_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(gate, up, n, table);
+}
+
+void geglu_q8_0(float* gate, const float* up, int64_t n, const uint16_t* table, int8_t* hq, uint16_t* hd,
+                cudaStream_t stream) {
+  const int64_t n_blocks = n / kQK;
+  if (n_blocks <= 0) return;
+  glu_q8_0_kernel<<<blocks_for(n_blocks * kWarp, 256), 256, 0, stream>>>(gate, up, n_blocks, table, hq, hd);
+}
+
+void add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(y, x, n);
+}
+
+void scale(float* x, float s, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, s, n);
+}
+
+void softcap(float* x, int64_t n, float c, cudaStream_t stream) {
+  if (n <= 0) return;
+  softcap_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(x, n, c);
 }
 
 size_t attention_split_shmem(int32_t head_dim, int32_t group, int32_t part) {

@@ -13,7 +13,6 @@
 
 #include "cpu/cpu_kernels.hpp"
 #include "cpu_test_support.hpp"
-#include "gemma3_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "hooks/gpu_hooks.hpp"
 #include "kv_test_support.hpp"
@@ -458,20 +457,6 @@ TEST_CASE("GPU executor refuses a device that does not exist", "[gpu]") {
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::kInvalidArgument);
-  }
-#endif
-}
-
-TEST_CASE("GPU executor refuses a gemma3 model with a clear error (not supported yet)", "[gpu]") {
-#if TANDEM_HAVE_CUDA
-  const auto model = Model::load(test::write_tiny_gemma3({}, "gpu-refusal"));
-  try {
-    GpuQ4Executor gpu(model);
-    FAIL("the GPU executor accepted a gemma3 model");
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kInvalidArgument);
-    CHECK(std::string(e.what()).find("architecture gemma3 is not supported by the GPU executor yet") !=
-          std::string::npos);
   }
 #endif
 }

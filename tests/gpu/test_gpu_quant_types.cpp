@@ -513,7 +513,7 @@ TEST_CASE("SmolLM2's own Q4_1 matrices: GPU outputs are the CPU kernel's bits", 
 TEST_CASE("Gemma 3's own Q4_K and Q6_K matrices: GPU outputs are the CPU kernels' bits", "[gpu][kernels][isa]") {
 #if TANDEM_HAVE_CUDA
   // The Q4_K_M file's attention outputs (Q4_K, k = 1024) and FFN downs (Q6_K, k = 2048) of
-  // the first and last layers (the GPU executor does not run Gemma 3 itself yet).
+  // the first and last layers (the whole model on the GPU: tests/gpu/test_gpu_gemma3.cpp).
   const auto path = test::gemma3_q4_k_m_path();
   check_file_matrices<k::BlockQ4_K>(path, GgmlType::kQ4_K, {"blk.0.attn_output.weight", "blk.17.attn_output.weight"});
   check_file_matrices<k::BlockQ6_K>(path, GgmlType::kQ6_K, {"blk.0.ffn_down.weight", "blk.17.ffn_down.weight"});

@@ -218,25 +218,8 @@ const float* f32_data(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
 }
 
-// ggml's GELU (tanh form) as its CPU backend computes it in a GEGLU (GGML_GELU_FP16): the
-// input rounded to f16 indexes a table of f16(gelu(x)) made with the formula below in f32;
-// x <= -10 gives 0 and x >= 10 gives x. Built once, on first use (thread-safe static).
-const uint16_t* gelu_f16_table() {
-  static const std::vector<uint16_t> table = [] {
-    std::vector<uint16_t> t(size_t{1} << 16);
-    constexpr float kCoefA = 0.044715f;
-    constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f;
-    for (uint32_t h = 0; h < t.size(); ++h) {
-      const float x = k::fp16_to_fp32(static_cast<uint16_t>(h));
-      const float inner = kSqrt2OverPi * x * (1.0f + kCoefA * x * x);
-      t[h] = k::fp32_to_fp16(0.5f * x * (1.0f + std::tanh(inner)));
-    }
-    return t;
-  }();
-  return table.data();
-}
-
-// gate[i] = gelu(gate[i]) * up[i] (ggml_geglu_split's arithmetic).
+// gate[i] = gelu(gate[i]) * up[i] (ggml_geglu_split's arithmetic; x <= -10 gives 0 and
+// x >= 10 gives x, else the table kernels::gelu_f16_table() at f16(x)).
 void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64_t e) {
   for (int64_t i = b; i < e; ++i) {
     const float g = gate[i];
@@ -386,7 +369,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   // attends with scale 1; the others scale the scores by 1/sqrt(head_dim).
   const bool scale_q = hp.q_scale != 1.0f;
   const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
-  const uint16_t* gelu_table = hp.gelu_ffn ? gelu_f16_table() : nullptr;
+  const uint16_t* gelu_table = hp.gelu_ffn ? k::gelu_f16_table() : nullptr;
 
   // The repacked copies, indexed per layer (no lookup).
   const bool packed = !repacked_->layers.empty();

@@ -318,6 +318,7 @@ struct DevLayer {
   const float *attn_norm = nullptr, *ffn_norm = nullptr;
   const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;
+  const float *attn_post_norm = nullptr, *ffn_post_norm = nullptr;  // gemma3
   ck::DevWeight wq, wk, wv, wo, gate, up, down;
 };
 
@@ -332,6 +333,7 @@ struct DeviceWeights {
   std::vector<DevLayer> layers;
   const float* output_norm = nullptr;
   ck::DevWeight output;
+  const uint16_t* gelu_table = nullptr;  // kernels::gelu_f16_table() (GELU-gated FFN only)
 
   // The caller makes `device` current.
   DeviceWeights(const Model& m, int dev) : device(dev) {
@@ -344,6 +346,8 @@ struct DeviceWeights {
       d.bv = upload_f32(L.bv, "attn_v.bias");
       d.q_norm = upload_f32(L.q_norm, "attn_q_norm");
       d.k_norm = upload_f32(L.k_norm, "attn_k_norm");
+      d.attn_post_norm = upload_f32(L.attn_post_norm, "post_attention_norm");
+      d.ffn_post_norm = upload_f32(L.ffn_post_norm, "post_ffw_norm");
       d.wq = upload_matrix(L.wq);
       d.wk = upload_matrix(L.wk);
       d.wv = upload_matrix(L.wv);
@@ -355,6 +359,10 @@ struct DeviceWeights {
     }
     output_norm = upload_f32(m.output_norm(), "output_norm");
     output = upload_matrix(m.output());
+    if (m.hparams().gelu_ffn) {
+      gelu_table = static_cast<const uint16_t*>(
+          upload_bytes(kernels::gelu_f16_table(), size_t(ck::kGeluTableSize) * sizeof(uint16_t)));
+    }
   }
 
   const void* upload_bytes(const void* src, size_t n) {
@@ -474,11 +482,11 @@ struct GpuQ4Executor::Impl {
   Stream stream;
 
   // Per-step device buffers (grow by doubling, never shrink; outgrown ones in `retired`).
-  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, pages, page_off, pos, out_index, rows, logits, stage;
+  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, rope_swa, pages, page_off, pos, out_index, rows, logits, stage;
   DevBuf attn_tokens, split_acc, split_max, split_score;  // attention token lists, flash-decoding partials
   std::vector<DevBuf> retired;
   // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
+  PinnedBuf h_x, h_rope, h_rope_swa, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
   bool fused = true;          // GpuExecutorOptions::fused_kernels
@@ -584,9 +592,6 @@ int GpuQ4Executor::device_count() noexcept {
 
 GpuQ4Executor::GpuQ4Executor(std::shared_ptr<const Model> model, const GpuExecutorOptions& options)
     : Executor(std::move(model)) {
-  if (this->model().hparams().arch == Arch::kGemma3) {  // before any device work: no device needed to refuse
-    throw Error(ErrorCode::kInvalidArgument, "architecture gemma3 is not supported by the GPU executor yet");
-  }
   const int n_dev = device_count();
   if (options.device < 0 || options.device >= n_dev) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -624,10 +629,10 @@ void* GpuQ4Executor::stream() const noexcept {
 uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   const Impl& im = *impl_;
   uint64_t b = 0;
-  for (const DevBuf* d :
-       {&im.x,      &im.xn,    &im.q,           &im.k,         &im.v,         &im.attn,       &im.gate,      &im.up,
-        &im.xq,     &im.xd,    &im.rope,        &im.pages,     &im.page_off,  &im.pos,        &im.out_index, &im.rows,
-        &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
+  for (const DevBuf* d : {&im.x,     &im.xn,          &im.q,         &im.k,         &im.v,         &im.attn,
+                          &im.gate,  &im.up,          &im.xq,        &im.xd,        &im.rope,      &im.rope_swa,
+                          &im.pages, &im.page_off,    &im.pos,       &im.out_index, &im.rows,      &im.logits,
+                          &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
     b += d->bytes();
   }
   for (const DevBuf& d : im.retired) b += d.bytes();
@@ -701,6 +706,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* h_out_index = pinned<int32_t>(im.h_out_index, size_t(n_out));
   auto* h_x = pinned<float>(im.h_x, size_t(T * n_embd));
   auto* h_rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
+  auto* h_rope_swa = hp.n_swa > 0 ? pinned<float>(im.h_rope_swa, size_t(T * hp.n_rot)) : nullptr;
   // Attention routing: with kSplitDecodeAttention, the single token of a sequence's step
   // (decode) goes through split-KV attention (attention_split) when its shared-memory tile
   // fits the default 48 KiB; the tokens of multi-token steps (prefill) through the tiled
@@ -776,25 +782,33 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       for (int64_t j = 0; j < n; ++j, ++t) {
         h_page_off[t] = page_base;
         h_pos[t] = s.pos0 + static_cast<int32_t>(j);
-        embedding_row(model.token_embd(), s.tokens[size_t(j)], h_x + t * n_embd);
+        float* xe = h_x + t * n_embd;
+        embedding_row(model.token_embd(), s.tokens[size_t(j)], xe);
+        if (hp.embd_scale != 1.0f)  // gemma3 (the CPU's x *= embd_scale)
+          for (int64_t i = 0; i < n_embd; ++i) xe[i] *= hp.embd_scale;
         const bool want = s.logits == LogitsRows::kAll || (s.logits == LogitsRows::kLast && j == n - 1);
         if (want) h_out_index[r++] = static_cast<int32_t>(t);
       }
     }
   }
-  // RoPE cos/sin per token, built exactly as the CPU builds them (repeated multiplication).
+  // RoPE cos/sin per token, built exactly as the CPU builds them (repeated multiplication);
+  // the sliding-window layers' table (gemma3) with their own base and no frequency scaling.
   const int64_t half = hp.n_rot / 2;
-  const float theta_scale = std::pow(hp.rope_freq_base, -2.0f / float(hp.n_rot));
-  for (int64_t t = 0; t < T; ++t) {
-    float theta = static_cast<float>(h_pos[t]);
-    float* c = h_rope + t * hp.n_rot;
-    for (int64_t i = 0; i < half; ++i) {
-      const float th = hp.rope_freq_scale * theta;
-      c[i] = std::cos(th);
-      c[half + i] = std::sin(th);
-      theta *= theta_scale;
+  auto rope_table = [&](float* table, float base, float freq_scale) {
+    const float theta_scale = std::pow(base, -2.0f / float(hp.n_rot));
+    for (int64_t t = 0; t < T; ++t) {
+      float theta = static_cast<float>(h_pos[t]);
+      float* c = table + t * hp.n_rot;
+      for (int64_t i = 0; i < half; ++i) {
+        const float th = freq_scale * theta;
+        c[i] = std::cos(th);
+        c[half + i] = std::sin(th);
+        theta *= theta_scale;
+      }
     }
-  }
+  };
+  rope_table(h_rope, hp.rope_freq_base, hp.rope_freq_scale);
+  if (h_rope_swa) rope_table(h_rope_swa, hp.rope_freq_base_swa, 1.0f);
 
   // ---- device buffers and uploads ----------------------------------------------------
   float* x = im.scratch<float>(im.x, size_t(T * n_embd));
@@ -808,6 +822,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* xq = im.scratch<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
   auto* xd = im.scratch<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
   float* rope = im.scratch<float>(im.rope, size_t(T * hp.n_rot));
+  float* rope_swa = h_rope_swa ? im.scratch<float>(im.rope_swa, size_t(T * hp.n_rot)) : nullptr;
   auto* d_pages = im.scratch<void*>(im.pages, n_pages);
   auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
   auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
@@ -843,6 +858,10 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   }
   TANDEM_CUDA(cudaMemcpyAsync(x, h_x, size_t(T * n_embd) * sizeof(float), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(rope, h_rope, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
+  if (rope_swa) {
+    TANDEM_CUDA(
+        cudaMemcpyAsync(rope_swa, h_rope_swa, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
+  }
 
   // y = W x (or y += W x), quantising x to Q8_0 first when W is quantised. `prepared`
   // remembers which input is already quantised (several matmuls share one input).
@@ -900,23 +919,41 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   kv.n_head_kv = hp.n_head_kv;
   kv.head_dim = hp.head_dim;
   kv.f16 = layout.dtype == KvDtype::kF16;
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // gemma3 scales q after RoPE (hp.q_scale) and attends with scale 1, as the CPU does.
+  const bool scale_q = hp.q_scale != 1.0f;
+  const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
   const bool neox = hp.rope_type == RopeType::kNeox;
+  const uint16_t* gelu_table = im.weights->gelu_table;
+  // x += f(W in): with a post-norm (gemma3), W in into xn (free between the norms' uses),
+  // normed in place, then added (the CPU's order); else accumulated by the matmul.
+  auto residual = [&](const ck::DevWeight& w, const float* in, const float* post_norm) {
+    if (!post_norm) {
+      matmul(w, in, T, x, true);
+      return;
+    }
+    matmul(w, in, T, xn, false);
+    ck::rms_norm(xn, post_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
+    ck::add(x, xn, T * n_embd, st);
+  };
 
   for (int32_t il = 0; il < hp.n_layer; ++il) {
     const DevLayer& L = im.weights->layers[size_t(il)];
+    const bool swa = hp.is_swa_layer(il);
+    const float* rope_l = swa ? rope_swa : rope;
+    kv.window = swa ? hp.n_swa : 0;
     norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
     matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {L.bq, L.bk, L.bv});
     if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
     if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
     kv.layer = il;
     if (im.fused) {
-      ck::rope_kv_store(kv, q, kk, v, rope, T, hp.n_head, hp.n_rot, neox, st);
+      ck::rope_kv_store(kv, q, kk, v, rope_l, T, hp.n_head, hp.n_rot, neox, st);
     } else {
-      ck::rope(q, rope, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
-      ck::rope(kk, rope, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
+      ck::rope(q, rope_l, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
+      ck::rope(kk, rope_l, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
       ck::kv_store_rows(kv, kk, v, T, st);
     }
+    if (scale_q) ck::scale(q, hp.q_scale, T * q_w, st);
     // Every token decoding through the split kernels: their last launch also makes Wo's
     // Q8_0 input (the result of quantize_q8_0 on attn, bit for bit).
     const bool attn_q8 = im.fused && L.wo.quantized() && n_dec == T && hd % kernels::kQK == 0;
@@ -926,22 +963,31 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
                   d_attn_tokens + n_dec);
     ck::attention_prefill(kv, q, attn, d_attn_tokens + T, n_tiles, hp.n_head, kq_scale, st);
     prepared = attn_q8 ? attn : nullptr;
-    matmul(L.wo, attn, T, x, true);  // residual: x += Wo attn
+    residual(L.wo, attn, L.attn_post_norm);  // x += [post_norm](Wo attn)
     norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
     matmuls({&L.gate, &L.up}, xn, T, {gate, up}, {});
-    if (im.fused && L.down.quantized()) {
-      ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);  // the down projection's Q8_0 input
+    if (im.fused && L.down.quantized()) {  // the down projection's Q8_0 input in the same launch
+      if (gelu_table) {
+        ck::geglu_q8_0(gate, up, T * n_ff, gelu_table, xq, xd, st);
+      } else {
+        ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);
+      }
       prepared = gate;
     } else {
-      ck::swiglu(gate, up, T * n_ff, st);
+      if (gelu_table) {
+        ck::geglu(gate, up, T * n_ff, gelu_table, st);
+      } else {
+        ck::swiglu(gate, up, T * n_ff, st);
+      }
       prepared = nullptr;
     }
-    matmul(L.down, gate, T, x, true);  // residual: x += W_down h
+    residual(L.down, gate, L.ffn_post_norm);  // x += [post_norm](W_down h)
   }
 
   if (n_out > 0) {
     norm(x, im.weights->output_norm, rows, n_out, d_out_index, {&im.weights->output});
     matmul(im.weights->output, rows, n_out, d_logits, false);
+    if (hp.final_logit_softcap > 0.0f) ck::softcap(d_logits, int64_t(n_out) * n_vocab, hp.final_logit_softcap, st);
     TANDEM_CUDA(cudaMemcpyAsync(h_logits, d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
   }

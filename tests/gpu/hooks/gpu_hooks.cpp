@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/cpu_kernels.hpp"
 #include "cuda/cuda_kernels.hpp"
 #include "exec/gpu/gpu_internal.hpp"
 #include "quant_blocks.hpp"
@@ -174,6 +175,29 @@ void swiglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, floa
     ck::swiglu_q8_0(dg.as<float>(), du.as<float>(), n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
   } else {
     ck::swiglu(dg.as<float>(), du.as<float>(), n, nullptr);
+    ck::quantize_q8_0(dg.as<float>(), 1, n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
+  }
+  TANDEM_CUDA(cudaGetLastError());
+  to_host(h, dg, size_t(n));
+  q8_blocks_to_host(dq, dd, nb, blocks_out);
+}
+
+void geglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device) {
+  require_device(device);
+  const DeviceGuard guard(device);
+  const size_t nb = size_t(n) / kernels::kQK;
+  DevBuf dg, du, dq(std::max<size_t>(nb, 1) * 32), dd(std::max<size_t>(nb, 1) * sizeof(uint16_t));
+  DevBuf table(size_t(ck::kGeluTableSize) * sizeof(uint16_t));
+  TANDEM_CUDA(cudaMemcpy(table.as<void>(), kernels::gelu_f16_table(), table.bytes(), cudaMemcpyHostToDevice));
+  to_device(dg, gate, size_t(n));
+  to_device(du, up, size_t(n));
+  TANDEM_CUDA(cudaMemset(dq.as<void>(), 0x5A, dq.bytes()));
+  TANDEM_CUDA(cudaMemset(dd.as<void>(), 0x5A, dd.bytes()));
+  if (fused) {
+    ck::geglu_q8_0(dg.as<float>(), du.as<float>(), n, table.as<uint16_t>(), dq.as<int8_t>(), dd.as<uint16_t>(),
+                   nullptr);
+  } else {
+    ck::geglu(dg.as<float>(), du.as<float>(), n, table.as<uint16_t>(), nullptr);
     ck::quantize_q8_0(dg.as<float>(), 1, n, dq.as<int8_t>(), dd.as<uint16_t>(), nullptr);
   }
   TANDEM_CUDA(cudaGetLastError());

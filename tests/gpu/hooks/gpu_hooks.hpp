@@ -76,6 +76,9 @@ void rms_norm_q8_0(const float* x, const float* w, int64_t n_x_rows, int64_t n, 
                    const std::vector<int32_t>& rows, bool fused, float* y, void* blocks_out, int device = 0);
 /// h = silu(gate) * up over n values (n % 32 == 0), then Q8_0: h [n], blocks_out [n/32].
 void swiglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device = 0);
+/// h = gelu(gate) * up over n values (n % 32 == 0) with kernels::gelu_f16_table() uploaded
+/// (cuda geglu / geglu_q8_0), then Q8_0: h [n], blocks_out [n/32].
+void geglu_q8_0(const float* gate, const float* up, int64_t n, bool fused, float* h, void* blocks_out, int device = 0);
 /// RoPE of q [T][n_head][head_dim] and k [T][n_head_kv][head_dim] (in place, by cs [T][n_rot]:
 /// cos of the n_rot/2 angles then their sin) and the K/V rows stored at each token's slot:
 /// token t is position pos[t] of sequence seq[t] (seq non-decreasing from 0); sequence s owns
