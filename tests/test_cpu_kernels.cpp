@@ -1498,6 +1498,32 @@ TEST_CASE("softmax_exp on (0, 88] and silu: within a few ulp of float64, +inf ab
   CHECK(std::isnan(silu(NAN)));
 }
 
+TEST_CASE("swiglu: the written silu times up, the same bits on every ISA, lanes and tail alike", "[kernels]") {
+  // Values across silu's whole range, its edges (|g| around 87-88, where the exp leaves its
+  // range), zeros, infinities and NaN, in every lane position and the scalar tail (n = 1003).
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> wide(-100.0f, 100.0f), narrow(-6.0f, 6.0f);
+  const int64_t n = 1003;
+  std::vector<float> gate(n), up(n);
+  const float edges[] = {0.0f,  -0.0f,  87.0f,    -87.0f,    87.4f, -87.4f, 88.0f,  -88.0f,
+                         88.5f, -88.5f, INFINITY, -INFINITY, NAN,   1e-30f, -1e-30f};
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = i < 15 * 8 ? edges[i % 15] : i % 2 ? wide(g) : narrow(g);
+    up[i] = narrow(g);
+  }
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = silu(gate[i]) * up[i];
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    std::vector<float> got = gate;
+    swiglu(got.data(), up.data(), n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += bits(got[i]) != bits(want[i]);
+    CHECK(bad == 0);
+  }
+}
+
 namespace {
 
 // A weight type run natively (the file's own blocks) x Q8_0 activations: the scalar path

@@ -369,6 +369,10 @@ void gemm_q6_kx8_q8_0(const BlockQ6_Kx8* w, const BlockQ8_0* x, float* y, int64_
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   K().axpy_f16(a, x, y, n);
 }
+
+void swiglu(float* gate, const float* up, int64_t n) noexcept {
+  K().swiglu(gate, up, n);
+}
 bool cpu_thread_prepare() noexcept {
   return K().thread_prepare();
 }

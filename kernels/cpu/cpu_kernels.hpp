@@ -241,6 +241,11 @@ void gemm_bf16_f32(const uint16_t* w, const float* x, float* y, int64_t k, int64
 /// y += a * x over n elements, x in fp16 (attention's V accumulation).
 void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept;
 
+/// SwiGLU (Shazeer 2020, arXiv:2002.05202) in place: gate[i] = silu(gate[i]) * up[i] for i < n,
+/// silu the written one of softmax_exp.hpp (the same bits on every ISA and the GPU; the
+/// ISA paths run its steps with the hardware's fma, 8 lanes at a time).
+void swiglu(float* gate, const float* up, int64_t n) noexcept;
+
 /// Attention over one KV page: out[r] = vec_dot_f16(k + r * stride, q, n) for r < n_rows
 /// (rows `stride` elements apart), and y += sum over r of a[r] * x[r * stride .. + n] in
 /// row order. Bit-identical to the per-row calls, without a dispatch per row.

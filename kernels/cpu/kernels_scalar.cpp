@@ -309,6 +309,10 @@ void s_axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, fp16_bits_to_fp32(x[i]), y[i]);
 }
 
+void s_swiglu(float* gate, const float* up, int64_t n) noexcept {
+  for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+
 void s_vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
                         float* out) noexcept {
   for (int64_t r = 0; r < n_rows; ++r) out[r] = s_vec_dot_f16(k + r * stride, q, n);
@@ -595,7 +599,8 @@ const KernelTable& table_scalar() noexcept {
                                  s_vec_dot_q5_k_q8_0,
                                  s_gemm_q5_k_q8_0,
                                  s_gemm_q4_kx8_q8_0,
-                                 s_gemm_q6_kx8_q8_0};
+                                 s_gemm_q6_kx8_q8_0,
+                                 s_swiglu};
   return t;
 }
 

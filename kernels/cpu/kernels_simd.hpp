@@ -94,10 +94,12 @@ inline __m256 softmax_exp8(__m256 x) noexcept {
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-  // below kSoftmaxExpMin (and -inf): 0; NaN: NaN (x itself)
+  // below kSoftmaxExpMin (and -inf): 0; above kExpMax: +inf; NaN: NaN (x itself)
   const __m256 small = _mm256_cmp_ps(x, _mm256_set1_ps(kSoftmaxExpMin), _CMP_LT_OQ);
+  const __m256 big = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMax), _CMP_GT_OQ);
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-  return _mm256_blendv_ps(_mm256_andnot_ps(small, v), x, nan);
+  const __m256 inf = _mm256_castsi256_ps(_mm256_set1_epi32(0x7F800000));
+  return _mm256_blendv_ps(_mm256_blendv_ps(_mm256_andnot_ps(small, v), inf, big), x, nan);
 }
 
 // Loaders for the float-family kernels.
@@ -1131,6 +1133,17 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
   for (; i < n; ++i) y[i] = std::fma(a, h2f(x[i]), y[i]);
 }
 
+void swiglu(float* gate, const float* up, int64_t n) noexcept {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {  // silu(g) = g / (1 + exp(-g)), then * up: softmax_exp.hpp's steps
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
+}
+
 bool thread_prepare() noexcept {
   try {
     std::vector<XAux>& aux = aux_buffer();
@@ -1670,7 +1683,7 @@ inline const KernelTable& table() noexcept {
       flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
       vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
       gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0, gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
-      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,    gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0};
+      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,    gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0,  swiglu};
   return t;
 }
 

@@ -63,6 +63,7 @@ struct KernelTable {
                            int64_t) noexcept;
   void (*gemm_q6_kx8_q8_0)(const BlockQ6_Kx8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
+  void (*swiglu)(float*, const float*, int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction

@@ -495,10 +495,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         geglu(gelu_table, gate, up, b, e);  // GELU(tanh)-gated (gemma3)
         return;
       }
-      for (int64_t i = b; i < e; ++i) {
-        const float g = gate[i];
-        gate[i] = kernels::silu(g) * up[i];  // SwiGLU (Shazeer 2020, arXiv:2002.05202), written SiLU
-      }
+      k::swiglu(gate + b, up + b, e - b);  // SwiGLU, the written SiLU
     });
     s.prepared = {};
     matmul(*pool_, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
