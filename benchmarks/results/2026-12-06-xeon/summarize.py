@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Per round: tokens/s of each test, llama.cpp's best of fa 0/1, and the Tandem / llama.cpp ratio."""
-import glob, json, os
-here = os.path.dirname(os.path.abspath(__file__))
+import glob, json, os, sys
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))  # a records folder, default this one
 def load(f):
     return [json.loads(l) for l in open(f) if l.strip()]
 def test_name(r):
