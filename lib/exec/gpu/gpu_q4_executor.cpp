@@ -629,10 +629,10 @@ void* GpuQ4Executor::stream() const noexcept {
 uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   const Impl& im = *impl_;
   uint64_t b = 0;
-  for (const DevBuf* d : {&im.x,     &im.xn,          &im.q,         &im.k,         &im.v,         &im.attn,
-                          &im.gate,  &im.up,          &im.xq,        &im.xd,        &im.rope,      &im.rope_swa,
-                          &im.pages, &im.page_off,    &im.pos,       &im.out_index, &im.rows,      &im.logits,
-                          &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
+  for (const DevBuf* d :
+       {&im.x,    &im.xn,     &im.q,     &im.k,           &im.v,         &im.attn,      &im.gate,       &im.up,
+        &im.xq,   &im.xd,     &im.rope,  &im.rope_swa,    &im.pages,     &im.page_off,  &im.pos,        &im.out_index,
+        &im.rows, &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
     b += d->bytes();
   }
   for (const DevBuf& d : im.retired) b += d.bytes();
