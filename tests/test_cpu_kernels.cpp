@@ -1453,7 +1453,7 @@ TEST_CASE("one arithmetic: every ISA gives the scalar path's bits in every execu
   }
 }
 
-TEST_CASE("softmax_exp: within 2 ulp of exp on [-87, 0], exact at 0, 0 below the range", "[kernels][attention]") {
+TEST_CASE("softmax_exp: within 2 ulp of exp from -87 to 0, exact at 0, 0 below the range", "[kernels][attention]") {
   std::mt19937 g(3);
   std::uniform_real_distribution<float> u(-87.0f, 0.0f);
   int worst = 0;
@@ -1476,7 +1476,7 @@ TEST_CASE("softmax_exp: within 2 ulp of exp on [-87, 0], exact at 0, 0 below the
 // SiLU's exp is softmax_exp extended to (0, 88] (kernels/softmax_exp.hpp, silu): the same
 // steps on positive arguments stay within 2 ulp of exp; +inf above kExpMax; silu on
 // [-88, 88] within 4 ulp of float64 (the exp's 2, the sum's and the quotient's roundings).
-TEST_CASE("softmax_exp on (0, 88] and silu: within a few ulp of float64, +inf above the range", "[kernels]") {
+TEST_CASE("softmax_exp above 0 up to 88 and silu: within a few ulp of float64, +inf above the range", "[kernels]") {
   std::mt19937 g(5);
   std::uniform_real_distribution<float> u(0.0f, 88.0f), v(-88.0f, 88.0f);
   int worst = 0, worst_silu = 0;
