@@ -16,6 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -37,7 +38,9 @@ int main(int argc, char** argv) {
   app.add_option("-b,--batch-size", opt.n_batch, "tokens per step (default 2048)")->check(CLI::Range(1, 1 << 20));
   app.add_option("-t,--threads", threads, "threads (default: physical cores)")->check(CLI::Range(0, 1024));
   app.add_option("--chunks", opt.n_chunks, "chunks to evaluate (default -1: all)")->check(CLI::Range(-1, 1 << 30));
-  app.add_option("--convert", convert, "what weights without a kernel become at load: q8_0 (default) or q4_0")
+  app.add_option("--convert", convert,
+                 "q8_0 (default): weights without a kernel (Q2_K, Q3_K) become Q8_0 at load, every other weight "
+                 "runs as the file has it; q4_0: every quantised weight becomes Q4_0, as tandem-quantize writes it")
       ->check(CLI::IsMember({"q8_0", "q4_0", "Q8_0", "Q4_0"}));
   try {
     app.parse(argc, argv);
@@ -46,9 +49,14 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
+    if (std::filesystem::is_directory(text_path)) {
+      throw tandem::Error(tandem::ErrorCode::kInvalidArgument,
+                          fmt::format("the text file {} is a directory", text_path));
+    }
     std::ifstream f(text_path, std::ios::binary);
     if (!f) throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot open the text file {}", text_path));
     std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (f.bad()) throw tandem::Error(tandem::ErrorCode::kIo, fmt::format("cannot read the text file {}", text_path));
     if (!text.empty() && text.back() == '\n') text.pop_back();
 
     tandem::ModelOptions mo;
@@ -82,6 +90,9 @@ int main(int argc, char** argv) {
     }
   } catch (const tandem::Error& e) {
     fmt::print(stderr, "\ntandem-perplexity: error [{}]: {}\n", tandem::error_code_name(e.code()), e.what());
+    return 1;
+  } catch (const std::exception& e) {  // the standard library's (a stream, an allocation)
+    fmt::print(stderr, "\ntandem-perplexity: error: {}\n", e.what());
     return 1;
   }
   return 0;

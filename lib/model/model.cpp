@@ -348,8 +348,8 @@ void Model::convert_weights(int n_threads, GgmlType convert_to) {
   fmt::print(stderr, "tandem: converted {} weights of {} at load ({}) in {:.2f} s on {} threads: {}\n", todo.size(),
              gguf_->path().filename().string(), what, seconds, pool.size(),
              convert_to == GgmlType::kQ8_0
-                 ? "these types have no kernel yet; Q8_0 keeps their accuracy (a Q4_0 conversion is smaller and "
-                   "faster but loses accuracy)"
+                 ? "these types have no kernel yet; Q8_0 keeps their accuracy (tandem-quantize ... q4_0 writes a "
+                   "smaller, faster Q4_0 file that loses accuracy)"
                  : "Q4_0 as asked (llama-quantize's rule; it compounds the file's rounding)");
 }
 

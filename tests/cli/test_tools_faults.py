@@ -210,6 +210,9 @@ for args, named in ((["-c", "2"], b"--ctx-size"), (["-b", "0"], b"--batch-size")
 p = run(perplexity, "-m", f32_model, "-f", os.path.join(tmp, "no-such.txt"))
 check("perplexity: a missing text exits 1 naming it", p.returncode == 1 and b"no-such.txt" in p.stderr,
       f"rc {p.returncode} {p.stderr[-200:]!r}")
+p = run(perplexity, "-m", f32_model, "-f", tmp)
+check("perplexity: a directory as the text exits 1 naming it (it aborted on the stream's exception)",
+      p.returncode == 1 and b"is a directory" in p.stderr, f"rc {p.returncode} {p.stderr[-200:]!r}")
 p = run(perplexity, "-m", f32_model, "-f", text, "-c", "4096")
 check("perplexity: a text shorter than 2 chunks exits 1 saying how long it is",
       p.returncode == 1 and b"at least 8192 tokens" in p.stderr, f"rc {p.returncode} {p.stderr[-200:]!r}")
