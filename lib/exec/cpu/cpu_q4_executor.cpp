@@ -11,7 +11,7 @@
 #include <strings.h>
 
 #include "cpu/cpu_kernels.hpp"
-#include "softmax_exp.hpp"
+#include "rope_table.hpp"
 
 namespace tandem {
 
@@ -331,17 +331,9 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   // Sliding-window layers (gemma3) have their own base and no frequency scaling.
   const int64_t half = hp.n_rot / 2;
   auto rope_table = [&](float* table, float base, float freq_scale) {
-    const float theta_scale = std::pow(base, -2.0f / float(hp.n_rot));
-    for (int64_t t = 0; t < T; ++t) {
-      float theta = static_cast<float>(toks[t].pos);
-      float* c = table + t * hp.n_rot;
-      for (int64_t i = 0; i < half; ++i) {
-        const float th = freq_scale * theta;
-        c[i] = std::cos(th);
-        c[half + i] = std::sin(th);
-        theta *= theta_scale;
-      }
-    }
+    const float theta_scale = k::rope_theta_scale(base, hp.n_rot);
+    for (int64_t t = 0; t < T; ++t)
+      k::rope_table_row(table + t * hp.n_rot, toks[t].pos, hp.n_rot, theta_scale, freq_scale);
   };
   rope_table(rope, hp.rope_freq_base, hp.rope_freq_scale);
   float* rope_swa = nullptr;

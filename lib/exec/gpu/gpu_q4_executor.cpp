@@ -20,6 +20,7 @@
 #include "cpu/cpu_kernels.hpp"
 #include "cuda/cuda_kernels.hpp"
 #include "exec/gpu/gpu_internal.hpp"
+#include "rope_table.hpp"
 
 namespace tandem {
 
@@ -793,19 +794,10 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   }
   // RoPE cos/sin per token, built exactly as the CPU builds them (repeated multiplication);
   // the sliding-window layers' table (gemma3) with their own base and no frequency scaling.
-  const int64_t half = hp.n_rot / 2;
   auto rope_table = [&](float* table, float base, float freq_scale) {
-    const float theta_scale = std::pow(base, -2.0f / float(hp.n_rot));
-    for (int64_t t = 0; t < T; ++t) {
-      float theta = static_cast<float>(h_pos[t]);
-      float* c = table + t * hp.n_rot;
-      for (int64_t i = 0; i < half; ++i) {
-        const float th = freq_scale * theta;
-        c[i] = std::cos(th);
-        c[half + i] = std::sin(th);
-        theta *= theta_scale;
-      }
-    }
+    const float theta_scale = kernels::rope_theta_scale(base, hp.n_rot);
+    for (int64_t t = 0; t < T; ++t)
+      kernels::rope_table_row(table + t * hp.n_rot, h_pos[t], hp.n_rot, theta_scale, freq_scale);
   };
   rope_table(h_rope, hp.rope_freq_base, hp.rope_freq_scale);
   if (h_rope_swa) rope_table(h_rope_swa, hp.rope_freq_base_swa, 1.0f);
