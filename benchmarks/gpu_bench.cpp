@@ -131,8 +131,8 @@ int main(int argc, char** argv) {
 
     const int32_t ctx = std::max(p, depth + n) + 1;
     const int32_t page_size = 16;
-    auto store = make_kv_store(gpu, KvLayout::for_model(hp, page_size),
-                               KvPageCounts{compute_tier_pages(ctx, page_size, 1, 0), 0, 0});
+    const KvLayout layout = KvLayout::for_model(hp, page_size);
+    auto store = make_kv_store(gpu, layout, KvPageCounts{compute_tier_pages(layout, ctx, ctx, 1, 0), 0, 0});
     std::vector<float> logits(size_t(hp.n_vocab));
     std::vector<int32_t> prompt(size_t(std::max({p, depth, 1})));
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + (i * 131) % size_t(hp.n_vocab - 3));

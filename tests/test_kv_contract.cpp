@@ -79,9 +79,9 @@ TEST_CASE("page size, dtype and layer-split conversions are explicit and verifie
     const auto& lay16 = src->layout();
     const auto& lay32 = f32->layout();
     for (int32_t pos = 0; pos < 29; ++pos) {
-      const auto* a = reinterpret_cast<const uint16_t*>(src->page_data(s.kv().block_table()[size_t(pos / 16)]) +
+      const auto* a = reinterpret_cast<const uint16_t*>(src->page_data(s.kv().page(0, int32_t(size_t(pos / 16)))) +
                                                         lay16.row_offset(2, 1, pos % 16));
-      const auto* b = reinterpret_cast<const float*>(f32->page_data(wide->block_table()[size_t(pos / 16)]) +
+      const auto* b = reinterpret_cast<const float*>(f32->page_data(wide->page(0, int32_t(size_t(pos / 16)))) +
                                                      lay32.row_offset(2, 1, pos % 16));
       for (size_t i = 0; i < lay16.row_elems(); ++i) REQUIRE(kernels::fp16_to_fp32(a[i]) == b[i]);
     }
@@ -167,7 +167,7 @@ TEST_CASE("every contract violation is refused precisely and leaks nothing", "[k
   SECTION("one flipped byte in any page is caught with its index") {
     for (int page = 0; page < 3; ++page) {
       auto h = handoff();
-      std::byte* p = src->page_data(s.kv().block_table()[size_t(page)]) + 1000 + page;
+      std::byte* p = src->page_data(s.kv().page(0, int32_t(size_t(page)))) + 1000 + page;
       *p ^= std::byte{0x01};
       refused(std::move(h), *model, ErrorCode::kKvChecksum, fmt::format("page {} ", page));
       *p ^= std::byte{0x01};

@@ -269,7 +269,7 @@ TEST_CASE("q8_0 KV: chunked prefill and multi-sequence batches give bit-identica
   const KvLayout& l = pool->layout();
   std::vector<float> f(l.row_elems());
   std::vector<BlockQ8_0> again(l.row_elems() / 32);
-  const std::byte* row = pool->page_data(a.block_table()[0]) + l.row_offset(1, 0, 3);
+  const std::byte* row = pool->page_data(a.page(0, int32_t(0))) + l.row_offset(1, 0, 3);
   dequantize_row_q8_0(reinterpret_cast<const BlockQ8_0*>(row), f.data(), int64_t(f.size()));
   quantize_row_q8_0(f.data(), again.data(), int64_t(f.size()));
   CHECK(std::memcmp(again.data(), row, l.row_bytes()) == 0);
@@ -324,13 +324,13 @@ TEST_CASE("q8_0 KV pages round-trip byte for byte: tiers, export/import, save/re
 
   SECTION("Host -> File -> Host") {
     std::vector<std::byte> before(src->layout().page_bytes());
-    src->read_page(s.kv().block_table()[1], before.data());
+    src->read_page(s.kv().page(0, int32_t(1)), before.data());
     s.kv().move_to(KvTier::kFile);
     CHECK(s.kv().pages_outside(KvTier::kFile) == 0);
     CHECK(test::page_checksums(s.kv(), *model, s.tokens()) == sums);
     s.kv().move_to(KvTier::kHost);
     std::vector<std::byte> after(before.size());
-    src->read_page(s.kv().block_table()[1], after.data());
+    src->read_page(s.kv().page(0, int32_t(1)), after.data());
     CHECK(before == after);
     CHECK(test::page_checksums(s.kv(), *model, s.tokens()) == sums);
     CHECK(test::greedy(s, 12) == expect);
@@ -393,9 +393,9 @@ TEST_CASE("q8_0 KV pages round-trip byte for byte: tiers, export/import, save/re
     const KvLayout& l32 = f32->layout();
     std::vector<float> dq(l8.row_elems());
     for (int32_t pos = 0; pos < 29; ++pos) {
-      const auto* q8 = reinterpret_cast<const BlockQ8_0*>(src->page_data(s.kv().block_table()[size_t(pos / 16)]) +
+      const auto* q8 = reinterpret_cast<const BlockQ8_0*>(src->page_data(s.kv().page(0, int32_t(size_t(pos / 16)))) +
                                                           l8.row_offset(3, 0, pos % 16));
-      const auto* w = reinterpret_cast<const float*>(f32->page_data(wide->block_table()[size_t(pos / 16)]) +
+      const auto* w = reinterpret_cast<const float*>(f32->page_data(wide->page(0, int32_t(size_t(pos / 16)))) +
                                                      l32.row_offset(3, 0, pos % 16));
       for (size_t i = 0; i < l8.row_elems(); ++i)
         REQUIRE(w[i] == fp16_to_fp32(q8[i / 32].d) * float(q8[i / 32].qs[i % 32]));
@@ -432,11 +432,11 @@ TEST_CASE(
   std::vector<BlockQ8_0> expect(l16.row_elems() / 32);
   for (int32_t pos = 0; pos < 21; ++pos) {
     for (int kind = 0; kind < 2; ++kind) {
-      const auto* r16 = reinterpret_cast<const uint16_t*>(f16->page_data(s.kv().block_table()[size_t(pos / 16)]) +
+      const auto* r16 = reinterpret_cast<const uint16_t*>(f16->page_data(s.kv().page(0, int32_t(size_t(pos / 16)))) +
                                                           l16.row_offset(2, kind, pos % 16));
       for (size_t i = 0; i < wide.size(); ++i) wide[i] = fp16_to_fp32(r16[i]);
       quantize_row_q8_0(wide.data(), expect.data(), int64_t(wide.size()));
-      const std::byte* r8 = q8->page_data(seq->block_table()[size_t(pos / 16)]) + l8.row_offset(2, kind, pos % 16);
+      const std::byte* r8 = q8->page_data(seq->page(0, int32_t(size_t(pos / 16)))) + l8.row_offset(2, kind, pos % 16);
       REQUIRE(std::memcmp(expect.data(), r8, l8.row_bytes()) == 0);
     }
   }

@@ -124,14 +124,14 @@ TEST_CASE("prefix sharing references pages; writing a shared page copies it firs
     KvSequence b(*store, 128);
     b.share_prefix(a, 20);
     CHECK(store->usage(KvTier::kHost).used == 2);  // shared, not copied
-    CHECK(store->refcount(a.block_table()[1]) == 2);
+    CHECK(store->refcount(a.page(0, int32_t(1))) == 2);
     // b continues with other tokens: page 1 is copied before b writes position 20.
     const std::vector<int32_t> b_next{7, 8, 9};
     SequenceStep sb{&b, b_next, 20, LogitsRows::kLast};
     ex.step(std::span<const SequenceStep>(&sb, 1), logits);
     CHECK(store->usage(KvTier::kHost).used == 3);
-    CHECK(b.block_table()[0] == a.block_table()[0]);
-    CHECK(b.block_table()[1] != a.block_table()[1]);
+    CHECK(b.page(0, int32_t(0)) == a.page(0, int32_t(0)));
+    CHECK(b.page(0, int32_t(1)) != a.page(0, int32_t(1)));
     CHECK(test::page_checksums(a, *model, ids) == before);  // a's pages untouched
     std::vector<int32_t> b_all = ids;
     b_all.insert(b_all.end(), b_next.begin(), b_next.end());
@@ -151,7 +151,7 @@ TEST_CASE("prefix sharing references pages; writing a shared page copies it firs
     const int32_t used = store->usage(KvTier::kHost).used;
     ex.step(std::span<const SequenceStep>(&sc, 1), logits);
     CHECK(store->usage(KvTier::kHost).used == used + 1);
-    CHECK(c.block_table()[0] == a.block_table()[0]);
+    CHECK(c.page(0, int32_t(0)) == a.page(0, int32_t(0)));
   }
   check_empty(*store);
 }

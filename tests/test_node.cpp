@@ -112,7 +112,8 @@ TEST_CASE("page rule: compute tiers equal a hand computation for several shapes"
     INFO("n_ctx " << c.n_ctx << ", page_size " << c.page_size << ", max_running " << c.max_running << ", prefix "
                   << c.prefix);
     const HParams hp = shape(c.n_layer, c.n_head_kv, c.head_dim);
-    CHECK(compute_tier_pages(c.n_ctx, c.page_size, c.max_running, c.prefix) == c.pages);
+    CHECK(compute_tier_pages(KvLayout::for_model(hp, c.page_size, c.dtype), c.n_ctx, 0, c.max_running, c.prefix) ==
+          c.pages);
     CHECK(KvLayout::for_model(hp, c.page_size, c.dtype).page_bytes() == c.page_bytes);
     NodeSpec ns;
     ns.n_ctx = c.n_ctx;
@@ -161,14 +162,19 @@ TEST_CASE("page rule: GPU Device tier, its Host tier from what the budget leaves
 
 TEST_CASE("page rule: bad specs and counts past INT32_MAX are clear errors", "[node]") {
   const HParams hp = shape(2, 2, 32);
-  CHECK(code_of([] { compute_tier_pages(0, 16, 1, 0); }) == ErrorCode::kInvalidArgument);
-  CHECK(code_of([] { compute_tier_pages(16, 0, 1, 0); }) == ErrorCode::kInvalidArgument);
-  CHECK(code_of([] { compute_tier_pages(16, 16, 0, 0); }) == ErrorCode::kInvalidArgument);
-  CHECK(code_of([] { compute_tier_pages(16, 16, 1, -1); }) == ErrorCode::kInvalidArgument);
-  CHECK(code_of([] { compute_tier_pages(int64_t{1} << 30, 1, 4, 0); }) == ErrorCode::kInvalidArgument);
+  auto rule = [&hp](int64_t n_ctx, int32_t page_size, int32_t max_running, int32_t prefix) {
+    return compute_tier_pages(KvLayout::for_model(hp, page_size), n_ctx, 0, max_running, prefix);
+  };
+  CHECK(code_of([&] { rule(0, 16, 1, 0); }) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { rule(16, 0, 1, 0); }) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { rule(16, 16, 0, 0); }) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { rule(16, 16, 1, -1); }) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { rule(int64_t{1} << 30, 1, 4, 0); }) == ErrorCode::kInvalidArgument);
   constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
-  CHECK(compute_tier_pages(kMax - 1, 1, 1, 0) == kMax);  // kMax - 1 pages + 1
-  CHECK(code_of([] { compute_tier_pages(kMax, 1, 1, 0); }) == ErrorCode::kInvalidArgument);
+  const HParams one = shape(1, 2, 32);  // one layer: one page per position
+  CHECK(compute_tier_pages(KvLayout::for_model(one, 1), kMax - 1, 0, 1, 0) == kMax);  // kMax - 1 pages + 1
+  CHECK(code_of([&] { compute_tier_pages(KvLayout::for_model(one, 1), kMax, 0, 1, 0); }) ==
+        ErrorCode::kInvalidArgument);
   NodeSpec ns;
   ns.n_ctx = 64;
   CHECK(code_of([&] { kv_page_counts(hp, ns); }) == ErrorCode::kInvalidArgument);  // no executors

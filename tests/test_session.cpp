@@ -81,8 +81,8 @@ TEST_CASE("B15: context overflow is refused before any compute", "[session][fiel
     SequenceStep st{&kv, ten, 0, LogitsRows::kLast};
     exec->step(std::span<const SequenceStep>(&st, 1), logits);
     REQUIRE(kv.n_tokens() == 10);
-    const std::vector<std::byte> snapshot(pool->page_data(kv.block_table()[0]),
-                                          pool->page_data(kv.block_table()[0]) + pool->layout().page_bytes());
+    const std::vector<std::byte> snapshot(pool->page_data(kv.page(0, int32_t(0))),
+                                          pool->page_data(kv.page(0, int32_t(0))) + pool->layout().page_bytes());
     const int32_t id = 5;
     for (int32_t pos : {32, -1, 40, 9, 11}) {
       SequenceStep bad{&kv, std::span<const int32_t>(&id, 1), pos, LogitsRows::kLast};
@@ -90,7 +90,7 @@ TEST_CASE("B15: context overflow is refused before any compute", "[session][fiel
       CHECK(code_of([&] { exec->step(std::span<const SequenceStep>(&bad, 1), logits); }) == ErrorCode::kBadPosition);
       CHECK(kv.n_tokens() == 10);
     }
-    CHECK(std::memcmp(snapshot.data(), pool->page_data(kv.block_table()[0]), snapshot.size()) == 0);
+    CHECK(std::memcmp(snapshot.data(), pool->page_data(kv.page(0, int32_t(0))), snapshot.size()) == 0);
     CHECK(pool->used_pages() == 1);
   }
 }

@@ -34,7 +34,7 @@ void reseal(std::vector<char>& d) {
 
 // Body offsets of fields (see lib/session/session_file.cpp): header is 24 bytes.
 constexpr size_t kHeader = 24;
-constexpr size_t kTokenCountAt = kHeader + 4 + 8 + 8 + 4 * 3 + 8 + 4 + 4 + 4 + 4 * 2 + 4 + 4 * 5 + 8;
+constexpr size_t kTokenCountAt = kHeader + 4 + 8 + 8 + 4 * 3 + 8 + 4 + 4 + 4 + 4 * 2 + 4 + 4 * 8 + 8;
 
 std::pair<ErrorCode, std::string> restore_error(Session& s, const std::filesystem::path& p) {
   try {

@@ -292,6 +292,7 @@ tandem_status tandem_scheduler_create(const tandem_model* model, const tandem_sc
       es.max_running = e.max_running;
       es.kv_dtype = static_cast<KvDtype>(e.kv_dtype);
       es.kv_pages = e.kv_pages;
+      es.max_step_tokens = e.prefill_chunk;
       es.file_pages = e.kv_file_pages;
       if (e.kv_dir != nullptr) es.kv_dir = std::filesystem::path(e.kv_dir);
       ns.executors.push_back(std::move(es));

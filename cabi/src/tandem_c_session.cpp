@@ -189,7 +189,7 @@ tandem_status tandem_session_create(const tandem_model* model, const tandem_sess
     // Refuse a KV cache that cannot fit in physical memory before allocating it: the
     // session's own store holds one sequence by the node's page rule (tandem/node/node.hpp).
     const KvLayout layout = KvLayout::for_model(hp, p.page_size, static_cast<KvDtype>(p.kv_dtype));
-    const double kv_bytes = double(compute_tier_pages(n_ctx, p.page_size, 1, 0)) * double(layout.page_bytes());
+    const double kv_bytes = double(compute_tier_pages(layout, n_ctx, p.n_batch, 1, 0)) * double(layout.page_bytes());
     const uint64_t phys = physical_memory_bytes();
     if (p.kv_tier == TANDEM_KV_HOST && phys > 0 && kv_bytes > double(phys)) {
       fail(TANDEM_E_OUT_OF_MEMORY,

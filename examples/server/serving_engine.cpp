@@ -14,6 +14,9 @@ namespace tandem::server {
 
 namespace {
 
+// A GPU executor's prompt tokens per sequence per step (its scheduler loop's prefill_chunk).
+constexpr int32_t kGpuPrefillChunk = 512;
+
 // The decision of the route() call made on this thread by the last submit().
 thread_local RouteInfo t_last_route;
 
@@ -51,6 +54,7 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
   const int t = o.threads > 0 ? o.threads : physical_core_count();
   ns.executors = executor_set(o.executors, t, o.parallel);
   for (ExecutorSpec& e : ns.executors) {
+    e.max_step_tokens = e.kind == ExecutorKind::kGpu ? kGpuPrefillChunk : ExecutorConfig{}.prefill_chunk;
     e.kv_dtype = o.kv_dtype;
     e.file_pages = o.kv_file_tier ? kFilePagesAsCompute : 0;
     e.kv_dir = o.kv_dir;
@@ -67,7 +71,7 @@ ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::str
     c.max_running = n.spec.max_running;
     if (n.spec.kind == ExecutorKind::kGpu) {
       c.step_token_budget = std::max(1024, c.max_running);
-      c.prefill_chunk = 512;
+      c.prefill_chunk = kGpuPrefillChunk;
     }
     c.accelerator = n.spec.accelerator;
     c.name = n.spec.name;

@@ -236,9 +236,10 @@ SimNode parse_sim_node(const ServeOptions& o) {
 /// KV pages a simulated executor gets: the node's budget in pages of the big model's KV
 /// (a page of `page_size` real tokens holds page_size x token_scale modelled ones), capped
 /// at what its decode slots (plus the prefix cache) can hold at this (real) context.
-int32_t sim_kv_pages(const PerfModel& pm, int32_t page_size, int32_t n_ctx, int32_t max_running, int32_t prefix_cache,
-                     int32_t token_scale) {
-  const int64_t cap = compute_tier_pages(n_ctx, page_size, max_running, prefix_cache);
+int32_t sim_kv_pages(const PerfModel& pm, const KvLayout& layout, int32_t n_ctx, int32_t max_running,
+                     int32_t prefix_cache, int32_t token_scale) {
+  const int32_t page_size = layout.page_size;
+  const int64_t cap = compute_tier_pages(layout, n_ctx, n_ctx, max_running, prefix_cache);
   return int32_t(std::min(pm.kv_budget_pages(page_size * token_scale), cap));
 }
 
@@ -261,7 +262,8 @@ void add_simulated_executors(const ServeOptions& o, const SimNode& node, bool wi
         std::make_unique<PacedExecutor>(*inner.back(), PerfModel(*p, node.big), node.time_scale, node.token_scale));
     const PerfModel& pm = paced.back()->perf_model();
     const int32_t k = node.token_scale;
-    const int32_t pages = sim_kv_pages(pm, page_size, o.n_ctx, p->max_running, o.prefix_cache, k);
+    const int32_t pages =
+        sim_kv_pages(pm, KvLayout::for_model(model->hparams(), page_size), o.n_ctx, p->max_running, o.prefix_cache, k);
     if (pages < 1) {
       throw std::runtime_error(fmt::format("{}: the {} weights ({:.1f} GB) leave no memory for KV", p->name,
                                            node.big.name, double(node.big.weight_bytes_total) / 1e9));
@@ -612,7 +614,8 @@ int run_simulation(const ServeOptions& so, const std::shared_ptr<const Model>& m
                                  {"max_running", p->max_running},
                                  {"prefill_tps_chunk", pm.prefill_tokens_per_s(p->prefill_chunk)},
                                  {"kv_budget_tokens", pm.kv_budget_pages(ps) * ps},
-                                 {"kv_pages", sim_kv_pages(pm, ps, o.n_ctx, p->max_running, o.prefix_cache, k)}});
+                                 {"kv_pages", sim_kv_pages(pm, KvLayout::for_model(model->hparams(), ps), o.n_ctx,
+                                                           p->max_running, o.prefix_cache, k)}});
   }
   if (!o.json) {
     fmt::print(

@@ -465,7 +465,7 @@ int run_speed(const SpeedOptions& opt) {
     for (const KvDtype kv_dtype : repeat_list(kv_dtypes, gpu_layers.size())) {
       KvStoreOptions so;
       so.layout = KvLayout::for_model(hp, 16, kv_dtype);
-      so.host_pages = compute_tier_pages(n_ctx, so.layout.page_size, 1, 0);  // the node's rule, one sequence
+      so.host_pages = compute_tier_pages(so.layout, n_ctx, n_ctx, 1, 0);  // the node's rule, one sequence
       KvStore store(std::move(so));
       for (int nt : threads) {
         CpuQ4Executor exec(model, CpuExecutorOptions{nt});

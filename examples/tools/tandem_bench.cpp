@@ -108,9 +108,9 @@ int run_kv(const std::string& model_path, int n_ctx, int n_threads, const std::s
   tandem::SessionOptions sopt;
   sopt.n_ctx = n_ctx + 2;
   // One sequence's pages (the node's rule) in Host and File each, so it can move between them.
-  const int32_t pages = tandem::compute_tier_pages(sopt.n_ctx, 16, 1, 0);
-  sopt.kv_store = tandem::make_kv_store(exec, tandem::KvLayout::for_model(hp, 16, kv_dtype),
-                                        tandem::KvPageCounts{0, pages, pages}, dir);
+  const tandem::KvLayout layout = tandem::KvLayout::for_model(hp, 16, kv_dtype);
+  const int32_t pages = tandem::compute_tier_pages(layout, sopt.n_ctx, sopt.n_batch, 1, 0);
+  sopt.kv_store = tandem::make_kv_store(exec, layout, tandem::KvPageCounts{0, pages, pages}, dir);
   tandem::Session s(model, exec, sopt);
   std::mt19937 rng(1);
   std::vector<int32_t> ids(static_cast<size_t>(n_ctx - 1));

@@ -34,11 +34,13 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
     const SequenceStep& s = batch[i];
     if (!s.kv) throw Error(ErrorCode::kInvalidArgument, fmt::format("step: sequence {} has no KV", i));
     const KvLayout& l = s.kv->store().layout();
-    if (l.n_layer != hp.n_layer || l.layer_begin != 0 || l.n_head_kv != hp.n_head_kv || l.head_dim != hp.head_dim) {
+    if (l.n_layer != hp.n_layer || l.layer_begin != 0 || l.n_head_kv != hp.n_head_kv || l.head_dim != hp.head_dim ||
+        l.window != hp.n_swa || l.window_pattern != hp.swa_pattern) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("step: sequence {} has a KV layout ({} layers, {} KV heads, head_dim {}) "
-                              "that does not fit the model ({}, {}, {})",
-                              i, l.n_layer, l.n_head_kv, l.head_dim, hp.n_layer, hp.n_head_kv, hp.head_dim));
+                  fmt::format("step: sequence {} has a KV layout ({} layers, {} KV heads, head_dim {}, window {} "
+                              "pattern {}) that does not fit the model ({}, {}, {}, {}, {}; KvLayout::for_model)",
+                              i, l.n_layer, l.n_head_kv, l.head_dim, l.window, l.window_pattern, hp.n_layer,
+                              hp.n_head_kv, hp.head_dim, hp.n_swa, hp.swa_pattern));
     }
     if (!supports(l.dtype)) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -88,12 +90,14 @@ void Executor::step(std::span<const SequenceStep> batch, std::span<float> logits
   // the step only reads them where they are and allocates the positions it writes.
   for (const auto& s : batch) {
     s.kv->touch();
-    for (PageId p : s.kv->block_table()) {
-      if (!can_read(s.kv->store().tier_of(p))) {
-        throw Error(
-            ErrorCode::kInvalidArgument,
-            fmt::format("step: a KV page of sequence {} lives in the {} tier, which the {} executor cannot read",
-                        s.kv->id(), kv_tier_name(s.kv->store().tier_of(p)), name()));
+    for (int32_t g = 0; g < s.kv->store().layout().n_groups(); ++g) {
+      for (PageId p : s.kv->block_table(g)) {
+        if (p != kNoPage && !can_read(s.kv->store().tier_of(p))) {
+          throw Error(
+              ErrorCode::kInvalidArgument,
+              fmt::format("step: a KV page of sequence {} lives in the {} tier, which the {} executor cannot read",
+                          s.kv->id(), kv_tier_name(s.kv->store().tier_of(p)), name()));
+        }
       }
     }
   }

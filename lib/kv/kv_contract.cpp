@@ -21,6 +21,8 @@ KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype
   l.head_dim = hp.head_dim;
   l.page_size = page_size;
   l.dtype = dtype;
+  l.window = hp.n_swa;
+  l.window_pattern = hp.swa_pattern;
   if (dtype == KvDtype::kQ8_0 && l.row_elems() % kKvQ8Block != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("KV layout: a q8_0 KV cache needs n_head_kv x head_dim ({} x {} = {}) to be a multiple of "
@@ -28,6 +30,27 @@ KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype
                             l.n_head_kv, l.head_dim, l.row_elems()));
   }
   return l;
+}
+
+bool KvDescriptor::carries(int32_t page, int32_t layer) const noexcept {
+  const bool windowed = window > 0 && window_pattern > 0 && layer % window_pattern < window_pattern - 1;
+  return !windowed || page >= window_page_begin;
+}
+
+uint64_t KvDescriptor::payload_layer_offset(int32_t page, int32_t layer) const noexcept {
+  uint64_t layers = 0;
+  for (int32_t il = layer_begin; il < layer; ++il) layers += carries(page, il) ? 1 : 0;
+  return layers * 2 * uint64_t(page_size) * row_bytes;
+}
+
+uint64_t KvDescriptor::page_payload_bytes(int32_t page) const noexcept {
+  return payload_layer_offset(page, layer_end);
+}
+
+uint64_t KvDescriptor::payload_bytes() const noexcept {
+  uint64_t n = 0;
+  for (int32_t i = 0; i < n_pages(); ++i) n += page_payload_bytes(i);
+  return n;
 }
 
 std::string_view kv_lease_state_name(KvLeaseState s) noexcept {
@@ -61,7 +84,9 @@ KvLease::~KvLease() {
 void KvLease::finish_locked(KvLeaseState s, const std::string& why) {
   state_ = s;
   failure_ = why;
-  for (PageId p : pages_) store_->release(p);
+  for (PageId p : pages_) {
+    if (p != kNoPage) store_->release(p);
+  }
   pages_.clear();
 }
 
@@ -117,6 +142,33 @@ uint64_t checksum(const std::byte* p, uint64_t n) {
 
 }  // namespace
 
+namespace {
+
+// Page `page`'s payload from `group_pages` (the page of each group of `store`'s layout,
+// kNoPage where not carried): each carried layer's K and V rows, copied out of its group's
+// page (read once per group, under the store's lock).
+void gather_payload(const KvStore& store, std::span<const PageId> group_pages, const KvDescriptor& d, int32_t page,
+                    std::vector<std::byte>& out) {
+  const KvLayout& l = store.layout();
+  out.resize(size_t(d.page_payload_bytes(page)));
+  const size_t slice = 2 * size_t(d.page_size) * size_t(d.row_bytes);
+  std::vector<std::vector<std::byte>> read(group_pages.size());
+  size_t at = 0;
+  for (int32_t layer = d.layer_begin; layer < d.layer_end; ++layer) {
+    if (!d.carries(page, layer)) continue;
+    const KvLayout::Place pl = l.place(layer);
+    std::vector<std::byte>& bytes = read[size_t(pl.group)];
+    if (bytes.empty()) {
+      bytes.resize(l.page_bytes());
+      store.read_page(group_pages[size_t(pl.group)], bytes.data());
+    }
+    std::memcpy(out.data() + at, bytes.data() + l.row_offset(pl.slot, 0, 0), slice);
+    at += slice;
+  }
+}
+
+}  // namespace
+
 KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const int32_t> tokens,
                     std::chrono::milliseconds ttl, int32_t layer_begin, int32_t layer_end) {
   const KvStore& store = seq.store();
@@ -148,33 +200,55 @@ KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const i
   d.page_size = l.page_size;
   d.layer_begin = layer_begin;
   d.layer_end = layer_end;
+  d.window = hp.n_swa;
+  d.window_pattern = hp.swa_pattern;
+  // The windowed layers' rows travel from the page a query at n_tokens first sees (the
+  // sender's windowed groups hold them; the ones before may be released).
+  d.window_page_begin = l.window_live_page(seq.n_tokens());
   d.token_begin = 0;
   d.token_end = seq.n_tokens();
   d.tokens.assign(tokens.begin(), tokens.end());
   d.sequence_id = seq.id();
   const int32_t n_pages = (seq.n_tokens() + l.page_size - 1) / l.page_size;
-  const size_t off = l.row_offset(layer_begin - l.layer_begin, 0, 0);
-  const uint64_t payload = d.page_payload_bytes();
-  std::vector<std::byte> buf;
-  std::vector<PageId> pages;
-  KvStore& mstore = seq.store();
+  const int32_t n_groups = l.n_groups();
+  std::vector<PageId> pages(size_t(n_pages) * size_t(n_groups), kNoPage);
   for (int32_t i = 0; i < n_pages; ++i) {
-    const PageId p = seq.block_table()[size_t(i)];
-    const std::byte* bytes = store.page_data(p);
-    if (!bytes) {
-      buf.resize(l.page_bytes());
-      store.read_page(p, buf.data());
-      bytes = buf.data();
+    for (int32_t layer = layer_begin; layer < layer_end; ++layer) {
+      if (!d.carries(i, layer)) continue;
+      const int32_t g = l.place(layer).group;
+      const PageId p = seq.page(g, i);
+      if (p == kNoPage) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("KV export: page {} of layer {} was released (outside the window)", i, layer));
+      }
+      pages[size_t(i) * size_t(n_groups) + size_t(g)] = p;
     }
-    d.page_checksums.push_back(checksum(bytes + off, payload));
-    mstore.retain(p);
-    pages.push_back(p);
+  }
+  KvStore& mstore = seq.store();
+  for (PageId p : pages) {
+    if (p != kNoPage) mstore.retain(p);
   }
   seq.mark_pages_shared();  // a sender that keeps writing copies its tail page first
   KvHandoff h;
-  h.descriptor = std::move(d);
   h.lease = std::make_shared<KvLease>(mstore, std::move(pages), std::chrono::steady_clock::now() + ttl);
+  std::vector<std::byte> buf;
+  for (int32_t i = 0; i < n_pages; ++i) {
+    kv_lease_payload(*h.lease, d, i, buf);
+    d.page_checksums.push_back(checksum(buf.data(), buf.size()));
+  }
+  h.descriptor = std::move(d);
   return h;
+}
+
+void kv_lease_payload(const KvLease& lease, const KvDescriptor& d, int32_t page, std::vector<std::byte>& out) {
+  const KvStore& store = lease.store();
+  const auto n_groups = size_t(store.layout().n_groups());
+  const std::vector<PageId>& pages = lease.pages();
+  if (page < 0 || (size_t(page) + 1) * n_groups > pages.size()) {
+    throw Error(ErrorCode::kKvLeaseExpired,
+                fmt::format("KV hand-off: the lease holds no page {} (released or never leased)", page));
+  }
+  gather_payload(store, std::span<const PageId>(pages).subspan(size_t(page) * n_groups, n_groups), d, page, out);
 }
 
 // ----------------------------------------------------------------------------- import
@@ -211,6 +285,10 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
   if (d.page_size <= 0 || d.layer_begin < 0 || d.layer_end > d.n_layer || d.layer_begin >= d.layer_end) {
     mismatch(fmt::format("page size {} or layer range [{}, {}) is invalid", d.page_size, d.layer_begin, d.layer_end));
   }
+  if (d.window != hp.n_swa || d.window_pattern != hp.swa_pattern) {
+    mismatch(fmt::format("sliding window {} (pattern {}) differs from the receiver's {} ({})", d.window,
+                         d.window_pattern, hp.n_swa, hp.swa_pattern));
+  }
   if (d.token_begin != 0 || d.token_end < 0 || static_cast<size_t>(d.token_end) != d.tokens.size()) {
     throw Error(ErrorCode::kKvTokenRange,
                 fmt::format("KV contract: token range [{}, {}) with {} ids does not start at position 0 or has a gap",
@@ -226,6 +304,12 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
   if (pages != d.n_pages()) {
     mismatch(fmt::format("{} page checksums for {} positions in pages of {}", d.n_pages(), d.token_end, d.page_size));
   }
+  // The windowed rows must reach back to the first position a query at token_end sees.
+  const int64_t live = d.window > 0 ? std::max<int64_t>(0, int64_t(d.token_end) - d.window + 1) / d.page_size : 0;
+  if (d.window_page_begin < 0 || d.window_page_begin > live) {
+    mismatch(fmt::format("the windowed layers' rows start at page {}, a query at position {} needs page {} on",
+                         d.window_page_begin, d.token_end, live));
+  }
 }
 
 std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* const> parts,
@@ -239,7 +323,7 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   int32_t next_layer = 0;
   for (const KvDescriptor* d : sorted) {
     if (d->tokens != first.tokens || d->dtype != first.dtype || d->page_size != first.page_size ||
-        d->sequence_id != first.sequence_id) {
+        d->sequence_id != first.sequence_id || d->window_page_begin != first.window_page_begin) {
       mismatch("the layer ranges of one hand-off describe different tokens, dtypes, page sizes or sequences");
     }
     if (d->layer_begin != next_layer) {
@@ -253,10 +337,12 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
 
   const KvLayout& dl = dst.layout();
   if (dl.layer_begin != 0 || dl.n_layer != first.n_layer || dl.n_head_kv != first.n_head_kv ||
-      dl.head_dim != first.head_dim) {
+      dl.head_dim != first.head_dim || dl.window != first.window || dl.window_pattern != first.window_pattern) {
     mismatch(fmt::format(
-        "the receiving store holds {} layers from {} x {} KV heads x {} dims, the hand-off {} x {} x {}", dl.n_layer,
-        dl.layer_begin, dl.n_head_kv, dl.head_dim, first.n_layer, first.n_head_kv, first.head_dim));
+        "the receiving store holds {} layers from {} x {} KV heads x {} dims (window {}, pattern {}), the hand-off "
+        "{} x {} x {} (window {}, pattern {})",
+        dl.n_layer, dl.layer_begin, dl.n_head_kv, dl.head_dim, dl.window, dl.window_pattern, first.n_layer,
+        first.n_head_kv, first.head_dim, first.window, first.window_pattern));
   }
   if (first.token_end > max_tokens) {
     throw Error(ErrorCode::kKvTokenRange, fmt::format("KV import: {} positions do not fit the receiver's context of {}",
@@ -267,7 +353,7 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
     const KvDescriptor& d = *parts[pi];
     for (int32_t i = 0; i < d.n_pages(); ++i) {
       const std::byte* b = payload(pi, i);
-      if (checksum(b, d.page_payload_bytes()) != d.page_checksums[size_t(i)]) {
+      if (checksum(b, d.page_payload_bytes(i)) != d.page_checksums[size_t(i)]) {
         throw Error(ErrorCode::kKvChecksum, fmt::format("KV import: page {} (layers [{}, {})) fails its checksum", i,
                                                         d.layer_begin, d.layer_end));
       }
@@ -275,7 +361,7 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   }
 
   auto seq = std::make_unique<KvSequence>(dst, max_tokens, tier);
-  seq->reserve(first.token_end);
+  seq->reserve_filled(first.token_end);  // the windowed groups' pages from the window on
   const size_t n_elem = size_t(first.n_head_kv) * size_t(first.head_dim);
   const int32_t sp = first.page_size;
   const int32_t dp = dl.page_size;
@@ -283,9 +369,8 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   std::vector<std::byte> back(dl.page_bytes());
   auto src_row = [&](size_t pi, int32_t layer, int kind, int32_t pos) {
     const KvDescriptor& d = *parts[pi];
-    const std::byte* b = payload(pi, pos / sp);
-    const size_t idx = (size_t(layer - d.layer_begin) * 2 + size_t(kind)) * size_t(sp) + size_t(pos % sp);
-    return b + idx * d.row_bytes;
+    const std::byte* b = payload(pi, pos / sp) + d.payload_layer_offset(pos / sp, layer);
+    return b + (size_t(kind) * size_t(sp) + size_t(pos % sp)) * d.row_bytes;
   };
   // One row from the hand-off's dtype to the store's: the same dtype is copied byte for
   // byte; otherwise through f32 (exact from f16 and q8_0), then rounded to f16 (nearest
@@ -322,38 +407,42 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   };
   std::vector<std::byte> expect(dl.row_bytes());
   const int32_t n_dst_pages = (first.token_end + dp - 1) / dp;
-  for (int32_t pg = 0; pg < n_dst_pages; ++pg) {
-    std::fill(page.begin(), page.end(), std::byte{0});
-    const int32_t p0 = pg * dp, p1 = std::min(first.token_end, p0 + dp);
+  // Each page of each group: its layers' rows the hand-off carries (a windowed row before
+  // the hand-off's window is seen by no query: it stays zero), written, read back, verified.
+  auto each_row = [&](int32_t group, int32_t p0, int32_t p1, auto&& f) {
     for (size_t pi = 0; pi < parts.size(); ++pi) {
       for (int32_t layer = parts[pi]->layer_begin; layer < parts[pi]->layer_end; ++layer) {
+        const KvLayout::Place pl = dl.place(layer);
+        if (pl.group != group) continue;
         for (int kind = 0; kind < 2; ++kind) {
           for (int32_t pos = p0; pos < p1; ++pos) {
-            convert(src_row(pi, layer, kind, pos), page.data() + dl.row_offset(layer, kind, pos - p0));
+            if (parts[pi]->carries(pos / sp, layer))
+              f(src_row(pi, layer, kind, pos), dl.row_offset(pl.slot, kind, pos - p0), layer, pos);
           }
         }
       }
     }
-    const PageId id = seq->block_table()[size_t(pg)];
-    dst.write_page(id, page.data());
-    // Verify what landed: each row read back equals an independent conversion of the source.
-    dst.read_page(id, back.data());
-    for (size_t pi = 0; pi < parts.size(); ++pi) {
-      for (int32_t layer = parts[pi]->layer_begin; layer < parts[pi]->layer_end; ++layer) {
-        for (int kind = 0; kind < 2; ++kind) {
-          for (int32_t pos = p0; pos < p1; ++pos) {
-            convert(src_row(pi, layer, kind, pos), expect.data());
-            if (std::memcmp(expect.data(), back.data() + dl.row_offset(layer, kind, pos - p0), expect.size()) != 0) {
-              throw Error(ErrorCode::kKvChecksum,
-                          fmt::format("KV import: converted row (layer {}, position {}) differs after writing page {}",
-                                      layer, pos, pg));
-            }
-          }
+  };
+  for (int32_t pg = 0; pg < n_dst_pages; ++pg) {
+    const int32_t p0 = pg * dp, p1 = std::min(first.token_end, p0 + dp);
+    for (int32_t g = 0; g < dl.n_groups(); ++g) {
+      const PageId id = seq->page(g, pg);
+      if (id == kNoPage) continue;
+      std::fill(page.begin(), page.end(), std::byte{0});
+      each_row(g, p0, p1, [&](const std::byte* src, size_t off, int32_t, int32_t) { convert(src, page.data() + off); });
+      dst.write_page(id, page.data());
+      // Verify what landed: each row read back equals an independent conversion of the source.
+      dst.read_page(id, back.data());
+      each_row(g, p0, p1, [&](const std::byte* src, size_t off, int32_t layer, int32_t pos) {
+        convert(src, expect.data());
+        if (std::memcmp(expect.data(), back.data() + off, expect.size()) != 0) {
+          throw Error(ErrorCode::kKvChecksum,
+                      fmt::format("KV import: converted row (layer {}, position {}) differs after writing page {}",
+                                  layer, pos, pg));
         }
-      }
+      });
     }
   }
-  seq->set_n_tokens(first.token_end);
   return seq;
 }
 
@@ -375,22 +464,13 @@ std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Mo
                                                 parts[0].descriptor.tokens.begin(), parts[0].descriptor.tokens.end())) {
       throw Error(ErrorCode::kKvTokenRange, "KV import: the hand-off's token ids differ from the expected ones");
     }
-    // Payloads straight from the sender's pages (held by the leases); Device pages are
-    // copied to host buffers first.
+    // Payloads gathered from the sender's pages (held by the leases), once per page.
     std::vector<std::vector<std::vector<std::byte>>> staged(parts.size());
     auto payload = [&](size_t pi, int32_t page) -> const std::byte* {
-      const KvHandoff& h = parts[pi];
-      KvStore& src = h.lease->store();
-      const PageId id = h.lease->pages()[size_t(page)];
-      const size_t off = src.layout().row_offset(h.descriptor.layer_begin - src.layout().layer_begin, 0, 0);
-      if (const std::byte* p = src.page_data(id)) return p + off;
       auto& st = staged[pi];
-      if (st.empty()) st.resize(size_t(h.descriptor.n_pages()));
-      if (st[size_t(page)].empty()) {
-        st[size_t(page)].resize(src.layout().page_bytes());
-        src.read_page(id, st[size_t(page)].data());
-      }
-      return st[size_t(page)].data() + off;
+      if (st.empty()) st.resize(size_t(parts[pi].descriptor.n_pages()));
+      if (st[size_t(page)].empty()) kv_lease_payload(*parts[pi].lease, parts[pi].descriptor, page, st[size_t(page)]);
+      return st[size_t(page)].data();
     };
     auto seq = kv_import_payloads(descs, payload, dst, tier, max_tokens);
     for (const auto& h : parts) h.lease->confirm();
@@ -425,6 +505,9 @@ void descriptor_fields(D& d, F&& f) {
   f(d.page_size, "page_size");
   f(d.layer_begin, "layer_begin");
   f(d.layer_end, "layer_end");
+  f(d.window, "window");
+  f(d.window_pattern, "window_pattern");
+  f(d.window_page_begin, "window_page_begin");
   f(d.token_begin, "token_begin");
   f(d.token_end, "token_end");
   f(d.sequence_id, "sequence_id");

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "kv/kv_page_file.hpp"
 
@@ -389,11 +390,12 @@ int32_t KvStore::evict_lru(KvTier from, KvTier to, int32_t pages_needed, const K
   for (KvSequence* s : candidates) {
     if (freed >= pages_needed) break;
     Tier& d = *tiers_[int(to)];
+    const std::vector<PageId> held = s->held_page_ids();
     int32_t exclusive = 0;
-    for (PageId p : s->block_table_) exclusive += entries_[size_t(p)].refs == 1 ? 1 : 0;
+    for (PageId p : held) exclusive += entries_[size_t(p)].refs == 1 ? 1 : 0;
     if (exclusive == 0 || d.capacity - d.used - d.reserved < exclusive) continue;
     // Only pages this sequence holds alone move: pages shared with others stay for them.
-    freed += move_pages_locked(s->block_table_, to, true).pages;
+    freed += move_pages_locked(held, to, true).pages;
     s->tier_ = to;
     // Its unused reservation belonged to `from`: return it there (an evicted sequence
     // reserves again when it is brought back).
@@ -402,6 +404,50 @@ int32_t KvStore::evict_lru(KvTier from, KvTier to, int32_t pages_needed, const K
     s->reserved_ = 0;
   }
   return freed;
+}
+
+// ------------------------------------------------------------------------- layout
+
+int32_t KvLayout::n_window_layers() const noexcept {
+  if (window <= 0 || window_pattern <= 0 || n_layer <= 0) return 0;
+  // Full layers below x: those j < x with j % pattern == pattern - 1, floor(x / pattern).
+  const int32_t full = (layer_begin + n_layer) / window_pattern - layer_begin / window_pattern;
+  return n_layer - full;
+}
+
+int32_t KvLayout::page_layers() const noexcept {
+  const int32_t w = n_window_layers();
+  return w == 0 || w == n_layer ? n_layer : std::gcd(w, n_layer - w);
+}
+
+KvLayout::Place KvLayout::place(int32_t il) const noexcept {
+  const int32_t w = n_window_layers();
+  const int32_t rel = il - layer_begin;
+  if (w == 0 || w == n_layer) return {0, rel};
+  const int32_t pl = std::gcd(w, n_layer - w);
+  const int32_t full_before = il / window_pattern - layer_begin / window_pattern;
+  if (!is_window_layer(il)) return {full_before / pl, full_before % pl};
+  const int32_t idx = rel - full_before;
+  return {(n_layer - w) / pl + idx / pl, idx % pl};
+}
+
+int32_t KvLayout::window_live_page(int64_t n) const noexcept {
+  if (n_window_layers() == 0 || page_size <= 0) return 0;
+  return static_cast<int32_t>(std::max<int64_t>(0, n - window + 1) / page_size);
+}
+
+int64_t KvLayout::pages_holding(int64_t n) const noexcept {
+  if (page_size <= 0 || page_layers() <= 0) return 0;
+  const int64_t pages = (n + page_size - 1) / page_size;
+  return n_groups() * pages - (n_groups() - n_full_groups()) * window_live_page(n);
+}
+
+int64_t KvLayout::sequence_pages(int64_t n_ctx, int64_t max_step) const noexcept {
+  if (page_size <= 0 || page_layers() <= 0) return 0;
+  const int64_t full = (n_ctx + page_size - 1) / page_size + 1;
+  const int64_t windowed = std::min(full, (window - 1 + max_step + page_size - 1) / page_size + 2);
+  const int64_t wg = n_groups() - n_full_groups();
+  return n_full_groups() * full + wg * windowed;
 }
 
 // ------------------------------------------------------------------------- sequences
@@ -414,8 +460,10 @@ KvSequence::KvSequence(KvStore& store, int32_t max_tokens, KvTier tier)
   if (!store.has_tier(tier)) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
   }
-  const int32_t ps = store.layout().page_size;
-  block_table_.reserve(size_t((max_tokens + ps - 1) / ps));
+  const KvLayout& l = store.layout();
+  n_groups_ = l.n_groups();
+  cap_ = size_t((int64_t{max_tokens} + l.page_size - 1) / l.page_size);
+  table_.assign(size_t(n_groups_) * cap_, kNoPage);
   touch();
   store.register_sequence(this);
 }
@@ -430,9 +478,32 @@ void KvSequence::touch() noexcept {
   last_use_.store(store_->next_use(), std::memory_order_relaxed);
 }
 
+int32_t KvSequence::held_pages() const noexcept {
+  const KvLayout& l = store_->layout();
+  return n_groups_ * n_pages_ - (l.n_groups() - l.n_full_groups()) * dropped_;
+}
+
+std::vector<PageId> KvSequence::held_page_ids() const {
+  std::vector<PageId> ids;
+  ids.reserve(size_t(held_pages()));
+  for (int32_t g = 0; g < n_groups_; ++g) {
+    for (PageId p : block_table(g)) {
+      if (p != kNoPage) ids.push_back(p);
+    }
+  }
+  return ids;
+}
+
+bool KvSequence::holds_prefix(int32_t n) const noexcept {
+  if (n < 0 || n > n_tokens_) return false;
+  return n == 0 || store_->layout().window_live_page(n) >= dropped_;
+}
+
 int32_t KvSequence::pages_outside(KvTier tier) const noexcept {
   int32_t n = 0;
-  for (PageId p : block_table_) n += store_->tier_of(p) != tier ? 1 : 0;
+  for (int32_t g = 0; g < n_groups_; ++g) {
+    for (PageId p : block_table(g)) n += p != kNoPage && store_->tier_of(p) != tier ? 1 : 0;
+  }
   return n;
 }
 
@@ -441,17 +512,54 @@ void KvSequence::reserve(int32_t n) {
     throw Error(ErrorCode::kContextOverflow,
                 fmt::format("context overflow: {} positions needed, the context holds {}", n, max_tokens_));
   }
-  const int32_t ps = store_->layout().page_size;
-  const size_t need = size_t((n + ps - 1) / ps);
+  const KvLayout& l = store_->layout();
+  const int32_t ps = l.page_size;
+  const int32_t need = (n + ps - 1) / ps;
+  const int32_t live = l.window_live_page(n_tokens_);
   const bool cow_check = shares_pages_.load(std::memory_order_acquire) && n > n_tokens_ && n_tokens_ % ps != 0;
-  if (need <= block_table_.size() && !cow_check) return;  // the per-token fast path: no lock
+  if (need <= n_pages_ && !cow_check && live <= dropped_) return;  // the per-token fast path: no lock
   std::lock_guard<std::mutex> lock(store_->mutex_);
+  grow_locked(n, live);
+}
+
+void KvSequence::reserve_filled(int32_t n) {
+  if (n_tokens_ != 0 || n_pages_ != 0) {
+    throw Error(ErrorCode::kInvalidArgument, "KV sequence: reserve_filled needs an empty sequence");
+  }
+  if (n > max_tokens_) {
+    throw Error(ErrorCode::kContextOverflow,
+                fmt::format("context overflow: {} positions needed, the context holds {}", n, max_tokens_));
+  }
+  std::lock_guard<std::mutex> lock(store_->mutex_);
+  grow_locked(n, store_->layout().window_live_page(n));
+  n_tokens_ = n;
+}
+
+void KvSequence::grow_locked(int32_t n, int32_t live) {
+  const KvLayout& l = store_->layout();
+  const int32_t ps = l.page_size;
+  const int32_t need = (n + ps - 1) / ps;
+  const int32_t first_windowed = l.n_full_groups();
+  // Windowed pages no later query sees: released (an empty sequence just skips them).
+  if (n_pages_ == 0) {
+    dropped_ = std::min(live, need);
+  } else {
+    for (; dropped_ < std::min(live, n_pages_); ++dropped_) {
+      for (int32_t g = first_windowed; g < n_groups_; ++g) {
+        PageId& p = entry(g, dropped_);
+        if (p != kNoPage) store_->release_locked(p);
+        p = kNoPage;
+      }
+    }
+  }
   // Copy-on-write: the page that position n_tokens_ falls in is about to be written.
   if (n > n_tokens_ && n_tokens_ % ps != 0) {
-    const size_t idx = size_t(n_tokens_ / ps);
-    const PageId old = block_table_[idx];
-    KvStore::Entry& e = store_->entries_[size_t(old)];
-    if (e.refs > 1) {
+    const int32_t idx = n_tokens_ / ps;
+    for (int32_t g = 0; g < n_groups_; ++g) {
+      PageId& old = entry(g, idx);
+      if (old == kNoPage) continue;
+      KvStore::Entry& e = store_->entries_[size_t(old)];
+      if (e.refs <= 1) continue;
       const bool res = reserved_ > 0;
       const PageId fresh = store_->allocate_locked(tier_, res);
       if (fresh < 0) {
@@ -463,60 +571,84 @@ void KvSequence::reserve(int32_t n) {
       KvStore::Entry& f = store_->entries_[size_t(fresh)];
       store_->copy_page_locked(int(e.tier.load()), e.slot, int(f.tier.load()), f.slot);
       store_->release_locked(old);
-      block_table_[idx] = fresh;
+      old = fresh;
     }
   }
-  const size_t had = block_table_.size();
-  store_->tiers_[int(tier_.load())]->prepare_free_slots(static_cast<int32_t>(need - had));  // kIo: nothing taken
-  while (block_table_.size() < need) {
-    const bool res = reserved_ > 0;
-    const PageId p = store_->allocate_locked(tier_, res);
-    if (p < 0) {
-      while (block_table_.size() > had) {
-        store_->release_locked(block_table_.back());
-        block_table_.pop_back();
+  if (need <= n_pages_) return;
+  const int32_t had = n_pages_;
+  const int32_t windowed_from = std::max(had, dropped_);  // windowed groups' first page to allocate
+  const int32_t new_pages =
+      first_windowed * (need - had) + (n_groups_ - first_windowed) * std::max(0, need - windowed_from);
+  store_->tiers_[int(tier_.load())]->prepare_free_slots(new_pages);  // kIo: nothing taken
+  for (int32_t j = had; j < need; ++j) {
+    for (int32_t g = 0; g < n_groups_; ++g) {
+      if (g >= first_windowed && j < windowed_from) continue;
+      const bool res = reserved_ > 0;
+      const PageId p = store_->allocate_locked(tier_, res);
+      if (p < 0) {
+        for (int32_t jj = had; jj <= j; ++jj) {
+          for (int32_t gg = 0; gg < n_groups_; ++gg) {
+            PageId& q = entry(gg, jj);
+            if (q != kNoPage) store_->release_locked(q);
+            q = kNoPage;
+          }
+        }
+        if (had == 0) dropped_ = 0;
+        const KvStore::Tier& t = *store_->tiers_[int(tier_.load())];
+        throw Error(ErrorCode::kOutOfMemory,
+                    fmt::format("KV store: {} tier exhausted: {} pages needed for {} positions, {} of {} in use",
+                                kv_tier_name(tier_), new_pages, n, t.used, t.capacity));
       }
-      const KvStore::Tier& t = *store_->tiers_[int(tier_.load())];
-      throw Error(ErrorCode::kOutOfMemory,
-                  fmt::format("KV store: {} tier exhausted: {} pages needed for {} positions, {} of {} in use",
-                              kv_tier_name(tier_), need, n, t.used, t.capacity));
+      if (res) --reserved_;
+      entry(g, j) = p;
     }
-    if (res) --reserved_;
-    block_table_.push_back(p);
   }
+  n_pages_ = need;
 }
 
-void KvSequence::truncate(int32_t n) {
-  if (n < 0) n = 0;
-  if (n < n_tokens_) n_tokens_ = n;
-  const int32_t ps = store_->layout().page_size;
-  const size_t keep = size_t((n + ps - 1) / ps);
+int32_t KvSequence::truncate(int32_t n) {
+  n = std::max(n, 0);
+  if (n < n_tokens_ && !holds_prefix(n)) n = 0;
+  n_tokens_ = std::min(n_tokens_, n);
+  const int32_t keep = (n + store_->layout().page_size - 1) / store_->layout().page_size;
   std::lock_guard<std::mutex> lock(store_->mutex_);
-  while (block_table_.size() > keep) {
-    store_->release_locked(block_table_.back());
-    block_table_.pop_back();
+  for (; n_pages_ > keep; --n_pages_) {
+    for (int32_t g = 0; g < n_groups_; ++g) {
+      PageId& p = entry(g, n_pages_ - 1);
+      if (p != kNoPage) store_->release_locked(p);
+      p = kNoPage;
+    }
   }
+  dropped_ = std::min(dropped_, n_pages_);
+  return n_tokens_;
 }
 
 void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
   if (&other.store() != store_) {
     throw Error(ErrorCode::kInvalidArgument, "KV sequence: prefix sharing needs both sequences in one store");
   }
-  if (!block_table_.empty() || n_tokens_ != 0) {
+  if (n_pages_ != 0 || n_tokens_ != 0) {
     throw Error(ErrorCode::kInvalidArgument, "KV sequence: share_prefix needs an empty sequence");
   }
-  if (n_tokens < 0 || n_tokens > other.n_tokens() || n_tokens > max_tokens_) {
+  if (n_tokens < 0 || !other.holds_prefix(n_tokens) || n_tokens > max_tokens_) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("KV sequence: cannot share {} positions of a sequence holding {} (context {})", n_tokens,
-                            other.n_tokens(), max_tokens_));
+                fmt::format("KV sequence: cannot share {} positions of a sequence holding {} (context {}, windowed "
+                            "pages released before page {})",
+                            n_tokens, other.n_tokens(), max_tokens_, other.dropped_));
   }
-  const int32_t ps = store_->layout().page_size;
-  const size_t n_pages = size_t((n_tokens + ps - 1) / ps);
+  const KvLayout& l = store_->layout();
+  const int32_t n_pages = (n_tokens + l.page_size - 1) / l.page_size;
+  const int32_t live = l.window_live_page(n_tokens);
   std::lock_guard<std::mutex> lock(store_->mutex_);
-  for (size_t i = 0; i < n_pages; ++i) {
-    ++store_->entries_[size_t(other.block_table_[i])].refs;
-    block_table_.push_back(other.block_table_[i]);
+  for (int32_t g = 0; g < n_groups_; ++g) {
+    for (int32_t j = l.group_windowed(g) ? live : 0; j < n_pages; ++j) {
+      const PageId p = other.page(g, j);
+      ++store_->entries_[size_t(p)].refs;
+      entry(g, j) = p;
+    }
   }
+  n_pages_ = n_pages;
+  dropped_ = std::min(live, n_pages);
   n_tokens_ = n_tokens;
   tier_ = other.tier();
   shares_pages_.store(true, std::memory_order_release);
@@ -535,8 +667,9 @@ KvMoveStats KvSequence::move_pages(KvTier tier, bool exclusive_only) {
   if (!store_->has_tier(tier)) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("KV sequence: the store has no {} tier", kv_tier_name(tier)));
   }
+  const std::vector<PageId> held = held_page_ids();
   std::lock_guard<std::mutex> lock(store_->mutex_);
-  const KvMoveStats s = store_->move_pages_locked(block_table_, tier, exclusive_only);
+  const KvMoveStats s = store_->move_pages_locked(held, tier, exclusive_only);
   if (reserved_ > 0) {  // a reservation belongs to the tier the sequence lived in
     KvStore::Tier& from = *store_->tiers_[int(tier_.load())];
     from.reserved -= std::min(reserved_, from.reserved);
@@ -549,12 +682,19 @@ KvMoveStats KvSequence::move_pages(KvTier tier, bool exclusive_only) {
 // ------------------------------------------------------------------------- placement
 
 int32_t KvPlacement::pages_to_grow(const KvSequence& seq, int64_t end) const {
-  const int32_t ps = store_->layout().page_size;
-  const auto& bt = seq.block_table();
+  const KvLayout& l = store_->layout();
+  const int32_t ps = l.page_size;
   // Writing into a partly filled page that another holder shares copies it first.
-  const bool cow = end > seq.n_tokens() && seq.n_tokens() % ps != 0 && !bt.empty() && store_->refcount(bt.back()) > 1;
+  int32_t cow = 0;
+  if (end > seq.n_tokens() && seq.n_tokens() % ps != 0 && seq.n_pages() > seq.n_tokens() / ps) {
+    for (int32_t g = 0; g < l.n_groups(); ++g) {
+      const PageId p = seq.page(g, seq.n_tokens() / ps);
+      cow += p != kNoPage && store_->refcount(p) > 1 ? 1 : 0;
+    }
+  }
   const int64_t need = (end + ps - 1) / ps;
-  return int32_t(std::max<int64_t>(0, need - int64_t(bt.size()) + (cow ? 1 : 0) - seq.reservation()));
+  const int64_t grow = std::max<int64_t>(0, need - seq.n_pages()) * l.n_groups();
+  return int32_t(std::max<int64_t>(0, grow + cow - seq.reservation()));
 }
 
 bool KvPlacement::free_pages(KvTier tier, int32_t pages, const KvSequence* keep) {

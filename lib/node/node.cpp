@@ -73,14 +73,16 @@ std::vector<ExecutorSpec> executor_set(std::string_view name, int threads, int32
   return out;
 }
 
-int32_t compute_tier_pages(int64_t n_ctx, int32_t page_size, int32_t max_running, int32_t prefix_cache_entries) {
+int32_t compute_tier_pages(const KvLayout& layout, int64_t n_ctx, int64_t max_step, int32_t max_running,
+                           int32_t prefix_cache_entries) {
+  const int32_t page_size = layout.page_size;
   if (n_ctx < 1 || page_size < 1 || max_running < 1 || prefix_cache_entries < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("KV pages: n_ctx {}, page_size {} and max_running {} must be >= 1, prefix cache entries "
                             "{} >= 0",
                             n_ctx, page_size, max_running, prefix_cache_entries));
   }
-  const int64_t per_seq = (n_ctx + page_size - 1) / page_size + 1;
+  const int64_t per_seq = layout.sequence_pages(n_ctx, max_step > 0 ? std::min(max_step, n_ctx) : n_ctx);
   const int64_t seqs = int64_t{max_running} + prefix_cache_entries;
   if (per_seq > std::numeric_limits<int32_t>::max() / seqs) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -121,10 +123,11 @@ std::vector<KvPageCounts> kv_page_counts(const HParams& hp, const NodeSpec& spec
                               ">= 0 or kFilePagesAsCompute",
                               i, e.name, e.max_running, e.kv_pages, e.file_pages));
     }
-    const int32_t c = e.kv_pages > 0
-                          ? e.kv_pages
-                          : compute_tier_pages(spec.n_ctx, spec.page_size, e.max_running, spec.prefix_cache_entries);
-    page_bytes[i] = KvLayout::for_model(hp, spec.page_size, e.kv_dtype).page_bytes();
+    const KvLayout layout = KvLayout::for_model(hp, spec.page_size, e.kv_dtype);
+    const int32_t c = e.kv_pages > 0 ? e.kv_pages
+                                     : compute_tier_pages(layout, spec.n_ctx, e.max_step_tokens, e.max_running,
+                                                          spec.prefix_cache_entries);
+    page_bytes[i] = layout.page_bytes();
     if (page_bytes[i] == 0) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("node: executor {} ({}): a KV page of {} layers x {} KV heads x {} dims holds no bytes",

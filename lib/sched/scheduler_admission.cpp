@@ -170,7 +170,7 @@ void Loop::admit() {
       retire(waiting.front(), RequestFinish::kError, ErrorCode::kOutOfMemory,
              fmt::format("{} prompt + {} output tokens need {} KV positions = {} pages of {} tokens; the {} tier "
                          "of {} holds {} pages",
-                         s.n_prompt_end, s.max_new, final_len, pages_for(final_len, ps), ps, kv_tier_name(tier), name,
+                         s.n_prompt_end, s.max_new, final_len, pages_for(final_len), ps, kv_tier_name(tier), name,
                          capacity_pages()));
       waiting.pop_front();
       continue;

@@ -19,14 +19,14 @@ namespace {
 void record_move(Seq& s, const KvDescriptor& d, Clock::time_point t0) {
   auto& m = s.rs->result.metrics;
   ++m.migrations;
-  m.migration_bytes += uint64_t(d.n_pages()) * d.page_payload_bytes();
+  m.migration_bytes += d.payload_bytes();
   m.migration_s += secs(t0, Clock::now());
 }
 
 }  // namespace
 
 bool Loop::import_handoff(Seq& s, Clock::time_point t0) {
-  const int32_t need = s.handoff->descriptor.n_pages();
+  const auto need = int32_t(store->layout().pages_holding(s.handoff->descriptor.token_end));
   if (store->usage(tier).free() < need + 1) return false;
   try {
     KvHandoff h = *s.handoff;
@@ -35,8 +35,8 @@ bool Loop::import_handoff(Seq& s, Clock::time_point t0) {
                      std::span<const int32_t>(s.tokens.data(), size_t(nt)));
     record_move(s, h.descriptor, t0);
     sc->log(fmt::format("handoff req={} {} -> {}: {} pages, {} bytes, {:.4f}s", s.rs->id,
-                        sc->loops[size_t(s.handoff_src)]->name, name, need,
-                        uint64_t(need) * h.descriptor.page_payload_bytes(), secs(t0, Clock::now())));
+                        sc->loops[size_t(s.handoff_src)]->name, name, need, h.descriptor.payload_bytes(),
+                        secs(t0, Clock::now())));
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kOutOfMemory) return false;
     // The lease expired or the import was refused: recompute here (same tokens).
@@ -55,7 +55,7 @@ bool Loop::move_session_kv(Seq& s, std::unique_ptr<KvSequence>& skv, Clock::time
     s.took_session_kv = false;
     return false;
   };
-  const int32_t need = int32_t(skv->block_table().size());
+  const auto need = int32_t(store->layout().pages_holding(skv->n_tokens()));
   if (store->usage(tier).free() < need + 1) return give_back();
   try {
     const KvPin pin(*skv);  // not evicted while it is read

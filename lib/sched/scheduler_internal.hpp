@@ -36,11 +36,6 @@ inline double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-/// Pages holding `tokens` positions (ceil division; 0 for 0).
-inline int32_t pages_for(int64_t tokens, int32_t page_size) {
-  return static_cast<int32_t>((tokens + page_size - 1) / page_size);
-}
-
 /// Shared between the handle and the scheduler.
 struct RequestState {
   uint64_t id = 0;
@@ -274,7 +269,12 @@ struct Scheduler::Impl::Loop {
 
   /// Capacity of the compute tier in pages (for routing: can this loop ever hold it?).
   int32_t capacity_pages() const { return store->usage(tier).capacity; }
-  bool can_hold(int64_t positions) const { return pages_for(positions, ps) <= capacity_pages(); }
+  /// Pages a sequence of `positions` holds at most here (KvLayout::sequence_pages, steps of
+  /// up to prefill_chunk positions).
+  int64_t pages_for(int64_t positions) const {
+    return store->layout().sequence_pages(positions, std::min<int64_t>(positions, cfg.prefill_chunk)) - 1;
+  }
+  bool can_hold(int64_t positions) const { return pages_for(positions) <= capacity_pages(); }
 
   void push(std::unique_ptr<Seq> s);
   /// Several at once (submit_n's choices): one inbox batch, so the loop admits them together.

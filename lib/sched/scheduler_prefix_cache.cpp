@@ -72,7 +72,7 @@ void Loop::drop_cache() {
 
 void Loop::park_prefix(Seq& s) {
   const int32_t keep = std::min(s.n_prompt_end, s.kv->n_tokens()) / ps * ps;
-  if (keep < ps || s.kv->tier() != tier) return;
+  if (keep < ps || s.kv->tier() != tier || !s.kv->holds_prefix(keep)) return;
   for (const auto& e : cache) {  // already cached (a shared prefix): nothing new to keep
     if (int32_t(e.tokens.size()) >= keep && std::equal(s.tokens.begin(), s.tokens.begin() + keep, e.tokens.begin()))
       return;
@@ -96,9 +96,7 @@ void Loop::count_cache_only_pages() {
   if (!cache.empty()) {
     std::unordered_map<PageId, int32_t> refs;  // references held by cache entries
     for (const auto& e : cache) {
-      for (const PageId p : e.kv->block_table()) {
-        if (p >= 0) ++refs[p];
-      }
+      for (const PageId p : e.kv->held_page_ids()) ++refs[p];
     }
     for (const auto& [page, k] : refs) {
       if (store->refcount(page) <= k) ++n;
@@ -121,7 +119,7 @@ int32_t Loop::share_cached_prefix(Seq& s) {
     // same submit_n: it shares the partly filled last page too, and whichever of the two
     // writes into that page first copies it (KvSequence::reserve, copy-on-write).
     if (!sibling) i = i / ps * ps;
-    if (i > best_n) {
+    if (i > best_n && kv.holds_prefix(i)) {
       best_n = i;
       best = &kv;
       best_sibling = sibling;

@@ -97,7 +97,7 @@ Scheduler::SessionInfo Scheduler::session_info(uint64_t id) const {
   if (rec->kv && !rec->busy) {  // while busy the KV is (or is about to be) the request's
     info.executor = rec->executor;
     info.kv_tokens = rec->kv->n_tokens();
-    for (PageId p : rec->kv->block_table()) ++info.pages[int(rec->kv->store().tier_of(p))];
+    for (PageId p : rec->kv->held_page_ids()) ++info.pages[int(rec->kv->store().tier_of(p))];
   }
   return info;
 }
@@ -182,7 +182,8 @@ uint64_t Scheduler::restore_session(const std::filesystem::path& path, int execu
   const Impl::Loop& loop = *impl_->loops[size_t(executor)];
   SessionFile f(path, *impl_->model, impl_->n_ctx);
   const KvTier landing[2] = {loop.tier, KvTier::kFile};
-  const KvTier tier = KvPlacement(*loop.store).import_tier(landing, f.pages_for(loop.store->layout().page_size));
+  const KvTier tier = KvPlacement(*loop.store)
+                          .import_tier(landing, int32_t(loop.store->layout().pages_holding(f.descriptor().token_end)));
   auto rec = std::make_shared<SessionRec>();
   rec->kv = f.import_kv(*loop.store, tier, impl_->n_ctx);
   rec->executor = executor;
@@ -190,7 +191,7 @@ uint64_t Scheduler::restore_session(const std::filesystem::path& path, int execu
   if (f.pending()) rec->tokens.push_back(*f.pending());
   rec->id = impl_->next_session.fetch_add(1);
   impl_->log(fmt::format("session {} restored from '{}' on {}: {} tokens, {} pages in {}", rec->id, path.string(),
-                         loop.name, rec->tokens.size(), rec->kv->block_table().size(), kv_tier_name(tier)));
+                         loop.name, rec->tokens.size(), rec->kv->held_pages(), kv_tier_name(tier)));
   std::lock_guard<std::mutex> lk(impl_->sessions_mu);
   impl_->sessions[rec->id] = rec;
   return rec->id;

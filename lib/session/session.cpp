@@ -49,7 +49,7 @@ std::shared_ptr<KvStore> own_store(const HParams& hp, const SessionOptions& o, i
   KvStoreOptions so;
   so.layout = KvLayout::for_model(hp, o.page_size, o.kv_dtype);
   // The node's page rule for one decode slot (tandem/node/node.hpp).
-  const int32_t pages = compute_tier_pages(n_ctx, o.page_size, 1, 0);
+  const int32_t pages = compute_tier_pages(so.layout, n_ctx, o.n_batch, 1, 0);
   if (own_device_store(o, ex)) {
     so.device = ex.make_kv_device_backend(so.layout, pages);
     if (so.device) return std::make_shared<KvStore>(std::move(so));
@@ -251,14 +251,13 @@ Session::MoveReport Session::migrate(Executor& dst, std::shared_ptr<KvStore> dst
   for (KvTier t : {dst.kv_tier(), KvTier::kHost, KvTier::kFile}) {
     if (dst.can_read(t)) readable.push_back(t);
   }
-  const int32_t ps = dst_store->layout().page_size;
-  const auto pages = static_cast<int32_t>((int64_t{kv_->n_tokens()} + ps - 1) / ps);
+  const auto pages = static_cast<int32_t>(dst_store->layout().pages_holding(kv_->n_tokens()));
   const KvTier tier = KvPlacement(*dst_store).import_tier(readable, pages);
   KvHandoff h = kv_export(*kv_, *model_, tokens_);
   auto seq = kv_import(std::span<const KvHandoff>(&h, 1), dst.model(), *dst_store, tier, n_ctx_, tokens_);
   MoveReport r;
   r.pages = static_cast<int32_t>(h.descriptor.n_pages());
-  r.bytes = uint64_t(r.pages) * h.descriptor.page_payload_bytes();
+  r.bytes = h.descriptor.payload_bytes();
   kv_ = std::move(seq);
   store_ = std::move(dst_store);
   executor_ = &dst;
@@ -272,8 +271,12 @@ void Session::truncate(size_t n) {
   if (n >= length) return;
   pending_.reset();  // n <= tokens_.size() from here on
   if (n < tokens_.size()) {
-    tokens_.resize(n);
-    kv_->truncate(static_cast<int32_t>(n));
+    // A sliding-window model cut behind its window no longer holds the KV the window needs:
+    // the first n tokens are evaluated again.
+    const auto kept = size_t(kv_->truncate(static_cast<int32_t>(n)));
+    const std::vector<int32_t> again(tokens_.begin() + std::ptrdiff_t(kept), tokens_.begin() + std::ptrdiff_t(n));
+    tokens_.resize(kept);
+    if (!again.empty()) eval(again, {});
     have_logits_ = false;
   }
   gen_->discard_held();
@@ -284,6 +287,7 @@ size_t Session::reuse_prefix(std::span<const int32_t> prompt) {
   size_t n = 0;
   while (n < limit && n < tokens_.size() && tokens_[n] == prompt[n]) ++n;
   if (n == tokens_.size() && n < limit && pending_ && *pending_ == prompt[n]) ++n;
+  if (n < tokens_.size() && !kv_->holds_prefix(static_cast<int32_t>(n))) n = 0;  // behind a sliding window
   truncate(n);
   return n;
 }

@@ -2,13 +2,14 @@
 // Scheduler::save_session / restore_session (session_file.hpp).
 //
 // Layout (little-endian):
-//   header  "TANDEMSS" | u32 version (1) | u32 flags (0) | u64 body_bytes
+//   header  "TANDEMSS" | u32 version (2) | u32 flags (0) | u64 body_bytes
 //   body    the KV descriptor in its one byte form (kv_descriptor_append,
 //           include/tandem/kv/kv_contract.hpp)
 //           i32 pending (-1: none) | u32 n_logits (0: none) | f32 logits[n_logits]
 //           u64 rng_len (0: none, a scheduler session's) | rng state text
 //           (std::mt19937_64 operator<<)
-//           page payloads, n_pages x descriptor.page_payload_bytes()
+//           page payloads, page i: descriptor.page_payload_bytes(i) bytes (a page before
+//           the sliding window carries the full-attention layers only)
 //   trailer u64 xxHash3-64 of header and body
 // Every length is checked against the bytes left before anything is allocated.
 #include <fmt/format.h>
@@ -33,7 +34,7 @@ namespace tandem {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'S', 'S'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the KV contract v2 descriptor (sliding windows)
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8;
 
 class Writer {
@@ -118,14 +119,12 @@ void session_file_write(const std::filesystem::path& path, const KvSequence& kv,
   }
   w.put(uint64_t(rs.size()));
   w.bytes(rs.data(), rs.size());
-  const KvStore& src = h.lease->store();
-  const size_t off = src.layout().row_offset(0, 0, 0);
-  std::vector<std::byte> page(src.layout().page_bytes());
-  for (PageId p : h.lease->pages()) {
+  std::vector<std::byte> page;
+  for (int32_t i = 0; i < d.n_pages(); ++i) {
     // Copied under the store's lock (any tier): a scheduler loop may move a page this
     // sequence shares meanwhile; the bytes are the same wherever the page lives.
-    src.read_page(p, page.data());
-    w.bytes(page.data() + off, size_t(d.page_payload_bytes()));
+    kv_lease_payload(*h.lease, d, i, page);
+    w.bytes(page.data(), page.size());
   }
   h.lease->begin_read();
   h.lease->confirm();
@@ -171,6 +170,12 @@ std::vector<std::byte> read_verified(const std::filesystem::path& path) {
   }
   if (version == 0) {
     throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': format version 0", path.string()));
+  }
+  if (version < kVersion) {
+    throw Error(ErrorCode::kSessionVersion,
+                fmt::format("session file '{}': format version {} is older than this build's {} (its KV descriptor "
+                            "predates sliding windows); evaluate the conversation again",
+                            path.string(), version, kVersion));
   }
   uint64_t body = 0;
   std::memcpy(&body, data.data() + 16, 8);
@@ -249,10 +254,9 @@ SessionFile::SessionFile(const std::filesystem::path& path, const Model& model, 
     throw Error(ErrorCode::kContextOverflow,
                 fmt::format("session file '{}': {} positions do not fit n_ctx {}", path.string(), d_.token_end, n_ctx));
   }
-  if (uint64_t(d_.n_pages()) * d_.page_payload_bytes() != r.left()) {
-    throw Error(ErrorCode::kSessionCorrupt,
-                fmt::format("session file '{}': {} bytes of KV pages present, {} expected", path.string(), r.left(),
-                            uint64_t(d_.n_pages()) * d_.page_payload_bytes()));
+  if (d_.payload_bytes() != r.left()) {
+    throw Error(ErrorCode::kSessionCorrupt, fmt::format("session file '{}': {} bytes of KV pages present, {} expected",
+                                                        path.string(), r.left(), d_.payload_bytes()));
   }
   pages_at_ = size_t(r.take(r.left(), "pages") - data_.data());
 }
@@ -260,7 +264,9 @@ SessionFile::SessionFile(const std::filesystem::path& path, const Model& model, 
 std::unique_ptr<KvSequence> SessionFile::import_kv(KvStore& store, KvTier tier, int32_t max_tokens) const {
   const KvDescriptor* parts[1] = {&d_};
   const std::byte* pages = data_.data() + pages_at_;
-  auto payload = [&](size_t, int32_t i) { return pages + uint64_t(i) * d_.page_payload_bytes(); };
+  std::vector<uint64_t> at(size_t(d_.n_pages()) + 1, 0);  // page i's payload: [at[i], at[i + 1])
+  for (int32_t i = 0; i < d_.n_pages(); ++i) at[size_t(i) + 1] = at[size_t(i)] + d_.page_payload_bytes(i);
+  auto payload = [&](size_t, int32_t i) { return pages + at[size_t(i)]; };
   try {
     return kv_import_payloads(parts, payload, store, tier, max_tokens);
   } catch (const Error& e) {

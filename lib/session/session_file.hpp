@@ -52,10 +52,6 @@ class SessionFile {
   std::span<const float> logits() const noexcept { return logits_; }
   /// The random engine's state, when one was saved.
   const std::optional<std::mt19937_64>& rng() const noexcept { return rng_; }
-  /// Pages the KV needs in a store of `page_size` tokens per page.
-  int32_t pages_for(int32_t page_size) const noexcept {
-    return static_cast<int32_t>((int64_t{d_.token_end} + page_size - 1) / page_size);
-  }
   /// Import the pages into a new sequence of `store` in `tier` (converted to the store's
   /// dtype and page size, verified). Errors: kSessionCorrupt (a page's checksum or
   /// conversion), kOutOfMemory, kInvalidArgument (no such tier); nothing is left

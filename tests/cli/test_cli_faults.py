@@ -29,14 +29,14 @@ def run(*args, stdin=None, stdout=subprocess.PIPE, env=None, preexec=None):
 
 def restored(session):
     """Tokens a run would restore from `session` (0 when it holds none): the u64 token count
-    at byte 116 of the file (the layout in lib/session/session_file.cpp), read without a run, which
+    at byte 128 of the file (the layout in lib/session/session_file.cpp), read without a run, which
     would save the file again."""
     try:
         with open(session, "rb") as f:
-            data = f.read(124)
+            data = f.read(136)
     except OSError:
         return 0
-    return int.from_bytes(data[116:124], "little") if len(data) == 124 else 0
+    return int.from_bytes(data[128:136], "little") if len(data) == 136 else 0
 
 
 # --- bad flags: exit 2, the flag named, nothing written ---------------------------------

@@ -416,14 +416,14 @@ TEST_CASE("GPU KV pages hold the same values as the CPU's (same layout, f16)", "
   SequenceStep gb[1] = {{&gs, ids, 0, LogitsRows::kLast}};
   cpu.step(cb, lc);
   gpu.step(gb, lg);
-  REQUIRE(cs.block_table().size() == gs.block_table().size());
+  REQUIRE(cs.n_pages() == gs.n_pages());
   const KvLayout& l = cstore->layout();
   std::vector<std::byte> pc(l.page_bytes()), pg(l.page_bytes());
   size_t same = 0, total = 0;
   double worst = 0.0, mx = 0.0;
-  for (size_t p = 0; p < cs.block_table().size(); ++p) {
-    cstore->read_page(cs.block_table()[p], pc.data());
-    gstore->read_page(gs.block_table()[p], pg.data());
+  for (int32_t p = 0; p < cs.n_pages(); ++p) {
+    cstore->read_page(cs.page(0, p), pc.data());
+    gstore->read_page(gs.page(0, p), pg.data());
     const auto* a = reinterpret_cast<const uint16_t*>(pc.data());
     const auto* b = reinterpret_cast<const uint16_t*>(pg.data());
     const int32_t slots = std::min<int32_t>(l.page_size, 33 - int32_t(p) * l.page_size);

@@ -15,6 +15,12 @@
 // carries an xxHash3-64 checksum; a mismatch is kKvChecksum naming the page index. Bytes
 // arriving is not success.
 //
+// Sliding windows (Gemma 3): the descriptor names the model's window and layer pattern
+// (checked like the other invariants) and window_page_begin, the first page that carries
+// the windowed layers' rows: before it, a page carries the full-attention layers only
+// (no later query sees those windowed positions, and the sender may have released them).
+// A receiver's windowed rows before the window stay unwritten (zeros).
+//
 // Leases: export does not copy. It hands the receiver a lease holding references to the
 // sender's pages (so the sender may free its sequence at once: the pages stay until the
 // lease ends). The receiver marks the lease as being read, verifies and copies, then
@@ -40,7 +46,7 @@
 
 namespace tandem {
 
-inline constexpr uint32_t kKvContractVersion = 1;
+inline constexpr uint32_t kKvContractVersion = 2;
 
 struct KvDescriptor {
   uint32_t contract_version = kKvContractVersion;
@@ -59,17 +65,26 @@ struct KvDescriptor {
   int32_t page_size = 0;    ///< tokens per page
   int32_t layer_begin = 0;  ///< layers [layer_begin, layer_end) are in this hand-off
   int32_t layer_end = 0;
-  int32_t token_begin = 0;  ///< positions [token_begin, token_end)
+  int32_t window = 0;             ///< the model's sliding window (HParams::n_swa; 0: none)
+  int32_t window_pattern = 0;     ///< its layer pattern (HParams::swa_pattern)
+  int32_t window_page_begin = 0;  ///< pages before it carry no windowed-layer rows
+  int32_t token_begin = 0;        ///< positions [token_begin, token_end)
   int32_t token_end = 0;
   std::vector<int32_t> tokens;           ///< the ids at those positions
   uint64_t sequence_id = 0;              ///< the sender's KvSequence::id()
   std::vector<uint64_t> page_checksums;  ///< xxHash3-64 of each page's payload, in order
 
   int32_t n_pages() const noexcept { return static_cast<int32_t>(page_checksums.size()); }
-  /// Bytes of one page's payload: the rows of layers [layer_begin, layer_end).
-  uint64_t page_payload_bytes() const noexcept {
-    return uint64_t(layer_end - layer_begin) * 2 * uint64_t(page_size) * row_bytes;
-  }
+  /// Whether page `page` carries layer `layer`'s rows (a windowed layer's from
+  /// window_page_begin on, the others always).
+  bool carries(int32_t page, int32_t layer) const noexcept;
+  /// Bytes of page `page`'s payload: for each carried layer of [layer_begin, layer_end) in
+  /// order, its K rows then its V rows of page_size positions (row_bytes each).
+  uint64_t page_payload_bytes(int32_t page) const noexcept;
+  /// Byte offset of layer `layer`'s K rows in page `page`'s payload (layer carried there).
+  uint64_t payload_layer_offset(int32_t page, int32_t layer) const noexcept;
+  /// Bytes of all pages' payloads.
+  uint64_t payload_bytes() const noexcept;
 };
 
 enum class KvLeaseState { kPending, kReading, kConfirmed, kFailed, kExpired };
@@ -94,6 +109,8 @@ class KvLease {
   void confirm();                     ///< reading -> confirmed; releases the pages
   void fail(const std::string& why);  ///< reading -> failed; releases the pages
   KvStore& store() const noexcept { return *store_; }
+  /// The leased pages, [page][group] of the store's layout (kNoPage where a group's page
+  /// is not carried); empty once released.
   const std::vector<PageId>& pages() const noexcept { return pages_; }
 
  private:
@@ -130,6 +147,11 @@ KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const i
 std::unique_ptr<KvSequence> kv_import(std::span<const KvHandoff> parts, const Model& model, KvStore& dst, KvTier tier,
                                       int32_t max_tokens, std::span<const int32_t> expected_tokens = {});
 
+/// Page `page`'s payload (d.page_payload_bytes(page) bytes) gathered from the pages `lease`
+/// holds (read under the store's lock, any tier) into `out`. Throws Error(kKvLeaseExpired)
+/// when the lease no longer holds them.
+void kv_lease_payload(const KvLease& lease, const KvDescriptor& d, int32_t page, std::vector<std::byte>& out);
+
 /// The invariant checks of kv_import on a descriptor alone (used by session restore).
 void kv_check_invariants(const KvDescriptor& d, const Model& model);
 
@@ -137,7 +159,8 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model);
 /// little-endian, fields in declaration order: u32 contract_version, u64 model_identity,
 /// u64 tokenizer_identity, i32 n_layer, n_head_kv, head_dim, u64 row_bytes, u32 rope_type,
 /// f32 rope_freq_base, rope_freq_scale, i32 n_rot, n_ctx, u32 dtype, i32 page_size,
-/// layer_begin, layer_end, token_begin, token_end, u64 sequence_id, u64 n_tokens,
+/// layer_begin, layer_end, window, window_pattern, window_page_begin, token_begin,
+/// token_end, u64 sequence_id, u64 n_tokens,
 /// i32 tokens[n_tokens], u64 n_pages, u64 page_checksums[n_pages]. Appended to `out`.
 void kv_descriptor_append(const KvDescriptor& d, std::vector<std::byte>& out);
 

@@ -2,10 +2,17 @@
 // pages, per-sequence block tables, exact capacity accounting, moves between tiers and
 // LRU eviction of inactive sequences (the policy that decides when: KvPlacement, below).
 //
-// Pages. A page holds `page_size` consecutive token positions of K and V for the layers
-// [layer_begin, layer_begin + n_layer). Inside a page, for layer l (0-based within the
-// page), K then V, each [page_size] rows of one token's [n_head_kv][head_dim] elements:
-//   row_offset(l, kind, slot) = ((l * 2 + kind) * page_size + slot) * row_bytes()
+// Pages. A page holds `page_size` consecutive token positions of K and V for the
+// page_layers() layers of one layer group. Without sliding-window layers there is one group,
+// the layers [layer_begin, layer_begin + n_layer). With them (Gemma 3: `window` > 0), the
+// full-attention layers and the windowed layers are grouped apart, each kind in model order,
+// page_layers() = gcd(full, windowed) layers per group, the full groups first (place());
+// a windowed group's pages that no later query can see (every position before
+// n_tokens - window + 1) are released as the sequence grows, so a long Gemma 3 session
+// keeps 1/6 of the full KV plus one window. Inside a page, for the layer in `slot`
+// (place(il).slot), K then V, each [page_size] rows of one token's [n_head_kv][head_dim]
+// elements:
+//   row_offset(slot, kind, pos) = ((slot * 2 + kind) * page_size + pos) * row_bytes()
 // A row is n_head_kv * head_dim elements of `dtype`: f32 (4 bytes), f16 (2 bytes), or
 // q8_0 — ggml's Q8_0 blocks over the row (kernels/quant_blocks.hpp: per 32 consecutive
 // elements an fp16 scale d = max|x| / 127 and 32 int8 q = round(x / d), 34 bytes), so a
@@ -67,12 +74,51 @@ bool kv_dtype_from_name(std::string_view name, KvDtype& out) noexcept;
 uint64_t kv_row_bytes(KvDtype d, uint64_t elems) noexcept;
 
 struct KvLayout {
-  int32_t n_layer = 0;      ///< layers held by a page
+  int32_t n_layer = 0;      ///< model layers held by the store (all groups)
   int32_t layer_begin = 0;  ///< first model layer held
   int32_t n_head_kv = 0;
   int32_t head_dim = 0;
   int32_t page_size = 16;  ///< tokens per page
   KvDtype dtype = KvDtype::kF16;
+  /// Sliding window: positions a windowed layer's query sees, itself included (0: none).
+  int32_t window = 0;
+  /// Model layer il is windowed when window > 0 and il % window_pattern < window_pattern - 1
+  /// (HParams::is_swa_layer: Gemma 3's 5 local layers, then 1 global).
+  int32_t window_pattern = 0;
+
+  /// Where a model layer's rows live: its group (block table) and its slot in that group's pages.
+  struct Place {
+    int32_t group = 0;
+    int32_t slot = 0;
+  };
+  bool is_window_layer(int32_t il) const noexcept {
+    return window > 0 && window_pattern > 0 && il % window_pattern < window_pattern - 1;
+  }
+  /// Windowed layers among [layer_begin, layer_begin + n_layer).
+  int32_t n_window_layers() const noexcept;
+  /// Layers per page: n_layer without windowed layers (or with only windowed ones), else
+  /// gcd(full layers, windowed layers).
+  int32_t page_layers() const noexcept;
+  int32_t n_groups() const noexcept { return page_layers() > 0 ? n_layer / page_layers() : 0; }
+  /// Groups of full-attention layers (groups [0, n_full_groups())); the rest are windowed.
+  int32_t n_full_groups() const noexcept {
+    return page_layers() > 0 ? (n_layer - n_window_layers()) / page_layers() : 0;
+  }
+  bool group_windowed(int32_t group) const noexcept { return group >= n_full_groups(); }
+  /// The group and slot of model layer il (il in [layer_begin, layer_begin + n_layer)).
+  Place place(int32_t il) const noexcept;
+  /// First page index a windowed group still needs when positions [0, n) are filled: the
+  /// page of position n - window + 1, the earliest any later query sees (0 without a
+  /// windowed group).
+  int32_t window_live_page(int64_t n) const noexcept;
+  /// Pages a sequence with positions [0, n) filled holds: every group's ceil(n / page_size),
+  /// less the windowed groups' pages before window_live_page(n) (what an import allocates).
+  int64_t pages_holding(int64_t n) const noexcept;
+  /// Most pages a sequence of the store holds over its life, at most `n_ctx` positions,
+  /// written at most `max_step` positions per step (its largest prefill chunk): every full
+  /// group's ceil(n_ctx / page_size) + 1 (a copy-on-write), each windowed group's pages
+  /// spanning window - 1 + max_step positions, + 2 (or the full count, when smaller).
+  int64_t sequence_pages(int64_t n_ctx, int64_t max_step) const noexcept;
 
   /// The layout of a model's KV. Throws Error(kInvalidArgument) for q8_0 when
   /// n_head_kv * head_dim is not a multiple of 32 (Q8_0 blocks must tile the row).
@@ -83,10 +129,11 @@ struct KvLayout {
   size_t row_elems() const noexcept { return size_t(n_head_kv) * size_t(head_dim); }
   /// Bytes of one such row (kv_row_bytes; 0 for an invalid q8_0 row, which KvStore refuses).
   size_t row_bytes() const noexcept { return size_t(kv_row_bytes(dtype, row_elems())); }
-  size_t page_bytes() const noexcept { return size_t(n_layer) * 2 * size_t(page_size) * row_bytes(); }
-  /// Byte offset inside a page of the K (kind 0) or V (kind 1) row of `slot` in page-local `layer`.
-  size_t row_offset(int32_t layer, int kind, int32_t slot) const noexcept {
-    return ((size_t(layer) * 2 + size_t(kind)) * size_t(page_size) + size_t(slot)) * row_bytes();
+  size_t page_bytes() const noexcept { return size_t(page_layers()) * 2 * size_t(page_size) * row_bytes(); }
+  /// Byte offset inside a page of the K (kind 0) or V (kind 1) row of the token in page
+  /// position `pos` of the layer in `slot` (place(il).slot).
+  size_t row_offset(int32_t slot, int kind, int32_t pos) const noexcept {
+    return ((size_t(slot) * 2 + size_t(kind)) * size_t(page_size) + size_t(pos)) * row_bytes();
   }
   bool operator==(const KvLayout&) const = default;
 };
@@ -124,6 +171,8 @@ struct KvTierUsage {
 };
 
 using PageId = int32_t;
+/// A block-table entry without a page: a windowed group's page that fell out of the window.
+inline constexpr PageId kNoPage = -1;
 
 /// What a move cost.
 struct KvMoveStats {
@@ -221,7 +270,9 @@ class KvStore {
   std::atomic<uint64_t> next_sequence_id_{1};
 };
 
-/// One sequence's KV: its block table in a KvStore and the number of positions filled.
+/// One sequence's KV: a block table per layer group (KvLayout::n_groups()) in a KvStore and
+/// the number of positions filled. Every group spans the same n_pages() page indices; a
+/// windowed group's pages before window_live_page(n_tokens) are released (kNoPage).
 /// Move-only in spirit (not copyable); the destructor releases every page it references.
 class KvSequence {
  public:
@@ -236,21 +287,46 @@ class KvSequence {
   uint64_t id() const noexcept { return id_; }
   int32_t n_tokens() const noexcept { return n_tokens_; }
   int32_t max_tokens() const noexcept { return max_tokens_; }
-  const std::vector<PageId>& block_table() const noexcept { return block_table_; }
+  /// Page indices spanned by every group: ceil(reserved positions / page_size).
+  int32_t n_pages() const noexcept { return n_pages_; }
+  /// The page of `group` holding positions [index * page_size, (index + 1) * page_size), or
+  /// kNoPage (a windowed group's page out of the window). index < n_pages(). Lock-free.
+  PageId page(int32_t group, int32_t index) const noexcept { return table_[size_t(group) * cap_ + size_t(index)]; }
+  /// One group's block table: n_pages() entries.
+  std::span<const PageId> block_table(int32_t group) const noexcept {
+    return {table_.data() + size_t(group) * cap_, size_t(n_pages_)};
+  }
+  /// Pages referenced (every group, without kNoPage entries). Lock-free.
+  int32_t held_pages() const noexcept;
+  /// Their ids, full groups first, each group in position order (allocates: not per token).
+  std::vector<PageId> held_page_ids() const;
+  /// Leading page indices whose windowed-group pages are released.
+  int32_t window_pages_dropped() const noexcept { return dropped_; }
+  /// Whether the first n positions can be kept (truncate) or shared (share_prefix): n <=
+  /// n_tokens() and every windowed page a query at position n would see is still held.
+  bool holds_prefix(int32_t n) const noexcept;
   /// The tier new pages are allocated in and where the sequence is resident.
   KvTier tier() const noexcept { return tier_.load(std::memory_order_acquire); }
 
-  /// Make room to write positions [n_tokens, n): allocates pages and copies a shared
-  /// page about to be written (copy-on-write). Throws Error(kContextOverflow) when
-  /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing changed then).
+  /// Make room to write positions [n_tokens, n): releases the windowed groups' pages no
+  /// query from position n_tokens on can see, allocates pages in every group and copies a
+  /// shared page about to be written (copy-on-write). Throws Error(kContextOverflow) when
+  /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing allocated then).
   void reserve(int32_t n);
+  /// Hold pages for positions [0, n) of an empty sequence that are about to be filled by an
+  /// import (every full group's pages; the windowed groups' only from window_live_page(n))
+  /// and mark them filled. Errors as reserve(); kInvalidArgument when not empty.
+  void reserve_filled(int32_t n);
   /// Mark positions [0, n) as filled (n within reserved capacity). Called by executors.
   void set_n_tokens(int32_t n) noexcept { n_tokens_ = n; }
-  /// Forget positions >= n and release pages no longer needed.
-  void truncate(int32_t n);
+  /// Forget positions >= n and release pages no longer needed. Returns the positions kept:
+  /// n (clamped to n_tokens()), or 0 when the windowed groups no longer hold the pages
+  /// position n needs (!holds_prefix(n)): that KV must be recomputed from the tokens.
+  int32_t truncate(int32_t n);
 
-  /// Share the first `n_tokens` positions of `other` (same store, same page size): the
-  /// pages are referenced, not copied. This sequence must be empty.
+  /// Share the first `n_tokens` positions of `other` (same store): the pages are
+  /// referenced, not copied. This sequence must be empty and other.holds_prefix(n_tokens)
+  /// (else Error(kInvalidArgument)).
   void share_prefix(const KvSequence& other, int32_t n_tokens);
 
   /// Move every page to `tier` (swap out / bring back). Throws Error(kOutOfMemory) when
@@ -282,6 +358,10 @@ class KvSequence {
  private:
   /// move_to / move_exclusive_to: every page, or only the pages this sequence holds alone.
   KvMoveStats move_pages(KvTier tier, bool exclusive_only);
+  /// reserve() / reserve_filled(): the store's lock held; windowed pages before `live` are
+  /// released (reserve) or never allocated (an empty sequence's reserve_filled).
+  void grow_locked(int32_t n, int32_t live);
+  PageId& entry(int32_t group, int32_t index) noexcept { return table_[size_t(group) * cap_ + size_t(index)]; }
   friend class KvStore;
   friend class KvPlacement;
   KvStore* store_;
@@ -289,7 +369,11 @@ class KvSequence {
   int32_t max_tokens_;
   int32_t n_tokens_ = 0;
   std::atomic<KvTier> tier_;
-  std::vector<PageId> block_table_;
+  int32_t n_groups_ = 1;
+  size_t cap_ = 0;  ///< page indices a group can need (ceil(max_tokens / page_size))
+  int32_t n_pages_ = 0;
+  int32_t dropped_ = 0;
+  std::vector<PageId> table_;  ///< [group][cap_]: sized up front, so growing never allocates
   std::atomic<uint64_t> last_use_{0};
   std::atomic<int32_t> pins_{0};
   int32_t reserved_ = 0;
@@ -316,8 +400,8 @@ class KvPlacement {
   explicit KvPlacement(KvStore& store) noexcept : store_(&store) {}
 
   /// Pages `seq` must still obtain to hold `end` positions: those beyond the pages it
-  /// holds and its reservation, plus one when its partly written last page is shared
-  /// (copy-on-write before the write).
+  /// holds and its reservation (every group), plus one per group whose partly written last
+  /// page is shared (copy-on-write before the write).
   int32_t pages_to_grow(const KvSequence& seq, int64_t end) const;
   /// Make `pages` pages free in `tier` by moving LRU unpinned sequences other than `keep`
   /// to File. True when that many are free afterwards.

@@ -3,8 +3,10 @@
 // tandem_session_create), tandem-server, tandem-bench, tandem-cli and Session size their
 // KV through it; nothing else decides how many pages a tier gets.
 //
-// The page rule. With P = ceil(n_ctx / page_size) + 1 (the pages of one sequence at full
-// context, plus one for a copy-on-write of a shared last page), an executor's compute
+// The page rule. With P = KvLayout::sequence_pages(n_ctx, max_step) (the pages of one
+// sequence at full context: ceil(n_ctx / page_size) + 1 per layer group, the + 1 for a
+// copy-on-write of a shared last page; a sliding-window group only what its window and one
+// step of ExecutorSpec::max_step_tokens span), an executor's compute
 // tier (the tier it computes on: Host for a CPU executor, Device for a GPU one) holds
 //
 //   C = (max_running + prefix_cache_entries) x P pages      (ExecutorSpec::kv_pages > 0 overrides)
@@ -58,6 +60,9 @@ struct ExecutorSpec {
   int32_t kv_pages = 0;              ///< > 0: compute-tier pages instead of the rule's C
   int32_t file_pages = 0;            ///< File tier pages: 0 none, kFilePagesAsCompute = C
   std::filesystem::path kv_dir;      ///< File tier directory ("" = $TMPDIR, else /tmp)
+  /// Positions a sequence writes in one step at most (the prefill_chunk of the executor's
+  /// scheduler loop); 0: n_ctx. Bounds a sliding-window model's windowed pages (the rule).
+  int32_t max_step_tokens = 0;
 };
 
 struct NodeSpec {
@@ -89,10 +94,12 @@ std::span<const std::string_view> executor_set_names() noexcept;
 /// Throws Error(kInvalidArgument) for another name, threads < 1 or max_running < 1.
 std::vector<ExecutorSpec> executor_set(std::string_view name, int threads, int32_t max_running);
 
-/// P x (max_running + prefix_cache_entries): the rule's compute-tier pages (header comment).
-/// Throws Error(kInvalidArgument) for n_ctx, page_size or max_running < 1, prefix < 0, or a
+/// P x (max_running + prefix_cache_entries): the rule's compute-tier pages (header comment)
+/// for `layout`, steps of at most `max_step` positions (<= 0: n_ctx). Throws
+/// Error(kInvalidArgument) for n_ctx, the page size or max_running < 1, prefix < 0, or a
 /// count above INT32_MAX.
-int32_t compute_tier_pages(int64_t n_ctx, int32_t page_size, int32_t max_running, int32_t prefix_cache_entries);
+int32_t compute_tier_pages(const KvLayout& layout, int64_t n_ctx, int64_t max_step, int32_t max_running,
+                           int32_t prefix_cache_entries);
 
 /// The page counts of every executor of `spec` under the rule (header comment), in order,
 /// for a model of `hp` (page bytes from KvLayout::for_model(hp, page_size, kv_dtype)).

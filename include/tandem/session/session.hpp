@@ -133,7 +133,9 @@ class Session {
   /// the store at once, text held back by the streaming detokenizer is dropped. n at or
   /// beyond the conversation's length changes nothing. Cutting below the last evaluated
   /// token leaves no logits: the next generate() then needs a non-empty prompt (as after
-  /// reset()). The random engine is not touched. No errors.
+  /// reset()). The random engine is not touched. A sliding-window model (Gemma 3) cut
+  /// behind its window (KvSequence::holds_prefix) has released the KV that window needs:
+  /// the first n tokens are then evaluated again (errors as eval()); otherwise no errors.
   void truncate(size_t n);
 
   /// Prompt cache (llama.cpp's --prompt-cache): keep the longest common prefix of the
@@ -141,7 +143,8 @@ class Session {
   /// last token is evaluated again and yields fresh logits; forget the rest (truncate()).
   /// Returns the number of tokens kept: the caller evaluates prompt[kept, end). Generating
   /// from there gives the same tokens as a fresh session given the whole prompt (the KV of
-  /// a position depends only on the tokens up to it). No errors.
+  /// a position depends only on the tokens up to it). With a sliding window, a prefix cut
+  /// behind the window keeps nothing (0). No errors.
   size_t reuse_prefix(std::span<const int32_t> prompt);
 
   /// Restart the session's random engine from `seed` (SessionOptions::seed semantics).

@@ -404,10 +404,10 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         const KvStore& store = tr.seq->kv->store();
         const KvLayout& layout = store.layout();
         const int32_t P = layout.page_size;
-        std::byte* page = store.page_data(tr.seq->kv->block_table()[size_t(tr.pos / P)]);
-        const int32_t slot = tr.pos % P;
-        std::byte* krow = page + layout.row_offset(il, 0, slot);
-        std::byte* vrow = page + layout.row_offset(il, 1, slot);
+        const KvLayout::Place pl = layout.place(il);
+        std::byte* page = store.page_data(tr.seq->kv->page(pl.group, tr.pos / P));
+        std::byte* krow = page + layout.row_offset(pl.slot, 0, tr.pos % P);
+        std::byte* vrow = page + layout.row_offset(pl.slot, 1, tr.pos % P);
         if (layout.dtype == KvDtype::kF16) {
           k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(krow), kv_w);
           k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(vrow), kv_w);
@@ -433,10 +433,13 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         const int32_t n_pages =
             (sq.pos0 + static_cast<int32_t>(sq.tokens.size()) + layout.page_size - 1) / layout.page_size;
         seq_pages[si] = pg;
+        const KvLayout::Place pl = layout.place(il);
         for (int32_t j = 0; j < n_pages; ++j, ++pg) {
-          std::byte* page = store.page_data(sq.kv->block_table()[size_t(j)]);
-          kpages[pg] = page + layout.row_offset(il, 0, 0);
-          vpages[pg] = page + layout.row_offset(il, 1, 0);
+          // A windowed layer's page out of the window is released (kNoPage): never read.
+          const PageId id = sq.kv->page(pl.group, j);
+          std::byte* page = id == kNoPage ? nullptr : store.page_data(id);
+          kpages[pg] = page ? page + layout.row_offset(pl.slot, 0, 0) : nullptr;
+          vpages[pg] = page ? page + layout.row_offset(pl.slot, 1, 0) : nullptr;
         }
       }
     }

@@ -701,7 +701,10 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const int64_t n_out = logits_rows(batch);
 
   // ---- host side: page table, staging of Host/File pages, token inputs ----------------
-  auto* h_pages = pinned<void*>(im.h_pages, n_pages);
+  // The page table: one per layer group (KvLayout::place), [group][n_pages]; a windowed
+  // group's page out of the window is null (never read).
+  const int32_t n_groups = layout.n_groups();
+  auto* h_pages = pinned<void*>(im.h_pages, size_t(n_groups) * n_pages);
   auto* h_page_off = pinned<int32_t>(im.h_page_off, size_t(T));
   auto* h_pos = pinned<int32_t>(im.h_pos, size_t(T));
   auto* h_out_index = pinned<int32_t>(im.h_out_index, size_t(n_out));
@@ -746,9 +749,11 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   size_t n_staged = 0;
   for (const auto& s : batch) {
     const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
-    for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
-      const PageId pid = s.kv->block_table()[size_t(j)];
-      if (s.kv->store().tier_of(pid) != KvTier::kDevice) ++n_staged;
+    for (int32_t g = 0; g < n_groups; ++g) {
+      for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
+        const PageId pid = s.kv->page(g, j);
+        if (pid != kNoPage && s.kv->store().tier_of(pid) != KvTier::kDevice) ++n_staged;
+      }
     }
   }
   auto* stage = n_staged ? im.scratch<std::byte>(im.stage, n_staged * pb) : nullptr;
@@ -760,9 +765,14 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       const KvStore& store = s.kv->store();
       const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
       const auto page_base = static_cast<int32_t>(pi);
-      for (int32_t j = 0; j < (end + P - 1) / P; ++j) {
-        const PageId pid = s.kv->block_table()[size_t(j)];
-        if (store.tier_of(pid) == KvTier::kDevice) {
+      const int32_t seq_pages = (end + P - 1) / P;
+      for (int32_t gj = 0; gj < n_groups * seq_pages; ++gj) {
+        const int32_t g = gj / seq_pages, j = gj % seq_pages;
+        void** slot = h_pages + size_t(g) * n_pages + size_t(page_base + j);
+        const PageId pid = s.kv->page(g, j);
+        if (pid == kNoPage) {
+          *slot = nullptr;
+        } else if (store.tier_of(pid) == KvTier::kDevice) {
           const auto* backend = dynamic_cast<const GpuKvBackend*>(store.device_backend());
           if (!backend || backend->device() != im.device) {
             throw Error(ErrorCode::kInvalidArgument,
@@ -770,15 +780,16 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
                                     "CUDA device {} made by a GpuQ4Executor",
                                     s.kv->id(), im.device));
           }
-          h_pages[pi++] = backend->slot_ptr(store.device_slot(pid));
+          *slot = backend->slot_ptr(store.device_slot(pid));
         } else {
           std::byte* host = store.page_data(pid);
           std::byte* d = stage + (si++) * pb;
           TANDEM_CUDA(cudaMemcpyAsync(d, host, pb, cudaMemcpyHostToDevice, st));
           if (j >= s.pos0 / P) im.write_back.push_back({host, d});
-          h_pages[pi++] = d;
+          *slot = d;
         }
       }
+      pi += size_t(seq_pages);
       const auto n = static_cast<int64_t>(s.tokens.size());
       for (int64_t j = 0; j < n; ++j, ++t) {
         h_page_off[t] = page_base;
@@ -815,7 +826,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   auto* xd = im.scratch<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
   float* rope = im.scratch<float>(im.rope, size_t(T * hp.n_rot));
   float* rope_swa = h_rope_swa ? im.scratch<float>(im.rope_swa, size_t(T * hp.n_rot)) : nullptr;
-  auto* d_pages = im.scratch<void*>(im.pages, n_pages);
+  auto* d_pages = im.scratch<void*>(im.pages, size_t(n_groups) * n_pages);
   auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
   auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
   auto* d_attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(3 * T));
@@ -840,7 +851,8 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   // batch's shape stays the same and re-instantiated when it changes.
   StepCapture capture(im.use_graphs && n_staged == 0 ? st : nullptr);
 
-  TANDEM_CUDA(cudaMemcpyAsync(d_pages, h_pages, n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(
+      cudaMemcpyAsync(d_pages, h_pages, size_t(n_groups) * n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_attn_tokens, h_attn_tokens, size_t(T + 2 * n_tiles) * sizeof(int32_t),
@@ -904,7 +916,6 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   };
 
   ck::KvArgs kv;
-  kv.pages = d_pages;
   kv.page_off = d_page_off;
   kv.pos = d_pos;
   kv.page_size = P;
@@ -937,7 +948,9 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {L.bq, L.bk, L.bv});
     if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
     if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
-    kv.layer = il;
+    const KvLayout::Place place = layout.place(il);
+    kv.pages = d_pages + size_t(place.group) * n_pages;
+    kv.layer = place.slot;
     if (im.fused) {
       ck::rope_kv_store(kv, q, kk, v, rope_l, T, hp.n_head, hp.n_rot, neox, st);
     } else {
