@@ -24,7 +24,8 @@ inline void add_chat_template_flags(CLI::App& app, ChatTemplateFlags& flags) {
   app.add_option("--chat-template", flags.text,
                  "chat template instead of the model's: a built-in name (chatml, llama3, llama2, mistral, phi3, "
                  "gemma, zephyr, deepseek) or Jinja source");
-  app.add_option("--chat-template-file", flags.file, "chat template instead of the model's: a Jinja file");
+  app.add_option("--chat-template-file", flags.file,
+                 "chat template instead of the model's: a Jinja file (not with --chat-template)");
 }
 
 /// The override the flags ask for: nullopt when neither was given. Throws tandem::Error

@@ -93,7 +93,7 @@ class Template;
 /// A chat template a user gives in place of the model's: `text` exactly a built-in family
 /// name ("chatml", "llama3", ..., as by_name) selects that family's built-in renderer; any
 /// other text is Jinja source, parsed here (an override that does not parse is an error,
-/// not a fallback). Immutable; copies share the parsed template.
+/// not a fallback). Immutable and usable from any thread; copies share the parsed template.
 class ChatTemplateOverride {
  public:
   /// `origin` names the text in errors and in ChatTemplate::origin() (e.g. "--chat-template").
