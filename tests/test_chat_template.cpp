@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tandem/exec/cpu/cpu_q4_executor.hpp"
@@ -14,6 +16,8 @@
 #include "tandem/model/model.hpp"
 #include "tandem/session/chat_session.hpp"
 #include "tandem/template/chat_template.hpp"
+#include "tandem/template/jinja.hpp"
+#include "tandem/template/tool_calls.hpp"
 #include "tandem/tokenizer/tokenizer.hpp"
 #include "test_support.hpp"
 
@@ -350,6 +354,74 @@ TEST_CASE("chat template: the model's Jinja template is executed, the matcher is
   CHECK(broken.render(hi, true) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
   CHECK_FALSE(ChatTemplate::for_tokenizer(chatml_vocab("gemma")).is_jinja());
   CHECK_THROWS_AS(ChatTemplate::from_jinja("{% for %}", "", ""), tandem::Error);
+}
+
+TEST_CASE("chat template: an override replaces the model's template, Jinja or a built-in name", "[chat][jinja]") {
+  using tandem::ChatTemplateOverride;
+  const tandem::Tokenizer tok = chatml_vocab(kSmolStyle);  // the model's own: SmolLM2-style ChatML
+  const std::filesystem::path dir = std::filesystem::path(TANDEM_SOURCE_DIR) / "tests" / "data" / "chat_templates";
+  const std::string nemo_path = (dir / "mistralai-Mistral-Nemo-Instruct-2407.jinja").string();
+  const ChatTemplateOverride nemo = ChatTemplateOverride::from_file(nemo_path);
+  const ChatTemplate t = ChatTemplate::for_tokenizer(tok, &nemo);
+  REQUIRE(t.is_jinja());
+  CHECK(t.fallback_reason().empty());
+  CHECK(t.origin() == "chat template file '" + nemo_path + "'");
+  CHECK(t.source() == nemo.text());
+  CHECK(t.name() == "mistral");
+  // jinja2 (transformers' environment, tests/jinja_oracle) renders the file with the
+  // vocabulary's BOS "<s>" and EOS "</s>" as exactly this; the built-in Mistral renderer
+  // would write "[INST] S\n\nU1[/INST] A1</s>[INST] U2[/INST]" (no BOS, spaces).
+  const std::string want = "<s>[INST]U1[/INST]A1</s>[INST]S\n\nU2[/INST]";
+  CHECK(t.render(kConversation, true) == want);
+  CHECK(ChatTemplate::for_tokenizer(tok).render(kConversation, true).starts_with("<|im_start|>system\nS"));
+  // tokenize() follows the override: its BOS text is the BOS id, added once
+  const auto ids = t.tokenize(tok, kConversation, true);
+  CHECK(ids == tok.tokenize(want, false, true));
+  CHECK(std::count(ids.begin(), ids.end(), tok.bos()) == 1);
+  // the tool prompt reads the template in use: Qwen2.5's renders tools itself, SmolLM2-style does not
+  const ChatTemplateOverride qwen = ChatTemplateOverride::from_file((dir / "Qwen-Qwen2.5-7B-Instruct.jinja").string());
+  CHECK(tandem::tool_prompt_for_template(ChatTemplate::for_tokenizer(tok, &qwen).source()).template_renders_tools);
+  CHECK_FALSE(tandem::tool_prompt_for_template(ChatTemplate::for_tokenizer(tok).source()).template_renders_tools);
+  CHECK(ChatTemplate::for_tokenizer(tok).origin() == "tokenizer.chat_template");
+
+  // a built-in name selects the matcher's renderer, with no fallback reason
+  const ChatTemplateOverride gemma = ChatTemplateOverride::from_text("gemma", "--chat-template");
+  const ChatTemplate g = ChatTemplate::for_tokenizer(tok, &gemma);
+  CHECK_FALSE(g.is_jinja());
+  CHECK(g.family() == ChatTemplateFamily::kGemma);
+  CHECK(g.fallback_reason().empty());
+  CHECK(g.origin() == "--chat-template");
+  CHECK(g.render(kConversation, true) == ChatTemplate::by_name("gemma").render(kConversation, true));
+  // inline Jinja
+  const ChatTemplateOverride inl = ChatTemplateOverride::from_text("{{ bos_token }}{{ messages[-1].content }}", "x");
+  CHECK(ChatTemplate::for_tokenizer(tok, &inl).render(kConversation, false) == "<s>U2");
+
+  // errors: parse errors name the origin and the line; unreadable files name the file
+  const auto scratch = tandem::test::scratch_dir("chat-template-override");
+  const std::string bad = (scratch / "bad.jinja").string();
+  { std::ofstream(bad) << "{{ bos_token }}\n{% if %}\n"; }
+  auto [code, msg] = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(bad); });
+  CHECK(code == tandem::ErrorCode::kInvalidArgument);
+  CHECK(msg.find("chat template file '" + bad + "': jinja: line 2") == 0);
+  std::tie(code, msg) =
+      tandem::test::error_of([] { (void)ChatTemplateOverride::from_text("{% for %}", "--chat-template"); });
+  CHECK(code == tandem::ErrorCode::kInvalidArgument);
+  CHECK(msg.find("--chat-template: jinja: line 1") == 0);
+  std::tie(code, msg) = tandem::test::error_of([] { (void)ChatTemplateOverride::from_text("", "--chat-template"); });
+  CHECK(code == tandem::ErrorCode::kInvalidArgument);
+  const std::string missing = (scratch / "missing.jinja").string();
+  std::tie(code, msg) = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(missing); });
+  CHECK(code == tandem::ErrorCode::kIo);
+  CHECK(msg.find(missing) != std::string::npos);
+  CHECK(msg.find("No such file") != std::string::npos);
+  std::tie(code, msg) = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(scratch.string()); });
+  CHECK(code == tandem::ErrorCode::kIo);
+  CHECK(msg.find("a directory") != std::string::npos);
+  const std::string big = (scratch / "big.jinja").string();
+  { std::ofstream(big) << std::string(tandem::jinja::Template::kMaxSourceBytes + 1, 'x'); }
+  std::tie(code, msg) = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(big); });
+  CHECK(code == tandem::ErrorCode::kIo);
+  CHECK(msg.find("larger than 1 MiB") != std::string::npos);
 }
 
 TEST_CASE("chat template: Jinja rendering keeps message text apart from control tokens", "[chat][jinja]") {

@@ -179,6 +179,13 @@ typedef struct tandem_model_params {
                                  (reads every block scale once). Default 1. */
   uint32_t max_alignment;     /* largest accepted general.alignment, a power of two.
                                  Default 1 MiB. */
+  /* ---- later fields (a struct_size without them is still accepted) ---- */
+  const char* chat_template; /* NULL (default): the model's own tokenizer.chat_template. Else
+                                the template used instead by the chat functions below (as
+                                tandem-server --chat-template): a built-in name ("chatml",
+                                "llama3", ...) or Jinja source (UTF-8, at most 1 MiB), copied
+                                and parsed at load: one that does not parse is
+                                TANDEM_E_INVALID_ARG "chat_template: jinja: line N: ...". */
 } tandem_model_params;
 
 /* Set params->struct_size = struct_size and every field to its default.
@@ -863,7 +870,8 @@ TANDEM_API tandem_status tandem_model_meta_value(const tandem_model* model, cons
 /* ---- chat templates ------------------------------------------------------------------- */
 
 /* A conversation is n_messages pairs roles[i] / contents[i] of NUL-terminated UTF-8.
- * With template_name NULL the template is the model's own tokenizer.chat_template,
+ * With template_name NULL the template is the model's (tandem_model_params.chat_template
+ * when the model was loaded with one; the functions below use it too), else its own tokenizer.chat_template,
  * executed by Tandem's Jinja interpreter as Hugging Face transformers renders it (roles are
  * what that template accepts; its raise_exception is TANDEM_E_INVALID_ARG with its message;
  * a render limit reached is TANDEM_E_OUT_OF_MEMORY). When the model has no template or it does not

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -25,6 +26,7 @@
 #include "tandem/node/node.hpp"
 #include "tandem/sched/scheduler.hpp"
 #include "tandem/session/session.hpp"
+#include "tandem/template/chat_template.hpp"
 
 namespace tandem::capi {
 
@@ -80,7 +82,12 @@ const char* kind_name(Kind kind) noexcept;
 
 struct ModelObj {
   std::shared_ptr<const tandem::Model> model;
-  std::string name;  ///< backing store of tandem_model_info::name
+  std::string name;                                           ///< backing store of tandem_model_info::name
+  std::optional<tandem::ChatTemplateOverride> chat_template;  ///< tandem_model_params.chat_template
+  /// The template the chat functions use (ChatTemplate::for_model with the override).
+  tandem::ChatTemplate template_in_use() const {
+    return tandem::ChatTemplate::for_model(*model, chat_template ? &*chat_template : nullptr);
+  }
 };
 
 /// A CPU thread pool made by tandem_pool_create; executors hold the ThreadPool itself.
@@ -286,7 +293,7 @@ bool check_capacity(const void* buf, size_t capacity, size_t needed, const char*
 // added, sizeof grows and these stay. No struct may have tail padding (a later field could
 // hide in it), hence the checks in tandem_c.cpp.
 
-constexpr size_t kModelParamsV01 = sizeof(tandem_model_params);
+constexpr size_t kModelParamsV01 = offsetof(tandem_model_params, chat_template);
 constexpr size_t kModelInfoV01 = sizeof(tandem_model_info);
 constexpr size_t kSessionParamsV01 = offsetof(tandem_session_params, kv_tier);
 constexpr size_t kSessionInfoV01 = sizeof(tandem_session_info);

@@ -78,7 +78,8 @@ static_assert(static_cast<int>(KvDtype::kQ8_0) == TANDEM_KV_Q8_0);
 
 #define TANDEM_NO_TAIL_PADDING(T, last) \
   static_assert(offsetof(T, last) + sizeof(T::last) == sizeof(T), #T " has tail padding")
-TANDEM_NO_TAIL_PADDING(tandem_model_params, max_alignment);
+TANDEM_NO_TAIL_PADDING(tandem_model_params,
+                       chat_template);  // NOLINT(bugprone-sizeof-expression): the pointer is the member
 TANDEM_NO_TAIL_PADDING(tandem_model_info, weight_bytes);
 TANDEM_NO_TAIL_PADDING(tandem_session_params, pool);  // NOLINT(bugprone-sizeof-expression): the pointer is the member
 TANDEM_NO_TAIL_PADDING(tandem_session_info, has_logits);

@@ -113,8 +113,8 @@ ChatRequest read_request(const char* request_json, const char* fn) {
   return r;
 }
 
-ChatTemplate pick_template(const Model& model, const char* name) {
-  return name == nullptr ? ChatTemplate::for_model(model) : ChatTemplate::by_name(name);
+ChatTemplate pick_template(const ModelObj& model, const char* name) {
+  return name == nullptr ? model.template_in_use() : ChatTemplate::by_name(name);
 }
 
 }  // namespace
@@ -166,7 +166,7 @@ tandem_status tandem_chat_render(const tandem_model* model, const char* template
     auto m = get_model(model, fn);
     require(out_len, fn, "out_len");
     const auto messages = read_messages(roles, contents, n_messages, fn);
-    const std::string text = pick_template(*m->model, template_name).render(messages, add_assistant != 0);
+    const std::string text = pick_template(*m, template_name).render(messages, add_assistant != 0);
     write_text(text, buf, capacity, out_len, fn);
   });
 }
@@ -179,8 +179,7 @@ tandem_status tandem_chat_tokenize(const tandem_model* model, const char* templa
     auto m = get_model(model, fn);
     require(out_n_tokens, fn, "out_n_tokens");
     const auto messages = read_messages(roles, contents, n_messages, fn);
-    const auto ids =
-        pick_template(*m->model, template_name).tokenize(m->model->tokenizer(), messages, add_assistant != 0);
+    const auto ids = pick_template(*m, template_name).tokenize(m->model->tokenizer(), messages, add_assistant != 0);
     *out_n_tokens = ids.size();
     if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
   });
@@ -193,8 +192,7 @@ tandem_status tandem_chat_apply_template(const tandem_model* model, const char* 
     auto m = get_model(model, fn);
     require(out_len, fn, "out_len");
     const ChatRequest r = read_request(request_json, fn);
-    const std::string text =
-        ChatTemplate::for_model(*m->model).render_json(r.messages, r.add_generation_prompt, r.tools, r.kwargs);
+    const std::string text = m->template_in_use().render_json(r.messages, r.add_generation_prompt, r.tools, r.kwargs);
     write_text(text, buf, capacity, out_len, fn);
   });
 }
@@ -206,8 +204,8 @@ tandem_status tandem_chat_apply_template_tokens(const tandem_model* model, const
     auto m = get_model(model, fn);
     require(out_n_tokens, fn, "out_n_tokens");
     const ChatRequest r = read_request(request_json, fn);
-    const auto ids = ChatTemplate::for_model(*m->model).tokenize_json(m->model->tokenizer(), r.messages,
-                                                                      r.add_generation_prompt, r.tools, r.kwargs);
+    const auto ids = m->template_in_use().tokenize_json(m->model->tokenizer(), r.messages, r.add_generation_prompt,
+                                                        r.tools, r.kwargs);
     *out_n_tokens = ids.size();
     if (check_capacity(tokens, capacity, ids.size(), fn, "tokens")) std::copy(ids.begin(), ids.end(), tokens);
   });
@@ -220,7 +218,7 @@ tandem_status tandem_chat_parse_tool_calls(const tandem_model* model, const char
     auto m = get_model(model, fn);
     require(text, fn, "text");
     require(out_len, fn, "out_len");
-    const ToolPrompt tp = tool_prompt_for_template(m->model->tokenizer().chat_template());
+    const ToolPrompt tp = tool_prompt_for_template(m->template_in_use().source());
     const ParsedToolCalls p = parse_tool_calls(text, tp.format);
     nlohmann::ordered_json calls = nlohmann::ordered_json::array();
     for (const auto& c : p.calls) calls.push_back({{"name", c.name}, {"arguments", c.arguments}});

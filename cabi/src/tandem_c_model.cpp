@@ -39,6 +39,8 @@ tandem_status tandem_model_load(const char* path, const tandem_model_params* par
     auto obj = std::make_shared<ModelObj>();
     obj->model = Model::load(path, options);
     obj->name = obj->model->name();
+    if (p.chat_template != nullptr)
+      obj->chat_template = ChatTemplateOverride::from_text(p.chat_template, "chat_template");
     *out_model = Registry::instance().add_handle<tandem_model>(Kind::kModel, std::move(obj));
   });
 }

@@ -264,105 +264,136 @@ void register_routes(httplib::Server& svr, ServerState& st, const TransportLimit
 
   // Every route of the server, once: the 405's Allow header and the public paths (no API
   // key, answering while loading) are read from this table.
-  const auto table = std::make_shared<const RouteTable>(std::vector<Route>{
-      {"GET",
-       {"/health"},
-       true,
-       [&st](const httplib::Request&, httplib::Response& res, const std::string&) {
-         if (!st.ready.load(std::memory_order_acquire)) {
-           send_error(res, ApiError(503, "the model is loading", "", "model_loading"));
-         } else if (st.draining.load()) {
-           send_error(res, ApiError(503, "the server is shutting down", "", "server_shutting_down"));
-         } else {
-           send_json(res, {{"status", "ok"}});
-         }
-       }},
-      {"GET",
-       {"/metrics"},
-       true,
-       [&st](const httplib::Request&, httplib::Response& res, const std::string&) {
-         if (!st.ready.load(std::memory_order_acquire)) {
-           send_error(res, ApiError(503, "the model is loading", "", "model_loading"));
-           return;
-         }
-         res.set_content(st.metrics->render(st.engine->metrics()), "text/plain; version=0.0.4; charset=utf-8");
-       }},
-      {"GET",
-       {"/v1/models", "/models"},
-       false,
-       [model_object](const httplib::Request&, httplib::Response& res, const std::string&) {
-         send_json(res, {{"object", "list"}, {"data", json::array({model_object()})}});
-       }},
-      // The client's models.retrieve(id): the alias or the model path (as `model` accepts).
-      {"GET",
-       {R"(/v1/models/(.+))", R"(/models/(.+))"},
-       false,
-       [&st, model_object](const httplib::Request& req, httplib::Response& res, const std::string&) {
-         const std::string id = req.matches.size() > 1 ? req.matches[1].str() : std::string();
-         if (std::find(st.info.names.begin(), st.info.names.end(), id) == st.info.names.end()) {
-           throw ApiError(404, fmt::format("the model '{}' does not exist", id), "model", "model_not_found");
-         }
-         send_json(res, model_object());
-       }},
-      {"POST", {"/v1/chat/completions", "/chat/completions"}, false, generation(true, "/v1/chat/completions")},
-      {"POST", {"/v1/completions", "/completions"}, false, generation(false, "/v1/completions")},
-      {"POST",
-       {"/tokenize"},
-       false,
-       [&st](const httplib::Request&, httplib::Response& res,
-             const std::string& raw) { send_json(res, tokenize_response(parse_body(raw), *st.info.tokenizer)); }},
-      {"POST",
-       {"/detokenize"},
-       false,
-       [&st](const httplib::Request&, httplib::Response& res,
-             const std::string& raw) { send_json(res, detokenize_response(parse_body(raw), *st.info.tokenizer)); }},
-      // llama-server's /apply-template: the prompt the model's chat template makes of a chat
-      // request (messages, tools, add_generation_prompt, chat_template_kwargs), as the chat
-      // endpoint renders it (tools through tool_template_input: a template without its own
-      // tool rendering gets Hermes' tool prompt). The body keeps the client's key order (tojson prints it so).
-      // A template's own errors and its render limits are the request's fault: 400.
-      {"POST",
-       {"/apply-template"},
-       false,
-       [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
-         const auto body = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
-         if (body.is_discarded()) throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
-         if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
-         check_body_depth(body);
-         const auto msgs = body.find("messages");
-         if (msgs == body.end() || !msgs->is_array()) {
-           throw ApiError(400, "'messages' is required (an array)", "messages", "invalid_value");
-         }
-         bool add_generation_prompt = true;
-         if (const auto agp = body.find("add_generation_prompt"); agp != body.end() && !agp->is_null()) {
-           if (!agp->is_boolean()) {
-             throw ApiError(400, "'add_generation_prompt' must be a boolean", "add_generation_prompt", "invalid_type");
-           }
-           add_generation_prompt = agp->get<bool>();
-         }
-         const auto tools = body.value("tools", nlohmann::ordered_json());
-         if (!tools.is_null() && !tools.is_array())
-           throw ApiError(400, "'tools' must be an array", "tools", "invalid_type");
-         const auto kwargs = body.value("chat_template_kwargs", nlohmann::ordered_json());
-         if (!kwargs.is_null() && !kwargs.is_object()) {
-           throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type");
-         }
-         std::string prompt;
-         try {
-           if (chat_request_uses_tools(body)) {  // the chat endpoint's tool path
-             const ToolTemplateInput in = tool_template_input(st.info.tool_prompt, *msgs, tools);
-             prompt = st.info.chat_template->render_json(in.messages, add_generation_prompt, in.tools, kwargs);
-           } else {
-             prompt = st.info.chat_template->render_json(*msgs, add_generation_prompt, tools, kwargs);
-           }
-         } catch (const Error& e) {
-           if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
-           throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()), "messages",
-                          std::string(error_code_name(e.code())));
-         }
-         send_json(res, json{{"prompt", prompt}});
-       }},
-  });
+  const auto
+      table =
+          std::make_shared<const RouteTable>(
+              std::vector<Route>{
+                  {"GET",
+                   {"/health"},
+                   true,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string&) {
+                     if (!st.ready.load(std::memory_order_acquire)) {
+                       send_error(res, ApiError(503, "the model is loading", "", "model_loading"));
+                     } else if (st.draining.load()) {
+                       send_error(res, ApiError(503, "the server is shutting down", "", "server_shutting_down"));
+                     } else {
+                       send_json(res, {{"status", "ok"}});
+                     }
+                   }},
+                  {"GET",
+                   {"/metrics"},
+                   true,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string&) {
+                     if (!st.ready.load(std::memory_order_acquire)) {
+                       send_error(res, ApiError(503, "the model is loading", "", "model_loading"));
+                       return;
+                     }
+                     res.set_content(st.metrics->render(st.engine->metrics()),
+                                     "text/plain; version=0.0.4; charset=utf-8");
+                   }},
+                  {"GET",
+                   {"/v1/models", "/models"},
+                   false,
+                   [model_object](const httplib::Request&, httplib::Response& res, const std::string&) {
+                     send_json(res, {{"object", "list"}, {"data", json::array({model_object()})}});
+                   }},
+                  // The client's models.retrieve(id): the alias or the model path (as `model` accepts).
+                  {"GET",
+                   {R"(/v1/models/(.+))", R"(/models/(.+))"},
+                   false,
+                   [&st, model_object](const httplib::Request& req, httplib::Response& res, const std::string&) {
+                     const std::string id = req.matches.size() > 1 ? req.matches[1].str() : std::string();
+                     if (std::find(st.info.names.begin(), st.info.names.end(), id) == st.info.names.end()) {
+                       throw ApiError(404, fmt::format("the model '{}' does not exist", id), "model",
+                                      "model_not_found");
+                     }
+                     send_json(res, model_object());
+                   }},
+                  // llama-server's /props, the fields Tandem has: the chat template in use. chat_template
+                  // is its source text (--chat-template(-file)'s, or the model's tokenizer.chat_template:
+                  // "" when the model has none), chat_template_name the matcher's family for it (the
+                  // built-in that renders when chat_template_jinja is false), chat_template_origin where
+                  // it came from ("tokenizer.chat_template", "--chat-template", "chat template file '...'").
+                  {"GET",
+                   {"/props"},
+                   false,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string&) {
+                     const tandem::ChatTemplate& t = st.engine->chat_template();
+                     send_json(res, {{"model_path", st.info.names.back()},
+                                     {"chat_template", t.source()},
+                                     {"chat_template_name", t.name()},
+                                     {"chat_template_jinja", t.is_jinja()},
+                                     {"chat_template_origin", t.origin()}});
+                   }},
+                  {"POST",
+                   {"/v1/chat/completions", "/chat/completions"},
+                   false,
+                   generation(true, "/v1/chat/completions")},
+                  {"POST", {"/v1/completions", "/completions"}, false, generation(false, "/v1/completions")},
+                  {"POST",
+                   {"/tokenize"},
+                   false,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                     send_json(res, tokenize_response(parse_body(raw), *st.info.tokenizer));
+                   }},
+                  {"POST",
+                   {"/detokenize"},
+                   false,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                     send_json(res, detokenize_response(parse_body(raw), *st.info.tokenizer));
+                   }},
+                  // llama-server's /apply-template: the prompt the chat template in use makes of a chat
+                  // request (messages, tools, add_generation_prompt, chat_template_kwargs), as the chat
+                  // endpoint renders it (tools through tool_template_input: a template without its own
+                  // tool rendering gets Hermes' tool prompt). The body keeps the client's key order (tojson prints it
+                  // so). A template's own errors and its render limits are the request's fault: 400.
+                  {"POST",
+                   {"/apply-template"},
+                   false,
+                   [&st](const httplib::Request&, httplib::Response& res, const std::string& raw) {
+                     const auto body = nlohmann::ordered_json::parse(raw, nullptr, /*allow_exceptions=*/false);
+                     if (body.is_discarded())
+                       throw ApiError(400, "the request body is not valid JSON", "", "invalid_json");
+                     if (!body.is_object())
+                       throw ApiError(400, "the request body must be a JSON object", "", "invalid_json");
+                     check_body_depth(body);
+                     const auto msgs = body.find("messages");
+                     if (msgs == body.end() || !msgs->is_array()) {
+                       throw ApiError(400, "'messages' is required (an array)", "messages", "invalid_value");
+                     }
+                     bool add_generation_prompt = true;
+                     if (const auto agp = body.find("add_generation_prompt"); agp != body.end() && !agp->is_null()) {
+                       if (!agp->is_boolean()) {
+                         throw ApiError(400, "'add_generation_prompt' must be a boolean", "add_generation_prompt",
+                                        "invalid_type");
+                       }
+                       add_generation_prompt = agp->get<bool>();
+                     }
+                     const auto tools = body.value("tools", nlohmann::ordered_json());
+                     if (!tools.is_null() && !tools.is_array())
+                       throw ApiError(400, "'tools' must be an array", "tools", "invalid_type");
+                     const auto kwargs = body.value("chat_template_kwargs", nlohmann::ordered_json());
+                     if (!kwargs.is_null() && !kwargs.is_object()) {
+                       throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs",
+                                      "invalid_type");
+                     }
+                     std::string prompt;
+                     try {
+                       if (chat_request_uses_tools(body)) {  // the chat endpoint's tool path
+                         const ToolTemplateInput in = tool_template_input(st.info.tool_prompt, *msgs, tools);
+                         prompt =
+                             st.info.chat_template->render_json(in.messages, add_generation_prompt, in.tools, kwargs);
+                       } else {
+                         prompt = st.info.chat_template->render_json(*msgs, add_generation_prompt, tools, kwargs);
+                       }
+                     } catch (const Error& e) {
+                       if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfMemory) throw;
+                       throw ApiError(400, fmt::format("the chat template cannot render this request: {}", e.what()),
+                                      "messages", std::string(error_code_name(e.code())));
+                     }
+                     send_json(res, json{{"prompt", prompt}});
+                   }},
+              });
 
   // A Content-Length body over the limit is refused in the pre-routing hook below, before
   // a byte of it is read (httplib's own check would read it all and throw it away); every

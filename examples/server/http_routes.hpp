@@ -1,7 +1,8 @@
 // tandem-server: the HTTP routes on cpp-httplib.
 //
 //   POST /v1/chat/completions, /v1/completions (also without /v1), GET /v1/models and
-//   /v1/models/{id}, POST /tokenize, /detokenize, /apply-template (llama-server's shapes),
+//   /v1/models/{id}, POST /tokenize, /detokenize, /apply-template, GET /props (the chat
+//   template in use; llama-server's shapes),
 //   GET /health (503 while loading, and while shutting down), GET /metrics (Prometheus
 //   text). They are one table in http_routes.cpp (method, paths, public or not, handler),
 //   which the 405's Allow header and the API-key check read.

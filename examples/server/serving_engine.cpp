@@ -38,7 +38,8 @@ class RecordingPolicy final : public RoutingPolicy {
 }  // namespace
 
 ServingEngine::ServingEngine(const EngineOptions& o, std::function<void(std::string_view)> log)
-    : model_(Model::load(o.model_path)), template_(ChatTemplate::for_model(*model_)) {
+    : model_(Model::load(o.model_path)),
+      template_(ChatTemplate::for_model(*model_, o.chat_template ? &*o.chat_template : nullptr)) {
   if (o.parallel < 1) throw Error(ErrorCode::kInvalidArgument, "--parallel must be >= 1");
   n_ctx_ = o.n_ctx > 0 ? o.n_ctx : default_context_size(model_->hparams());
   SchedulerOptions so;

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@ struct EngineOptions {
   bool kv_file_tier = false;
   KvDtype kv_dtype = KvDtype::kF16;  ///< --cache-type-k/-v; q8_0 on CPU executors only (the GPU refuses it)
   std::filesystem::path kv_dir = std::filesystem::temp_directory_path();
+  std::optional<ChatTemplateOverride> chat_template;  ///< --chat-template(-file); nullopt: the model's
 };
 
 /// Where a request was routed: executor names and the policy's rule and reason.

@@ -7,6 +7,7 @@
 //                 [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //                 [--body-limit BYTES] [--max-connections N] [--header-timeout S] [--body-timeout S]
 //                 [--grammar-deadline S] [--shutdown-grace S]
+//                 [--chat-template NAME_OR_JINJA | --chat-template-file FILE]
 //
 // The port opens first and /health answers 503 until the model is loaded. SIGTERM or
 // SIGINT: stop accepting connections, let in-flight requests finish within
@@ -25,6 +26,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "chat_template_flags.hpp"
 #include "kv_cache_type.hpp"
 #include "server/http_routes.hpp"
 #include "server/http_transport.hpp"
@@ -127,6 +129,8 @@ int main(int argc, char** argv) {
          "seconds in-flight requests may take to finish after SIGTERM/SIGINT (a second signal cancels them at once)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
+  tandem::cli::ChatTemplateFlags chat_template_flags;
+  tandem::cli::add_chat_template_flags(app, chat_template_flags);
   try {
     app.parse(normalise_args(argc, argv));
   } catch (const CLI::ParseError& e) {
@@ -144,6 +148,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!kv_dir.empty()) eo.kv_dir = kv_dir;
+  try {  // before the port opens: a template that cannot be used serves nothing
+    eo.chat_template = tandem::cli::chat_template_override(chat_template_flags);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem-server: %s\n", e.what());
+    return 1;
+  }
   so.log_json = log_format == "json";
   if (so.alias.empty()) so.alias = std::filesystem::path(eo.model_path).stem().string();
 
@@ -201,7 +211,7 @@ int main(int argc, char** argv) {
     st.engine = std::make_unique<ServingEngine>(eo, sched_log);
     st.info.tokenizer = &st.engine->model().tokenizer();
     st.info.chat_template = &st.engine->chat_template();
-    st.info.tool_prompt = tandem::tool_prompt_for_template(st.engine->model().tokenizer().chat_template());
+    st.info.tool_prompt = tandem::tool_prompt_for_template(st.engine->chat_template().source());
     st.info.n_ctx = st.engine->n_ctx();
     st.info.names = {so.alias, eo.model_path};
     st.info.grammar_deadline = std::chrono::milliseconds(int64_t(so.grammar_deadline_s * 1000.0 + 0.5));
@@ -215,7 +225,7 @@ int main(int argc, char** argv) {
     }
     st.metrics = std::make_unique<PrometheusMetrics>(so.alias, std::move(cache));
     st.created = int64_t(std::time(nullptr));
-    if (!st.engine->chat_template().is_jinja()) {  // as tandem-cli --chat says it
+    if (!st.engine->chat_template().fallback_reason().empty()) {  // as tandem-cli --chat says it
       st.log.write("warn", "the model's chat template is not used",
                    {{"reason", st.engine->chat_template().fallback_reason()},
                     {"built_in_template", st.engine->chat_template().name()}});
@@ -228,6 +238,8 @@ int main(int argc, char** argv) {
                   {"n_ctx", st.info.n_ctx},
                   {"parallel", eo.parallel},
                   {"chat_template", st.engine->chat_template().name()},
+                  {"chat_template_jinja", st.engine->chat_template().is_jinja()},
+                  {"chat_template_origin", st.engine->chat_template().origin()},
                   {"load_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
   } catch (const ExecutorCreationError& e) {  // the model loaded; e.g. --executors gpu and no GPU
     st.log.write("error", "cannot create the executors",

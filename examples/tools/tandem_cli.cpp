@@ -3,13 +3,15 @@
 //   tandem-cli -m MODEL.gguf -p "Once upon a time" | -f PROMPT_FILE -n 64 [-t N] [--temp T] [--top-k K]
 //              [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [-c N_CTX]
 //              [--prompt-ids 1,2,3] [--logits-out FILE] [--json]
-//              [--chat [-sys|--system-prompt TEXT] [-st|--single-turn]]
+//              [--chat [-sys|--system-prompt TEXT] [-st|--single-turn]
+//                      [--chat-template NAME_OR_JINJA | --chat-template-file FILE]]
 //              [--session FILE] [--kv-tier host|file] [--kv-dir DIR] [--migrate-after N]
 //              [-ctk|--cache-type-k f16|f32|q8_0] [-ctv|--cache-type-v f16|f32|q8_0]
 //   tandem-cli tokenize -m MODEL.gguf -p TEXT [--no-bos] [--parse-special]
 //   tandem-cli apply-template -m MODEL.gguf --messages REQUEST.json   (the prompt the model's
 //              chat template makes of an OpenAI chat request: messages, tools,
 //              add_generation_prompt (default true), chat_template_kwargs; printed exactly)
+//              [--chat-template NAME_OR_JINJA | --chat-template-file FILE]
 //   tandem-cli --version | --help   (--help shows every default)
 //
 // Flags follow llama.cpp's llama-cli where one exists. Errors: one line on stderr and exit
@@ -40,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "chat_template_flags.hpp"
 #include "cli_session_lock.hpp"
 #include "cli_signals.hpp"
 #include "cli_stdout.hpp"
@@ -213,7 +216,9 @@ int run_tokenize(const std::string& model_path, const std::string& text, bool no
 
 // The rendered prompt of an OpenAI chat-completions request body (llama-server's
 // /apply-template): exactly the template's text on stdout, no newline added.
-int run_apply_template(const std::string& model_path, const std::string& request_path) {
+int run_apply_template(const std::string& model_path, const std::string& request_path,
+                       const tandem::cli::ChatTemplateFlags& template_flags) {
+  const auto override = tandem::cli::chat_template_override(template_flags);
   std::string body;
   if (request_path == "-") {
     body = read_bounded(std::cin, "standard input");
@@ -236,8 +241,8 @@ int run_apply_template(const std::string& model_path, const std::string& request
     throw tandem::Error(tandem::ErrorCode::kInvalidArgument, "add_generation_prompt must be a boolean");
   auto gguf = tandem::GgufFile::open(model_path);
   const tandem::Tokenizer tok = tandem::Tokenizer::from_gguf(*gguf);
-  const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_tokenizer(tok);
-  if (!tmpl.is_jinja()) {
+  const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_tokenizer(tok, override ? &*override : nullptr);
+  if (!tmpl.fallback_reason().empty()) {
     std::fprintf(stderr, "tandem-cli: the model's chat template is not used (%s); built-in template %s\n",
                  tmpl.fallback_reason().c_str(), std::string(tmpl.name()).c_str());
   }
@@ -246,7 +251,7 @@ int run_apply_template(const std::string& model_path, const std::string& request
   std::string prompt;
   if (tandem::chat_request_uses_tools(req)) {  // as a chat endpoint renders it (tandem-server's)
     const auto in =
-        tandem::tool_template_input(tandem::tool_prompt_for_template(tok.chat_template()), req["messages"], tools);
+        tandem::tool_template_input(tandem::tool_prompt_for_template(tmpl.source()), req["messages"], tools);
     prompt = tmpl.render_json(in.messages, agp.get<bool>(), in.tools, kwargs);
   } else {
     prompt = tmpl.render_json(req["messages"], agp.get<bool>(), tools, kwargs);
@@ -333,6 +338,9 @@ int main(int argc, char** argv) {
                    "chat request JSON: messages, optional tools, add_generation_prompt, chat_template_kwargs "
                    "(- reads stdin)")
       ->required();
+  tandem::cli::ChatTemplateFlags tmpl_flags, chat_flags;
+  tandem::cli::add_chat_template_flags(*tmpl_cmd, tmpl_flags);
+  tandem::cli::add_chat_template_flags(app, chat_flags);
   // The generate options are required only without a subcommand.
   app.get_option("--model")->required(false);
 
@@ -349,13 +357,17 @@ int main(int argc, char** argv) {
       check_utf8(tok_text, "the text");
       return run_tokenize(tok_model, tok_text, no_bos, parse_special);
     }
-    if (tmpl_cmd->parsed()) return run_apply_template(tmpl_model, tmpl_messages);
+    if (tmpl_cmd->parsed()) return run_apply_template(tmpl_model, tmpl_messages, tmpl_flags);
     if (model_path.empty()) throw UsageError("--model is required");
     // -ngl: a value that is no layer count is refused before loading; the count is read
     // against the model's layers once it is loaded.
     if (const std::string bad = tandem::cli::check_layer_count(gpu_layers); !bad.empty()) throw UsageError(bad);
     seed = parse_seed(seed_text);
     check_generate_flags(app, sp, n_predict, kv_tier, migrate_after, chat, json_out, logits_out);
+    if (!chat && (chat_flags.text || chat_flags.file)) {
+      throw UsageError("--chat-template and --chat-template-file apply to --chat");
+    }
+    const auto chat_override = tandem::cli::chat_template_override(chat_flags);  // before the model loads
     tandem::KvDtype kv_dtype = tandem::KvDtype::kF16;
     if (const std::string bad = tandem::cli::resolve_cache_types(cache_type_k, cache_type_v, kv_dtype); !bad.empty())
       throw UsageError(bad);
@@ -447,9 +459,13 @@ int main(int argc, char** argv) {
     }
 
     if (chat) {
-      const tandem::ChatTemplate tmpl = tandem::ChatTemplate::for_model(*model);
+      const tandem::ChatTemplate tmpl =
+          tandem::ChatTemplate::for_model(*model, chat_override ? &*chat_override : nullptr);
       tandem::ChatSession chat_session(session, tmpl, system_prompt);
-      if (tmpl.is_jinja()) {
+      if (chat_override) {
+        std::fprintf(stderr, "tandem-cli: chat template %s (%s, from %s)\n", std::string(tmpl.name()).c_str(),
+                     tmpl.is_jinja() ? "Jinja" : "built in", tmpl.origin().c_str());
+      } else if (tmpl.is_jinja()) {
         std::fprintf(stderr, "tandem-cli: chat template %s (the model's own Jinja template)\n",
                      std::string(tmpl.name()).c_str());
       } else {

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
 
 #include "tandem/core/error.hpp"
 #include "tandem/model/model.hpp"
@@ -346,32 +349,77 @@ std::vector<nlohmann::ordered_json::json_pointer> text_fields(const nlohmann::or
 
 }  // namespace
 
-ChatTemplate ChatTemplate::for_model(const Model& model) {
-  return for_tokenizer(model.tokenizer());
+ChatTemplateOverride ChatTemplateOverride::from_text(std::string text, std::string origin) {
+  if (text.empty()) throw Error(ErrorCode::kInvalidArgument, origin + ": the chat template is empty");
+  ChatTemplateOverride o;
+  const bool named = std::any_of(kNames.begin(), kNames.end(), [&](const NamedFamily& n) { return text == n.name; });
+  if (!named) {
+    try {
+      o.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(text));
+    } catch (const Error& e) {
+      throw Error(e.code(), origin + ": " + e.what());
+    }
+  }
+  o.text_ = std::make_shared<const std::string>(std::move(text));
+  o.origin_ = std::move(origin);
+  return o;
 }
 
-ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok) {
-  const std::string* src = tok.chat_template().empty() ? nullptr : &tok.chat_template();
-  ChatTemplate t = detect(src ? *src : std::string_view{});
-  if (!src) {
+ChatTemplateOverride ChatTemplateOverride::from_file(const std::string& path) {
+  const std::string origin = "chat template file '" + path + "'";
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(ErrorCode::kIo, "cannot read " + origin + ": a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::kIo, "cannot read " + origin + ": " + errno_message(errno ? errno : ENOENT));
+  // One byte past the parser's bound tells "too large" from "exactly at the bound".
+  std::string text(jinja::Template::kMaxSourceBytes + 1, '\0');
+  in.read(text.data(), std::streamsize(text.size()));
+  if (in.bad()) throw Error(ErrorCode::kIo, "cannot read " + origin);
+  text.resize(size_t(in.gcount()));
+  if (text.size() > jinja::Template::kMaxSourceBytes) {
+    throw Error(ErrorCode::kIo, "cannot read " + origin + ": larger than " +
+                                    std::to_string(jinja::Template::kMaxSourceBytes >> 20) + " MiB");
+  }
+  return from_text(std::move(text), origin);
+}
+
+ChatTemplate ChatTemplate::for_model(const Model& model, const ChatTemplateOverride* override) {
+  return for_tokenizer(model.tokenizer(), override);
+}
+
+ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tok, const ChatTemplateOverride* override) {
+  const auto with_tokens = [&tok](ChatTemplate t) {
+    if (tok.bos() >= 0) t.bos_token_ = std::string(tok.token_text(tok.bos()));
+    if (tok.eos() >= 0) t.eos_token_ = std::string(tok.token_text(tok.eos()));
+    return t;
+  };
+  if (override != nullptr) {
+    ChatTemplate t = override->jinja_ ? detect(override->text()) : by_name(override->text());
+    t.source_ = override->text_;
+    t.origin_ = override->origin_;
+    t.jinja_ = override->jinja_;
+    return t.jinja_ ? with_tokens(std::move(t)) : t;
+  }
+  const std::string& src = tok.chat_template();
+  ChatTemplate t = detect(src);
+  t.origin_ = "tokenizer.chat_template";
+  if (src.empty()) {
     t.fallback_reason_ = "the model has no tokenizer.chat_template";
     return t;
   }
   for (const NamedFamily& n : kNames) {
-    if (*src == n.name) {
+    if (src == n.name) {
       t.fallback_reason_ = "the model's tokenizer.chat_template names the built-in '" + std::string(n.name) + "'";
       return t;
     }
   }
   try {
-    t.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(*src));
+    t.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(src));
   } catch (const Error& e) {
     t.fallback_reason_ = e.what();
     return t;
   }
-  if (tok.bos() >= 0) t.bos_token_ = std::string(tok.token_text(tok.bos()));
-  if (tok.eos() >= 0) t.eos_token_ = std::string(tok.token_text(tok.eos()));
-  return t;
+  return with_tokens(std::move(t));
 }
 
 ChatTemplate ChatTemplate::from_jinja(std::string_view source, std::string bos_token, std::string eos_token) {
@@ -384,7 +432,7 @@ ChatTemplate ChatTemplate::from_jinja(std::string_view source, std::string bos_t
 
 ChatTemplate ChatTemplate::detect(std::string_view src) {
   for (const NamedFamily& n : kNames) {
-    if (src == n.name) return ChatTemplate(n.family, true);
+    if (src == n.name) return ChatTemplate(n.family, true, src);
   }
   auto has = [src](std::string_view s) { return src.find(s) != std::string_view::npos; };
   ChatTemplateFamily f = ChatTemplateFamily::kChatML;
@@ -408,12 +456,12 @@ ChatTemplate ChatTemplate::detect(std::string_view src) {
   } else {
     matched = false;
   }
-  return ChatTemplate(f, matched);
+  return ChatTemplate(f, matched, src);
 }
 
 ChatTemplate ChatTemplate::by_name(std::string_view name) {
   for (const NamedFamily& n : kNames) {
-    if (name == n.name) return ChatTemplate(n.family, true);
+    if (name == n.name) return ChatTemplate(n.family, true, name);
   }
   throw Error(ErrorCode::kInvalidArgument,
               "unknown chat template name '" + std::string(name) +

@@ -388,9 +388,9 @@ static void test_init_functions(void) {
     CHECK(big[sizeof(type) + 64] == 0xAB); /* nothing past struct_size */                   \
   } while (0)
 #define CHECK_INIT(fn, type) CHECK_INIT_MIN(fn, type, sizeof(type))
-  CHECK_INIT(tandem_model_params_init, tandem_model_params);
   CHECK_INIT(tandem_model_info_init, tandem_model_info);
   /* Structs that grew accept the struct_size of their first version. */
+  CHECK_INIT_MIN(tandem_model_params_init, tandem_model_params, offsetof(tandem_model_params, chat_template));
   CHECK_INIT_MIN(tandem_session_params_init, tandem_session_params, offsetof(tandem_session_params, kv_tier));
   CHECK_INIT(tandem_session_info_init, tandem_session_info);
   CHECK_INIT(tandem_sampling_params_init, tandem_sampling_params);
@@ -408,6 +408,7 @@ static void test_init_functions(void) {
 
   CHECK_OK(tandem_model_params_init(&mp, sizeof mp));
   CHECK(mp.struct_size == sizeof mp && mp.check_block_scales == 1 && mp.max_alignment == (1u << 20));
+  CHECK(mp.chat_template == NULL);
   CHECK_OK(tandem_model_info_init(&mi, sizeof mi));
   CHECK(mi.struct_size == sizeof mi && mi.arch == NULL && mi.n_vocab == 0);
   CHECK_OK(tandem_session_params_init(&sp, sizeof sp));
@@ -444,9 +445,10 @@ static void test_init_functions(void) {
  * TANDEM_ABI_VERSION and update cabi/abi/tandem.symbols' header comment). */
 static void test_struct_layout(void) {
   if (sizeof(void*) != 8) return;
-  CHECK(sizeof(tandem_model_params) == 16);
+  CHECK(sizeof(tandem_model_params) == 24);
   CHECK(offsetof(tandem_model_params, check_block_scales) == 8);
   CHECK(offsetof(tandem_model_params, max_alignment) == 12);
+  CHECK(offsetof(tandem_model_params, chat_template) == 16);
   CHECK(sizeof(tandem_model_info) == 64);
   CHECK(offsetof(tandem_model_info, arch) == 8);
   CHECK(offsetof(tandem_model_info, name) == 16);
@@ -2422,6 +2424,51 @@ static void test_metadata_and_chat(void) {
                                             buf, sizeof buf, &len),
                  TANDEM_E_INVALID_ARG);
     CHECK_STATUS(tandem_chat_apply_template(g_model, request, buf, 4, &len), TANDEM_E_BUFFER_TOO_SMALL);
+  }
+
+  /* tandem_model_params.chat_template replaces the model's template in every chat
+   * function: Jinja source (with the vocabulary's BOS text), a built-in name; the tool-call
+   * format follows it (<|python_tag|>: Llama 3's whole-message JSON, not Hermes'). A
+   * template that does not parse fails the load; the version-0.1 struct_size loads the
+   * model's own. */
+  {
+    const char* request = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
+    const char* user_role[1] = {"user"};
+    const char* hi[1] = {"hi"};
+    tandem_model_params mp;
+    tandem_model* m = NULL;
+    int32_t ids2[64];
+    size_t n2 = 0;
+    CHECK_OK(tandem_model_params_init(&mp, sizeof mp));
+    mp.chat_template =
+        "<|python_tag|>{{ bos_token }}[{{ messages[0].content }}]{% if add_generation_prompt %}>{% endif %}";
+    CHECK_OK(tandem_model_load(g_model_path, &mp, &m));
+    CHECK_OK(tandem_chat_apply_template(m, request, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<|python_tag|><s>[hi]>") == 0);
+    CHECK_OK(tandem_chat_render(m, NULL, user_role, hi, 1, 0, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<|python_tag|><s>[hi]") == 0);
+    CHECK_OK(tandem_chat_render(m, "chatml", user_role, hi, 1, 0, buf, sizeof buf, &len)); /* a name still wins */
+    CHECK(strcmp(buf, "<|im_start|>user\nhi<|im_end|>\n") == 0);
+    CHECK_OK(tandem_chat_apply_template_tokens(m, request, ids2, 64, &n2));
+    CHECK_OK(tandem_chat_tokenize(m, NULL, user_role, hi, 1, 1, ids, 256, &n_ids));
+    CHECK(n2 == n_ids && memcmp(ids, ids2, n2 * sizeof ids[0]) == 0);
+    CHECK_OK(tandem_chat_parse_tool_calls(m, "{\"name\": \"f\", \"parameters\": {\"x\": 1}}", buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "{\"content\":null,\"tool_calls\":[{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"}]}") == 0);
+    CHECK_OK(tandem_model_free(m));
+    mp.chat_template = "gemma";
+    CHECK_OK(tandem_model_load(g_model_path, &mp, &m));
+    CHECK_OK(tandem_chat_apply_template(m, request, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n") == 0);
+    CHECK_OK(tandem_model_free(m));
+    mp.chat_template = "ok\n{% if %}";
+    CHECK_STATUS(tandem_model_load(g_model_path, &mp, &m), TANDEM_E_INVALID_ARG);
+    CHECK(m == NULL);
+    CHECK_MSG_CONTAINS("chat_template: jinja: line 2");
+    mp.struct_size = offsetof(tandem_model_params, chat_template); /* version 0.1: no such field */
+    CHECK_OK(tandem_model_load(g_model_path, &mp, &m));
+    CHECK_OK(tandem_chat_apply_template(m, request, buf, sizeof buf, &len));
+    CHECK(strcmp(buf, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") == 0);
+    CHECK_OK(tandem_model_free(m));
   }
 }
 

@@ -80,6 +80,35 @@ check "apply-template missing file exits 1" $([ $? -eq 1 ] && echo 0 || echo 1)
 "$cli" apply-template -m "$model" > /dev/null 2> "$tmp/err"
 check "apply-template without --messages exits 2" $([ $? -eq 2 ] && echo 0 || echo 1)
 
+# --chat-template NAME_OR_JINJA / --chat-template-file FILE replace the model's template: a
+# Jinja file renders its own text, a built-in name that family; both flags, a missing file
+# and a template that does not parse are errors (exit 1) naming the flag or the file.
+printf 'X{{ messages[0].content }}Y{%% if add_generation_prompt %%}Z{%% endif %%}' > "$tmp/t.jinja"
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template-file "$tmp/t.jinja" > "$tmp/out" 2> "$tmp/err"
+check "apply-template --chat-template-file exits 0 ($?)" $?
+check "apply-template --chat-template-file renders the file" $([ "$(cat "$tmp/out")" = "XhiYZ" ] && echo 0 || echo 1)
+check "apply-template --chat-template-file: no fallback note" $([ ! -s "$tmp/err" ] && echo 0 || echo 1)
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template gemma > "$tmp/out" 2> "$tmp/err"
+printf '<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n' > "$tmp/want"
+check "apply-template --chat-template gemma" $(cmp -s "$tmp/out" "$tmp/want" && echo 0 || echo 1)
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template '{{ messages | length }}' > "$tmp/out" 2> /dev/null
+check "apply-template --chat-template inline Jinja" $([ "$(cat "$tmp/out")" = "1" ] && echo 0 || echo 1)
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template gemma --chat-template-file "$tmp/t.jinja" > "$tmp/out" 2> "$tmp/err"
+rc=$?
+check "both template flags exit 1 (rc $rc)" $([ "$rc" -eq 1 ] && grep -q "cannot be combined" "$tmp/err" && [ ! -s "$tmp/out" ] && echo 0 || echo 1)
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template-file "$tmp/none.jinja" > /dev/null 2> "$tmp/err"
+rc=$?
+check "missing template file exits 1 (rc $rc)" $([ "$rc" -eq 1 ] && grep -q "$tmp/none.jinja" "$tmp/err" && echo 0 || echo 1)
+printf 'ok\n{%% if %%}' > "$tmp/bad.jinja"
+"$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template-file "$tmp/bad.jinja" > /dev/null 2> "$tmp/err"
+rc=$?
+check "template file that does not parse exits 1 (rc $rc)" $([ "$rc" -eq 1 ] && grep -q "bad.jinja': jinja: line 2" "$tmp/err" && echo 0 || echo 1)
+"$cli" -m "$model" -p "hi" -n 2 --chat-template chatml > /dev/null 2> "$tmp/err"
+check "--chat-template without --chat exits 2" $([ $? -eq 2 ] && grep -q "apply to --chat" "$tmp/err" && echo 0 || echo 1)
+"$cli" -m "$model" --chat -p "hi" -st -n 2 --temp 0 -t 1 --chat-template-file "$tmp/t.jinja" < /dev/null > /dev/null 2> "$tmp/err"
+check "chat --chat-template-file exits 0 ($?)" $?
+check "chat says the template file is used" $(grep -q "from chat template file '$tmp/t.jinja'" "$tmp/err" && echo 0 || echo 1)
+
 # Chat on SmolLM2 (its own Jinja template, which adds its default system message; stops at
 # an end-of-generation token): the answer starts as llama.cpp's does on this file, whose Q4_1
 # weights both run as they are (llama-server, llama-cpp-python 0.3.17's build 49bfdde,

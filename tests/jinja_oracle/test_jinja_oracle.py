@@ -18,7 +18,9 @@ jinja2 runs in the environment Hugging Face transformers renders chat templates 
      file, against jinja2 on the template, BOS and EOS read from the GGUF itself (with
      tools, apply-template shows what the chat endpoint runs: SmolLM2's template renders no
      tools, so Hermes' tool prompt is written into the messages first, which case 1 and the
-     server tests cover).
+     server tests cover); and the same with --chat-template-file OVERRIDE for each of
+     OVERRIDES (real templates from CHAT_TEMPLATES_DIR): jinja2 on the override with
+     SmolLM2's BOS and EOS (the override replaces the model's template, its tokens stay).
 A case passes when both render the same bytes, or both refuse it (jinja2 raises, Tandem
 reports an error). Exit 0: all pass; 1: a mismatch (printed); 77: Python's jinja2 is
 missing (ctest SKIP).
@@ -291,8 +293,14 @@ def gguf_metadata(path, keys):
     return out
 
 
-def check_apply_template(env, cli, verbose):
-    """tandem-cli apply-template on SmolLM2's GGUF against jinja2; (cases, mismatches)."""
+# Templates case 3 also gives tandem-cli as --chat-template-file: one that renders BOS and
+# EOS and refuses non-alternating roles (so that refusals are compared too), one ChatML.
+OVERRIDES = ["mistralai-Mistral-Nemo-Instruct-2407.jinja", "Qwen-Qwen2.5-7B-Instruct.jinja"]
+
+
+def check_apply_template(env, cli, corpus_dir, verbose):
+    """tandem-cli apply-template on SmolLM2's GGUF against jinja2, with its own template and
+    with each of OVERRIDES as --chat-template-file; (cases, mismatches)."""
     cache = os.environ.get("TANDEM_CACHE", os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser(
         "~/.cache")), "tandem"))
     gguf = os.environ.get("TANDEM_SMOLLM2", os.path.join(cache, "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -302,10 +310,15 @@ def check_apply_template(env, cli, verbose):
     meta = gguf_metadata(gguf, {"tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
                                 "tokenizer.ggml.eos_token_id"})
     tokens = meta["tokenizer.ggml.tokens"]
-    template = meta["tokenizer.chat_template"]
+    runs = [("smollm2", meta["tokenizer.chat_template"], [])]
+    for f in OVERRIDES:
+        with open(os.path.join(corpus_dir, f), encoding="utf-8") as fh:
+            runs.append((f"smollm2 --chat-template-file {f}", fh.read(), ["--chat-template-file",
+                                                                           os.path.join(corpus_dir, f)]))
     n = bad = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, messages, tools in CONVERSATIONS:
+        for (label, template, flags), (name, messages, tools) in (
+                (r, c) for r in runs for c in CONVERSATIONS):
             if tools is not None or any(m.get("role") == "tool" or "tool_calls" in m for m in messages):
                 continue
             for agp in (True, False):
@@ -315,8 +328,8 @@ def check_apply_template(env, cli, verbose):
                 path = os.path.join(tmp, "req.json")
                 with open(path, "w", encoding="utf-8") as fh:
                     json.dump(req, fh, ensure_ascii=False)
-                run = subprocess.run([cli, "apply-template", "-m", gguf, "--messages", path], capture_output=True,
-                                     timeout=120)
+                run = subprocess.run([cli, "apply-template", "-m", gguf, "--messages", path, *flags],
+                                     capture_output=True, timeout=120)
                 ctx = {"messages": messages, "tools": tools, "documents": None, "add_generation_prompt": agp,
                        "bos_token": tokens[meta["tokenizer.ggml.bos_token_id"]],
                        "eos_token": tokens[meta["tokenizer.ggml.eos_token_id"]]}
@@ -325,10 +338,10 @@ def check_apply_template(env, cli, verbose):
                 got = run.stdout.decode("utf-8", errors="replace")
                 if (ok and run.returncode == 0 and got == want) or (not ok and run.returncode == 1):
                     if verbose:
-                        print(f"ok   apply-template smollm2:{name}/agp={int(agp)}")
+                        print(f"ok   apply-template {label}:{name}/agp={int(agp)}")
                     continue
                 bad += 1
-                print(f"FAIL apply-template smollm2:{name}/agp={int(agp)} (exit {run.returncode})")
+                print(f"FAIL apply-template {label}:{name}/agp={int(agp)} (exit {run.returncode})")
                 print(f"  jinja2: {'rendered' if ok else 'refused'} {want!r}"[:2000])
                 print(f"  tandem-cli: {got!r} {run.stderr.decode(errors='replace')}"[:2000])
     return n, bad
@@ -399,7 +412,7 @@ def main():
         print(f"FAIL {label}")
         print(f"  jinja2: {'rendered' if ok else 'refused'} {want!r}"[:4000])
         print(f"  tandem: {('rendered ' + repr(got['text'])) if got['ok'] else ('refused ' + got['error'])}"[:4000])
-    n_cli, bad_cli = check_apply_template(env, cli, verbose) if cli else (0, 0)
+    n_cli, bad_cli = check_apply_template(env, cli, corpus_dir, verbose) if cli else (0, 0)
     bad += bad_cli
     print(f"jinja oracle: {len(corpus)} templates ({', '.join(k + ':' + f for k, f in corpus)}), "
           f"{n_corpus} template x conversation cases, {len(cases) - n_corpus} snippets; "

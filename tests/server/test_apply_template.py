@@ -118,3 +118,86 @@ def test_apply_template_smollm2(tmp_path):
         assert server_apply_template(s, REQUESTS[0])
     finally:
         assert s.stop() == 0, s.log_path.read_text()
+
+
+# --chat-template-file FILE / --chat-template NAME_OR_JINJA (llama-server's): the override
+# replaces the model's template for /apply-template and the chat endpoint, /props and the
+# startup log name it; both flags, a missing file and a template that does not parse end the
+# server with exit 1 and the message before it serves.
+OVERRIDE = "{{ bos_token }}X{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}" \
+           "{% if add_generation_prompt %}Y{% endif %}"
+
+
+def test_chat_template_file_overrides_the_models_template(tmp_path):
+    path = tmp_path / "override.jinja"
+    path.write_text(OVERRIDE)
+    s = Server(tmp_path, extra=["-np", "1", "--chat-template-file", str(path)])
+    try:
+        assert s.wait_ready(), s.log_path.read_text()
+        request = REQUESTS[1]
+        got = server_apply_template(s, request)
+        assert got == "<s>X[system:Be brief.][user:Hi][assistant:Hello!][user:Name a river]Y"
+        out = subprocess.run([CLI_BIN, "apply-template", "-m", str(TINY), "--messages", "-", "--chat-template-file",
+                              str(path)], input=json.dumps(request).encode(), check=True, capture_output=True)
+        assert out.stdout.decode("utf-8") == got  # the library's one choice, in both tools
+        props = httpx.get(s.url + "/props", timeout=10.0).json()
+        assert props["chat_template"] == OVERRIDE
+        assert props["chat_template_jinja"] is True
+        assert props["chat_template_origin"] == f"chat template file '{path}'"
+        # the chat endpoint evaluates the override's prompt
+        ids = httpx.post(s.url + "/tokenize", json={"content": got, "add_special": False}).json()["tokens"]
+        chat = httpx.post(s.url + "/v1/chat/completions", json={**request, "max_tokens": 1}, timeout=60.0)
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["usage"]["prompt_tokens"] == len(ids)
+    finally:
+        assert s.stop() == 0, s.log_path.read_text()
+    logged = [json.loads(line) for line in s.log_path.read_text().splitlines() if line.startswith("{")]
+    loaded = [e for e in logged if e.get("msg") == "model loaded"]
+    assert loaded and loaded[0]["chat_template_origin"] == f"chat template file '{path}'", logged
+    assert not [e for e in logged if e.get("msg") == "the model's chat template is not used"]
+
+
+def test_chat_template_builtin_name(tmp_path):
+    s = Server(tmp_path, extra=["-np", "1", "--chat-template", "gemma"])
+    try:
+        assert s.wait_ready(), s.log_path.read_text()
+        assert server_apply_template(s, REQUESTS[0]) == \
+            "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"
+        props = httpx.get(s.url + "/props", timeout=10.0).json()
+        assert props["chat_template"] == "gemma" and props["chat_template_name"] == "gemma"
+        assert props["chat_template_jinja"] is False and props["chat_template_origin"] == "--chat-template"
+    finally:
+        assert s.stop() == 0, s.log_path.read_text()
+
+
+def test_props_names_the_models_own_template(server):
+    props = httpx.get(server.url + "/props", timeout=10.0).json()
+    # the tiny model has no template: the built-in ChatML renders
+    assert props["chat_template"] == "" and props["chat_template_name"] == "chatml"
+    assert props["chat_template_jinja"] is False and props["chat_template_origin"] == "tokenizer.chat_template"
+
+
+def refused_start(tmp_path, extra):
+    s = Server(tmp_path, extra=extra)
+    try:
+        rc = s.proc.wait(timeout=30)
+    finally:
+        s.stop()
+    return rc, s.log_path.read_text()
+
+
+def test_chat_template_flags_refused_before_serving(tmp_path):
+    good = tmp_path / "t.jinja"
+    good.write_text(OVERRIDE)
+    rc, log = refused_start(tmp_path, ["--chat-template", "chatml", "--chat-template-file", str(good)])
+    assert rc == 1 and "--chat-template and --chat-template-file cannot be combined" in log, log
+    missing = tmp_path / "missing.jinja"
+    rc, log = refused_start(tmp_path, ["--chat-template-file", str(missing)])
+    assert rc == 1 and f"cannot read chat template file '{missing}'" in log, log
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ bos_token }}\n{% for %}")
+    rc, log = refused_start(tmp_path, ["--chat-template-file", str(bad)])
+    assert rc == 1 and f"chat template file '{bad}': jinja: line 2" in log, log
+    rc, log = refused_start(tmp_path, ["--chat-template", "{% if %}"])
+    assert rc == 1 and "--chat-template: jinja: line 1" in log, log
+    assert "listening" not in log  # the port never opened

@@ -41,6 +41,12 @@
 // again with that text marked; a template that transforms such text beyond trimming (so it
 // cannot be located) makes tokenize() refuse with kInvalidArgument rather than risk it.
 //
+// A user's template in place of the model's (llama.cpp's --chat-template NAME_OR_JINJA and
+// --chat-template-file FILE): a ChatTemplateOverride, made from a built-in family name or
+// Jinja source and parsed when made, which for_tokenizer()/for_model() use instead of the
+// GGUF's tokenizer.chat_template. Those two are the one place that decides which template
+// a model gets; source() is the text the decision took (tool_prompt_for_template reads it).
+//
 // Errors: a Jinja template's runtime errors (its raise_exception, type errors, limits) are
 // tandem::Error with the interpreter's codes (kInvalidArgument, kOutOfMemory for a limit).
 // Thread-safety: a ChatTemplate is immutable after construction; all methods are const
@@ -50,6 +56,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,15 +90,42 @@ namespace jinja {
 class Template;
 }
 
+/// A chat template a user gives in place of the model's: `text` exactly a built-in family
+/// name ("chatml", "llama3", ..., as by_name) selects that family's built-in renderer; any
+/// other text is Jinja source, parsed here (an override that does not parse is an error,
+/// not a fallback). Immutable and usable from any thread; copies share the parsed template.
+class ChatTemplateOverride {
+ public:
+  /// `origin` names the text in errors and in ChatTemplate::origin() (e.g. "--chat-template").
+  /// Throws Error(kInvalidArgument) "ORIGIN: jinja: line N: ..." when the Jinja source does
+  /// not parse, and "ORIGIN: the chat template is empty" for empty text.
+  static ChatTemplateOverride from_text(std::string text, std::string origin);
+  /// The whole file at `path` as from_text, origin "chat template file 'PATH'". Throws
+  /// Error(kIo) naming the file when it is missing, a directory, unreadable, or larger than
+  /// jinja::Template::kMaxSourceBytes (1 MiB); parse errors as from_text.
+  static ChatTemplateOverride from_file(const std::string& path);
+
+  const std::string& text() const noexcept { return *text_; }
+  const std::string& origin() const noexcept { return origin_; }
+
+ private:
+  friend class ChatTemplate;
+  ChatTemplateOverride() = default;
+  std::shared_ptr<const std::string> text_;
+  std::string origin_;
+  std::shared_ptr<const jinja::Template> jinja_;  ///< null for a built-in family name
+};
+
 class ChatTemplate {
  public:
-  /// The template of `model` (GGUF `tokenizer.chat_template`) executed by the Jinja
-  /// interpreter; when there is none or it does not parse, the matcher's family for it
-  /// (fallback_reason() says why). bos_token/eos_token are the vocabulary's texts.
-  static ChatTemplate for_model(const Model& model);
+  /// The template `model` gets: `override` when given (see ChatTemplateOverride), else the
+  /// GGUF's `tokenizer.chat_template` executed by the Jinja interpreter; when the model has
+  /// none or it does not parse, the matcher's family for it (fallback_reason() says why).
+  /// bos_token/eos_token are the vocabulary's texts. Throws only what the override threw.
+  static ChatTemplate for_model(const Model& model, const ChatTemplateOverride* override = nullptr);
   /// The same from a vocabulary alone (Tokenizer::chat_template(), its BOS/EOS texts):
   /// what a tool that renders prompts needs without loading the weights.
-  static ChatTemplate for_tokenizer(const Tokenizer& tokenizer);
+  static ChatTemplate for_tokenizer(const Tokenizer& tokenizer, const ChatTemplateOverride* override = nullptr);
   /// A Jinja template given as text. Throws tandem::Error(kInvalidArgument) "jinja: line
   /// N: ..." when it does not parse. name()/matched() are the matcher's view of `source`.
   static ChatTemplate from_jinja(std::string_view source, std::string bos_token, std::string eos_token);
@@ -104,13 +138,21 @@ class ChatTemplate {
 
   ChatTemplateFamily family() const noexcept { return family_; }
   std::string_view name() const noexcept;
-  /// True when the family was matched from the model's template, false for the fallback.
+  /// True when the family was matched from the template source (or named), false for the
+  /// fallback.
   bool matched() const noexcept { return matched_; }
-  /// True when rendering executes a Jinja template (the model's own).
+  /// True when rendering executes a Jinja template (the model's own or an override's).
   bool is_jinja() const noexcept { return jinja_ != nullptr; }
   /// for_model() without a Jinja template: why ("the model has no tokenizer.chat_template",
-  /// or the parse error); empty otherwise.
+  /// or the parse error); empty otherwise (and for an override).
   const std::string& fallback_reason() const noexcept { return fallback_reason_; }
+  /// The text the template was made from: the override's text, the model's
+  /// tokenizer.chat_template ("" when it has none, also when the matcher renders), the
+  /// Jinja source of from_jinja/detect, or the name given to by_name.
+  const std::string& source() const noexcept { return *source_; }
+  /// Where the template came from: the override's origin, "tokenizer.chat_template" for
+  /// the model's own (for_model/for_tokenizer without an override), "" otherwise.
+  const std::string& origin() const noexcept { return origin_; }
 
   /// The template's rendering of an OpenAI-shaped conversation: `messages` a JSON array of
   /// message objects (role, content as a string, null or a list of parts, tool_calls,
@@ -151,7 +193,8 @@ class ChatTemplate {
                                              size_t n_done, bool add_assistant) const;
 
  private:
-  explicit ChatTemplate(ChatTemplateFamily family, bool matched) : family_(family), matched_(matched) {}
+  ChatTemplate(ChatTemplateFamily family, bool matched, std::string_view source)
+      : family_(family), matched_(matched), source_(std::make_shared<const std::string>(source)) {}
   std::string render_jinja(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                            const nlohmann::ordered_json& tools, const nlohmann::ordered_json& extra) const;
   std::vector<int32_t> tokenize_jinja(const Tokenizer& tokenizer, const nlohmann::ordered_json& messages,
@@ -160,6 +203,8 @@ class ChatTemplate {
   ChatTemplateFamily family_;
   bool matched_;
   std::shared_ptr<const jinja::Template> jinja_;
+  std::shared_ptr<const std::string> source_;
+  std::string origin_;
   std::string bos_token_, eos_token_;
   std::string fallback_reason_;
 };

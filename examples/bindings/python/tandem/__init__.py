@@ -293,11 +293,18 @@ class Model(_Handle):
     _kind = "model"
     _free = _c.model_free
 
-    def __init__(self, path: Union[str, os.PathLike], check_block_scales: bool = True, n_threads: int = 0):
+    def __init__(self, path: Union[str, os.PathLike], check_block_scales: bool = True, n_threads: int = 0,
+                 chat_template: Optional[str] = None):
         """Load, validate and map `path`. `n_threads` (0 = physical cores) is used by the
-        sessions create_chat_completion makes. Raises TandemError (E_IO, E_GGUF_*, ...)."""
+        sessions create_chat_completion makes. `chat_template` replaces the model's own
+        (tandem-server's --chat-template): a built-in name ("chatml", "llama3", ...) or Jinja
+        source, used by create_chat_completion, apply_chat_template and the tool-call format.
+        Raises TandemError (E_IO, E_GGUF_*, ...; E_INVALID_ARG for a template that does not
+        parse)."""
         params = _c.init(_c.ModelParams, _c.model_params_init)
         params.check_block_scales = 1 if check_block_scales else 0
+        if chat_template is not None:
+            params.chat_template = chat_template.encode("utf-8")  # copied by the load
         self.n_threads = _c.check_int("n_threads", n_threads, 0, 512)
         handle = _c.handle_t()
         _c.check(_c.model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle)))

@@ -105,7 +105,7 @@ size_t = _size
 
 class ModelParams(ctypes.Structure):
     _fields_ = [("struct_size", _size), ("check_block_scales", ctypes.c_int32),
-                ("max_alignment", ctypes.c_uint32)]
+                ("max_alignment", ctypes.c_uint32), ("chat_template", ctypes.c_char_p)]
 
 
 class ModelInfo(ctypes.Structure):

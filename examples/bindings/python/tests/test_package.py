@@ -184,6 +184,27 @@ class TestChatCompletion(PackageTestCase):
                            tools=[{"type": "function", "function": {"name": "f"}}])
 
 
+    def test_chat_template_replaces_the_models(self):
+        """Model(chat_template=...) (tandem_model_params.chat_template): Jinja source or a
+        built-in name used by every chat function instead of the model's own."""
+        hi = [{"role": "user", "content": "Hi"}]
+        m = tandem.Model(golden.model_path(), chat_template="{{ bos_token }}{% for m in messages %}"
+                                                               "<{{ m.role }}>{{ m.content }}{% endfor %}")
+        try:
+            self.assertEqual(m.apply_chat_template(hi), "<s><user>Hi")
+            self.assertEqual(m.chat_render(hi), "<s><user>Hi")
+        finally:
+            m.close()
+        m = tandem.Model(golden.model_path(), chat_template="zephyr")
+        try:
+            self.assertEqual(m.apply_chat_template(hi), "<|user|>\nHi</s>\n<|assistant|>\n")
+        finally:
+            m.close()
+        with self.assertRaises(tandem.TandemError) as cm:
+            tandem.Model(golden.model_path(), chat_template="{% if %}")
+        self.assertIn("chat_template: jinja: line 1", str(cm.exception))
+
+
 class TestToolCalls(PackageTestCase):
     def test_parse_tool_calls(self):
         text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

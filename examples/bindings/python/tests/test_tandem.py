@@ -45,7 +45,7 @@ class TestLibrary(TandemTestCase):
         import ctypes
         if ctypes.sizeof(ctypes.c_void_p) != 8:
             self.skipTest("sizes below are LP64")
-        sizes = {"ModelParams": 16, "ModelInfo": 64, "SessionParams": 48, "SessionInfo": 32,
+        sizes = {"ModelParams": 24, "ModelInfo": 64, "SessionParams": 48, "SessionInfo": 32,
                  "SamplingParams": 48, "GenerateParams": 64, "GenerateResult": 104, "ExecutorParams": 64,
                  "SchedulerParams": 56, "RequestParams": 104, "RequestEvent": 48, "RequestResult": 136,
                  "DeviceInfo": 48, "SchedulerSessionInfo": 40, "TokenLogprob": 172}
