@@ -19,22 +19,21 @@ struct ChatTemplateFlags {
   std::optional<std::string> file;
 };
 
-/// Declares --chat-template and --chat-template-file on `app`, writing into `flags`.
+/// Declares --chat-template and --chat-template-file on `app`, writing into `flags`; giving
+/// both is a usage error of the parse (exit 2, as the tools' other contradictory flags).
 inline void add_chat_template_flags(CLI::App& app, ChatTemplateFlags& flags) {
-  app.add_option("--chat-template", flags.text,
-                 "chat template instead of the model's: a built-in name (chatml, llama3, llama2, mistral, phi3, "
-                 "gemma, zephyr, deepseek) or Jinja source");
+  CLI::Option* text = app.add_option("--chat-template", flags.text,
+                                     "chat template instead of the model's: a built-in name (chatml, llama3, llama2, "
+                                     "mistral, phi3, gemma, zephyr, deepseek) or Jinja source");
   app.add_option("--chat-template-file", flags.file,
-                 "chat template instead of the model's: a Jinja file (not with --chat-template)");
+                 "chat template instead of the model's: a Jinja file (not with --chat-template)")
+      ->excludes(text);
 }
 
 /// The override the flags ask for: nullopt when neither was given. Throws tandem::Error
-/// (the tools print it and exit 1) when both were given, when the file cannot be read, and
-/// when the template does not parse (the message names the flag or the file and the line).
+/// (the tools print it and exit 1) when the file cannot be read and when the template does
+/// not parse (the message names the flag or the file and the line).
 inline std::optional<ChatTemplateOverride> chat_template_override(const ChatTemplateFlags& flags) {
-  if (flags.text && flags.file) {
-    throw Error(ErrorCode::kInvalidArgument, "--chat-template and --chat-template-file cannot be combined");
-  }
   if (flags.text) return ChatTemplateOverride::from_text(*flags.text, "--chat-template");
   if (flags.file) return ChatTemplateOverride::from_file(*flags.file);
   return std::nullopt;

@@ -95,7 +95,7 @@ check "apply-template --chat-template gemma" $(cmp -s "$tmp/out" "$tmp/want" && 
 check "apply-template --chat-template inline Jinja" $([ "$(cat "$tmp/out")" = "1" ] && echo 0 || echo 1)
 "$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template gemma --chat-template-file "$tmp/t.jinja" > "$tmp/out" 2> "$tmp/err"
 rc=$?
-check "both template flags exit 1 (rc $rc)" $([ "$rc" -eq 1 ] && grep -q "cannot be combined" "$tmp/err" && [ ! -s "$tmp/out" ] && echo 0 || echo 1)
+check "both template flags exit 2 (rc $rc)" $([ "$rc" -eq 2 ] && grep -q "excludes --chat-template" "$tmp/err" && [ ! -s "$tmp/out" ] && echo 0 || echo 1)
 "$cli" apply-template -m "$model" --messages "$tmp/req.json" --chat-template-file "$tmp/none.jinja" > /dev/null 2> "$tmp/err"
 rc=$?
 check "missing template file exits 1 (rc $rc)" $([ "$rc" -eq 1 ] && grep -q "$tmp/none.jinja" "$tmp/err" && echo 0 || echo 1)

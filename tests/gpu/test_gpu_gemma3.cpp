@@ -35,7 +35,9 @@ std::vector<float> rows_in_steps(Executor& exec, GpuQ4Executor* gpu, std::span<c
   const HParams& hp = exec.model().hparams();
   const size_t nv = size_t(hp.n_vocab);
   const int32_t n = static_cast<int32_t>(ids.size());
-  const int32_t pages = (n + 15) / 16 + 1;
+  // One sequence's pages by the node's rule (a page per layer group: the windowed and the
+  // global layers apart).
+  const auto pages = int32_t(KvLayout::for_model(hp, 16, dtype).sequence_pages(n, n));
   auto store = gpu ? test::gpu_kv_store(*gpu, pages, 0, 16, dtype) : test::make_store(hp, pages, 0, 16, dtype);
   KvSequence seq(*store, n, gpu ? KvTier::kDevice : KvTier::kHost);
   std::vector<float> out(size_t(n) * nv, std::numeric_limits<float>::quiet_NaN());
@@ -227,7 +229,7 @@ TEST_CASE("GPU Gemma 3 270M (hub Q4_K_M): logits within the GPU tolerance of the
     so.n_ctx = 256;
     Session cs(model, cpu, so);
     SessionOptions gso = so;
-    gso.kv_store = test::gpu_kv_store(gpu, 17);
+    gso.kv_store = test::gpu_kv_store(gpu, int32_t(KvLayout::for_model(model->hparams(), 16).sequence_pages(256, 256)));
     gso.kv_tier = KvTier::kDevice;
     Session gs(model, gpu, gso);
     std::vector<float> lc(ids.size() * nv), lg(ids.size() * nv);
