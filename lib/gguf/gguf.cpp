@@ -891,6 +891,23 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const noexcep
   return it == impl_->tensor_index.end() ? nullptr : &impl_->tensors[it->second];
 }
 
+void GgufFile::release_pages(const std::byte* data, uint64_t n_bytes) const noexcept {
+  const Buffer& b = impl_->buf;
+  if (b.map == nullptr || data == nullptr) return;  // from_bytes: heap memory, never released
+  const auto map_begin = reinterpret_cast<uintptr_t>(b.map);
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  if (begin < map_begin || begin - map_begin > b.map_len || n_bytes > b.map_len - (begin - map_begin)) return;
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (page_size <= 0) return;
+  const auto page = static_cast<uintptr_t>(page_size);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + n_bytes) / page * page;
+  if (first >= last) return;
+  // A read-only private mapping never holds a private (copied-on-write) page, so the
+  // pages dropped here are the file's and come back from it on the next read.
+  (void)::madvise(reinterpret_cast<void*>(first), static_cast<size_t>(last - first), MADV_DONTNEED);
+}
+
 // ------------------------------------------------------------------ typed getters
 
 namespace {

@@ -186,6 +186,17 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const noexcept;
   const GgufTensorInfo* find_tensor(std::string_view name) const noexcept;
 
+  /// Drop from this process's resident memory the pages wholly inside [data, data + n_bytes)
+  /// (the page-aligned interior) that belong to this file's read-only mapping: a caller that
+  /// keeps its own copy of a tensor (the CPU executor's repacked weights) gives back the
+  /// file's pages. The bytes do not change: a later read faults them in from the file again
+  /// (unless the file was rewritten in place meanwhile; GgufWriter and AtomicFileWriter
+  /// replace files, never rewrite them). A no-op for bytes outside the mapping (weights a
+  /// Model converted live on its heap) and for a file made by from_bytes (a heap copy:
+  /// dropping its pages would zero them). Never throws; a failing madvise is ignored (the
+  /// pages stay resident). Thread-safe, also while other threads read the bytes.
+  void release_pages(const std::byte* data, uint64_t n_bytes) const noexcept;
+
   struct Impl;
 
  private:

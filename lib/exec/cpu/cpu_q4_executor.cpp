@@ -188,6 +188,10 @@ void CpuQ4Executor::repack_weights(bool wanted) {
       }
     });
     repacked->by_data.emplace(W.data, std::move(packed));
+    // The steps read the copy only: the file's pages of the original leave the process
+    // (read again, e.g. by another executor, they come back from the file). Weights the
+    // Model converted live on its heap, not in the mapping: release_pages leaves them.
+    m.gguf().release_pages(W.data, W.row_bytes * static_cast<uint64_t>(W.n));
   };
   for (const LayerWeights& L : m.layers())
     for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);
