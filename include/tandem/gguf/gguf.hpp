@@ -191,7 +191,9 @@ class GgufFile {
   /// keeps its own copy of a tensor (the CPU executor's repacked weights) gives back the
   /// file's pages. The bytes do not change: a later read faults them in from the file again
   /// (unless the file was rewritten in place meanwhile; GgufWriter and AtomicFileWriter
-  /// replace files, never rewrite them). A no-op for bytes outside the mapping (weights a
+  /// replace files, never rewrite them); the range is marked MADV_RANDOM (no readahead when
+  /// it is read again, and the kernel does not map it back while its neighbours are read).
+  /// A no-op for bytes outside the mapping (weights a
   /// Model converted live on its heap) and for a file made by from_bytes (a heap copy:
   /// dropping its pages would zero them). Never throws; a failing madvise is ignored (the
   /// pages stay resident). Thread-safe, also while other threads read the bytes.

@@ -156,6 +156,10 @@ void CpuQ4Executor::repack_weights(bool wanted) {
   }
   auto repacked = std::make_shared<Repacked>();
   const Model& m = model();
+  // The Model's identity hash (KV export, session files and the scheduler name the Model by
+  // it) reads every weight once: have it read them now, while they are resident, so that it
+  // does not fault the file pages released below back in.
+  (void)m.identity_hash();
   auto add = [&](const TensorView& W) {
     if (!Repacked::repackable(W) || repacked->by_data.count(W.data) != 0) return;
     const size_t record = W.type == GgmlType::kQ4_1   ? sizeof(k::BlockQ4_1x8)
