@@ -769,14 +769,31 @@ TEST_CASE("arrays: typed getters and nested arrays of arrays", "[gguf]") {
   const auto* nested = f->find("nested");
   REQUIRE(nested);
   const auto& outer = std::get<tandem::GgufArray>(nested->value);
-  CHECK(outer.elem_type == GgufValueType::kArray);
-  REQUIRE(outer.items.size() == 3);
-  const auto& a0 = std::get<tandem::GgufArray>(outer.items[0].value);
-  CHECK(a0.elem_type == GgufValueType::kUint16);
-  REQUIRE(a0.items.size() == 2);
-  CHECK(std::get<uint64_t>(a0.items[1].value) == 2u);
-  CHECK(std::get<tandem::GgufArray>(outer.items[1].value).items.empty());
-  CHECK(std::get<uint64_t>(std::get<tandem::GgufArray>(outer.items[2].value).items[0].value) == 3u);
+  CHECK(outer.elem_type() == GgufValueType::kArray);
+  REQUIRE(outer.size() == 3);
+  const auto& a0 = outer.array_at(0);
+  CHECK(a0.elem_type() == GgufValueType::kUint16);
+  REQUIRE(a0.size() == 2);
+  CHECK(std::get<uint64_t>(a0.at(1).value) == 2u);
+  CHECK(a0.at(1).type == GgufValueType::kUint16);
+  CHECK(outer.array_at(1).empty());
+  CHECK(std::get<uint64_t>(outer.array_at(2).at(0).value) == 3u);
+  // at() on an ARRAY element copies the nested array.
+  CHECK(std::get<tandem::GgufArray>(outer.at(2).value).size() == 1);
+  // The element accessors refuse the wrong element type and an index past the end.
+  CHECK_THROWS_AS(outer.array_at(3), Error);
+  CHECK_THROWS_AS(outer.string_at(0), Error);
+  CHECK_THROWS_AS(a0.at(2), Error);
+  CHECK_THROWS_AS(a0.array_at(0), Error);
+  const auto& strs = std::get<tandem::GgufArray>(f->find("strs")->value);
+  CHECK(strs.string_at(2) == "ccc");
+  CHECK(strs.string_at(1).empty());
+  CHECK(std::get<std::string>(strs.at(0).value) == "a");
+  CHECK_THROWS_AS(strs.string_at(3), Error);
+  const auto& i32s = std::get<tandem::GgufArray>(f->find("i32s")->value);
+  CHECK(std::get<int64_t>(i32s.at(1).value) == -2);
+  const auto& f32s = std::get<tandem::GgufArray>(f->find("f32s")->value);
+  CHECK(std::get<double>(f32s.at(1).value) == -1.0);
   CHECK_THROWS_AS(f->get_int_array("nested"), Error);
 }
 

@@ -56,7 +56,7 @@ std::string value_text(const GgufValue& v) {
   if (const auto* b = std::get_if<bool>(&v.value)) return *b ? "true" : "false";
   if (const auto* s = std::get_if<std::string>(&v.value)) return *s;
   const auto& a = std::get<GgufArray>(v.value);
-  return fmt::format("[{} {}]", a.items.size(), value_type_name(a.elem_type));
+  return fmt::format("[{} {}]", a.size(), value_type_name(a.elem_type()));
 }
 
 std::vector<ChatMessage> read_messages(const char* const* roles, const char* const* contents, size_t n,

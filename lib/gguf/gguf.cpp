@@ -248,6 +248,14 @@ class Cursor {
     return v;  // the host is little-endian (checked at compile time below)
   }
 
+  // `n` raw bytes at the cursor, a view into the buffer.
+  const std::byte* read_bytes(uint64_t n, const std::string& what) {
+    need(n, what);
+    const std::byte* p = base_ + pos_;
+    pos_ += n;
+    return p;
+  }
+
   // A GGUF string: u64 length + bytes. Returns a view into the buffer.
   std::string_view read_string(const std::string& what) {
     const uint64_t at = pos_;
@@ -289,6 +297,65 @@ struct Buffer {
 
 }  // namespace
 
+// Parses one array into GgufArray's compact storage (the only code that fills it).
+class GgufArrayReader {
+ public:
+  // The array at the cursor (element type, count, elements) of metadata key `key`, nested
+  // `depth` arrays deep.
+  static GgufArray read(Cursor& c, std::string_view key, int depth);
+};
+
+GgufArray GgufArrayReader::read(Cursor& c, std::string_view key, int depth) {
+  const std::string kd = "key " + q_name(key);
+  if (depth >= kMaxArrayDepth) {
+    fail(ErrorCode::kGgufBadType,
+         kd + " has arrays nested deeper than " + num(kMaxArrayDepth) + " levels at offset " + num(c.pos()));
+  }
+  const uint64_t type_at = c.pos();
+  const auto elem = c.read<uint32_t>(kd + " array element type");
+  if (elem > 12) {
+    fail(ErrorCode::kGgufBadType,
+         kd + " array element type " + num(elem) + " at offset " + num(type_at) + " is not a GGUF value type (0..12)");
+  }
+  const uint64_t count_at = c.pos();
+  const auto count = c.read<uint64_t>(kd + " array count");
+  // Smallest encoding of one element: its fixed size, 8 for a string (length), 12 for a
+  // nested array (type + count).
+  const uint64_t min_elem = elem == 8 ? 8 : elem == 9 ? 12 : scalar_size(elem);
+  if (count > c.left() / min_elem) {
+    fail(ErrorCode::kGgufBadLength, kd + " array of " + std::string(value_type_name(elem)) + " count " + num(count) +
+                                        " at offset " + num(count_at) + " needs at least " + num(min_elem) +
+                                        " bytes per element but only " + num(c.left()) +
+                                        " bytes are left in the file after it");
+  }
+  GgufArray a;
+  a.elem_type_ = static_cast<GgufValueType>(elem);
+  a.size_ = static_cast<size_t>(count);
+  if (elem == 8) {
+    // Two passes: validate every length and sum them, then copy into one exact-size blob.
+    const uint64_t start = c.pos();
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < count; ++i) total += c.read_string(kd + " STRING element " + num(i)).size();
+    c.seek(start);
+    a.bytes_.reserve(static_cast<size_t>(total));
+    a.ends_.reserve(static_cast<size_t>(count));
+    for (uint64_t i = 0; i < count; ++i) {
+      const std::string_view s = c.read_string(kd + " STRING element " + num(i));
+      const auto* p = reinterpret_cast<const std::byte*>(s.data());
+      a.bytes_.insert(a.bytes_.end(), p, p + s.size());
+      a.ends_.push_back(a.bytes_.size());
+    }
+  } else if (elem == 9) {
+    a.arrays_.reserve(static_cast<size_t>(count));
+    for (uint64_t i = 0; i < count; ++i) a.arrays_.push_back(read(c, key, depth + 1));
+  } else {
+    const uint64_t n = count * min_elem;  // no overflow: checked against the bytes left
+    const std::byte* p = c.read_bytes(n, kd + " array elements");
+    a.bytes_.assign(p, p + n);
+  }
+  return a;
+}
+
 struct GgufFile::Impl {
   std::filesystem::path path;
   Buffer buf;
@@ -304,7 +371,7 @@ struct GgufFile::Impl {
   void parse(const GgufOpenOptions& options);
 
  private:
-  GgufValue read_value(Cursor& c, uint32_t type, std::string_view key, int depth);
+  GgufValue read_value(Cursor& c, uint32_t type, std::string_view key);
   // The steps of parse(), in order.
   void parse_header(Cursor& c);
   void parse_metadata(Cursor& c, uint64_t kv_count);
@@ -324,7 +391,7 @@ std::string key_desc(std::string_view key) {
 
 }  // namespace
 
-GgufValue GgufFile::Impl::read_value(Cursor& c, uint32_t type, std::string_view key, int depth) {
+GgufValue GgufFile::Impl::read_value(Cursor& c, uint32_t type, std::string_view key) {
   GgufValue v;
   v.type = static_cast<GgufValueType>(type);
   const std::string kd = key_desc(key);
@@ -365,35 +432,9 @@ GgufValue GgufFile::Impl::read_value(Cursor& c, uint32_t type, std::string_view 
     case 12:
       v.value = c.read<double>(kd + " FLOAT64 value");
       break;
-    case 9: {
-      if (depth >= kMaxArrayDepth) {
-        fail(ErrorCode::kGgufBadType,
-             kd + " has arrays nested deeper than " + num(kMaxArrayDepth) + " levels at offset " + num(c.pos()));
-      }
-      const uint64_t type_at = c.pos();
-      const auto elem = c.read<uint32_t>(kd + " array element type");
-      if (elem > 12) {
-        fail(ErrorCode::kGgufBadType, kd + " array element type " + num(elem) + " at offset " + num(type_at) +
-                                          " is not a GGUF value type (0..12)");
-      }
-      const uint64_t count_at = c.pos();
-      const auto count = c.read<uint64_t>(kd + " array count");
-      // Smallest encoding of one element: its fixed size, 8 for a string (length),
-      // 12 for a nested array (type + count).
-      const uint64_t min_elem = elem == 8 ? 8 : elem == 9 ? 12 : scalar_size(elem);
-      if (count > c.left() / min_elem) {
-        fail(ErrorCode::kGgufBadLength, kd + " array of " + std::string(value_type_name(elem)) + " count " +
-                                            num(count) + " at offset " + num(count_at) + " needs at least " +
-                                            num(min_elem) + " bytes per element but only " + num(c.left()) +
-                                            " bytes are left in the file after it");
-      }
-      GgufArray arr;
-      arr.elem_type = static_cast<GgufValueType>(elem);
-      arr.items.reserve(static_cast<size_t>(count));
-      for (uint64_t i = 0; i < count; ++i) arr.items.push_back(read_value(c, elem, key, depth + 1));
-      v.value = std::move(arr);
+    case 9:
+      v.value = GgufArrayReader::read(c, key, 0);
       break;
-    }
     default:
       break;  // refused by the caller
   }
@@ -456,7 +497,7 @@ void GgufFile::Impl::parse_metadata(Cursor& c, uint64_t kv_count) {
     GgufKv kv;
     kv.key = std::string(key);
     kv.file_offset = key_at;
-    kv.value = read_value(c, type, key, 0);
+    kv.value = read_value(c, type, key);
     kvs.push_back(std::move(kv));
   }
 }
@@ -652,6 +693,82 @@ void GgufFile::Impl::check_values() const {
   }
 }
 
+// ------------------------------------------------------------------ GgufArray
+
+void GgufArray::check_index(size_t i, GgufValueType want) const {
+  if (elem_type_ != want) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "GGUF: array of " + type_desc(elem_type_) + " read as an array of " + type_desc(want));
+  }
+  if (i >= size_) {
+    throw Error(ErrorCode::kInvalidArgument, "GGUF: array index " + num(i) + " out of range [0, " + num(size_) + ")");
+  }
+}
+
+std::string_view GgufArray::string_at(size_t i) const {
+  check_index(i, GgufValueType::kString);
+  const uint64_t begin = i == 0 ? 0 : ends_[i - 1];
+  return {reinterpret_cast<const char*>(bytes_.data()) + begin, static_cast<size_t>(ends_[i] - begin)};
+}
+
+const GgufArray& GgufArray::array_at(size_t i) const {
+  check_index(i, GgufValueType::kArray);
+  return arrays_[i];
+}
+
+GgufValue GgufArray::at(size_t i) const {
+  check_index(i, elem_type_);
+  GgufValue v;
+  v.type = elem_type_;
+  const std::byte* p = bytes_.data() + i * scalar_size(static_cast<uint32_t>(elem_type_));
+  const auto load = [p](auto zero) {
+    std::memcpy(&zero, p, sizeof zero);
+    return zero;
+  };
+  switch (elem_type_) {
+    case GgufValueType::kUint8:
+      v.value = uint64_t{load(uint8_t{})};
+      break;
+    case GgufValueType::kInt8:
+      v.value = int64_t{load(int8_t{})};
+      break;
+    case GgufValueType::kUint16:
+      v.value = uint64_t{load(uint16_t{})};
+      break;
+    case GgufValueType::kInt16:
+      v.value = int64_t{load(int16_t{})};
+      break;
+    case GgufValueType::kUint32:
+      v.value = uint64_t{load(uint32_t{})};
+      break;
+    case GgufValueType::kInt32:
+      v.value = int64_t{load(int32_t{})};
+      break;
+    case GgufValueType::kUint64:
+      v.value = load(uint64_t{});
+      break;
+    case GgufValueType::kInt64:
+      v.value = load(int64_t{});
+      break;
+    case GgufValueType::kFloat32:
+      v.value = double{load(float{})};
+      break;
+    case GgufValueType::kFloat64:
+      v.value = load(double{});
+      break;
+    case GgufValueType::kBool:
+      v.value = load(uint8_t{}) != 0;
+      break;
+    case GgufValueType::kString:
+      v.value = std::string(string_at(i));
+      break;
+    case GgufValueType::kArray:
+      v.value = arrays_[i];
+      break;
+  }
+  return v;
+}
+
 // ------------------------------------------------------------------ GgufFile
 
 namespace {
@@ -774,6 +891,30 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const noexcep
   return it == impl_->tensor_index.end() ? nullptr : &impl_->tensors[it->second];
 }
 
+void GgufFile::release_pages(const std::byte* data, uint64_t n_bytes) const noexcept {
+  const Buffer& b = impl_->buf;
+  if (b.map == nullptr || data == nullptr) return;  // from_bytes: heap memory, never released
+  const auto map_begin = reinterpret_cast<uintptr_t>(b.map);
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  if (begin < map_begin || begin - map_begin > b.map_len || n_bytes > b.map_len - (begin - map_begin)) return;
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (page_size <= 0) return;
+  const auto page = static_cast<uintptr_t>(page_size);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + n_bytes) / page * page;
+  if (first >= last) return;
+  // MADV_RANDOM first: it gives the range a mapping (VMA) of its own, and the kernel's
+  // fault-around, which maps the cached neighbours of a faulting page (a whole large folio
+  // on recent kernels), stays inside one mapping. Without it, reading a small tensor beside
+  // a released matrix (a norm) mapped most of the matrix's pages back (SmolLM2 Q4_K_M: 62 of
+  // 72 MB after one step). MADV_DONTNEED then unmaps the pages: a read-only private mapping
+  // never holds a copied-on-write page, so they are the file's and come back from it.
+  auto* const p = reinterpret_cast<void*>(first);
+  const auto len = static_cast<size_t>(last - first);
+  (void)::madvise(p, len, MADV_RANDOM);
+  (void)::madvise(p, len, MADV_DONTNEED);
+}
+
 // ------------------------------------------------------------------ typed getters
 
 namespace {
@@ -863,13 +1004,13 @@ std::optional<bool> GgufFile::get_bool(std::string_view key) const {
 std::optional<std::vector<std::string_view>> GgufFile::get_string_array(std::string_view key) const {
   const GgufValue* v = find(key);
   if (!v) return std::nullopt;
-  if (v->type != GgufValueType::kArray || std::get<GgufArray>(v->value).elem_type != GgufValueType::kString) {
+  if (v->type != GgufValueType::kArray || std::get<GgufArray>(v->value).elem_type() != GgufValueType::kString) {
     bad_type(key, *v, "an ARRAY of STRING");
   }
-  const auto& items = std::get<GgufArray>(v->value).items;
+  const auto& arr = std::get<GgufArray>(v->value);
   std::vector<std::string_view> out;
-  out.reserve(items.size());
-  for (const auto& it : items) out.emplace_back(std::get<std::string>(it.value));
+  out.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) out.push_back(arr.string_at(i));
   return out;
 }
 
@@ -878,13 +1019,13 @@ std::optional<std::vector<float>> GgufFile::get_float_array(std::string_view key
   if (!v) return std::nullopt;
   if (v->type != GgufValueType::kArray) bad_type(key, *v, "an ARRAY of numbers");
   const auto& arr = std::get<GgufArray>(v->value);
-  if (!is_float_type(arr.elem_type) && !is_integer_type(arr.elem_type)) {
+  if (!is_float_type(arr.elem_type()) && !is_integer_type(arr.elem_type())) {
     fail(ErrorCode::kGgufBadType,
-         "key " + q_name(key) + " is an ARRAY of " + type_desc(arr.elem_type) + ", not an ARRAY of numbers");
+         "key " + q_name(key) + " is an ARRAY of " + type_desc(arr.elem_type()) + ", not an ARRAY of numbers");
   }
   std::vector<float> out;
-  out.reserve(arr.items.size());
-  for (const auto& it : arr.items) out.push_back(to_float(it));
+  out.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) out.push_back(to_float(arr.at(i)));
   return out;
 }
 
@@ -893,16 +1034,17 @@ std::optional<std::vector<int64_t>> GgufFile::get_int_array(std::string_view key
   if (!v) return std::nullopt;
   if (v->type != GgufValueType::kArray) bad_type(key, *v, "an ARRAY of integers");
   const auto& arr = std::get<GgufArray>(v->value);
-  if (!is_integer_type(arr.elem_type)) {
+  if (!is_integer_type(arr.elem_type())) {
     fail(ErrorCode::kGgufBadType,
-         "key " + q_name(key) + " is an ARRAY of " + type_desc(arr.elem_type) + ", not an ARRAY of integers");
+         "key " + q_name(key) + " is an ARRAY of " + type_desc(arr.elem_type()) + ", not an ARRAY of integers");
   }
   std::vector<int64_t> out;
-  out.reserve(arr.items.size());
-  for (size_t i = 0; i < arr.items.size(); ++i) {
+  out.reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const GgufValue item = arr.at(i);
     int64_t x = 0;
-    if (!int_fits(arr.items[i], x)) {
-      fail(ErrorCode::kGgufBadType, "key " + q_name(key) + " element " + num(i) + " value " + int_repr(arr.items[i]) +
+    if (!int_fits(item, x)) {
+      fail(ErrorCode::kGgufBadType, "key " + q_name(key) + " element " + num(i) + " value " + int_repr(item) +
                                         " does not fit a signed 64-bit integer");
     }
     out.push_back(x);

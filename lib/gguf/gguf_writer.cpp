@@ -124,15 +124,9 @@ void GgufWriter::put_value(const std::string& key, const GgufValue& v) {
         break;
       case GgufValueType::kArray: {
         const auto& arr = std::get<GgufArray>(v.value);
-        put<uint32_t>(kv_, static_cast<uint32_t>(arr.elem_type));
-        put<uint64_t>(kv_, arr.items.size());
-        for (const GgufValue& item : arr.items) {
-          if (item.type != arr.elem_type) {
-            throw Error(ErrorCode::kInvalidArgument,
-                        fmt::format("GGUF writer: key '{}' array item type differs from the element type", key));
-          }
-          put_value(key, item);
-        }
+        put<uint32_t>(kv_, static_cast<uint32_t>(arr.elem_type()));
+        put<uint64_t>(kv_, arr.size());
+        for (size_t k = 0; k < arr.size(); ++k) put_value(key, arr.at(k));
         break;
       }
     }

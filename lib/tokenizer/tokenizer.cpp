@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <queue>
 #include <string>
@@ -39,6 +40,32 @@ struct MergeHash {
   }
 };
 
+// Strings held as one byte blob plus each one's end offset: 4 bytes of overhead per
+// string where a std::string costs 32 (Gemma 3's 262k tokens: 1 MiB, not 8). Append-only
+// while it is built; the views it hands out stay valid once building is over.
+class StringTable {
+ public:
+  void push_back(std::string_view s) {
+    if (s.size() > UINT32_MAX - bytes_.size()) fail("vocabulary texts exceed 4 GiB");
+    bytes_.append(s);
+    ends_.push_back(static_cast<uint32_t>(bytes_.size()));
+  }
+  size_t size() const noexcept { return ends_.size(); }
+  std::string_view operator[](size_t i) const noexcept {
+    const uint32_t begin = i == 0 ? 0 : ends_[i - 1];
+    return std::string_view(bytes_).substr(begin, ends_[i] - begin);
+  }
+  /// Drop the spare capacity the appends left.
+  void shrink() {
+    bytes_.shrink_to_fit();
+    ends_.shrink_to_fit();
+  }
+
+ private:
+  std::string bytes_;
+  std::vector<uint32_t> ends_;
+};
+
 bool is_special_type(TokenType t) {
   return t == TokenType::kControl || t == TokenType::kUnknown;
 }
@@ -52,15 +79,17 @@ struct Tokenizer::Impl {
   std::string pre_name;
   std::string model_name;
 
-  std::vector<std::string> texts;  // never resized after the maps below are built
+  StringTable texts;  // never changed after the tables below are built
   std::vector<float> scores;
   std::vector<TokenType> types;
-  std::unordered_map<std::string_view, int32_t> token_to_id;
+  // Token text -> id: open addressing over ids (linear probing, a power-of-two size at
+  // most half full, kNull = empty), 4 bytes a slot; the texts live in `texts` once.
+  std::vector<int32_t> id_slots;
 
-  std::vector<std::string> merge_lines;
+  StringTable merge_lines;
   std::unordered_map<MergeKey, int32_t, MergeHash> ranks;
 
-  std::vector<std::string> pieces;      // token_to_piece(id, special=true)
+  StringTable pieces;                   // token_to_piece(id, special=true)
   std::vector<int32_t> special_tokens;  // control/unknown/user-defined, longest text first
 
   int32_t bos = kNull, eos = kNull, eot = kNull, eom = kNull, unk = kNull, pad = kNull;
@@ -76,10 +105,15 @@ struct Tokenizer::Impl {
   std::string chat_template;
   uint64_t hash = 0;
 
-  int32_t find(std::string_view s) const noexcept {
-    auto it = token_to_id.find(s);
-    return it == token_to_id.end() ? kNull : it->second;
+  // The id_slots slot holding `s`, or the empty slot where it would go.
+  size_t slot_of(std::string_view s) const noexcept {
+    const size_t mask = id_slots.size() - 1;
+    for (size_t k = XXH3_64bits(s.data(), s.size()) & mask;; k = (k + 1) & mask) {
+      const int32_t id = id_slots[k];
+      if (id == kNull || texts[static_cast<size_t>(id)] == s) return k;
+    }
   }
+  int32_t find(std::string_view s) const noexcept { return id_slots.empty() ? kNull : id_slots[slot_of(s)]; }
   int32_t rank(std::string_view l, std::string_view r) const noexcept {
     auto it = ranks.find(MergeKey{l, r});
     return it == ranks.end() ? -1 : it->second;
@@ -172,28 +206,32 @@ void Tokenizer::Impl::set_model_defaults(const std::string& p, Defaults& d) {
 
 void Tokenizer::Impl::load_tokens(TokenizerVocab& v, size_t n) {
   Impl& m = *this;
-  m.texts = std::move(v.tokens);
   for (size_t i = 0; i < n; ++i) {
-    if (m.texts[i].empty()) m.texts[i] = "[EMPTY_" + std::to_string(i) + "]";
+    m.texts.push_back(v.tokens[i].empty() ? "[EMPTY_" + std::to_string(i) + "]" : v.tokens[i]);
   }
+  m.texts.shrink();
+  std::vector<std::string>().swap(v.tokens);
   m.scores = v.scores.empty() ? std::vector<float>(n, 0.0f) : std::move(v.scores);
   m.types.resize(n, TokenType::kNormal);
   for (size_t i = 0; i < v.token_types.size(); ++i) {
     const int32_t t = v.token_types[i];
     m.types[i] = (t >= 1 && t <= 6) ? static_cast<TokenType>(t) : TokenType::kUndefined;
   }
-  m.token_to_id.reserve(n * 2);
+  m.id_slots.assign(std::bit_ceil(n * 2), kNull);
   for (size_t i = 0; i < n; ++i) {
-    auto [it, inserted] = m.token_to_id.emplace(std::string_view(m.texts[i]), static_cast<int32_t>(i));
-    if (!inserted) {
-      fail("token text appears twice in tokenizer.ggml.tokens (ids " + std::to_string(it->second) + " and " +
+    int32_t& slot = m.id_slots[m.slot_of(m.texts[i])];
+    if (slot != kNull) {
+      fail("token text appears twice in tokenizer.ggml.tokens (ids " + std::to_string(slot) + " and " +
            std::to_string(i) + ")");
     }
+    slot = static_cast<int32_t>(i);
   }
 
   // merges
   if (m.model == TokenizerModel::kBpe) {
-    m.merge_lines = std::move(v.merges);
+    for (const std::string& line : v.merges) m.merge_lines.push_back(line);
+    m.merge_lines.shrink();
+    std::vector<std::string>().swap(v.merges);
     m.ranks.reserve(m.merge_lines.size() * 2);
     for (size_t i = 0; i < m.merge_lines.size(); ++i) {
       std::string_view line = m.merge_lines[i];
@@ -312,11 +350,11 @@ void Tokenizer::Impl::build_tables() {
   }
 
   // pieces (special = true)
-  m.pieces.resize(n);
+  std::string piece;
   for (size_t i = 0; i < n; ++i) {
-    const std::string& text = m.texts[i];
+    const std::string_view text = m.texts[i];
     const TokenType t = m.types[i];
-    std::string& piece = m.pieces[i];
+    piece.clear();
     if (t == TokenType::kControl || t == TokenType::kUnknown || t == TokenType::kUserDefined) {
       piece = text;
     } else if (m.model == TokenizerModel::kSpm) {
@@ -363,11 +401,14 @@ void Tokenizer::Impl::build_tables() {
             piece.push_back(kLow[c >> 4]);
             piece.push_back(kLow[c & 15]);
           }
-          piece += text + "]";
+          piece.append(text);
+          piece += ']';
         }
       }
     }
+    m.pieces.push_back(piece);
   }
+  m.pieces.shrink();
 }
 
 void Tokenizer::Impl::compute_hash() {
@@ -385,11 +426,11 @@ void Tokenizer::Impl::compute_hash() {
     put_str(m.model_name);
     put_str(m.pre_name);
     put_u64(n);
-    for (const auto& t : m.texts) put_str(t);
+    for (size_t i = 0; i < n; ++i) put_str(m.texts[i]);
     XXH3_64bits_update(st, m.scores.data(), m.scores.size() * sizeof(float));
     for (TokenType t : m.types) put_u64(static_cast<uint64_t>(t));
     put_u64(m.merge_lines.size());
-    for (const auto& s : m.merge_lines) put_str(s);
+    for (size_t i = 0; i < m.merge_lines.size(); ++i) put_str(m.merge_lines[i]);
     for (int32_t id : {m.bos, m.eos, m.eot, m.eom, m.unk, m.pad})
       put_u64(static_cast<uint64_t>(static_cast<int64_t>(id)));
     put_u64((m.add_bos ? 1u : 0u) | (m.add_eos ? 2u : 0u) | (m.add_space_prefix ? 4u : 0u));
@@ -725,7 +766,7 @@ std::string Tokenizer::token_to_piece(int32_t id, bool special) const {
   const Impl& m = *impl_;
   m.check_id(id);
   if (!special && is_special_type(m.types[id])) return {};
-  return m.pieces[id];
+  return std::string(m.pieces[id]);
 }
 
 std::string Tokenizer::detokenize(std::span<const int32_t> ids, bool remove_special, bool unparse_special) const {

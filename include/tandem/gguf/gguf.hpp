@@ -79,10 +79,38 @@ bool ggml_is_quantized(GgmlType t) noexcept;
 
 struct GgufValue;
 
-/// A GGUF array: the element type and its items (arrays may nest).
-struct GgufArray {
-  GgufValueType elem_type = GgufValueType::kUint8;
-  std::vector<GgufValue> items;
+/// A GGUF array: the element type and its items (arrays may nest), stored compactly: the
+/// numeric and BOOL elements in one buffer at their encoded width (a 262k-entry FLOAT32
+/// array is 1 MiB), STRING elements as one byte blob plus each element's end offset, and
+/// nested arrays as a list of arrays. Built only by the reader (GgufFile); a copy owns its
+/// storage and does not depend on the file.
+///
+/// Thread-safety: immutable; all members may be called from any number of threads.
+class GgufArray {
+ public:
+  GgufValueType elem_type() const noexcept { return elem_type_; }
+  size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+
+  /// Element `i` as a value, typed as the reader gives scalars (integers widened to 64 bits,
+  /// FLOAT32 to double, a STRING copied; a nested ARRAY copied). Throws
+  /// Error(kInvalidArgument) when i >= size().
+  GgufValue at(size_t i) const;
+  /// STRING element `i`: a view into this array's storage, valid while the array lives.
+  /// Throws Error(kInvalidArgument) when the elements are not STRING or i >= size().
+  std::string_view string_at(size_t i) const;
+  /// ARRAY element `i`. Throws Error(kInvalidArgument) when the elements are not ARRAY or
+  /// i >= size().
+  const GgufArray& array_at(size_t i) const;
+
+ private:
+  friend class GgufArrayReader;  // lib/gguf/gguf.cpp fills the storage
+  void check_index(size_t i, GgufValueType want) const;
+  GgufValueType elem_type_ = GgufValueType::kUint8;
+  size_t size_ = 0;
+  std::vector<std::byte> bytes_;   ///< scalars: size_ elements at their width; STRING: the texts
+  std::vector<uint64_t> ends_;     ///< STRING: end of element i in bytes_ (it starts at ends_[i-1])
+  std::vector<GgufArray> arrays_;  ///< ARRAY: the elements
 };
 
 /// One metadata value. Integers are widened to 64 bits but keep their declared type.
@@ -157,6 +185,19 @@ class GgufFile {
 
   const std::vector<GgufTensorInfo>& tensors() const noexcept;
   const GgufTensorInfo* find_tensor(std::string_view name) const noexcept;
+
+  /// Drop from this process's resident memory the pages wholly inside [data, data + n_bytes)
+  /// (the page-aligned interior) that belong to this file's read-only mapping: a caller that
+  /// keeps its own copy of a tensor (the CPU executor's repacked weights) gives back the
+  /// file's pages. The bytes do not change: a later read faults them in from the file again
+  /// (unless the file was rewritten in place meanwhile; GgufWriter and AtomicFileWriter
+  /// replace files, never rewrite them); the range is marked MADV_RANDOM (no readahead when
+  /// it is read again, and the kernel does not map it back while its neighbours are read).
+  /// A no-op for bytes outside the mapping (weights a
+  /// Model converted live on its heap) and for a file made by from_bytes (a heap copy:
+  /// dropping its pages would zero them). Never throws; a failing madvise is ignored (the
+  /// pages stay resident). Thread-safe, also while other threads read the bytes.
+  void release_pages(const std::byte* data, uint64_t n_bytes) const noexcept;
 
   struct Impl;
 

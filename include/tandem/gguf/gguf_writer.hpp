@@ -35,8 +35,8 @@ class GgufWriter {
   void add_f32_array(const std::string& key, const std::vector<float>& values);
   void add_i32_array(const std::string& key, const std::vector<int32_t>& values);
   /// Any value as the reader returns it (copying metadata from one file to another): the
-  /// declared type is kept, arrays nest. Throws Error(kInvalidArgument) when an array item
-  /// does not have the array's element type.
+  /// declared type is kept, arrays nest. Throws Error(kInvalidArgument) when the value does
+  /// not hold its declared type.
   void add_value(const std::string& key, const GgufValue& value);
 
   /// ne in ggml order (ne[0] = row length). Throws Error(kInvalidArgument) when ne[0] is

@@ -156,6 +156,10 @@ void CpuQ4Executor::repack_weights(bool wanted) {
   }
   auto repacked = std::make_shared<Repacked>();
   const Model& m = model();
+  // The Model's identity hash (KV export, session files and the scheduler name the Model by
+  // it) reads every weight once: have it read them now, while they are resident, so that it
+  // does not fault the file pages released below back in.
+  (void)m.identity_hash();
   auto add = [&](const TensorView& W) {
     if (!Repacked::repackable(W) || repacked->by_data.count(W.data) != 0) return;
     const size_t record = W.type == GgmlType::kQ4_1   ? sizeof(k::BlockQ4_1x8)
@@ -188,6 +192,10 @@ void CpuQ4Executor::repack_weights(bool wanted) {
       }
     });
     repacked->by_data.emplace(W.data, std::move(packed));
+    // The steps read the copy only: the file's pages of the original leave the process
+    // (read again, e.g. by another executor, they come back from the file). Weights the
+    // Model converted live on its heap, not in the mapping: release_pages leaves them.
+    m.gguf().release_pages(W.data, W.row_bytes * static_cast<uint64_t>(W.n));
   };
   for (const LayerWeights& L : m.layers())
     for (const TensorView* W : {&L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) add(*W);

@@ -9,6 +9,8 @@
 // gemm_q6_kx8_q8_0. The copy is
 // made by the first executor of a Model (on its pool) and shared by every executor of that
 // Model alive at the same time (repacked_weights_id()); it is freed with the last of them.
+// Once a matrix mapped from the file is repacked, its file pages are released
+// (GgufFile::release_pages), so resident memory holds the copy instead of both.
 // Each matrix's copy is found once, at construction (a per-layer table): a step indexes it.
 // TANDEM_CPU_REPACK=0 (or false, off, no) in the environment, or
 // CpuExecutorOptions::repack = false, turns repacking off.
