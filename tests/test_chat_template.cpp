@@ -2,7 +2,9 @@
 // published templates, detection from real template sources, role refusal, control-token
 // injection (ChatML on SmolLM2, SentencePiece on aidreams260K), the SmolLM2 chat goldens,
 // and ChatSession evaluating only each turn's new tokens.
+#include <sys/stat.h>
 #include <algorithm>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -422,6 +424,17 @@ TEST_CASE("chat template: an override replaces the model's template, Jinja or a 
   std::tie(code, msg) = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(big); });
   CHECK(code == tandem::ErrorCode::kIo);
   CHECK(msg.find("larger than 1 MiB") != std::string::npos);
+  // A mistyped built-in name is refused (it would render as literal text).
+  std::tie(code, msg) =
+      tandem::test::error_of([] { (void)ChatTemplateOverride::from_text("chatmll", "--chat-template"); });
+  CHECK(code == tandem::ErrorCode::kInvalidArgument);
+  CHECK(msg.find("--chat-template: 'chatmll' is neither a built-in template name (chatml, ") == 0);
+  // A FIFO would block the read: refused before it is opened.
+  const std::string fifo = (scratch / "fifo.jinja").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::tie(code, msg) = tandem::test::error_of([&] { (void)ChatTemplateOverride::from_file(fifo); });
+  CHECK(code == tandem::ErrorCode::kIo);
+  CHECK(msg.find("not a regular file") != std::string::npos);
 }
 
 TEST_CASE("chat template: Jinja rendering keeps message text apart from control tokens", "[chat][jinja]") {

@@ -58,19 +58,27 @@ TEST_CASE("KV layout of a sliding-window model: layer groups, places and page co
     places.insert({p.group, p.slot});
   }
   CHECK(places.size() == 18);  // one place per layer
-  // The first page a query at position n sees: the page of n - 511.
-  CHECK(l.window_live_page(511) == 0);
-  CHECK(l.window_live_page(526) == 0);
-  CHECK(l.window_live_page(527) == 1);  // 527 - 511 = 16: page 1
-  CHECK(l.window_live_page(10000) == 593);
-  CHECK(l.pages_holding(10000) == 6 * 625 - 5 * 593);
+  // Without slack, the first page a query at position n sees: the page of n - 511.
+  KvLayout tight = l;
+  tight.window_slack = 0;
+  CHECK(tight.window_live_page(511) == 0);
+  CHECK(tight.window_live_page(526) == 0);
+  CHECK(tight.window_live_page(527) == 1);  // 527 - 511 = 16: page 1
+  CHECK(tight.window_live_page(10000) == 593);
+  CHECK(tight.pages_holding(10000) == 6 * 625 - 5 * 593);
   // Full group: 625 + 1; each windowed group: the 511 + 128 positions of a window and a
   // 128-token step span 40 pages, + 2.
-  CHECK(l.sequence_pages(10000, 128) == 626 + 5 * 42);
-  CHECK(l.sequence_pages(100, 128) == 6 * 8);  // a short sequence: the full count
-  // Long context: the bytes a sequence holds per token, against all layers' pages.
+  CHECK(tight.sequence_pages(10000, 128) == 626 + 5 * 42);
+  // for_model keeps half the window (256 positions) behind it: (10000 - 511 - 256) / 16.
+  CHECK(l.window_slack == 256);
+  CHECK(l.window_live_page(10000) == 577);
+  CHECK(l.pages_holding(10000) == 6 * 625 - 5 * 577);
+  CHECK(l.sequence_pages(10000, 128) == 626 + 5 * 58);  // 511 + 256 + 128 positions: 56 pages, + 2
+  CHECK(l.sequence_pages(100, 128) == 6 * 8);           // a short sequence: the full count
+  // Long context: the bytes a sequence holds per token, against all layers' pages
+  // (32k positions: 2288 pages of 48 KiB, 3432 bytes per token of 18432).
   const double full = 18.0 * 2 * 256 * 2;
-  CHECK(double(l.pages_holding(32768)) * double(l.page_bytes()) / 32768.0 / full < 0.18);
+  CHECK(double(l.pages_holding(32768)) * double(l.page_bytes()) / 32768.0 / full < 0.19);
 
   // Without a window: one group of every layer, the layout of a full-attention model.
   HParams plain = gemma3_270m_shape();
@@ -131,7 +139,7 @@ TEST_CASE("a windowed sequence keeps one window of pages: 10k positions, then no
       // 10000 positions: the global group's 2500 pages, each windowed group's last few.
       const int32_t last = (n_max - 1) / step * step;  // the last step's first position
       CHECK(seq.held_pages() == 2500 + 5 * (2500 - l.window_live_page(last)));
-      CHECK(most_windowed <= (l.window - 1 + step + 3) / 4 + 1);
+      CHECK(most_windowed <= (l.window - 1 + l.window_slack + step + 3) / 4 + 1);
     }
     CHECK(store->used_pages() == 0);  // no leak
   }
@@ -145,31 +153,34 @@ TEST_CASE("cuts and shared prefixes behind the window are refused; inside it the
   hp.n_swa = 8;
   hp.swa_pattern = 6;
   auto store = test::make_store(hp, 4096, 0, 4);
+  REQUIRE(store->layout().window_slack == 4);  // half the window
   KvSequence a(*store, 512);
   for (int32_t n = 0; n < 100; ++n) {
     a.reserve(n + 1);
     a.set_n_tokens(n + 1);
   }
-  // The last step's queries started at 99: windowed pages before page (99 - 7) / 4 = 23 are gone.
-  CHECK(a.window_pages_dropped() == 23);
+  // The last step's queries started at 99 and see 92..99; with 4 positions of slack the
+  // windowed pages before page (99 - 7 - 4) / 4 = 22 are gone: rows from position 88 held.
+  CHECK(a.window_pages_dropped() == 22);
+  CHECK(a.window_from() == 88);
   CHECK(a.holds_prefix(100));
-  CHECK(a.holds_prefix(99));  // a query at 99 sees 92..99: pages 23 on
-  CHECK_FALSE(a.holds_prefix(95));
+  CHECK(a.holds_prefix(95));  // a query at 95 sees 88..95
+  CHECK_FALSE(a.holds_prefix(94));
   CHECK(a.holds_prefix(0));
   CHECK_FALSE(a.holds_prefix(101));
 
   KvSequence b(*store, 512);
-  CHECK(test::code_of([&] { b.share_prefix(a, 95); }) == ErrorCode::kInvalidArgument);
+  CHECK(test::code_of([&] { b.share_prefix(a, 94); }) == ErrorCode::kInvalidArgument);
   const int32_t before = store->used_pages();
   b.share_prefix(a, 100);
   CHECK(store->used_pages() == before);  // referenced, not copied
   CHECK(b.held_pages() == a.held_pages());
   CHECK(store->refcount(a.page(0, 0)) == 2);
-  CHECK(b.page(1, 22) == kNoPage);
-  CHECK(b.page(1, 24) == a.page(1, 24));
+  CHECK(b.page(1, 21) == kNoPage);
+  CHECK(b.page(1, 22) == a.page(1, 22));
 
-  CHECK(a.truncate(99) == 99);  // inside the window: kept
-  CHECK(a.n_tokens() == 99);
+  CHECK(a.truncate(95) == 95);  // inside the window and its slack: kept
+  CHECK(a.n_tokens() == 95);
   CHECK(a.truncate(50) == 0);  // behind it: nothing can be kept
   CHECK(a.held_pages() == 0);
   CHECK(a.window_pages_dropped() == 0);
@@ -227,7 +238,8 @@ TEST_CASE("gemma3 tiny: a session saved, restored or handed off mid-window conti
     // window's page only.
     const KvHandoff h = kv_export(s.kv(), *model, s.tokens());
     CHECK(h.descriptor.window == 8);
-    CHECK(h.descriptor.window_page_begin == l.window_live_page(s.kv().n_tokens()));
+    CHECK(h.descriptor.window_begin == l.window_live_page(s.kv().n_tokens()) * 4);
+    CHECK(h.descriptor.window_begin > 0);
     CHECK(h.descriptor.payload_bytes() <
           uint64_t(h.descriptor.n_pages()) * 6 * 2 * 4 * uint64_t(h.descriptor.row_bytes) / 2);
   }

@@ -909,7 +909,7 @@ void GgufFile::release_pages(const std::byte* data, uint64_t n_bytes) const noex
   // a released matrix (a norm) mapped most of the matrix's pages back (SmolLM2 Q4_K_M: 62 of
   // 72 MB after one step). MADV_DONTNEED then unmaps the pages: a read-only private mapping
   // never holds a copied-on-write page, so they are the file's and come back from it.
-  auto* const p = reinterpret_cast<void*>(first);
+  void* const p = static_cast<std::byte*>(b.map) + (first - map_begin);
   const auto len = static_cast<size_t>(last - first);
   (void)::madvise(p, len, MADV_RANDOM);
   (void)::madvise(p, len, MADV_DONTNEED);

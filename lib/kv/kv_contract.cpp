@@ -23,6 +23,7 @@ KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype
   l.dtype = dtype;
   l.window = hp.n_swa;
   l.window_pattern = hp.swa_pattern;
+  l.window_slack = std::min(256, hp.n_swa / 2);
   if (dtype == KvDtype::kQ8_0 && l.row_elems() % kKvQ8Block != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("KV layout: a q8_0 KV cache needs n_head_kv x head_dim ({} x {} = {}) to be a multiple of "
@@ -34,7 +35,7 @@ KvLayout KvLayout::for_model(const HParams& hp, int32_t page_size, KvDtype dtype
 
 bool KvDescriptor::carries(int32_t page, int32_t layer) const noexcept {
   const bool windowed = window > 0 && window_pattern > 0 && layer % window_pattern < window_pattern - 1;
-  return !windowed || page >= window_page_begin;
+  return !windowed || page >= window_begin / page_size;
 }
 
 uint64_t KvDescriptor::payload_layer_offset(int32_t page, int32_t layer) const noexcept {
@@ -202,9 +203,9 @@ KvHandoff kv_export(const KvSequence& seq, const Model& model, std::span<const i
   d.layer_end = layer_end;
   d.window = hp.n_swa;
   d.window_pattern = hp.swa_pattern;
-  // The windowed layers' rows travel from the page a query at n_tokens first sees (the
-  // sender's windowed groups hold them; the ones before may be released).
-  d.window_page_begin = l.window_live_page(seq.n_tokens());
+  // The windowed layers' rows travel from the window (and its slack) of a query at n_tokens,
+  // as far back as the sender holds them.
+  d.window_begin = std::max(seq.window_from(), l.window_live_page(seq.n_tokens()) * l.page_size);
   d.token_begin = 0;
   d.token_end = seq.n_tokens();
   d.tokens.assign(tokens.begin(), tokens.end());
@@ -305,10 +306,10 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model) {
     mismatch(fmt::format("{} page checksums for {} positions in pages of {}", d.n_pages(), d.token_end, d.page_size));
   }
   // The windowed rows must reach back to the first position a query at token_end sees.
-  const int64_t live = d.window > 0 ? std::max<int64_t>(0, int64_t(d.token_end) - d.window + 1) / d.page_size : 0;
-  if (d.window_page_begin < 0 || d.window_page_begin > live) {
-    mismatch(fmt::format("the windowed layers' rows start at page {}, a query at position {} needs page {} on",
-                         d.window_page_begin, d.token_end, live));
+  const int64_t needed = d.window > 0 ? std::max<int64_t>(0, int64_t(d.token_end) - d.window + 1) : 0;
+  if (d.window_begin < 0 || d.window_begin > needed) {
+    mismatch(fmt::format("the windowed layers' rows start at position {}, a query at position {} needs {} on",
+                         d.window_begin, d.token_end, needed));
   }
 }
 
@@ -323,7 +324,7 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   int32_t next_layer = 0;
   for (const KvDescriptor* d : sorted) {
     if (d->tokens != first.tokens || d->dtype != first.dtype || d->page_size != first.page_size ||
-        d->sequence_id != first.sequence_id || d->window_page_begin != first.window_page_begin) {
+        d->sequence_id != first.sequence_id || d->window_begin != first.window_begin) {
       mismatch("the layer ranges of one hand-off describe different tokens, dtypes, page sizes or sequences");
     }
     if (d->layer_begin != next_layer) {
@@ -361,7 +362,7 @@ std::unique_ptr<KvSequence> kv_import_payloads(std::span<const KvDescriptor* con
   }
 
   auto seq = std::make_unique<KvSequence>(dst, max_tokens, tier);
-  seq->reserve_filled(first.token_end);  // the windowed groups' pages from the window on
+  seq->reserve_filled(first.token_end, first.window_begin);  // windowed pages from window_begin's on
   const size_t n_elem = size_t(first.n_head_kv) * size_t(first.head_dim);
   const int32_t sp = first.page_size;
   const int32_t dp = dl.page_size;
@@ -507,7 +508,7 @@ void descriptor_fields(D& d, F&& f) {
   f(d.layer_end, "layer_end");
   f(d.window, "window");
   f(d.window_pattern, "window_pattern");
-  f(d.window_page_begin, "window_page_begin");
+  f(d.window_begin, "window_begin");
   f(d.token_begin, "token_begin");
   f(d.token_end, "token_end");
   f(d.sequence_id, "sequence_id");

@@ -433,7 +433,7 @@ KvLayout::Place KvLayout::place(int32_t il) const noexcept {
 
 int32_t KvLayout::window_live_page(int64_t n) const noexcept {
   if (n_window_layers() == 0 || page_size <= 0) return 0;
-  return static_cast<int32_t>(std::max<int64_t>(0, n - window + 1) / page_size);
+  return static_cast<int32_t>(std::max<int64_t>(0, n - window + 1 - window_slack) / page_size);
 }
 
 int64_t KvLayout::pages_holding(int64_t n) const noexcept {
@@ -445,7 +445,7 @@ int64_t KvLayout::pages_holding(int64_t n) const noexcept {
 int64_t KvLayout::sequence_pages(int64_t n_ctx, int64_t max_step) const noexcept {
   if (page_size <= 0 || page_layers() <= 0) return 0;
   const int64_t full = (n_ctx + page_size - 1) / page_size + 1;
-  const int64_t windowed = std::min(full, (window - 1 + max_step + page_size - 1) / page_size + 2);
+  const int64_t windowed = std::min(full, (window - 1 + window_slack + max_step + page_size - 1) / page_size + 2);
   const int64_t wg = n_groups() - n_full_groups();
   return n_full_groups() * full + wg * windowed;
 }
@@ -496,7 +496,8 @@ std::vector<PageId> KvSequence::held_page_ids() const {
 
 bool KvSequence::holds_prefix(int32_t n) const noexcept {
   if (n < 0 || n > n_tokens_) return false;
-  return n == 0 || store_->layout().window_live_page(n) >= dropped_;
+  const KvLayout& l = store_->layout();
+  return n == 0 || l.n_window_layers() == 0 || std::max(0, n - l.window + 1) >= window_from_;
 }
 
 int32_t KvSequence::pages_outside(KvTier tier) const noexcept {
@@ -522,16 +523,23 @@ void KvSequence::reserve(int32_t n) {
   grow_locked(n, live);
 }
 
-void KvSequence::reserve_filled(int32_t n) {
+void KvSequence::reserve_filled(int32_t n, int32_t window_from) {
+  const KvLayout& l = store_->layout();
   if (n_tokens_ != 0 || n_pages_ != 0) {
     throw Error(ErrorCode::kInvalidArgument, "KV sequence: reserve_filled needs an empty sequence");
+  }
+  if (window_from < 0 || (l.n_window_layers() > 0 && window_from > std::max(0, n - l.window + 1))) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("KV sequence: windowed rows from position {} miss what a query at {} sees", window_from, n));
   }
   if (n > max_tokens_) {
     throw Error(ErrorCode::kContextOverflow,
                 fmt::format("context overflow: {} positions needed, the context holds {}", n, max_tokens_));
   }
   std::lock_guard<std::mutex> lock(store_->mutex_);
-  grow_locked(n, store_->layout().window_live_page(n));
+  grow_locked(n, l.n_window_layers() > 0 ? std::max(l.window_live_page(n), window_from / l.page_size) : 0);
+  window_from_ = std::max(window_from_, window_from);
   n_tokens_ = n;
 }
 
@@ -552,6 +560,7 @@ void KvSequence::grow_locked(int32_t n, int32_t live) {
       }
     }
   }
+  window_from_ = std::max(window_from_, dropped_ * ps);
   // Copy-on-write: the page that position n_tokens_ falls in is about to be written.
   if (n > n_tokens_ && n_tokens_ % ps != 0) {
     const int32_t idx = n_tokens_ / ps;
@@ -593,7 +602,7 @@ void KvSequence::grow_locked(int32_t n, int32_t live) {
             q = kNoPage;
           }
         }
-        if (had == 0) dropped_ = 0;
+        if (had == 0) dropped_ = window_from_ = 0;
         const KvStore::Tier& t = *store_->tiers_[int(tier_.load())];
         throw Error(ErrorCode::kOutOfMemory,
                     fmt::format("KV store: {} tier exhausted: {} pages needed for {} positions, {} of {} in use",
@@ -620,6 +629,7 @@ int32_t KvSequence::truncate(int32_t n) {
     }
   }
   dropped_ = std::min(dropped_, n_pages_);
+  if (n_pages_ == 0) window_from_ = 0;
   return n_tokens_;
 }
 
@@ -638,7 +648,7 @@ void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
   }
   const KvLayout& l = store_->layout();
   const int32_t n_pages = (n_tokens + l.page_size - 1) / l.page_size;
-  const int32_t live = l.window_live_page(n_tokens);
+  const int32_t live = std::max(l.window_live_page(n_tokens), other.dropped_);
   std::lock_guard<std::mutex> lock(store_->mutex_);
   for (int32_t g = 0; g < n_groups_; ++g) {
     for (int32_t j = l.group_windowed(g) ? live : 0; j < n_pages; ++j) {
@@ -649,6 +659,7 @@ void KvSequence::share_prefix(const KvSequence& other, int32_t n_tokens) {
   }
   n_pages_ = n_pages;
   dropped_ = std::min(live, n_pages);
+  window_from_ = std::max(other.window_from_, dropped_ * l.page_size);
   n_tokens_ = n_tokens;
   tier_ = other.tier();
   shares_pages_.store(true, std::memory_order_release);

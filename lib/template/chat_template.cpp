@@ -353,6 +353,13 @@ ChatTemplateOverride ChatTemplateOverride::from_text(std::string text, std::stri
   if (text.empty()) throw Error(ErrorCode::kInvalidArgument, origin + ": the chat template is empty");
   ChatTemplateOverride o;
   const bool named = std::any_of(kNames.begin(), kNames.end(), [&](const NamedFamily& n) { return text == n.name; });
+  if (!named && text.find("{{") == std::string::npos && text.find("{%") == std::string::npos) {
+    std::string names;  // a mistyped name would otherwise render as literal text
+    for (const NamedFamily& n : kNames) names += (names.empty() ? "" : ", ") + std::string(n.name);
+    throw Error(ErrorCode::kInvalidArgument, origin + ": '" + text.substr(0, 64) +
+                                                 "' is neither a built-in template name (" + names +
+                                                 ") nor Jinja (no '{{' or '{%')");
+  }
   if (!named) {
     try {
       o.jinja_ = std::make_shared<const jinja::Template>(jinja::Template::parse(text));
@@ -369,6 +376,9 @@ ChatTemplateOverride ChatTemplateOverride::from_file(const std::string& path) {
   const std::string origin = "chat template file '" + path + "'";
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(ErrorCode::kIo, "cannot read " + origin + ": a directory");
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec)) {
+    throw Error(ErrorCode::kIo, "cannot read " + origin + ": not a regular file (a FIFO or device)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorCode::kIo, "cannot read " + origin + ": " + errno_message(errno ? errno : ENOENT));
   // One byte past the parser's bound tells "too large" from "exactly at the bound".

@@ -16,10 +16,10 @@
 // arriving is not success.
 //
 // Sliding windows (Gemma 3): the descriptor names the model's window and layer pattern
-// (checked like the other invariants) and window_page_begin, the first page that carries
-// the windowed layers' rows: before it, a page carries the full-attention layers only
-// (no later query sees those windowed positions, and the sender may have released them).
-// A receiver's windowed rows before the window stay unwritten (zeros).
+// (checked like the other invariants) and window_begin, the first position whose windowed
+// rows travel: pages before its page carry the full-attention layers only (no later query
+// sees those windowed positions, and the sender may have released them); the receiver holds
+// windowed rows from window_begin on (KvSequence::window_from) and writes none before.
 //
 // Leases: export does not copy. It hands the receiver a lease holding references to the
 // sender's pages (so the sender may free its sequence at once: the pages stay until the
@@ -65,18 +65,18 @@ struct KvDescriptor {
   int32_t page_size = 0;    ///< tokens per page
   int32_t layer_begin = 0;  ///< layers [layer_begin, layer_end) are in this hand-off
   int32_t layer_end = 0;
-  int32_t window = 0;             ///< the model's sliding window (HParams::n_swa; 0: none)
-  int32_t window_pattern = 0;     ///< its layer pattern (HParams::swa_pattern)
-  int32_t window_page_begin = 0;  ///< pages before it carry no windowed-layer rows
-  int32_t token_begin = 0;        ///< positions [token_begin, token_end)
+  int32_t window = 0;          ///< the model's sliding window (HParams::n_swa; 0: none)
+  int32_t window_pattern = 0;  ///< its layer pattern (HParams::swa_pattern)
+  int32_t window_begin = 0;    ///< first position with windowed-layer rows (<= token_end - window + 1)
+  int32_t token_begin = 0;     ///< positions [token_begin, token_end)
   int32_t token_end = 0;
   std::vector<int32_t> tokens;           ///< the ids at those positions
   uint64_t sequence_id = 0;              ///< the sender's KvSequence::id()
   std::vector<uint64_t> page_checksums;  ///< xxHash3-64 of each page's payload, in order
 
   int32_t n_pages() const noexcept { return static_cast<int32_t>(page_checksums.size()); }
-  /// Whether page `page` carries layer `layer`'s rows (a windowed layer's from
-  /// window_page_begin on, the others always).
+  /// Whether page `page` carries layer `layer`'s rows (a windowed layer's from the page of
+  /// window_begin on, the others always).
   bool carries(int32_t page, int32_t layer) const noexcept;
   /// Bytes of page `page`'s payload: for each carried layer of [layer_begin, layer_end) in
   /// order, its K rows then its V rows of page_size positions (row_bytes each).
@@ -159,7 +159,7 @@ void kv_check_invariants(const KvDescriptor& d, const Model& model);
 /// little-endian, fields in declaration order: u32 contract_version, u64 model_identity,
 /// u64 tokenizer_identity, i32 n_layer, n_head_kv, head_dim, u64 row_bytes, u32 rope_type,
 /// f32 rope_freq_base, rope_freq_scale, i32 n_rot, n_ctx, u32 dtype, i32 page_size,
-/// layer_begin, layer_end, window, window_pattern, window_page_begin, token_begin,
+/// layer_begin, layer_end, window, window_pattern, window_begin, token_begin,
 /// token_end, u64 sequence_id, u64 n_tokens,
 /// i32 tokens[n_tokens], u64 n_pages, u64 page_checksums[n_pages]. Appended to `out`.
 void kv_descriptor_append(const KvDescriptor& d, std::vector<std::byte>& out);

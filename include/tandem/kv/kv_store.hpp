@@ -85,6 +85,10 @@ struct KvLayout {
   /// Model layer il is windowed when window > 0 and il % window_pattern < window_pattern - 1
   /// (HParams::is_swa_layer: Gemma 3's 5 local layers, then 1 global).
   int32_t window_pattern = 0;
+  /// Positions a windowed group keeps behind the window (for_model: half the window, at most
+  /// 256), so a sequence cut back by that much (a repeated prompt, a chat turn tokenized
+  /// again) keeps its KV and shares its prefix.
+  int32_t window_slack = 0;
 
   /// Where a model layer's rows live: its group (block table) and its slot in that group's pages.
   struct Place {
@@ -107,9 +111,9 @@ struct KvLayout {
   bool group_windowed(int32_t group) const noexcept { return group >= n_full_groups(); }
   /// The group and slot of model layer il (il in [layer_begin, layer_begin + n_layer)).
   Place place(int32_t il) const noexcept;
-  /// First page index a windowed group still needs when positions [0, n) are filled: the
-  /// page of position n - window + 1, the earliest any later query sees (0 without a
-  /// windowed group).
+  /// First page index a windowed group keeps when positions [0, n) are filled: the page of
+  /// position n - window + 1 - window_slack (n - window + 1 is the earliest any later query
+  /// sees); 0 without a windowed group.
   int32_t window_live_page(int64_t n) const noexcept;
   /// Pages a sequence with positions [0, n) filled holds: every group's ceil(n / page_size),
   /// less the windowed groups' pages before window_live_page(n) (what an import allocates).
@@ -117,7 +121,8 @@ struct KvLayout {
   /// Most pages a sequence of the store holds over its life, at most `n_ctx` positions,
   /// written at most `max_step` positions per step (its largest prefill chunk): every full
   /// group's ceil(n_ctx / page_size) + 1 (a copy-on-write), each windowed group's pages
-  /// spanning window - 1 + max_step positions, + 2 (or the full count, when smaller).
+  /// spanning window - 1 + window_slack + max_step positions, + 2 (or the full count, when
+  /// smaller).
   int64_t sequence_pages(int64_t n_ctx, int64_t max_step) const noexcept;
 
   /// The layout of a model's KV. Throws Error(kInvalidArgument) for q8_0 when
@@ -303,8 +308,10 @@ class KvSequence {
   /// Leading page indices whose windowed-group pages are released.
   int32_t window_pages_dropped() const noexcept { return dropped_; }
   /// Whether the first n positions can be kept (truncate) or shared (share_prefix): n <=
-  /// n_tokens() and every windowed page a query at position n would see is still held.
+  /// n_tokens() and every windowed row a query at position n would see is still held.
   bool holds_prefix(int32_t n) const noexcept;
+  /// First position whose windowed-layer rows are held (0 without released pages).
+  int32_t window_from() const noexcept { return window_from_; }
   /// The tier new pages are allocated in and where the sequence is resident.
   KvTier tier() const noexcept { return tier_.load(std::memory_order_acquire); }
 
@@ -314,9 +321,11 @@ class KvSequence {
   /// n > max_tokens, Error(kOutOfMemory) when the tier is full (nothing allocated then).
   void reserve(int32_t n);
   /// Hold pages for positions [0, n) of an empty sequence that are about to be filled by an
-  /// import (every full group's pages; the windowed groups' only from window_live_page(n))
-  /// and mark them filled. Errors as reserve(); kInvalidArgument when not empty.
-  void reserve_filled(int32_t n);
+  /// import whose windowed rows start at position `window_from` (every full group's pages;
+  /// the windowed groups' from window_live_page(n) or window_from's page, the later) and
+  /// mark them filled. Errors as reserve(); kInvalidArgument when not empty or when
+  /// window_from is past n - window + 1 (a query at n would miss rows).
+  void reserve_filled(int32_t n, int32_t window_from = 0);
   /// Mark positions [0, n) as filled (n within reserved capacity). Called by executors.
   void set_n_tokens(int32_t n) noexcept { n_tokens_ = n; }
   /// Forget positions >= n and release pages no longer needed. Returns the positions kept:
@@ -373,6 +382,7 @@ class KvSequence {
   size_t cap_ = 0;  ///< page indices a group can need (ceil(max_tokens / page_size))
   int32_t n_pages_ = 0;
   int32_t dropped_ = 0;
+  int32_t window_from_ = 0;
   std::vector<PageId> table_;  ///< [group][cap_]: sized up front, so growing never allocates
   std::atomic<uint64_t> last_use_{0};
   std::atomic<int32_t> pins_{0};

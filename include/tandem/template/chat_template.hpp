@@ -98,10 +98,12 @@ class ChatTemplateOverride {
  public:
   /// `origin` names the text in errors and in ChatTemplate::origin() (e.g. "--chat-template").
   /// Throws Error(kInvalidArgument) "ORIGIN: jinja: line N: ..." when the Jinja source does
-  /// not parse, and "ORIGIN: the chat template is empty" for empty text.
+  /// not parse, "ORIGIN: the chat template is empty" for empty text, and names the built-in
+  /// templates when the text is neither one of their names nor Jinja (no "{{" or "{%").
   static ChatTemplateOverride from_text(std::string text, std::string origin);
   /// The whole file at `path` as from_text, origin "chat template file 'PATH'". Throws
-  /// Error(kIo) naming the file when it is missing, a directory, unreadable, or larger than
+  /// Error(kIo) naming the file when it is missing, a directory, not a regular file (a FIFO
+  /// would block), unreadable, or larger than
   /// jinja::Template::kMaxSourceBytes (1 MiB); parse errors as from_text.
   static ChatTemplateOverride from_file(const std::string& path);
 
