@@ -439,7 +439,7 @@ int32_t KvLayout::window_live_page(int64_t n) const noexcept {
 int64_t KvLayout::pages_holding(int64_t n) const noexcept {
   if (page_size <= 0 || page_layers() <= 0) return 0;
   const int64_t pages = (n + page_size - 1) / page_size;
-  return n_groups() * pages - (n_groups() - n_full_groups()) * window_live_page(n);
+  return n_groups() * pages - int64_t{n_groups() - n_full_groups()} * window_live_page(n);
 }
 
 int64_t KvLayout::sequence_pages(int64_t n_ctx, int64_t max_step) const noexcept {
