@@ -21,6 +21,7 @@
 #include "sha256.hpp"
 #include "tandem/model/requantize.hpp"
 #include "tandem/session/session.hpp"
+#include "tandem/template/chat_template.hpp"
 #include "test_support.hpp"
 
 using namespace tandem;
@@ -411,4 +412,16 @@ TEST_CASE("Gemma 3 270M: the Q4_0 conversion is llama.cpp's byte for byte (file 
     CHECK(same(A.ffn_up, B.ffn_up));
     CHECK(same(A.ffn_down, B.ffn_down));
   }
+}
+
+TEST_CASE("a gemma3 file without a chat template chats in Gemma's turn format, not ChatML", "[gemma3][chat]") {
+  test::TinyGemma3 spec;  // written without tokenizer.chat_template, as the 270M base GGUF
+  const auto model = Model::load(test::write_tiny_gemma3(spec, "notemplate"));
+  REQUIRE(model->tokenizer().chat_template().empty());
+  const ChatTemplate t = ChatTemplate::for_model(*model);
+  CHECK(t.name() == "gemma");
+  CHECK_FALSE(t.is_jinja());
+  CHECK(t.fallback_reason().find("gemma3") != std::string::npos);
+  const std::vector<ChatMessage> conv{{"user", "hi"}};
+  CHECK(t.render(conv, true) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n");
 }

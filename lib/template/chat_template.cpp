@@ -394,6 +394,14 @@ ChatTemplateOverride ChatTemplateOverride::from_file(const std::string& path) {
 }
 
 ChatTemplate ChatTemplate::for_model(const Model& model, const ChatTemplateOverride* override) {
+  // A Gemma 3 file without a template (the 270M base GGUF): Gemma's turn format, not ChatML,
+  // whose markers the model has never seen.
+  if (override == nullptr && model.tokenizer().chat_template().empty() && model.hparams().arch == Arch::kGemma3) {
+    ChatTemplate t = by_name("gemma");
+    t.origin_ = "tokenizer.chat_template";
+    t.fallback_reason_ = "the model has no tokenizer.chat_template (gemma3: the built-in 'gemma')";
+    return t;
+  }
   return for_tokenizer(model.tokenizer(), override);
 }
 

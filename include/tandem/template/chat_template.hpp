@@ -122,7 +122,8 @@ class ChatTemplate {
  public:
   /// The template `model` gets: `override` when given (see ChatTemplateOverride), else the
   /// GGUF's `tokenizer.chat_template` executed by the Jinja interpreter; when the model has
-  /// none or it does not parse, the matcher's family for it (fallback_reason() says why).
+  /// none or it does not parse, the matcher's family for it (a gemma3 model without one: the
+  /// built-in gemma; fallback_reason() says why).
   /// bos_token/eos_token are the vocabulary's texts. Throws only what the override threw.
   static ChatTemplate for_model(const Model& model, const ChatTemplateOverride* override = nullptr);
   /// The same from a vocabulary alone (Tokenizer::chat_template(), its BOS/EOS texts):

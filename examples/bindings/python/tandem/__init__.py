@@ -300,10 +300,12 @@ class Model(_Handle):
         (tandem-server's --chat-template): a built-in name ("chatml", "llama3", ...) or Jinja
         source, used by create_chat_completion, apply_chat_template and the tool-call format.
         Raises TandemError (E_IO, E_GGUF_*, ...; E_INVALID_ARG for a template that does not
-        parse)."""
+        parse); ValueError for a template holding a NUL (the C string would end there)."""
         params = _c.init(_c.ModelParams, _c.model_params_init)
         params.check_block_scales = 1 if check_block_scales else 0
         if chat_template is not None:
+            if "\x00" in chat_template:
+                raise ValueError("chat_template holds a NUL character")
             params.chat_template = chat_template.encode("utf-8")  # copied by the load
         self.n_threads = _c.check_int("n_threads", n_threads, 0, 512)
         handle = _c.handle_t()

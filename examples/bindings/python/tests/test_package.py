@@ -203,6 +203,8 @@ class TestChatCompletion(PackageTestCase):
         with self.assertRaises(tandem.TandemError) as cm:
             tandem.Model(golden.model_path(), chat_template="{% if %}")
         self.assertIn("chat_template: jinja: line 1", str(cm.exception))
+        with self.assertRaises(ValueError):  # the C string would end at the NUL
+            tandem.Model(golden.model_path(), chat_template="{{ bos_token }}\x00tail")
 
 
 class TestToolCalls(PackageTestCase):
