@@ -16,7 +16,8 @@ static_assert(std::atomic<int>::is_always_lock_free);
 extern "C" void on_interrupt(int sig) {
   int none = 0;
   if (g_signal.compare_exchange_strong(none, sig)) {
-    constexpr char msg[] = "\ntandem-cli: interrupted: stopping after this token (again to quit at once)\n";
+    constexpr char msg[] =
+        "\ntandem-cli: interrupted: stopping after this token or prompt chunk (again to quit at once)\n";
     [[maybe_unused]] const ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
     return;
   }

@@ -530,13 +530,19 @@ int main(int argc, char** argv) {
     if (prompt_cache && !session.tokens().empty()) {
       const size_t saved = session.tokens().size();
       // --logits-out needs every prompt row: nothing is reused then.
+      const bool same_start = ids.size() > 1 && session.tokens()[0] == ids[0];
       const size_t reused = logits_out.empty() ? session.reuse_prefix(ids) : 0;
+      // A sliding-window model (Gemma 3) keeps its windowed KV only near the end: a prompt
+      // that leaves the saved tokens further back than that reuses nothing.
+      const bool behind_window = reused == 0 && logits_out.empty() && same_start && model->hparams().n_swa > 0;
       if (reused == 0) session.reset();
       std::fprintf(stderr,
                    "tandem-cli: prompt cache: reused %zu of %zu prompt tokens from %s (%zu saved tokens after "
                    "them dropped)%s\n",
                    reused, ids.size(), session_path.c_str(), saved - std::min(saved, reused),
-                   logits_out.empty() ? "" : "; --logits-out evaluates the whole prompt");
+                   !logits_out.empty() ? "; --logits-out evaluates the whole prompt"
+                   : behind_window     ? "; the common prefix ends behind the sliding window's kept KV"
+                                       : "");
       ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(reused));
     }
     if (session.tokens().size() + ids.size() > size_t(session.n_ctx())) {  // refuse before printing anything
