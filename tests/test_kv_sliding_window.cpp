@@ -18,16 +18,21 @@ using namespace tandem;
 
 namespace {
 
-// Gemma 3 270M's KV shape: 18 layers (every 6th, il % 6 == 5, global), 1 KV head of 256,
-// a window of 512.
-HParams gemma3_270m_shape() {
+// A Gemma 3 KV shape: `n_layer` layers (every 6th, il % 6 == 5, global), 1 KV head of
+// `head_dim`, a window of `window`.
+HParams windowed_shape(int32_t n_layer, int32_t head_dim, int32_t window) {
   HParams hp;
-  hp.n_layer = 18;
+  hp.n_layer = n_layer;
   hp.n_head_kv = 1;
-  hp.head_dim = 256;
-  hp.n_swa = 512;
+  hp.head_dim = head_dim;
+  hp.n_swa = window;
   hp.swa_pattern = 6;
   return hp;
+}
+
+// Gemma 3 270M's: 18 layers, head_dim 256, window 512.
+HParams gemma3_270m_shape() {
+  return windowed_shape(18, 256, 512);
 }
 
 }  // namespace
@@ -104,12 +109,7 @@ TEST_CASE("KV layout of a sliding-window model: layer groups, places and page co
 }
 
 TEST_CASE("a windowed sequence keeps one window of pages: 10k positions, then nothing left", "[kv][swa]") {
-  HParams hp;
-  hp.n_layer = 6;  // layers 0..4 windowed, 5 global
-  hp.n_head_kv = 1;
-  hp.head_dim = 32;
-  hp.n_swa = 8;
-  hp.swa_pattern = 6;
+  const HParams hp = windowed_shape(6, 32, 8);  // layers 0..4 windowed, 5 global
   for (const int32_t step : {1, 37}) {
     INFO("positions per step: " << step);
     const int32_t n_max = 10000;
@@ -146,12 +146,7 @@ TEST_CASE("a windowed sequence keeps one window of pages: 10k positions, then no
 }
 
 TEST_CASE("cuts and shared prefixes behind the window are refused; inside it they keep the pages", "[kv][swa]") {
-  HParams hp;
-  hp.n_layer = 6;
-  hp.n_head_kv = 1;
-  hp.head_dim = 32;
-  hp.n_swa = 8;
-  hp.swa_pattern = 6;
+  const HParams hp = windowed_shape(6, 32, 8);
   auto store = test::make_store(hp, 4096, 0, 4);
   REQUIRE(store->layout().window_slack == 4);  // half the window
   KvSequence a(*store, 512);
