@@ -10,7 +10,8 @@
 #   template   the Jinja interpreter, chat templates, tool-call formats
 #   grammar    constrained decoding (xgrammar): JSON schema, any JSON, GBNF
 #   kv         paged KV store, page file, KV contract
-#   exec       executor interface, paced executor, performance model; exec/cpu, exec/gpu
+#   exec       executor interface, the decoder layer (both executors), paced executor,
+#              performance model; exec/cpu, exec/gpu
 #   node       executor sets, executors and their KV stores sized by one page rule
 #   session    session, session files, chat session, generation, sampler, stop strings
 #   sched      scheduler, routing policy, speed signals, metrics, request handles

@@ -11,7 +11,7 @@
 #include <strings.h>
 
 #include "cpu/cpu_kernels.hpp"
-#include "rope_table.hpp"
+#include "exec/transformer.hpp"
 
 namespace tandem {
 
@@ -40,12 +40,6 @@ struct PreparedInput {
   bool q8 = false, f16 = false;
 };
 
-// One token of the batch: which sequence, its position, its row in the batch.
-struct TokenRef {
-  const SequenceStep* seq;
-  int32_t pos;
-};
-
 // One attention task: positions [first, first + n_pos) of sequence `seq` (indices into
 // its tokens), all query heads of KV head `kv_head`.
 struct AttnTask {
@@ -63,13 +57,12 @@ struct CpuQ4Executor::Scratch {
   Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope, rope_swa;
   Buffer<k::BlockQ8_0> xq8;
   Buffer<uint16_t> xf16;
-  Buffer<TokenRef> tokens;
-  Buffer<int64_t> out_index;
-  Buffer<float> fa_scratch;         // [n_threads][flash_attn_scratch_floats]
-  Buffer<AttnTask> attn_tasks;      // one per (sequence, KV head, query tile)
-  Buffer<const void*> kv_pages;     // per layer: K page pointers of every sequence, then V
-  Buffer<size_t> seq_pages;         // per sequence: its first entry in kv_pages
-  Buffer<int64_t> seq_first_token;  // per sequence: its first row in the batch
+  Buffer<int32_t> seq, pos, out_row;  // StepInputs
+  Buffer<float> fa_scratch;           // [n_threads][flash_attn_scratch_floats]
+  Buffer<AttnTask> attn_tasks;        // one per (sequence, KV head, query tile)
+  Buffer<const void*> kv_pages;       // per layer: K page pointers of every sequence, then V
+  Buffer<size_t> seq_pages;           // per sequence: its first entry in kv_pages
+  Buffer<int64_t> seq_first_token;    // per sequence: its first row in the batch
   PreparedInput prepared;
 };
 
@@ -241,181 +234,110 @@ void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64
   }
 }
 
-}  // namespace
-
-namespace {
-
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
 // packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8 or BlockQ6_Kx8, as
 // W's type), or null.
 void matmul(ThreadPool& pool, CpuQ4Executor::Scratch& s, const TensorView& W, const float* x, int64_t m, float* y,
             const void* packed);
 
-}  // namespace
-
-void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
-  Scratch& s = *s_;
-  if (!k::cpu_thread_prepare()) {  // the calling thread's kernel scratch (allocated on its first step only)
-    throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the kernels' per-thread scratch");
-  }
-  const Model& model = this->model();
-  const HParams& hp = model.hparams();
-  const int64_t n_embd = hp.n_embd;
-  const int64_t hd = hp.head_dim;
-  const int64_t q_w = int64_t{hp.n_head} * hd;
-  const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
-  const int n_threads = pool_->size();
-
-  const int64_t group = hp.n_head / hp.n_head_kv;
-  // Scratch is sized for the largest context of the batch, so decode steps never regrow it.
-  int64_t max_ctx = 1, max_kv_pages = 0;
-  for (const auto& sq : batch) {
-    max_ctx = std::max<int64_t>(max_ctx, sq.kv->max_tokens());
-    const int32_t P = sq.kv->store().layout().page_size;
-    max_kv_pages += (sq.kv->max_tokens() + P - 1) / P;
-  }
-  // Positions per attention task: about kAttnTileRows query rows, fewer when a long context
-  // would make the task's scores (rows x context) pass kAttnScoreFloats.
-  const int64_t attn_pos_per_task =
-      std::max<int64_t>(1, std::min(kAttnTileRows / group, kAttnScoreFloats / (group * max_ctx)));
-  int64_t T = 0;
+// The CPU's primitives of the decoder (exec/transformer.hpp) over one step's buffers. The
+// attention inputs of a row (biases, head norms, RoPE, q scale, the K/V store) are one
+// per-row loop over the pool; every matmul quantises its input once (Scratch::prepared).
+struct CpuDecoder {
+  ThreadPool& pool;
+  CpuQ4Executor::Scratch& s;
+  const Model& model;
+  const CpuQ4Executor::Repacked& repacked;  // layers empty: not repacking
+  std::span<const SequenceStep> batch;
+  std::span<float> logits_out;
+  StepInputs in;
+  int64_t T = 0, n_out = 0;
+  float *x = nullptr, *xn = nullptr, *q = nullptr, *kk = nullptr, *v = nullptr, *attn = nullptr, *tmp = nullptr,
+        *gate = nullptr, *up = nullptr;
+  // Attention: one task per (sequence, KV head, query tile); per layer, the K and V page
+  // pointers of every sequence (kpages / vpages from seq_pages[si]).
+  AttnTask* attn_tasks = nullptr;
   int64_t n_attn_tasks = 0;
-  for (const auto& sq : batch) {
-    const auto n = static_cast<int64_t>(sq.tokens.size());
-    T += n;
-    n_attn_tasks += (n + attn_pos_per_task - 1) / attn_pos_per_task * hp.n_head_kv;
-  }
-  TokenRef* toks = s.tokens.get(size_t(T));
-  {
-    int64_t t = 0;
-    for (const auto& sq : batch) {
-      for (size_t j = 0; j < sq.tokens.size(); ++j) toks[t++] = TokenRef{&sq, sq.pos0 + static_cast<int32_t>(j)};
-    }
-  }
+  float* fa_scratch = nullptr;  // [n_threads][fa_floats]
+  size_t fa_floats = 0;
+  const void** kpages = nullptr;
+  const void** vpages = nullptr;
+  size_t* seq_pages = nullptr;
+  int64_t* seq_first_token = nullptr;
 
-  float* x = s.x.get(size_t(T * n_embd));
-  float* xn = s.xn.get(size_t(T * n_embd));
-  float* q = s.q.get(size_t(T * q_w));
-  float* kk = s.kbuf.get(size_t(T * kv_w));
-  float* v = s.v.get(size_t(T * kv_w));
-  float* attn = s.attn.get(size_t(T * q_w));
-  float* tmp = s.tmp.get(size_t(T * n_embd));
-  float* gate = s.gate.get(size_t(T * hp.n_ff));
-  float* up = s.up.get(size_t(T * hp.n_ff));
-  float* rope = s.rope.get(size_t(T * hp.n_rot));  // [T][n_rot/2] cos then sin
-  const size_t fa_floats = k::attn_tiled_scratch_floats(hd, attn_pos_per_task * group, max_ctx);
-  float* fa_scratch = s.fa_scratch.get(size_t(n_threads) * fa_floats);
-  const void** kpages = s.kv_pages.get(size_t(2 * max_kv_pages));
-  const void** vpages = kpages + max_kv_pages;
-  size_t* seq_pages = s.seq_pages.get(batch.size());
-  int64_t* seq_first_token = s.seq_first_token.get(batch.size());
-  AttnTask* attn_tasks = s.attn_tasks.get(size_t(n_attn_tasks));
-  {
-    // The longest tasks (latest positions) first, so the pool's threads end together.
-    int64_t t = 0, first_token = 0;
-    for (size_t si = 0; si < batch.size(); ++si) {
-      seq_first_token[si] = first_token;
-      const auto n = static_cast<int64_t>(batch[si].tokens.size());
-      first_token += n;
-      for (int64_t i0 = (n - 1) / attn_pos_per_task * attn_pos_per_task; i0 >= 0; i0 -= attn_pos_per_task)
-        for (int32_t h = 0; h < hp.n_head_kv; ++h)
-          attn_tasks[t++] = AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
-                                     static_cast<int32_t>(std::min(attn_pos_per_task, n - i0))};
-    }
+  const HParams& hp() const noexcept { return model.hparams(); }
+  const LayerWeights& weights(const LayerPlan& l) const { return model.layers()[size_t(l.il)]; }
+  const CpuQ4Executor::Repacked::Layer& packed(const LayerPlan& l) const {
+    static constexpr CpuQ4Executor::Repacked::Layer kNotPacked{};
+    return repacked.layers.empty() ? kNotPacked : repacked.layers[size_t(l.il)];
+  }
+  void norm_rows(const float* src, const TensorView& w, float* dst) const {
+    const int64_t n_embd = hp().n_embd;
+    for (int64_t t = 0; t < T; ++t) rms_norm_row(src + t * n_embd, f32_data(w), dst + t * n_embd, n_embd, hp().rms_eps);
   }
 
-  // Token embeddings (gemma3: scaled by sqrtf(n_embd), as ggml_scale does).
-  {
-    int64_t t = 0;
-    for (const auto& sq : batch) {
-      for (int32_t id : sq.tokens) embedding_row(model.token_embd(), id, x + (t++) * n_embd);
-    }
-    if (hp.embd_scale != 1.0f)
-      for (int64_t i = 0; i < T * n_embd; ++i) x[i] *= hp.embd_scale;
+  void input_norm(const LayerPlan& l, LayerHalf half) {
+    const LayerWeights& L = weights(l);
+    norm_rows(x, half == LayerHalf::kAttention ? L.attn_norm : L.ffn_norm, xn);
   }
 
-  // RoPE angles per token: theta_i = freq_scale * pos * base^(-2i/n_rot), with the power
-  // built by repeated multiplication as ggml does (RoFormer, arXiv:2104.09864).
-  // Sliding-window layers (gemma3) have their own base and no frequency scaling.
-  const int64_t half = hp.n_rot / 2;
-  auto rope_table = [&](float* table, float base, float freq_scale) {
-    const float theta_scale = k::rope_theta_scale(base, hp.n_rot);
-    for (int64_t t = 0; t < T; ++t)
-      k::rope_table_row(table + t * hp.n_rot, toks[t].pos, hp.n_rot, theta_scale, freq_scale);
-  };
-  rope_table(rope, hp.rope_freq_base, hp.rope_freq_scale);
-  float* rope_swa = nullptr;
-  if (hp.n_swa > 0) {
-    rope_swa = s.rope_swa.get(size_t(T * hp.n_rot));
-    rope_table(rope_swa, hp.rope_freq_base_swa, 1.0f);
-  }
-  auto apply_rope = [&](float* vec, const float* c) {
-    if (hp.rope_type == RopeType::kNormal) {
-      for (int64_t i = 0; i < half; ++i) {
-        const float x0 = vec[2 * i], x1 = vec[2 * i + 1];
-        vec[2 * i] = x0 * c[i] - x1 * c[half + i];
-        vec[2 * i + 1] = x0 * c[half + i] + x1 * c[i];
-      }
-    } else {
-      for (int64_t i = 0; i < half; ++i) {
-        const float x0 = vec[i], x1 = vec[i + half];
-        vec[i] = x0 * c[i] - x1 * c[half + i];
-        vec[i + half] = x0 * c[half + i] + x1 * c[i];
-      }
-    }
-  };
-
-  // gemma3 scales q before attention (hp.q_scale, llama.cpp's f_attention_scale) and
-  // attends with scale 1; the others scale the scores by 1/sqrt(head_dim).
-  const bool scale_q = hp.q_scale != 1.0f;
-  const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
-  const uint16_t* gelu_table = hp.gelu_ffn ? k::gelu_f16_table() : nullptr;
-
-  // The repacked copies, indexed per layer (no lookup).
-  const bool packed = !repacked_->layers.empty();
-  static constexpr Repacked::Layer kNotPacked{};
-  for (int32_t il = 0; il < hp.n_layer; ++il) {
-    const LayerWeights& L = model.layers()[size_t(il)];
-    const Repacked::Layer& RL = packed ? repacked_->layers[size_t(il)] : kNotPacked;
-    const bool swa = hp.is_swa_layer(il);
-    const float* rope_l = swa ? rope_swa : rope;
-    for (int64_t t = 0; t < T; ++t)
-      rms_norm_row(x + t * n_embd, f32_data(L.attn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+  void attention_inputs(const LayerPlan& l) {
+    const LayerWeights& L = weights(l);
+    const auto& RL = packed(l);
     s.prepared = {};
-    matmul(*pool_, s, L.wq, xn, T, q, RL.wq);
-    matmul(*pool_, s, L.wk, xn, T, kk, RL.wk);
-    matmul(*pool_, s, L.wv, xn, T, v, RL.wv);
-
-    pool_->parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
+    matmul(pool, s, L.wq, xn, T, q, RL.wq);
+    matmul(pool, s, L.wk, xn, T, kk, RL.wk);
+    matmul(pool, s, L.wv, xn, T, v, RL.wv);
+    const HParams& h = hp();
+    const int64_t hd = h.head_dim, q_w = int64_t{h.n_head} * hd, kv_w = int64_t{h.n_head_kv} * hd;
+    const int64_t half = h.n_rot / 2;
+    const float* rope_l = l.swa ? in.rope_swa : in.rope;
+    auto apply_rope = [&](float* vec, const float* c) {
+      if (!l.neox) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float x0 = vec[2 * i], x1 = vec[2 * i + 1];
+          vec[2 * i] = x0 * c[i] - x1 * c[half + i];
+          vec[2 * i + 1] = x0 * c[half + i] + x1 * c[i];
+        }
+      } else {
+        for (int64_t i = 0; i < half; ++i) {
+          const float x0 = vec[i], x1 = vec[i + half];
+          vec[i] = x0 * c[i] - x1 * c[half + i];
+          vec[i + half] = x0 * c[half + i] + x1 * c[i];
+        }
+      }
+    };
+    pool.parallel_for(T, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
         float* qt = q + t * q_w;
         float* kt = kk + t * kv_w;
         float* vt = v + t * kv_w;
-        if (L.bq) {
+        if (l.qkv_bias) {
           for (int64_t i = 0; i < q_w; ++i) qt[i] += f32_data(L.bq)[i];
           for (int64_t i = 0; i < kv_w; ++i) kt[i] += f32_data(L.bk)[i];
           for (int64_t i = 0; i < kv_w; ++i) vt[i] += f32_data(L.bv)[i];
         }
-        for (int64_t h = 0; h < hp.n_head; ++h) {
-          if (L.q_norm) rms_norm_row(qt + h * hd, f32_data(L.q_norm), qt + h * hd, hd, hp.rms_eps);
-          apply_rope(qt + h * hd, rope_l + t * hp.n_rot);
+        for (int64_t hh = 0; hh < h.n_head; ++hh) {
+          if (l.q_norm) rms_norm_row(qt + hh * hd, f32_data(L.q_norm), qt + hh * hd, hd, h.rms_eps);
+          apply_rope(qt + hh * hd, rope_l + t * h.n_rot);
         }
-        if (scale_q)
-          for (int64_t i = 0; i < q_w; ++i) qt[i] *= hp.q_scale;
-        for (int64_t h = 0; h < hp.n_head_kv; ++h) {
-          if (L.k_norm) rms_norm_row(kt + h * hd, f32_data(L.k_norm), kt + h * hd, hd, hp.rms_eps);
-          apply_rope(kt + h * hd, rope_l + t * hp.n_rot);
+        if (l.q_scale != 1.0f)
+          for (int64_t i = 0; i < q_w; ++i) qt[i] *= l.q_scale;
+        for (int64_t hh = 0; hh < h.n_head_kv; ++hh) {
+          if (l.k_norm) rms_norm_row(kt + hh * hd, f32_data(L.k_norm), kt + hh * hd, hd, h.rms_eps);
+          apply_rope(kt + hh * hd, rope_l + t * h.n_rot);
         }
         // Store K and V of this position (f16 rounded to nearest even, Q8_0 blocks as
         // kernels::quantize_row_q8_0 makes them, or f32).
-        const TokenRef& tr = toks[t];
-        const KvStore& store = tr.seq->kv->store();
+        const SequenceStep& sq = batch[size_t(in.seq[t])];
+        const int32_t pos = in.pos[t];
+        const KvStore& store = sq.kv->store();
         const KvLayout& layout = store.layout();
         const int32_t P = layout.page_size;
-        const KvLayout::Place pl = layout.place(il);
-        std::byte* page = store.page_data(tr.seq->kv->page(pl.group, tr.pos / P));
-        std::byte* krow = page + layout.row_offset(pl.slot, 0, tr.pos % P);
-        std::byte* vrow = page + layout.row_offset(pl.slot, 1, tr.pos % P);
+        const KvLayout::Place pl = layout.place(l.il);
+        std::byte* page = store.page_data(sq.kv->page(pl.group, pos / P));
+        std::byte* krow = page + layout.row_offset(pl.slot, 0, pos % P);
+        std::byte* vrow = page + layout.row_offset(pl.slot, 1, pos % P);
         if (layout.dtype == KvDtype::kF16) {
           k::fp32_to_fp16_row(kt, reinterpret_cast<uint16_t*>(krow), kv_w);
           k::fp32_to_fp16_row(vt, reinterpret_cast<uint16_t*>(vrow), kv_w);
@@ -428,30 +350,33 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         }
       }
     });
+  }
 
-    // Causal GQA attention: tiled over the paged KV (kernels::attn_tiled), one task per
-    // (sequence, KV head, query tile); a task's query rows are all the heads of its KV head
-    // at kAttnTileRows / group consecutive positions, so each K/V row is read once per task.
-    {
-      size_t pg = 0;
-      for (size_t si = 0; si < batch.size(); ++si) {
-        const SequenceStep& sq = batch[si];
-        const KvStore& store = sq.kv->store();
-        const KvLayout& layout = store.layout();
-        const int32_t n_pages =
-            (sq.pos0 + static_cast<int32_t>(sq.tokens.size()) + layout.page_size - 1) / layout.page_size;
-        seq_pages[si] = pg;
-        const KvLayout::Place pl = layout.place(il);
-        for (int32_t j = 0; j < n_pages; ++j, ++pg) {
-          // A windowed layer's page out of the window is released (kNoPage): never read.
-          const PageId id = sq.kv->page(pl.group, j);
-          std::byte* page = id == kNoPage ? nullptr : store.page_data(id);
-          kpages[pg] = page ? page + layout.row_offset(pl.slot, 0, 0) : nullptr;
-          vpages[pg] = page ? page + layout.row_offset(pl.slot, 1, 0) : nullptr;
-        }
+  // Causal GQA attention, tiled over the paged KV (kernels::attn_tiled); a task's query rows
+  // are all the heads of its KV head at consecutive positions, so each K/V row is read once
+  // per task.
+  void attention(const LayerPlan& l) {
+    const HParams& h = hp();
+    const int64_t hd = h.head_dim, q_w = int64_t{h.n_head} * hd;
+    const int64_t group = h.n_head / h.n_head_kv;
+    size_t pg = 0;
+    for (size_t si = 0; si < batch.size(); ++si) {
+      const SequenceStep& sq = batch[si];
+      const KvStore& store = sq.kv->store();
+      const KvLayout& layout = store.layout();
+      const int32_t n_pages =
+          (sq.pos0 + static_cast<int32_t>(sq.tokens.size()) + layout.page_size - 1) / layout.page_size;
+      seq_pages[si] = pg;
+      const KvLayout::Place pl = layout.place(l.il);
+      for (int32_t j = 0; j < n_pages; ++j, ++pg) {
+        // A windowed layer's page out of the window is released (kNoPage): never read.
+        const PageId id = sq.kv->page(pl.group, j);
+        std::byte* page = id == kNoPage ? nullptr : store.page_data(id);
+        kpages[pg] = page ? page + layout.row_offset(pl.slot, 0, 0) : nullptr;
+        vpages[pg] = page ? page + layout.row_offset(pl.slot, 1, 0) : nullptr;
       }
     }
-    pool_->parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
+    pool.parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
       float* scratch = fa_scratch + size_t(th) * fa_floats;
       for (int64_t task = b; task < e; ++task) {
         const AttnTask& at = attn_tasks[task];
@@ -473,65 +398,143 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
         fa.pos0 = sq.pos0 + at.first;
         fa.n_pos = at.n_pos;
         fa.group = static_cast<int32_t>(group);
-        fa.scale = kq_scale;
-        fa.window = swa ? hp.n_swa : 0;
+        fa.scale = l.kq_scale;
+        fa.window = l.window;
         k::attn_tiled(fa, scratch);
       }
     });
+  }
 
+  // x += [post_norm](W in): W in into tmp, normed in place, added.
+  void residual(const LayerPlan& l, LayerHalf half) {
+    const LayerWeights& L = weights(l);
+    const auto& RL = packed(l);
+    const bool attn_half = half == LayerHalf::kAttention;
     s.prepared = {};
-    matmul(*pool_, s, L.wo, attn, T, tmp, RL.wo);
-    if (L.attn_post_norm) {
-      for (int64_t t = 0; t < T; ++t)
-        rms_norm_row(tmp + t * n_embd, f32_data(L.attn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
+    if (attn_half) {
+      matmul(pool, s, L.wo, attn, T, tmp, RL.wo);
+    } else {
+      matmul(pool, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
     }
-    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
+    if (attn_half ? l.attn_post_norm : l.ffn_post_norm)
+      norm_rows(tmp, attn_half ? L.attn_post_norm : L.ffn_post_norm, tmp);
+    const int64_t n = T * hp().n_embd;
+    for (int64_t i = 0; i < n; ++i) x[i] += tmp[i];
+  }
 
-    for (int64_t t = 0; t < T; ++t)
-      rms_norm_row(x + t * n_embd, f32_data(L.ffn_norm), xn + t * n_embd, n_embd, hp.rms_eps);
+  void ffn_inputs(const LayerPlan& l) {
+    const LayerWeights& L = weights(l);
+    const auto& RL = packed(l);
     s.prepared = {};
-    matmul(*pool_, s, L.ffn_gate, xn, T, gate, RL.ffn_gate);
-    matmul(*pool_, s, L.ffn_up, xn, T, up, RL.ffn_up);
-    const int64_t n_ff_total = T * hp.n_ff;
-    pool_->parallel_for(n_ff_total, 256, [&](int64_t b, int64_t e, int) {
+    matmul(pool, s, L.ffn_gate, xn, T, gate, RL.ffn_gate);
+    matmul(pool, s, L.ffn_up, xn, T, up, RL.ffn_up);
+  }
+
+  void activation(const LayerPlan& l) {
+    const uint16_t* gelu_table = l.gelu ? k::gelu_f16_table() : nullptr;
+    pool.parallel_for(T * hp().n_ff, 256, [&](int64_t b, int64_t e, int) {
       if (gelu_table != nullptr) {
         geglu(gelu_table, gate, up, b, e);  // GELU(tanh)-gated (gemma3)
         return;
       }
       k::swiglu(gate + b, up + b, e - b);  // SwiGLU, the written SiLU
     });
-    s.prepared = {};
-    matmul(*pool_, s, L.ffn_down, gate, T, tmp, RL.ffn_down);
-    if (L.ffn_post_norm) {
-      for (int64_t t = 0; t < T; ++t)
-        rms_norm_row(tmp + t * n_embd, f32_data(L.ffn_post_norm), tmp + t * n_embd, n_embd, hp.rms_eps);
-    }
-    for (int64_t i = 0; i < T * n_embd; ++i) x[i] += tmp[i];
   }
 
-  // Final norm and output projection for the requested rows only.
-  const int64_t n_out = logits_rows(batch);
-  if (n_out > 0) {
+  // The final norm and the output projection for the logits rows only.
+  void logits(float softcap) {
+    if (n_out == 0) return;
+    const HParams& h = hp();
+    const int64_t n_embd = h.n_embd;
     float* rows = s.out_rows.get(size_t(n_out * n_embd));
-    int64_t r = 0, t = 0;
-    for (const auto& sq : batch) {
-      const auto n = static_cast<int64_t>(sq.tokens.size());
-      for (int64_t j = 0; j < n; ++j, ++t) {
-        const bool want = sq.logits == LogitsRows::kAll || (sq.logits == LogitsRows::kLast && j == n - 1);
-        if (want)
-          rms_norm_row(x + t * n_embd, f32_data(model.output_norm()), rows + (r++) * n_embd, n_embd, hp.rms_eps);
-      }
-    }
+    for (int64_t r = 0; r < n_out; ++r)
+      rms_norm_row(x + in.out_row[r] * n_embd, f32_data(model.output_norm()), rows + r * n_embd, n_embd, h.rms_eps);
     s.prepared = {};
-    matmul(*pool_, s, model.output(), rows, n_out, logits.data(), packed ? repacked_->output : nullptr);
-    if (hp.final_logit_softcap > 0.0f) {  // c * tanh(logits * (1 / c)), as three ggml ops
-      const float c = hp.final_logit_softcap, inv = 1.0f / c;
-      float* lg = logits.data();
-      pool_->parallel_for(n_out * hp.n_vocab, 4096, [&](int64_t b, int64_t e, int) {
+    matmul(pool, s, model.output(), rows, n_out, logits_out.data(),
+           repacked.layers.empty() ? nullptr : repacked.output);
+    if (softcap > 0.0f) {  // c * tanh(logits * (1 / c)), as three ggml ops
+      const float c = softcap, inv = 1.0f / c;
+      float* lg = logits_out.data();
+      pool.parallel_for(n_out * h.n_vocab, 4096, [&](int64_t b, int64_t e, int) {
         for (int64_t i = b; i < e; ++i) lg[i] = std::tanh(lg[i] * inv) * c;
       });
     }
   }
+};
+
+}  // namespace
+
+void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<float> logits) {
+  Scratch& s = *s_;
+  if (!k::cpu_thread_prepare()) {  // the calling thread's kernel scratch (allocated on its first step only)
+    throw Error(ErrorCode::kOutOfMemory, "cpu executor: no memory for the kernels' per-thread scratch");
+  }
+  const Model& model = this->model();
+  const HParams& hp = model.hparams();
+  const int64_t n_embd = hp.n_embd;
+  const int64_t hd = hp.head_dim;
+  const int64_t q_w = int64_t{hp.n_head} * hd;
+  const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
+  const int n_threads = pool_->size();
+  const int64_t group = hp.n_head / hp.n_head_kv;
+
+  CpuDecoder d{*pool_, s, model, *repacked_, batch, logits};
+  d.T = step_token_rows(batch);
+  d.n_out = logits_rows(batch);
+  const int64_t T = d.T;
+  // Scratch is sized for the largest context of the batch, so decode steps never regrow it.
+  int64_t max_ctx = 1, max_kv_pages = 0;
+  for (const auto& sq : batch) {
+    max_ctx = std::max<int64_t>(max_ctx, sq.kv->max_tokens());
+    const int32_t P = sq.kv->store().layout().page_size;
+    max_kv_pages += (sq.kv->max_tokens() + P - 1) / P;
+  }
+  // Positions per attention task: about kAttnTileRows query rows, fewer when a long context
+  // would make the task's scores (rows x context) pass kAttnScoreFloats.
+  const int64_t attn_pos_per_task =
+      std::max<int64_t>(1, std::min(kAttnTileRows / group, kAttnScoreFloats / (group * max_ctx)));
+  for (const auto& sq : batch) {
+    const auto n = static_cast<int64_t>(sq.tokens.size());
+    d.n_attn_tasks += (n + attn_pos_per_task - 1) / attn_pos_per_task * hp.n_head_kv;
+  }
+
+  d.in.seq = s.seq.get(size_t(T));
+  d.in.pos = s.pos.get(size_t(T));
+  d.in.out_row = s.out_row.get(size_t(d.n_out));
+  d.in.x = d.x = s.x.get(size_t(T * n_embd));
+  d.in.rope = s.rope.get(size_t(T * hp.n_rot));
+  d.in.rope_swa = hp.n_swa > 0 ? s.rope_swa.get(size_t(T * hp.n_rot)) : nullptr;
+  fill_step_inputs(model, batch, d.in);
+  d.xn = s.xn.get(size_t(T * n_embd));
+  d.q = s.q.get(size_t(T * q_w));
+  d.kk = s.kbuf.get(size_t(T * kv_w));
+  d.v = s.v.get(size_t(T * kv_w));
+  d.attn = s.attn.get(size_t(T * q_w));
+  d.tmp = s.tmp.get(size_t(T * n_embd));
+  d.gate = s.gate.get(size_t(T * hp.n_ff));
+  d.up = s.up.get(size_t(T * hp.n_ff));
+  d.fa_floats = k::attn_tiled_scratch_floats(hd, attn_pos_per_task * group, max_ctx);
+  d.fa_scratch = s.fa_scratch.get(size_t(n_threads) * d.fa_floats);
+  d.kpages = s.kv_pages.get(size_t(2 * max_kv_pages));
+  d.vpages = d.kpages + max_kv_pages;
+  d.seq_pages = s.seq_pages.get(batch.size());
+  d.seq_first_token = s.seq_first_token.get(batch.size());
+  d.attn_tasks = s.attn_tasks.get(size_t(d.n_attn_tasks));
+  {
+    // The longest tasks (latest positions) first, so the pool's threads end together.
+    int64_t t = 0, first_token = 0;
+    for (size_t si = 0; si < batch.size(); ++si) {
+      d.seq_first_token[si] = first_token;
+      const auto n = static_cast<int64_t>(batch[si].tokens.size());
+      first_token += n;
+      for (int64_t i0 = (n - 1) / attn_pos_per_task * attn_pos_per_task; i0 >= 0; i0 -= attn_pos_per_task)
+        for (int32_t h = 0; h < hp.n_head_kv; ++h)
+          d.attn_tasks[t++] = AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
+                                       static_cast<int32_t>(std::min(attn_pos_per_task, n - i0))};
+    }
+  }
+
+  run_decoder(model, d);
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }
 

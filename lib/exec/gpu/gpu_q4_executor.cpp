@@ -20,7 +20,7 @@
 #include "cpu/cpu_kernels.hpp"
 #include "cuda/cuda_kernels.hpp"
 #include "exec/gpu/gpu_internal.hpp"
-#include "rope_table.hpp"
+#include "exec/transformer.hpp"
 
 namespace tandem {
 
@@ -487,7 +487,7 @@ struct GpuQ4Executor::Impl {
   DevBuf attn_tokens, split_acc, split_max, split_score;  // attention token lists, flash-decoding partials
   std::vector<DevBuf> retired;
   // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_rope_swa, h_pages, h_page_off, h_pos, h_out_index, h_logits, h_attn_tokens;
+  PinnedBuf h_x, h_rope, h_rope_swa, h_pages, h_page_off, h_seq, h_pos, h_out_index, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
   bool fused = true;          // GpuExecutorOptions::fused_kernels
@@ -579,6 +579,177 @@ template <class T>
 T* pinned(PinnedBuf& b, size_t n) {
   return static_cast<T*>(b.get(std::max<size_t>(n, 1) * sizeof(T)));
 }
+
+// The GPU's primitives of the decoder (exec/transformer.hpp), launched on one stream over a
+// step's device buffers. Its fusions stay here: an RMSNorm makes its quantised matmuls' Q8_0
+// input in the same launch, the activation makes W_down's, decode attention makes Wo's, RoPE
+// and the K/V store are one kernel, and matrices sharing an input are one launch.
+struct GpuDecoder {
+  GpuQ4Executor::Impl& im;
+  cudaStream_t st;
+  const HParams& hp;
+  int64_t T = 0, n_out = 0;
+  float *x = nullptr, *xn = nullptr, *q = nullptr, *kk = nullptr, *v = nullptr, *attn = nullptr, *gate = nullptr,
+        *up = nullptr, *rope = nullptr, *rope_swa = nullptr, *rows = nullptr, *logits_dev = nullptr;
+  int8_t* xq = nullptr;             // the Q8_0 input of the next quantised matmul: quants ...
+  uint16_t* xd = nullptr;           // ... and f16 block scales
+  const float* prepared = nullptr;  // the input xq/xd hold, null for none
+  const KvLayout* layout = nullptr;
+  void** pages = nullptr;  // [n_groups][n_pages] (KvLayout::place)
+  size_t n_pages = 0;
+  ck::KvArgs kv;
+  // Attention routing (step_impl): attn_tokens lists the decode tokens (n_dec, split-KV),
+  // then attention()'s (up to n_listed), and from index T the prefill tiles (n_tiles).
+  int32_t* attn_tokens = nullptr;
+  int64_t n_dec = 0, n_listed = 0, n_tiles = 0;
+  int32_t max_pos = 1;
+  ck::AttentionSplitScratch split;
+  int32_t* out_index = nullptr;
+
+  const DevLayer& weights(const LayerPlan& l) const { return im.weights->layers[size_t(l.il)]; }
+
+  // y = W x (or y += W x), quantising x to Q8_0 first when W is quantised and x is not prepared.
+  void matmul(const ck::DevWeight& w, const float* in, int64_t m, float* out, bool accumulate) {
+    if (w.quantized() && prepared != in) {
+      ck::quantize_q8_0(in, m, w.k, xq, xd, st);
+      prepared = in;
+    }
+    ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st, im.tensor_cores);
+  }
+  // out_i = W_i in (+ bias_i, when given) for matrices sharing the input (Q, K, V; gate, up):
+  // one launch, biases included, where gemm_parts can merge them (GpuExecutorOptions::
+  // merge_matmuls), else matmul() and add_bias() each.
+  void matmuls(std::initializer_list<const ck::DevWeight*> ws, const float* in, int64_t m,
+               std::initializer_list<float*> outs, std::initializer_list<const float*> bias) {
+    const size_t count = ws.size();
+    if (!im.merge_matmuls) {
+      for (size_t i = 0; i < count; ++i) {
+        matmul(*ws.begin()[i], in, m, outs.begin()[i], false);
+        if (bias.size() == count && bias.begin()[i] != nullptr) {
+          ck::add_bias(outs.begin()[i], bias.begin()[i], m, ws.begin()[i]->n, st);
+        }
+      }
+      return;
+    }
+    const bool quant = std::any_of(ws.begin(), ws.end(), [](const ck::DevWeight* w) { return w->quantized(); });
+    if (quant && prepared != in) {
+      ck::quantize_q8_0(in, m, (*ws.begin())->k, xq, xd, st);
+      prepared = in;
+    }
+    ck::gemm_parts(ws.begin(), outs.begin(), bias.size() == count ? bias.begin() : nullptr, static_cast<int>(count), in,
+                   xq, xd, m, false, st, im.tensor_cores);
+  }
+  // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
+  // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
+  // quantize_q8_0, bit for bit) and marked prepared.
+  void norm(const float* in, const float* weight, float* out, int64_t m, const int32_t* gather,
+            std::initializer_list<const ck::DevWeight*> users) {
+    const bool quant = std::any_of(users.begin(), users.end(), [](const ck::DevWeight* u) { return u->quantized(); });
+    if (im.fused && quant) {
+      ck::rms_norm_q8_0(in, weight, out, xq, xd, m, hp.n_embd, hp.rms_eps, gather, st);
+      prepared = out;
+    } else {
+      ck::rms_norm(in, weight, out, m, hp.n_embd, hp.rms_eps, gather, st);
+      prepared = nullptr;
+    }
+  }
+
+  void input_norm(const LayerPlan& l, LayerHalf half) {
+    const DevLayer& L = weights(l);
+    if (half == LayerHalf::kAttention) {
+      norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
+    } else {
+      norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
+    }
+  }
+
+  void attention_inputs(const LayerPlan& l) {
+    const DevLayer& L = weights(l);
+    if (l.qkv_bias) {
+      matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {L.bq, L.bk, L.bv});
+    } else {
+      matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {});
+    }
+    const int64_t hd = hp.head_dim;
+    if (l.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
+    if (l.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
+    const KvLayout::Place place = layout->place(l.il);
+    kv.pages = pages + size_t(place.group) * n_pages;
+    kv.layer = place.slot;
+    kv.window = l.window;
+    const float* rope_l = l.swa ? rope_swa : rope;
+    if (im.fused) {
+      ck::rope_kv_store(kv, q, kk, v, rope_l, T, hp.n_head, hp.n_rot, l.neox, st);
+    } else {
+      ck::rope(q, rope_l, T, hp.n_head, hp.head_dim, hp.n_rot, l.neox, st);
+      ck::rope(kk, rope_l, T, hp.n_head_kv, hp.head_dim, hp.n_rot, l.neox, st);
+      ck::kv_store_rows(kv, kk, v, T, st);
+    }
+    if (l.q_scale != 1.0f) ck::scale(q, l.q_scale, T * int64_t{hp.n_head} * hd, st);
+  }
+
+  void attention(const LayerPlan& l) {
+    const DevLayer& L = weights(l);
+    // Every token decoding through the split kernels: their last launch also makes Wo's
+    // Q8_0 input (the result of quantize_q8_0 on attn, bit for bit).
+    const bool attn_q8 = im.fused && L.wo.quantized() && n_dec == T && hp.head_dim % kernels::kQK == 0;
+    ck::attention_split(kv, q, attn, attn_tokens, n_dec, hp.n_head, l.kq_scale, max_pos, split, st,
+                        attn_q8 ? xq : nullptr, attn_q8 ? xd : nullptr);
+    ck::attention(kv, q, attn, n_listed - n_dec, hp.n_head, l.kq_scale, max_pos, im.score_capacity, st,
+                  attn_tokens + n_dec);
+    ck::attention_prefill(kv, q, attn, attn_tokens + T, n_tiles, hp.n_head, l.kq_scale, st);
+    prepared = attn_q8 ? attn : nullptr;
+  }
+
+  // x += [post_norm](W in): with a post-norm (gemma3), W in into xn (free between the norms'
+  // uses), normed in place, then added (the CPU's order); else accumulated by the matmul.
+  void residual(const LayerPlan& l, LayerHalf half) {
+    const DevLayer& L = weights(l);
+    const bool attn_half = half == LayerHalf::kAttention;
+    const ck::DevWeight& w = attn_half ? L.wo : L.down;
+    const float* in = attn_half ? attn : gate;
+    if (!(attn_half ? l.attn_post_norm : l.ffn_post_norm)) {
+      matmul(w, in, T, x, true);
+      return;
+    }
+    matmul(w, in, T, xn, false);
+    ck::rms_norm(xn, attn_half ? L.attn_post_norm : L.ffn_post_norm, xn, T, hp.n_embd, hp.rms_eps, nullptr, st);
+    ck::add(x, xn, T * hp.n_embd, st);
+  }
+
+  void ffn_inputs(const LayerPlan& l) {
+    const DevLayer& L = weights(l);
+    matmuls({&L.gate, &L.up}, xn, T, {gate, up}, {});
+  }
+
+  void activation(const LayerPlan& l) {
+    const DevLayer& L = weights(l);
+    const int64_t n = T * hp.n_ff;
+    const uint16_t* gelu_table = l.gelu ? im.weights->gelu_table : nullptr;
+    if (im.fused && L.down.quantized()) {  // the down projection's Q8_0 input in the same launch
+      if (gelu_table) {
+        ck::geglu_q8_0(gate, up, n, gelu_table, xq, xd, st);
+      } else {
+        ck::swiglu_q8_0(gate, up, n, xq, xd, st);
+      }
+      prepared = gate;
+    } else {
+      if (gelu_table) {
+        ck::geglu(gate, up, n, gelu_table, st);
+      } else {
+        ck::swiglu(gate, up, n, st);
+      }
+      prepared = nullptr;
+    }
+  }
+
+  void logits(float softcap) {
+    if (n_out == 0) return;
+    norm(x, im.weights->output_norm, rows, n_out, out_index, {&im.weights->output});
+    matmul(im.weights->output, rows, n_out, logits_dev, false);
+    if (softcap > 0.0f) ck::softcap(logits_dev, n_out * hp.n_vocab, softcap, st);
+  }
+};
 
 }  // namespace
 
@@ -689,28 +860,31 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const int64_t kv_w = int64_t{hp.n_head_kv} * hd;
   const int64_t max_k = std::max({n_embd, q_w, n_ff});
 
-  int64_t T = 0;
-  size_t n_pages = 0;
-  int32_t max_pos = 1;
+  GpuDecoder d{im, st, hp};
+  d.layout = &layout;
+  const int64_t T = d.T = step_token_rows(batch);
+  const int64_t n_out = d.n_out = logits_rows(batch);
   for (const auto& s : batch) {
     const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
-    T += static_cast<int64_t>(s.tokens.size());
-    n_pages += size_t((end + P - 1) / P);
-    max_pos = std::max(max_pos, end);
+    d.n_pages += size_t((end + P - 1) / P);
+    d.max_pos = std::max(d.max_pos, end);
   }
-  const int64_t n_out = logits_rows(batch);
+  const size_t n_pages = d.n_pages;
 
-  // ---- host side: page table, staging of Host/File pages, token inputs ----------------
+  // ---- host side: token inputs, page table, staging of Host/File pages ----------------
+  StepInputs in;
+  in.seq = pinned<int32_t>(im.h_seq, size_t(T));
+  in.pos = pinned<int32_t>(im.h_pos, size_t(T));
+  in.out_row = pinned<int32_t>(im.h_out_index, size_t(n_out));
+  in.x = pinned<float>(im.h_x, size_t(T * n_embd));
+  in.rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
+  in.rope_swa = hp.n_swa > 0 ? pinned<float>(im.h_rope_swa, size_t(T * hp.n_rot)) : nullptr;
+  fill_step_inputs(model, batch, in);
   // The page table: one per layer group (KvLayout::place), [group][n_pages]; a windowed
   // group's page out of the window is null (never read).
   const int32_t n_groups = layout.n_groups();
   auto* h_pages = pinned<void*>(im.h_pages, size_t(n_groups) * n_pages);
   auto* h_page_off = pinned<int32_t>(im.h_page_off, size_t(T));
-  auto* h_pos = pinned<int32_t>(im.h_pos, size_t(T));
-  auto* h_out_index = pinned<int32_t>(im.h_out_index, size_t(n_out));
-  auto* h_x = pinned<float>(im.h_x, size_t(T * n_embd));
-  auto* h_rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
-  auto* h_rope_swa = hp.n_swa > 0 ? pinned<float>(im.h_rope_swa, size_t(T * hp.n_rot)) : nullptr;
   // Attention routing: with kSplitDecodeAttention, the single token of a sequence's step
   // (decode) goes through split-KV attention (attention_split) when its shared-memory tile
   // fits the default 48 KiB; the tokens of multi-token steps (prefill) through the tiled
@@ -722,9 +896,8 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   const bool split_fits = kSplitDecodeAttention &&
                           ck::attention_split_shmem(hp.head_dim, group, ck::kAttentionPartition) <= size_t(47) * 1024;
   const int32_t tile_q = im.flash_prefill ? ck::attention_prefill_plan(hp.head_dim, group).bq : 0;
-  int64_t n_dec = 0, n_tiles = 0, n_listed = 0;
   for (const auto& s : batch) {
-    if (split_fits && s.tokens.size() == 1) ++n_dec;
+    if (split_fits && s.tokens.size() == 1) ++d.n_dec;
   }
   {
     int64_t t = 0, di = 0, pi = 0;
@@ -732,18 +905,18 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       const bool dec = split_fits && s.tokens.size() == 1;
       const auto n = static_cast<int32_t>(s.tokens.size());
       if (!dec && tile_q > 0 && n > 1) {
-        for (int32_t j = 0; j < n; j += tile_q, ++n_tiles) {
-          h_attn_tokens[T + 2 * n_tiles] = static_cast<int32_t>(t + j);
-          h_attn_tokens[T + 2 * n_tiles + 1] = std::min(tile_q, n - j);
+        for (int32_t j = 0; j < n; j += tile_q, ++d.n_tiles) {
+          h_attn_tokens[T + 2 * d.n_tiles] = static_cast<int32_t>(t + j);
+          h_attn_tokens[T + 2 * d.n_tiles + 1] = std::min(tile_q, n - j);
         }
         t += n;
         continue;
       }
       for (int32_t j = 0; j < n; ++j, ++t) {
-        h_attn_tokens[dec ? di++ : n_dec + pi++] = static_cast<int32_t>(t);
+        h_attn_tokens[dec ? di++ : d.n_dec + pi++] = static_cast<int32_t>(t);
       }
     }
-    n_listed = n_dec + pi;
+    d.n_listed = d.n_dec + pi;
   }
 
   size_t n_staged = 0;
@@ -760,7 +933,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   im.write_back.clear();
   {
     size_t pi = 0, si = 0;
-    int64_t t = 0, r = 0;
+    int64_t t = 0;
     for (const auto& s : batch) {
       const KvStore& store = s.kv->store();
       const int32_t end = s.pos0 + static_cast<int32_t>(s.tokens.size());
@@ -783,65 +956,46 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
           *slot = backend->slot_ptr(store.device_slot(pid));
         } else {
           std::byte* host = store.page_data(pid);
-          std::byte* d = stage + (si++) * pb;
-          TANDEM_CUDA(cudaMemcpyAsync(d, host, pb, cudaMemcpyHostToDevice, st));
-          if (j >= s.pos0 / P) im.write_back.push_back({host, d});
-          *slot = d;
+          std::byte* dst = stage + (si++) * pb;
+          TANDEM_CUDA(cudaMemcpyAsync(dst, host, pb, cudaMemcpyHostToDevice, st));
+          if (j >= s.pos0 / P) im.write_back.push_back({host, dst});
+          *slot = dst;
         }
       }
       pi += size_t(seq_pages);
-      const auto n = static_cast<int64_t>(s.tokens.size());
-      for (int64_t j = 0; j < n; ++j, ++t) {
-        h_page_off[t] = page_base;
-        h_pos[t] = s.pos0 + static_cast<int32_t>(j);
-        float* xe = h_x + t * n_embd;
-        embedding_row(model.token_embd(), s.tokens[size_t(j)], xe);
-        if (hp.embd_scale != 1.0f)  // gemma3 (the CPU's x *= embd_scale)
-          for (int64_t i = 0; i < n_embd; ++i) xe[i] *= hp.embd_scale;
-        const bool want = s.logits == LogitsRows::kAll || (s.logits == LogitsRows::kLast && j == n - 1);
-        if (want) h_out_index[r++] = static_cast<int32_t>(t);
-      }
+      for (size_t j = 0; j < s.tokens.size(); ++j) h_page_off[t++] = page_base;
     }
   }
-  // RoPE cos/sin per token, built exactly as the CPU builds them (repeated multiplication);
-  // the sliding-window layers' table (gemma3) with their own base and no frequency scaling.
-  auto rope_table = [&](float* table, float base, float freq_scale) {
-    const float theta_scale = kernels::rope_theta_scale(base, hp.n_rot);
-    for (int64_t t = 0; t < T; ++t)
-      kernels::rope_table_row(table + t * hp.n_rot, h_pos[t], hp.n_rot, theta_scale, freq_scale);
-  };
-  rope_table(h_rope, hp.rope_freq_base, hp.rope_freq_scale);
-  if (h_rope_swa) rope_table(h_rope_swa, hp.rope_freq_base_swa, 1.0f);
 
   // ---- device buffers and uploads ----------------------------------------------------
-  float* x = im.scratch<float>(im.x, size_t(T * n_embd));
-  float* xn = im.scratch<float>(im.xn, size_t(T * n_embd));
-  float* q = im.scratch<float>(im.q, size_t(T * q_w));
-  float* kk = im.scratch<float>(im.k, size_t(T * kv_w));
-  float* v = im.scratch<float>(im.v, size_t(T * kv_w));
-  float* attn = im.scratch<float>(im.attn, size_t(T * q_w));
-  float* gate = im.scratch<float>(im.gate, size_t(T * n_ff));
-  float* up = im.scratch<float>(im.up, size_t(T * n_ff));
-  auto* xq = im.scratch<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
-  auto* xd = im.scratch<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
-  float* rope = im.scratch<float>(im.rope, size_t(T * hp.n_rot));
-  float* rope_swa = h_rope_swa ? im.scratch<float>(im.rope_swa, size_t(T * hp.n_rot)) : nullptr;
-  auto* d_pages = im.scratch<void*>(im.pages, size_t(n_groups) * n_pages);
+  d.x = im.scratch<float>(im.x, size_t(T * n_embd));
+  d.xn = im.scratch<float>(im.xn, size_t(T * n_embd));
+  d.q = im.scratch<float>(im.q, size_t(T * q_w));
+  d.kk = im.scratch<float>(im.k, size_t(T * kv_w));
+  d.v = im.scratch<float>(im.v, size_t(T * kv_w));
+  d.attn = im.scratch<float>(im.attn, size_t(T * q_w));
+  d.gate = im.scratch<float>(im.gate, size_t(T * n_ff));
+  d.up = im.scratch<float>(im.up, size_t(T * n_ff));
+  d.xq = im.scratch<int8_t>(im.xq, size_t(std::max(T, n_out) * max_k));
+  d.xd = im.scratch<uint16_t>(im.xd, size_t(std::max(T, n_out) * max_k / kernels::kQK));
+  d.rope = im.scratch<float>(im.rope, size_t(T * hp.n_rot));
+  d.rope_swa = in.rope_swa ? im.scratch<float>(im.rope_swa, size_t(T * hp.n_rot)) : nullptr;
+  d.pages = im.scratch<void*>(im.pages, size_t(n_groups) * n_pages);
   auto* d_page_off = im.scratch<int32_t>(im.page_off, size_t(T));
   auto* d_pos = im.scratch<int32_t>(im.pos, size_t(T));
-  auto* d_attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(3 * T));
-  ck::AttentionSplitScratch split;
-  if (n_dec > 0) {
-    const int32_t max_parts = (max_pos + split.part - 1) / split.part;
-    const int32_t max_chunks = (max_pos + ck::kAttentionChunk - 1) / ck::kAttentionChunk;
-    const size_t heads = size_t(n_dec) * size_t(hp.n_head);
+  d.attn_tokens = im.scratch<int32_t>(im.attn_tokens, size_t(3 * T));
+  if (d.n_dec > 0) {
+    ck::AttentionSplitScratch& split = d.split;
+    const int32_t max_parts = (d.max_pos + split.part - 1) / split.part;
+    const int32_t max_chunks = (d.max_pos + ck::kAttentionChunk - 1) / ck::kAttentionChunk;
+    const size_t heads = size_t(d.n_dec) * size_t(hp.n_head);
     split.acc = im.scratch<float>(im.split_acc, heads * size_t(max_chunks) * size_t(hd));
     split.max = im.scratch<float>(im.split_max, heads * size_t(max_parts));
-    split.score = im.scratch<float>(im.split_score, size_t(n_dec) * size_t(hp.n_head) * size_t(max_pos));
+    split.score = im.scratch<float>(im.split_score, size_t(d.n_dec) * size_t(hp.n_head) * size_t(d.max_pos));
   }
-  auto* d_out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));
-  float* rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
-  float* d_logits = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
+  d.out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));
+  d.rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
+  d.logits_dev = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
 
   float* h_logits = pinned<float>(im.h_logits, size_t(n_out) * size_t(n_vocab));
 
@@ -852,148 +1006,31 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   StepCapture capture(im.use_graphs && n_staged == 0 ? st : nullptr);
 
   TANDEM_CUDA(
-      cudaMemcpyAsync(d_pages, h_pages, size_t(n_groups) * n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
+      cudaMemcpyAsync(d.pages, h_pages, size_t(n_groups) * n_pages * sizeof(void*), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d_page_off, h_page_off, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  TANDEM_CUDA(cudaMemcpyAsync(d_pos, h_pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  TANDEM_CUDA(cudaMemcpyAsync(d_attn_tokens, h_attn_tokens, size_t(T + 2 * n_tiles) * sizeof(int32_t),
+  TANDEM_CUDA(cudaMemcpyAsync(d_pos, in.pos, size_t(T) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d.attn_tokens, h_attn_tokens, size_t(T + 2 * d.n_tiles) * sizeof(int32_t),
                               cudaMemcpyHostToDevice, st));
   if (n_out > 0) {
-    TANDEM_CUDA(cudaMemcpyAsync(d_out_index, h_out_index, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    TANDEM_CUDA(cudaMemcpyAsync(d.out_index, in.out_row, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   }
-  TANDEM_CUDA(cudaMemcpyAsync(x, h_x, size_t(T * n_embd) * sizeof(float), cudaMemcpyHostToDevice, st));
-  TANDEM_CUDA(cudaMemcpyAsync(rope, h_rope, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
-  if (rope_swa) {
+  TANDEM_CUDA(cudaMemcpyAsync(d.x, in.x, size_t(T * n_embd) * sizeof(float), cudaMemcpyHostToDevice, st));
+  TANDEM_CUDA(cudaMemcpyAsync(d.rope, in.rope, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
+  if (d.rope_swa) {
     TANDEM_CUDA(
-        cudaMemcpyAsync(rope_swa, h_rope_swa, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
+        cudaMemcpyAsync(d.rope_swa, in.rope_swa, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
   }
 
-  // y = W x (or y += W x), quantising x to Q8_0 first when W is quantised. `prepared`
-  // remembers which input is already quantised (several matmuls share one input).
-  const float* prepared = nullptr;
-  auto matmul = [&](const ck::DevWeight& w, const float* in, int64_t m, float* out, bool accumulate) {
-    if (w.quantized() && prepared != in) {
-      ck::quantize_q8_0(in, m, w.k, xq, xd, st);
-      prepared = in;
-    }
-    ck::gemm(w, in, xq, xd, m, out, w.n, accumulate, st, im.tensor_cores);
-  };
-  // out_i = W_i in (+ bias_i, when given) for matrices sharing the input (Q, K, V; gate,
-  // up): one launch, biases included, where gemm_parts can merge them
-  // (GpuExecutorOptions::merge_matmuls), else matmul() and add_bias() each.
-  auto matmuls = [&](std::initializer_list<const ck::DevWeight*> ws, const float* in, int64_t m,
-                     std::initializer_list<float*> outs, std::initializer_list<const float*> bias) {
-    const size_t count = ws.size();
-    if (!im.merge_matmuls) {
-      for (size_t i = 0; i < count; ++i) {
-        matmul(*ws.begin()[i], in, m, outs.begin()[i], false);
-        if (bias.size() == count && bias.begin()[i] != nullptr) {
-          ck::add_bias(outs.begin()[i], bias.begin()[i], m, ws.begin()[i]->n, st);
-        }
-      }
-      return;
-    }
-    const bool quant = std::any_of(ws.begin(), ws.end(), [](const ck::DevWeight* w) { return w->quantized(); });
-    if (quant && prepared != in) {
-      ck::quantize_q8_0(in, m, (*ws.begin())->k, xq, xd, st);
-      prepared = in;
-    }
-    ck::gemm_parts(ws.begin(), outs.begin(), bias.size() == count ? bias.begin() : nullptr, static_cast<int>(count), in,
-                   xq, xd, m, false, st, im.tensor_cores);
-  };
-  // RMSNorm of x rows into `out` for the matmuls in `users`: with fused kernels and a
-  // quantised user, the Q8_0 input is made in the same launch (the result as rms_norm then
-  // quantize_q8_0, bit for bit) and marked prepared.
-  auto norm = [&](const float* in, const float* weight, float* out, int64_t m, const int32_t* gather,
-                  std::initializer_list<const ck::DevWeight*> users) {
-    const bool quant = std::any_of(users.begin(), users.end(), [](const ck::DevWeight* u) { return u->quantized(); });
-    if (im.fused && quant) {
-      ck::rms_norm_q8_0(in, weight, out, xq, xd, m, n_embd, hp.rms_eps, gather, st);
-      prepared = out;
-    } else {
-      ck::rms_norm(in, weight, out, m, n_embd, hp.rms_eps, gather, st);
-      prepared = nullptr;
-    }
-  };
-
-  ck::KvArgs kv;
-  kv.page_off = d_page_off;
-  kv.pos = d_pos;
-  kv.page_size = P;
-  kv.n_head_kv = hp.n_head_kv;
-  kv.head_dim = hp.head_dim;
-  kv.f16 = layout.dtype == KvDtype::kF16;
-  // gemma3 scales q after RoPE (hp.q_scale) and attends with scale 1, as the CPU does.
-  const bool scale_q = hp.q_scale != 1.0f;
-  const float kq_scale = scale_q ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool neox = hp.rope_type == RopeType::kNeox;
-  const uint16_t* gelu_table = im.weights->gelu_table;
-  // x += f(W in): with a post-norm (gemma3), W in into xn (free between the norms' uses),
-  // normed in place, then added (the CPU's order); else accumulated by the matmul.
-  auto residual = [&](const ck::DevWeight& w, const float* in, const float* post_norm) {
-    if (!post_norm) {
-      matmul(w, in, T, x, true);
-      return;
-    }
-    matmul(w, in, T, xn, false);
-    ck::rms_norm(xn, post_norm, xn, T, n_embd, hp.rms_eps, nullptr, st);
-    ck::add(x, xn, T * n_embd, st);
-  };
-
-  for (int32_t il = 0; il < hp.n_layer; ++il) {
-    const DevLayer& L = im.weights->layers[size_t(il)];
-    const bool swa = hp.is_swa_layer(il);
-    const float* rope_l = swa ? rope_swa : rope;
-    kv.window = swa ? hp.n_swa : 0;
-    norm(x, L.attn_norm, xn, T, nullptr, {&L.wq, &L.wk, &L.wv});
-    matmuls({&L.wq, &L.wk, &L.wv}, xn, T, {q, kk, v}, {L.bq, L.bk, L.bv});
-    if (L.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
-    if (L.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
-    const KvLayout::Place place = layout.place(il);
-    kv.pages = d_pages + size_t(place.group) * n_pages;
-    kv.layer = place.slot;
-    if (im.fused) {
-      ck::rope_kv_store(kv, q, kk, v, rope_l, T, hp.n_head, hp.n_rot, neox, st);
-    } else {
-      ck::rope(q, rope_l, T, hp.n_head, hp.head_dim, hp.n_rot, neox, st);
-      ck::rope(kk, rope_l, T, hp.n_head_kv, hp.head_dim, hp.n_rot, neox, st);
-      ck::kv_store_rows(kv, kk, v, T, st);
-    }
-    if (scale_q) ck::scale(q, hp.q_scale, T * q_w, st);
-    // Every token decoding through the split kernels: their last launch also makes Wo's
-    // Q8_0 input (the result of quantize_q8_0 on attn, bit for bit).
-    const bool attn_q8 = im.fused && L.wo.quantized() && n_dec == T && hd % kernels::kQK == 0;
-    ck::attention_split(kv, q, attn, d_attn_tokens, n_dec, hp.n_head, kq_scale, max_pos, split, st,
-                        attn_q8 ? xq : nullptr, attn_q8 ? xd : nullptr);
-    ck::attention(kv, q, attn, n_listed - n_dec, hp.n_head, kq_scale, max_pos, im.score_capacity, st,
-                  d_attn_tokens + n_dec);
-    ck::attention_prefill(kv, q, attn, d_attn_tokens + T, n_tiles, hp.n_head, kq_scale, st);
-    prepared = attn_q8 ? attn : nullptr;
-    residual(L.wo, attn, L.attn_post_norm);  // x += [post_norm](Wo attn)
-    norm(x, L.ffn_norm, xn, T, nullptr, {&L.gate, &L.up});
-    matmuls({&L.gate, &L.up}, xn, T, {gate, up}, {});
-    if (im.fused && L.down.quantized()) {  // the down projection's Q8_0 input in the same launch
-      if (gelu_table) {
-        ck::geglu_q8_0(gate, up, T * n_ff, gelu_table, xq, xd, st);
-      } else {
-        ck::swiglu_q8_0(gate, up, T * n_ff, xq, xd, st);
-      }
-      prepared = gate;
-    } else {
-      if (gelu_table) {
-        ck::geglu(gate, up, T * n_ff, gelu_table, st);
-      } else {
-        ck::swiglu(gate, up, T * n_ff, st);
-      }
-      prepared = nullptr;
-    }
-    residual(L.down, gate, L.ffn_post_norm);  // x += [post_norm](W_down h)
-  }
+  d.kv.page_off = d_page_off;
+  d.kv.pos = d_pos;
+  d.kv.page_size = P;
+  d.kv.n_head_kv = hp.n_head_kv;
+  d.kv.head_dim = hp.head_dim;
+  d.kv.f16 = layout.dtype == KvDtype::kF16;
+  run_decoder(model, d);
 
   if (n_out > 0) {
-    norm(x, im.weights->output_norm, rows, n_out, d_out_index, {&im.weights->output});
-    matmul(im.weights->output, rows, n_out, d_logits, false);
-    if (hp.final_logit_softcap > 0.0f) ck::softcap(d_logits, int64_t(n_out) * n_vocab, hp.final_logit_softcap, st);
-    TANDEM_CUDA(cudaMemcpyAsync(h_logits, d_logits, size_t(n_out) * size_t(n_vocab) * sizeof(float),
+    TANDEM_CUDA(cudaMemcpyAsync(h_logits, d.logits_dev, size_t(n_out) * size_t(n_vocab) * sizeof(float),
                                 cudaMemcpyDeviceToHost, st));
   }
   for (const auto& w : im.write_back) {
