@@ -40,14 +40,16 @@
 //     PR #15802) = 0.72 TB/s of 0.936 TB/s -> e_b = 0.75; prefill (MMQ on int8 tensor
 //     cores), RTX 4090, llama 8B Q4_0 pp512: 10,359 t/s (PR #7676) = 166 TOPS of 661 int8
 //     dense -> e_c = 0.25.
-//   * CPU fractions from Tandem's own measurements on its development VM (kVm2Calibration
-//     below): decode reads weights at ~94% of the measured stream bandwidth (quiet
-//     machine, benchmarks/README.md); prefill achieves kVm2Calibration.int8_ops_per_cycle
-//     per core (AVX2 kernels), e_c = that / 128 (peak: 64 int8 multiply-adds per cycle).
-//     The EPYC profiles reuse these fractions over their datasheet peaks, with the
-//     STREAM-to-peak ratio of a DDR server (~0.78) folded into e_b. Genoa would run the
-//     AVX-512 VNNI kernels, which do more per cycle than AVX2: the CPU's compute is
-//     underestimated there, so what the simulation credits the CPU with is a lower bound.
+//   * CPU fractions from Tandem's own measurements on its development VM: decode reads
+//     weights at ~94% of the measured stream bandwidth (kVm2Calibration below, quiet Zen 1
+//     host, benchmarks/README.md); prefill achieves 38.1 int8 ops per cycle per core with
+//     the repacked AVX2 kernels (2026-12-06, Intel Xeon host; the vm2 profile keeps its own
+//     host's kVm2Calibration.int8_ops_per_cycle), e_c = that / 128 (peak: 64 int8
+//     multiply-adds per cycle). The EPYC profiles reuse these fractions over their
+//     datasheet peaks, with the STREAM-to-peak ratio of a DDR server (~0.78) folded into
+//     e_b. Genoa would run the AVX-512 VNNI kernels, which do more per cycle than AVX2: the
+//     CPU's compute is underestimated there, so what the simulation credits the CPU with is
+//     a lower bound.
 //   * Per-step overhead: GPU 1 ms (kernel launches of a 64-layer model with CUDA graphs
 //     plus the engine's host-side step, the order vLLM reports for its scheduler step);
 //     CPU 0.2 ms (assumed: thread-pool wake-ups and the host-side step; a whole 1-token
@@ -175,9 +177,10 @@ std::span<const ModelShape> model_shapes() noexcept;
 const ProcessorProfile& processor_profile(std::string_view name);
 const ModelShape& model_shape(std::string_view name);
 
-/// The measurements the CPU fractions come from (this project's 2-core development VM,
-/// AMD EPYC, AVX2 kernels; tandem-bench on a TinyLlama-1.1B-shaped Q4_0 file;
-/// docs/simulation.md "Calibration").
+/// The measurements the vm2 profile and the server CPU profiles' decode fraction come from
+/// (this project's 2-core development VM on its AMD EPYC Zen 1 host, AVX2 kernels;
+/// tandem-bench on a TinyLlama-1.1B-shaped Q4_0 file; docs/simulation.md "Calibration").
+/// The server profiles' compute efficiency is the newer kernels' (lib/exec/perf_model.cpp).
 struct CpuCalibration {
   double stream_bw = 0;           ///< bytes/s, tandem-bench's read-bandwidth figure (2 threads)
   double decode_bw_fraction = 0;  ///< decode weight bytes/s over stream_bw (quiet machine)
