@@ -41,7 +41,7 @@ void fill_step_inputs(const Model& model, std::span<const SequenceStep> batch, c
     const SequenceStep& s = batch[si];
     const auto n = static_cast<int64_t>(s.tokens.size());
     for (int64_t j = 0; j < n; ++j, ++t) {
-      in.seq[t] = static_cast<int32_t>(si);
+      if (in.seq != nullptr) in.seq[t] = static_cast<int32_t>(si);
       in.pos[t] = s.pos0 + static_cast<int32_t>(j);
       float* xe = in.x + t * n_embd;
       embedding_row(model.token_embd(), s.tokens[size_t(j)], xe);

@@ -43,14 +43,19 @@ enum class LayerHalf { kAttention, kFfn };
 /// as rows t in [0, T), sequence by sequence in batch order (T = step_token_rows(batch)).
 /// The caller owns the arrays; fill_step_inputs() writes them.
 struct StepInputs {
-  int32_t* seq = nullptr;      ///< [T] row t's sequence (index into the batch)
+  int32_t* seq = nullptr;      ///< [T] row t's sequence (index into the batch); null: not written
   int32_t* pos = nullptr;      ///< [T] row t's position in its sequence
   int32_t* out_row = nullptr;  ///< [Executor::logits_rows(batch)] the token row of each logits row
   float* x = nullptr;          ///< [T][n_embd] token embeddings (embedding_row) times hp.embd_scale
   float* rope = nullptr;       ///< [T][n_rot] cosines then sines (kernels/rope_table.hpp), full-attention layers
   float* rope_swa = nullptr;   ///< [T][n_rot] the sliding layers' table (their base, no frequency
-                               ///< scaling); null when the model has no sliding window
+                               ///< scaling); non-null exactly when has_sliding_window(hp)
 };
+
+/// Whether the model has sliding-window layers, so that a step needs StepInputs::rope_swa.
+inline bool has_sliding_window(const HParams& hp) noexcept {
+  return hp.n_swa > 0;
+}
 
 /// Token rows of a batch: the sum of its sequences' token counts.
 int64_t step_token_rows(std::span<const SequenceStep> batch) noexcept;
@@ -59,18 +64,22 @@ int64_t step_token_rows(std::span<const SequenceStep> batch) noexcept;
 void fill_step_inputs(const Model& model, std::span<const SequenceStep> batch, const StepInputs& in) noexcept;
 
 /// One step of the decoder over an executor's primitives, on the inputs it holds from
-/// fill_step_inputs(). Backend provides (each over all T rows of the step):
+/// fill_step_inputs(). Backend provides, called in this order per layer (each over the T rows
+/// of the step; a primitive may rely on state an earlier one of the same layer left):
 ///   input_norm(l, half)    xn = RMSNorm(x) * (attn_norm | ffn_norm)
 ///   attention_inputs(l)    q, k, v = Wq xn, Wk xn, Wv xn (+ biases); per-head RMSNorm of q and
-///                          k (q_norm, k_norm); RoPE of q and k by the layer's table; q *= q_scale;
-///                          each row's K and V stored in its sequence's KV page at its position
+///                          k (q_norm, k_norm); RoPE of q and k by the layer's table; q *= q_scale
+///                          after RoPE; each row's K (normed, rotated) and V stored in its
+///                          sequence's KV page at its position (the store and the q scale are
+///                          independent of each other)
 ///   attention(l)           attn = softmax(kq_scale * q K^T over the causal positions within
 ///                          the window) V, per query head with its GQA KV head
 ///   residual(l, half)      x += [RMSNorm * post_norm](Wo attn | W_down h)
 ///   ffn_inputs(l)          gate = W_gate xn, up = W_up xn
 ///   activation(l)          h = act(gate) * up (in place of gate)
-///   logits(softcap)        for each logits row r: RMSNorm(x[out_row[r]]) * output_norm, then
-///                          W_out, then c * tanh(logits / c) when softcap c > 0
+///   logits(softcap)        over the n_out logits rows instead: for each row r,
+///                          RMSNorm(x[out_row[r]]) * output_norm, then W_out, then
+///                          tanh(logits * (1 / c)) * c when softcap c > 0
 /// and sets nothing else: the executor advances the sequences' n_tokens afterwards.
 template <class Backend>
 void run_decoder(const Model& model, Backend& b) {

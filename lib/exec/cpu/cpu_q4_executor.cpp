@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -54,7 +53,7 @@ constexpr int64_t kAttnScoreFloats = int64_t{1} << 20;
 }  // namespace
 
 struct CpuQ4Executor::Scratch {
-  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, out_rows, rope, rope_swa;
+  Buffer<float> x, xn, q, kbuf, v, attn, tmp, gate, up, logits_in, rope, rope_swa;  // logits_in: normed rows
   Buffer<k::BlockQ8_0> xq8;
   Buffer<uint16_t> xf16;
   Buffer<int32_t> seq, pos, out_row;  // StepInputs
@@ -446,7 +445,7 @@ struct CpuDecoder {
     if (n_out == 0) return;
     const HParams& h = hp();
     const int64_t n_embd = h.n_embd;
-    float* rows = s.out_rows.get(size_t(n_out * n_embd));
+    float* rows = s.logits_in.get(size_t(n_out * n_embd));
     for (int64_t r = 0; r < n_out; ++r)
       rms_norm_row(x + in.out_row[r] * n_embd, f32_data(model.output_norm()), rows + r * n_embd, n_embd, h.rms_eps);
     s.prepared = {};
@@ -503,7 +502,7 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   d.in.out_row = s.out_row.get(size_t(d.n_out));
   d.in.x = d.x = s.x.get(size_t(T * n_embd));
   d.in.rope = s.rope.get(size_t(T * hp.n_rot));
-  d.in.rope_swa = hp.n_swa > 0 ? s.rope_swa.get(size_t(T * hp.n_rot)) : nullptr;
+  d.in.rope_swa = has_sliding_window(hp) ? s.rope_swa.get(size_t(T * hp.n_rot)) : nullptr;
   fill_step_inputs(model, batch, d.in);
   d.xn = s.xn.get(size_t(T * n_embd));
   d.q = s.q.get(size_t(T * q_w));

@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
@@ -483,11 +482,11 @@ struct GpuQ4Executor::Impl {
   Stream stream;
 
   // Per-step device buffers (grow by doubling, never shrink; outgrown ones in `retired`).
-  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, rope_swa, pages, page_off, pos, out_index, rows, logits, stage;
+  DevBuf x, xn, q, k, v, attn, gate, up, xq, xd, rope, rope_swa, pages, page_off, pos, out_row, rows, logits, stage;
   DevBuf attn_tokens, split_acc, split_max, split_score;  // attention token lists, flash-decoding partials
   std::vector<DevBuf> retired;
   // Per-step host buffers.
-  PinnedBuf h_x, h_rope, h_rope_swa, h_pages, h_page_off, h_seq, h_pos, h_out_index, h_logits, h_attn_tokens;
+  PinnedBuf h_x, h_rope, h_rope_swa, h_pages, h_page_off, h_pos, h_out_row, h_logits, h_attn_tokens;
   // The decode step as a CUDA graph (GpuExecutorOptions::cuda_graphs).
   bool use_graphs = true;
   bool fused = true;          // GpuExecutorOptions::fused_kernels
@@ -604,7 +603,7 @@ struct GpuDecoder {
   int64_t n_dec = 0, n_listed = 0, n_tiles = 0;
   int32_t max_pos = 1;
   ck::AttentionSplitScratch split;
-  int32_t* out_index = nullptr;
+  int32_t* out_row = nullptr;  // [n_out] the token row of each logits row
 
   const DevLayer& weights(const LayerPlan& l) const { return im.weights->layers[size_t(l.il)]; }
 
@@ -654,6 +653,14 @@ struct GpuDecoder {
     }
   }
 
+  // The KV arguments of layer l: its group's page table, its slot in the pages, its window.
+  void set_layer_kv(const LayerPlan& l) {
+    const KvLayout::Place place = layout->place(l.il);
+    kv.pages = pages + size_t(place.group) * n_pages;
+    kv.layer = place.slot;
+    kv.window = l.window;
+  }
+
   void input_norm(const LayerPlan& l, LayerHalf half) {
     const DevLayer& L = weights(l);
     if (half == LayerHalf::kAttention) {
@@ -673,10 +680,7 @@ struct GpuDecoder {
     const int64_t hd = hp.head_dim;
     if (l.q_norm) ck::rms_norm(q, L.q_norm, q, T * hp.n_head, hd, hp.rms_eps, nullptr, st);
     if (l.k_norm) ck::rms_norm(kk, L.k_norm, kk, T * hp.n_head_kv, hd, hp.rms_eps, nullptr, st);
-    const KvLayout::Place place = layout->place(l.il);
-    kv.pages = pages + size_t(place.group) * n_pages;
-    kv.layer = place.slot;
-    kv.window = l.window;
+    set_layer_kv(l);
     const float* rope_l = l.swa ? rope_swa : rope;
     if (im.fused) {
       ck::rope_kv_store(kv, q, kk, v, rope_l, T, hp.n_head, hp.n_rot, l.neox, st);
@@ -690,6 +694,7 @@ struct GpuDecoder {
 
   void attention(const LayerPlan& l) {
     const DevLayer& L = weights(l);
+    set_layer_kv(l);
     // Every token decoding through the split kernels: their last launch also makes Wo's
     // Q8_0 input (the result of quantize_q8_0 on attn, bit for bit).
     const bool attn_q8 = im.fused && L.wo.quantized() && n_dec == T && hp.head_dim % kernels::kQK == 0;
@@ -745,7 +750,7 @@ struct GpuDecoder {
 
   void logits(float softcap) {
     if (n_out == 0) return;
-    norm(x, im.weights->output_norm, rows, n_out, out_index, {&im.weights->output});
+    norm(x, im.weights->output_norm, rows, n_out, out_row, {&im.weights->output});
     matmul(im.weights->output, rows, n_out, logits_dev, false);
     if (softcap > 0.0f) ck::softcap(logits_dev, n_out * hp.n_vocab, softcap, st);
   }
@@ -803,7 +808,7 @@ uint64_t GpuQ4Executor::scratch_bytes() const noexcept {
   uint64_t b = 0;
   for (const DevBuf* d :
        {&im.x,    &im.xn,     &im.q,     &im.k,           &im.v,         &im.attn,      &im.gate,       &im.up,
-        &im.xq,   &im.xd,     &im.rope,  &im.rope_swa,    &im.pages,     &im.page_off,  &im.pos,        &im.out_index,
+        &im.xq,   &im.xd,     &im.rope,  &im.rope_swa,    &im.pages,     &im.page_off,  &im.pos,        &im.out_row,
         &im.rows, &im.logits, &im.stage, &im.attn_tokens, &im.split_acc, &im.split_max, &im.split_score}) {
     b += d->bytes();
   }
@@ -873,12 +878,11 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
 
   // ---- host side: token inputs, page table, staging of Host/File pages ----------------
   StepInputs in;
-  in.seq = pinned<int32_t>(im.h_seq, size_t(T));
   in.pos = pinned<int32_t>(im.h_pos, size_t(T));
-  in.out_row = pinned<int32_t>(im.h_out_index, size_t(n_out));
+  in.out_row = pinned<int32_t>(im.h_out_row, size_t(n_out));
   in.x = pinned<float>(im.h_x, size_t(T * n_embd));
   in.rope = pinned<float>(im.h_rope, size_t(T * hp.n_rot));
-  in.rope_swa = hp.n_swa > 0 ? pinned<float>(im.h_rope_swa, size_t(T * hp.n_rot)) : nullptr;
+  in.rope_swa = has_sliding_window(hp) ? pinned<float>(im.h_rope_swa, size_t(T * hp.n_rot)) : nullptr;
   fill_step_inputs(model, batch, in);
   // The page table: one per layer group (KvLayout::place), [group][n_pages]; a windowed
   // group's page out of the window is null (never read).
@@ -993,7 +997,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
     split.max = im.scratch<float>(im.split_max, heads * size_t(max_parts));
     split.score = im.scratch<float>(im.split_score, size_t(d.n_dec) * size_t(hp.n_head) * size_t(d.max_pos));
   }
-  d.out_index = im.scratch<int32_t>(im.out_index, size_t(n_out));
+  d.out_row = im.scratch<int32_t>(im.out_row, size_t(n_out));
   d.rows = im.scratch<float>(im.rows, size_t(n_out * n_embd));
   d.logits_dev = im.scratch<float>(im.logits, size_t(n_out * n_vocab));
 
@@ -1012,7 +1016,7 @@ void GpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   TANDEM_CUDA(cudaMemcpyAsync(d.attn_tokens, h_attn_tokens, size_t(T + 2 * d.n_tiles) * sizeof(int32_t),
                               cudaMemcpyHostToDevice, st));
   if (n_out > 0) {
-    TANDEM_CUDA(cudaMemcpyAsync(d.out_index, in.out_row, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+    TANDEM_CUDA(cudaMemcpyAsync(d.out_row, in.out_row, size_t(n_out) * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   }
   TANDEM_CUDA(cudaMemcpyAsync(d.x, in.x, size_t(T * n_embd) * sizeof(float), cudaMemcpyHostToDevice, st));
   TANDEM_CUDA(cudaMemcpyAsync(d.rope, in.rope, size_t(T * hp.n_rot) * sizeof(float), cudaMemcpyHostToDevice, st));
