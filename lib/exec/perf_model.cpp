@@ -71,10 +71,6 @@ namespace {
 // of a model's weights, so decode outruns the bandwidth the same run measures.
 constexpr double kServerInt8OpsPerCycle = 1.08292e12 / (4.820 * 2 * 2.95e9);
 
-double server_compute_efficiency() {
-  return kServerInt8OpsPerCycle / kCpuInt8OpsPerCycle;
-}
-
 std::array<ProcessorProfile, 6> make_profiles() {
   std::array<ProcessorProfile, 6> p{};
   p[0] = {"h200",
@@ -113,7 +109,7 @@ std::array<ProcessorProfile, 6> make_profiles() {
           32,
           2048,
           512};
-  const double e_c = server_compute_efficiency();
+  const double e_c = kServerInt8OpsPerCycle / kCpuInt8OpsPerCycle;
   const double e_b = kVm2Calibration.decode_bw_fraction * kServerStreamFraction;
   p[3] = {"epyc32",
           "AMD EPYC 9354 (Genoa): 32 cores at 3.25 GHz, 12 channels DDR5-4800 (460.8 GB/s), 384 GB",
