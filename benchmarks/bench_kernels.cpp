@@ -277,11 +277,13 @@ BENCHMARK_CAPTURE(BM_QuantizeQ8_0, scalar, std::string("scalar"))->Arg(2048);
 
 BENCHMARK_CAPTURE(BM_AttnTiled, avx512vnni, std::string("avx512vnni"))
     ->ArgNames({"n_ctx", "n_pos"})
+    ->Args({8192, 1})
     ->Args({2048, 1})
     ->Args({2048, 64})
     ->Args({512, 64});
 BENCHMARK_CAPTURE(BM_AttnTiled, avx2, std::string("avx2"))
     ->ArgNames({"n_ctx", "n_pos"})
+    ->Args({8192, 1})
     ->Args({2048, 1})
     ->Args({2048, 64})
     ->Args({512, 64});

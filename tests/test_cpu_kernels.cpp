@@ -22,6 +22,7 @@
 #include "cpu_test_support.hpp"
 #include "softmax_exp.hpp"
 #include "tandem/gguf/ggml_dequant.hpp"
+#include "test_support.hpp"
 
 using namespace tandem::kernels;
 using tandem::test::isas;
@@ -1252,6 +1253,80 @@ TEST_CASE("attn_tiled is the written attention arithmetic bit for bit; flash_att
         }
       }
   }
+}
+
+TEST_CASE("attn_split_* over any key ranges give attn_tiled's bits on every ISA", "[kernels][attention]") {
+  // A decode call (one position) as the split phases, its chunks cut into 1, 2, 3 and 7
+  // ranges, against the scalar table's attn_tiled (one row at a time, checked against the
+  // written arithmetic above): head_dim 64, 128 and 256 (the AVX-512 V loop's one and four
+  // 64-element blocks), groups 1, 3 and 8 (the score passes' row blocks and a remainder),
+  // without and with a window (chunks not at tile edges), positions at and past chunk
+  // edges (one chunk, a partial last chunk). Pages of 16 positions, 2 KV heads (rows
+  // strided), the second head read.
+  std::mt19937 g(11);
+  const int64_t nkv = 2, n_ctx = 700;
+  for (const int64_t hd : {64, 128, 256})
+    for (const int32_t group : {1, 3, 8}) {
+      const int64_t stride = nkv * hd, q_stride = nkv * group * hd;
+      const auto k16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+      const auto v16 = rand_f16(g, size_t(n_ctx * stride), -2.f, 2.f);
+      const auto q = rand_f32(g, size_t(n_ctx * q_stride), -2.f, 2.f);
+      const TestKv kv(k16, v16, hd, nkv, 16, n_ctx, true);
+      for (const int32_t W : {0, 300})
+        for (const int32_t pos : {0, 63, 64, 200, 699}) {
+          FlashAttnArgs a = tandem::test::attn_args(kv.kp.data(), kv.vp.data(), kv.page_size, kv.stride(), hd, 1, group,
+                                                    q.data(), nullptr, q_stride, pos, 1);
+          a.window = W;
+          REQUIRE(attn_split_applies(a));
+          std::vector<float> want(size_t(group * hd)), got(want.size());
+          std::vector<float> scratch(attn_tiled_scratch_floats(hd, group, int64_t{pos} + 1));
+          {
+            tandem::test::IsaScope s("scalar");
+            a.out = want.data();
+            attn_tiled(a, scratch.data());
+          }
+          const int64_t n_chunks = attn_split_chunks(a), ld = pos + 1;
+          CHECK(n_chunks == (std::min<int64_t>(pos + 1, W > 0 ? W : pos + 1) + 63) / 64);
+          for (const auto& isa : isas()) {
+            tandem::test::IsaScope s(isa);
+            a.out = got.data();
+            attn_tiled(a, scratch.data());
+            INFO(isa << " hd " << hd << " group " << group << " window " << W << " position " << pos);
+            CHECK(tandem::test::same_bits(got, want));
+            for (const int64_t ranges : {1, 2, 3, 7}) {
+              std::vector<float> sc(size_t(group * ld), std::nanf("")), range_max(size_t(ranges * group));
+              std::vector<float> parts(size_t(n_chunks * group * hd), std::nanf(""));
+              for (int64_t j = ranges - 1; j >= 0; --j)  // any order
+                attn_split_scores(a, j * n_chunks / ranges, (j + 1) * n_chunks / ranges, sc.data(), ld,
+                                  range_max.data() + j * group);
+              attn_split_softmax(a, sc.data(), ld, range_max.data(), ranges);
+              for (int64_t j = 0; j < ranges; ++j)
+                attn_split_wv(a, j * n_chunks / ranges, (j + 1) * n_chunks / ranges, sc.data(), ld, parts.data());
+              std::fill(got.begin(), got.end(), std::nanf(""));
+              attn_split_combine(a, parts.data());
+              INFO(ranges << " ranges");
+              CHECK(tandem::test::same_bits(got, want));
+            }
+          }
+        }
+    }
+  // Not applicable (attn_tiled alone): several positions, q8_0 or f32 KV, head_dim 44.
+  FlashAttnArgs a;
+  a.n_pos = 1;
+  a.group = 1;
+  a.head_dim = 64;
+  CHECK(attn_split_applies(a));
+  a.kv_f16 = false;
+  CHECK_FALSE(attn_split_applies(a));
+  a.kv_f16 = true;
+  a.kv_q8_0 = true;
+  CHECK_FALSE(attn_split_applies(a));
+  a.kv_q8_0 = false;
+  a.head_dim = 44;
+  CHECK_FALSE(attn_split_applies(a));
+  a.head_dim = 64;
+  a.n_pos = 2;
+  CHECK_FALSE(attn_split_applies(a));
 }
 
 TEST_CASE("attn_tiled with a sliding window: full attention over the window's positions, bit for bit",

@@ -4,6 +4,8 @@
 // and a step that mixes both. ISAs this machine lacks are named in a warning (not
 // compared); the SmolLM2 case is reported skipped when its file is absent (and under
 // sanitizers, for CI time). Each model's logits are compared with the first configuration's.
+// A long context's decode (its keys split over the threads, kernels::attn_split_*) is
+// checked the same way on 1, 2 and 3 threads.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -95,4 +97,69 @@ TEST_CASE("one arithmetic: SmolLM2's logits are the same bytes on every ISA, rep
     return;
   }
   check_model(Model::load(path), "SmolLM2-135M-Instruct");
+}
+
+TEST_CASE("one arithmetic: a long context's decode split over the threads' key ranges is the same bytes",
+          "[executor][isa][attention]") {
+  // 2100 positions: past the executor's split threshold (32 chunks of 64 keys), a partial
+  // last chunk. The synthetic qwen3 with head_dim 64 has 2 KV heads: one decoding sequence
+  // is 2 attention tasks, fewer than two per thread on 2 and 3 threads, so its keys are
+  // split in ranges there (2 and 3 per task), and not on 1 thread. The prompt is prefilled
+  // once; each configuration decodes from a copy-on-write share of it: 3 steps of one
+  // sequence, a step of two (4 tasks: split on 3 threads only), and one beside a 5-token
+  // prompt (whole tasks beside the split ones).
+  const auto model = test::load_model("synth-qwen3-hd64-small-q4_0");
+  const auto& hp = model->hparams();
+  const int32_t nv = hp.n_vocab, n_ctx = 2100;
+  auto store = test::make_store(hp, 2 * (n_ctx / 16 + 4) + 8);
+  KvSequence base(*store, n_ctx + 16);
+  const auto ids = test::prompt_ids(n_ctx, nv);
+  {
+    CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = 2});
+    SequenceStep prefill{&base, std::span(ids), 0, LogitsRows::kLast};
+    std::vector<float> out(static_cast<size_t>(nv));
+    cpu.step(std::span(&prefill, 1), out);
+  }
+  auto run = [&](int threads) {
+    CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads});
+    KvSequence a(*store, n_ctx + 16), b(*store, n_ctx + 16), c(*store, 16);
+    a.share_prefix(base, n_ctx);
+    b.share_prefix(base, n_ctx - 7);
+    std::vector<float> all;
+    auto step = [&](std::span<SequenceStep> batch, size_t rows) {
+      std::vector<float> out(rows * size_t(nv));
+      cpu.step(batch, out);
+      all.insert(all.end(), out.begin(), out.end());
+    };
+    for (int i = 0; i < 3; ++i) {
+      const int32_t t = ids[size_t(i)];
+      SequenceStep decode{&a, std::span(&t, 1), a.n_tokens(), LogitsRows::kLast};
+      step(std::span(&decode, 1), 1);
+    }
+    const int32_t ta = ids[3], tb = ids[4];
+    SequenceStep two[2] = {{&a, std::span(&ta, 1), a.n_tokens(), LogitsRows::kLast},
+                           {&b, std::span(&tb, 1), b.n_tokens(), LogitsRows::kLast}};
+    step(two, 2);
+    const int32_t t5 = ids[5];
+    SequenceStep mixed[2] = {{&a, std::span(&t5, 1), a.n_tokens(), LogitsRows::kLast},
+                             {&c, std::span(ids.data() + 30, 5), 0, LogitsRows::kAll}};
+    step(mixed, 6);
+    return all;
+  };
+  std::vector<float> want;
+  std::string want_of;
+  for (const auto& isa : test::isas()) {
+    test::IsaScope scope(isa);
+    for (const int threads : {1, 2, 3}) {
+      const std::string config = isa + ", " + std::to_string(threads) + " threads";
+      const auto got = run(threads);
+      if (want.empty()) {
+        want = got;
+        want_of = config;
+        continue;
+      }
+      INFO(config << " vs " << want_of);
+      CHECK(test::same_bits(got, want));
+    }
+  }
 }

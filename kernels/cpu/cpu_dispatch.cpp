@@ -396,5 +396,30 @@ size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) 
 void attn_tiled(const FlashAttnArgs& args, float* scratch) noexcept {
   K().attn_tiled(args, scratch);
 }
+bool attn_split_applies(const FlashAttnArgs& a) noexcept {
+  return detail::attn_split_applies(a);
+}
+int64_t attn_split_chunks(const FlashAttnArgs& a) noexcept {
+  return detail::attn_split_geom(a).n_chunks;
+}
+void attn_split_scores(const FlashAttnArgs& a, int64_t c0, int64_t c1, float* s, int64_t ld, float* row_max) noexcept {
+  K().attn_split_scores(a, c0, c1, s, ld, row_max);
+}
+void attn_split_softmax(const FlashAttnArgs& a, float* s, int64_t ld, const float* range_max,
+                        int64_t n_ranges) noexcept {
+  K().attn_split_softmax(a, s, ld, range_max, n_ranges);
+}
+void attn_split_wv(const FlashAttnArgs& a, int64_t c0, int64_t c1, const float* s, int64_t ld, float* parts) noexcept {
+  K().attn_split_wv(a, c0, c1, s, ld, parts);
+}
+// f32 adds element by element: the bits of attn_tiled's vector flush on every ISA.
+void attn_split_combine(const FlashAttnArgs& a, const float* parts) noexcept {
+  const int64_t rows = int64_t{a.group} * a.head_dim, n_chunks = attn_split_chunks(a);
+  for (int64_t i = 0; i < rows; ++i) {
+    float y = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) y = y + parts[c * rows + i];
+    a.out[i] = y;  // n_pos 1: row r at out + r * head_dim
+  }
+}
 
 }  // namespace tandem::kernels

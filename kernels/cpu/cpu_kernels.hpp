@@ -325,4 +325,36 @@ void flash_attn(const FlashAttnArgs& args, float* scratch) noexcept;
 size_t attn_tiled_scratch_floats(int64_t head_dim, int64_t rows, int64_t n_ctx) noexcept;
 void attn_tiled(const FlashAttnArgs& args, float* scratch) noexcept;
 
+/// A decode step's attn_tiled split over its keys, so that several threads share one long
+/// sequence (flash decoding: Dao, Haziza, Massa, Sizov, "Flash-Decoding for long-context
+/// inference", 2023). Same arguments and the same bits as attn_tiled: the phases below run
+/// its written arithmetic with the keys in ranges, and put the order-dependent steps (the
+/// max's combination, the double sum, the chunks' sum) in one call each.
+///
+/// Applies (attn_split_applies) to one query position (n_pos 1) over an f16 cache with
+/// head_dim a multiple of 32, at most 512. Its R = group rows see the positions
+/// p0 .. pos0 (p0 = pos0 + 1 - window with a window, else 0); chunk c is positions
+/// p0 + c * kFlashAttnTile .. (attn_split_chunks chunks, the last one partial). Scores and
+/// weights live in s, row r at s + r * ld (ld >= pos0 + 1); parts hold one chunk's partial
+/// outputs, chunk c at parts + c * group * head_dim, row r head_dim floats at r * head_dim.
+///  1. attn_split_scores(a, c0, c1, s, ld, row_max): s[r * ld + p] = dot(k[p], f16(q_r)) *
+///     scale for the positions of chunks [c0, c1); row_max[r] = their max (-inf: none).
+///  2. attn_split_softmax(a, s, ld, range_max, n_ranges): per row, m = the max of
+///     range_max[i * group + r] over i < n_ranges (phase 1's row_max of every range), then
+///     the written softmax; s holds the f16-rounded weights after it.
+///  3. attn_split_wv(a, c0, c1, s, ld, parts): chunk c's partial outputs (an fma chain over
+///     its positions in order, from 0) for every c in [c0, c1).
+///  4. attn_split_combine(a, parts): out = ((0 + part_0) + part_1) + ... in chunk order.
+/// Phases 1 and 3 may run concurrently over disjoint chunk ranges; each phase needs the
+/// previous one finished. No allocation, no scratch beyond s, row_max and parts.
+bool attn_split_applies(const FlashAttnArgs& args) noexcept;
+int64_t attn_split_chunks(const FlashAttnArgs& args) noexcept;
+void attn_split_scores(const FlashAttnArgs& args, int64_t c0, int64_t c1, float* s, int64_t ld,
+                       float* row_max) noexcept;
+void attn_split_softmax(const FlashAttnArgs& args, float* s, int64_t ld, const float* range_max,
+                        int64_t n_ranges) noexcept;
+void attn_split_wv(const FlashAttnArgs& args, int64_t c0, int64_t c1, const float* s, int64_t ld,
+                   float* parts) noexcept;
+void attn_split_combine(const FlashAttnArgs& args, const float* parts) noexcept;
+
 }  // namespace tandem::kernels

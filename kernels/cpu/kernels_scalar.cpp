@@ -391,6 +391,25 @@ void s_flash_attn(const FlashAttnArgs& a, float* scratch) noexcept {
   }
 }
 
+// attn_tiled's softmax of one row's scores sc[p0 .. n) given their max: e, the sum in
+// double (8 lanes over the full groups of 8 positions from p0, the 8-lane tree, then the
+// tail), the weights e * f32(1 / sum), rounded to f16 for an f16 cache.
+void s_softmax_row(float* sc, int64_t p0, int64_t n, float mx, bool f16) noexcept {
+  double lanes[8] = {};
+  const int64_t n8 = p0 + (n - p0) / 8 * 8;
+  for (int64_t p = p0; p < n; ++p) {
+    sc[p] = softmax_exp(sc[p] - mx);
+    if (p < n8) lanes[(p - p0) % 8] = lanes[(p - p0) % 8] + double(sc[p]);
+  }
+  double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  for (int64_t p = n8; p < n; ++p) sum = sum + double(sc[p]);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t p = p0; p < n; ++p) {
+    sc[p] *= inv;
+    if (f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
+  }
+}
+
 // The reference attn_tiled (docs/arithmetic.md "Attention"), one row at a time: each score
 // by vec_dot_f's arithmetic, the written softmax, then per element the chunked fma chains.
 void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
@@ -423,21 +442,7 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sc[p] = s_dot_f<F32, F32>(krow, q, hd) * a.scale;
       mx = sc[p] > mx ? sc[p] : mx;
     }
-    // attn_tiled's sum in double: 8 lanes over the full groups of 8 positions from the
-    // window's start p0, the 8-lane tree, then the tail.
-    double lanes[8] = {};
-    const int64_t n8 = p0 + (n - p0) / 8 * 8;
-    for (int64_t p = p0; p < n; ++p) {
-      sc[p] = softmax_exp(sc[p] - mx);
-      if (p < n8) lanes[(p - p0) % 8] = lanes[(p - p0) % 8] + double(sc[p]);
-    }
-    double sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    for (int64_t p = n8; p < n; ++p) sum = sum + double(sc[p]);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t p = p0; p < n; ++p) {
-      sc[p] *= inv;
-      if (f16) sc[p] = fp16_bits_to_fp32(fp32_to_fp16_bits(sc[p]));
-    }
+    s_softmax_row(sc, p0, n, mx, f16);
     // Chunks of kFlashAttnTile positions from p0: part over a chunk, then out = out + part.
     float* out = a.out + (r / G) * a.q_stride + (r % G) * hd;
     for (int64_t d = 0; d < hd; ++d) {
@@ -451,6 +456,48 @@ void s_attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       }
       out[d] = y;
     }
+  }
+}
+
+// attn_split_* (cpu_kernels.hpp): attn_tiled's per-row steps above over a range of chunks.
+void s_attn_split_scores(const FlashAttnArgs& a, int64_t c0, int64_t c1, float* s, int64_t ld,
+                         float* row_max) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  const int64_t hd = a.head_dim, pb = g.p0 + c0 * kFlashAttnTile, pe = std::min(g.n, g.p0 + c1 * kFlashAttnTile);
+  float q[kAttnSplitMaxDim];
+  for (int64_t r = 0; r < a.group; ++r) {
+    for (int64_t d = 0; d < hd; ++d) q[d] = fp16_bits_to_fp32(fp32_to_fp16_bits(a.q[r * hd + d]));
+    float mx = -INFINITY;
+    for (int64_t p = pb; p < pe; ++p) {
+      const float sp = s_dot_f<F16, F32>(attn_kv_row_f16(a, a.k_pages, p), q, hd) * a.scale;
+      s[r * ld + p] = sp;
+      mx = sp > mx ? sp : mx;
+    }
+    row_max[r] = mx;
+  }
+}
+void s_attn_split_softmax(const FlashAttnArgs& a, float* s, int64_t ld, const float* range_max,
+                          int64_t n_ranges) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  for (int64_t r = 0; r < a.group; ++r) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n_ranges; ++i) mx = range_max[i * a.group + r] > mx ? range_max[i * a.group + r] : mx;
+    s_softmax_row(s + r * ld, g.p0, g.n, mx, true);
+  }
+}
+void s_attn_split_wv(const FlashAttnArgs& a, int64_t c0, int64_t c1, const float* s, int64_t ld,
+                     float* parts) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  const int64_t hd = a.head_dim;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t cb = g.p0 + c * kFlashAttnTile, ce = std::min(g.n, cb + kFlashAttnTile);
+    for (int64_t r = 0; r < a.group; ++r)
+      for (int64_t d = 0; d < hd; ++d) {
+        float part = 0.0f;
+        for (int64_t p = cb; p < ce; ++p)
+          part = std::fma(s[r * ld + p], fp16_bits_to_fp32(attn_kv_row_f16(a, a.v_pages, p)[d]), part);
+        parts[(c * a.group + r) * hd + d] = part;
+      }
   }
 }
 
@@ -600,7 +647,10 @@ const KernelTable& table_scalar() noexcept {
                                  s_gemm_q5_k_q8_0,
                                  s_gemm_q4_kx8_q8_0,
                                  s_gemm_q6_kx8_q8_0,
-                                 s_swiglu};
+                                 s_swiglu,
+                                 s_attn_split_scores,
+                                 s_attn_split_softmax,
+                                 s_attn_split_wv};
   return t;
 }
 

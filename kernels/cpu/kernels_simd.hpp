@@ -1366,6 +1366,9 @@ struct AttnVec {
   static T zero() noexcept { return _mm512_setzero_ps(); }
   static T set1(float x) noexcept { return _mm512_set1_ps(x); }
   static T load(const float* p) noexcept { return _mm512_loadu_ps(p); }
+  static T load_f16(const uint16_t* p) noexcept {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static void store(float* p, T v) noexcept { _mm512_storeu_ps(p, v); }
   static T fma(T a, T b, T c) noexcept { return _mm512_fmadd_ps(a, b, c); }
   static T add(T a, T b) noexcept { return _mm512_add_ps(a, b); }
@@ -1379,6 +1382,9 @@ struct AttnVec {
   static T zero() noexcept { return _mm256_setzero_ps(); }
   static T set1(float x) noexcept { return _mm256_set1_ps(x); }
   static T load(const float* p) noexcept { return _mm256_loadu_ps(p); }
+  static T load_f16(const uint16_t* p) noexcept {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store(float* p, T v) noexcept { _mm256_storeu_ps(p, v); }
   static T fma(T a, T b, T c) noexcept { return _mm256_fmadd_ps(a, b, c); }
   static T add(T a, T b) noexcept { return _mm256_add_ps(a, b); }
@@ -1444,10 +1450,20 @@ constexpr std::array<AttnScoresFn, kScRB * kScKB> make_attn_scores(std::index_se
   return {&attn_scores<static_cast<int>(I) / kScKB + 1, static_cast<int>(I) % kScKB + 1>...};
 }
 
-// Rows j < RB: part_j[d0 .. d0 + HC * n) (rows hp apart) = fma(w[j * ld + c], vt[c][d], part)
-// for c = c0 .. c1 - 1 in order (V rows hp apart).
-template <int RB, int HC>
-void attn_wv(float* part, int64_t hp, const float* w, int64_t ld, const float* vt, int64_t c0, int64_t c1,
+// Rows j < RB: part_j[d0 .. d0 + HC * n) (rows hp apart) = fma(w[j * ld + c], v_c[d], part)
+// for c = c0 .. c1 - 1 in order; src(c, d) loads V row c's elements d .. d + n as f32 (from
+// the f32 tile, TileRows, or straight from an f16 page, F16Rows: the same values).
+struct TileRows {
+  const float* vt;
+  int64_t hp;
+  AttnVec::T operator()(int64_t c, int64_t d) const noexcept { return AttnVec::load(vt + c * hp + d); }
+};
+struct F16Rows {
+  const uint16_t* const* rows;
+  AttnVec::T operator()(int64_t c, int64_t d) const noexcept { return AttnVec::load_f16(rows[c] + d); }
+};
+template <int RB, int HC, class Src>
+void attn_wv(float* part, int64_t hp, const float* w, int64_t ld, Src src, int64_t c0, int64_t c1,
              int64_t d0) noexcept {
   using V = AttnVec;
   typename V::T acc[RB][HC];
@@ -1455,7 +1471,7 @@ void attn_wv(float* part, int64_t hp, const float* w, int64_t ld, const float* v
     for (int h = 0; h < HC; ++h) acc[j][h] = V::load(part + j * hp + d0 + h * V::n);
   for (int64_t c = c0; c < c1; ++c) {
     typename V::T vv[HC];
-    for (int h = 0; h < HC; ++h) vv[h] = V::load(vt + c * hp + d0 + h * V::n);
+    for (int h = 0; h < HC; ++h) vv[h] = src(c, d0 + h * V::n);
     for (int j = 0; j < RB; ++j) {
       const typename V::T wb = V::set1(w[j * ld + c]);
       for (int h = 0; h < HC; ++h) acc[j][h] = V::fma(wb, vv[h], acc[j][h]);
@@ -1464,10 +1480,11 @@ void attn_wv(float* part, int64_t hp, const float* w, int64_t ld, const float* v
   for (int j = 0; j < RB; ++j)
     for (int h = 0; h < HC; ++h) V::store(part + j * hp + d0 + h * V::n, acc[j][h]);
 }
-using AttnWvFn = void (*)(float*, int64_t, const float*, int64_t, const float*, int64_t, int64_t, int64_t) noexcept;
-template <size_t... I>
-constexpr std::array<AttnWvFn, kWvRB * kWvHC> make_attn_wv(std::index_sequence<I...>) {
-  return {&attn_wv<static_cast<int>(I) / kWvHC + 1, static_cast<int>(I) % kWvHC + 1>...};
+template <class Src>
+using AttnWvFn = void (*)(float*, int64_t, const float*, int64_t, Src, int64_t, int64_t, int64_t) noexcept;
+template <class Src, size_t... I>
+constexpr std::array<AttnWvFn<Src>, kWvRB * kWvHC> make_attn_wv(std::index_sequence<I...>) {
+  return {&attn_wv<static_cast<int>(I) / kWvHC + 1, static_cast<int>(I) % kWvHC + 1, Src>...};
 }
 
 // out[i * ldo + j] = in[j * ldi + i] for i, j < 8 (moves only).
@@ -1490,6 +1507,215 @@ inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) 
   }
 }
 
+// The written softmax of one row's scores sr[p0 .. n) (docs/arithmetic.md "Attention"),
+// given their max: e = softmax_exp(s - mx), the sum in double, sr = e * f32(1 / sum), rounded
+// to f16 for an f16 cache.
+inline void softmax_row(float* sr, int64_t p0, int64_t n, float mx, bool f16) noexcept {
+  // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane (p - p0) % 8 over the full
+  // groups of 8 positions from the window's start p0, in order), the tree ((l0 + l4) +
+  // (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail in order; inv = f32(1 / sum).
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3, 4-7
+  int64_t p = p0;
+  for (; p + 8 <= n; p += 8) {
+    const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + p), _mm256_set1_ps(mx)));
+    _mm256_storeu_ps(sr + p, e);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  const __m256d t = _mm256_add_pd(lo, hi);  // l0 + l4, l1 + l5, l2 + l6, l3 + l7
+  const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+  double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+  for (; p < n; ++p) {
+    sr[p] = softmax_exp(sr[p] - mx);
+    sum = sum + double(sr[p]);
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (p = p0; p < n; ++p) sr[p] *= inv;
+  if (f16) {
+    for (p = p0; p + kW <= n; p += kW) {
+      uint16_t h[kW];
+      store_f16(VF::load_unaligned(sr + p), h);
+      load_f16(h).store_unaligned(sr + p);
+    }
+    for (; p < n; ++p) sr[p] = h2f(static_cast<uint16_t>(_cvtss_sh(sr[p], _MM_FROUND_TO_NEAREST_INT)));
+  }
+}
+
+// ---------------------------------------------------------------- attn_split_* ----------
+//
+// One query position (cpu_kernels.hpp, attn_split_*): the R = group rows see the same
+// positions, so the K and V rows are read from their pages and converted in registers
+// (exact) instead of through attn_tiled's f32 tile, and eight keys' scores share one
+// reduction. attn_tiled takes this path for such a call, so both give the same bits.
+#if TANDEM_ISA_AVX512
+constexpr int kSplitRB = 4;  // score rows per pass: 16 accumulators + 4 K vectors of 32 registers
+#else
+constexpr int kSplitRB = 2;          // 8 + 4 of 16
+#endif
+
+// Rows r0 .. r0 + rb of q rounded to f16 (attn_tiled's qf), head_dim apart (n_pos 1: row r
+// is at q + r * head_dim).
+inline void split_q_rows(const FlashAttnArgs& a, int64_t r0, int64_t rb, float* qf) noexcept {
+  const int64_t hd = a.head_dim;
+  for (int64_t j = 0; j < rb; ++j)
+    for (int64_t d = 0; d < hd; d += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(a.q + (r0 + j) * hd + d), _MM_FROUND_TO_NEAREST_INT);
+      _mm256_storeu_ps(qf + j * hd + d, _mm256_cvtph_ps(h));
+    }
+}
+
+// vec_dot_f(k, q_j) for one key and RB rows up to its final tree: (s0 + s1) + (s2 + s3) of
+// the four 8-lane accumulators (head_dim % 32 == 0: no tails).
+template <int RB>
+[[gnu::always_inline]] inline void split_key_lanes(const uint16_t* k, const float* qf, int64_t hd,
+                                                   __m256 (&c)[RB]) noexcept {
+  __m256 acc[RB][4];
+  for (int j = 0; j < RB; ++j)
+    for (int v = 0; v < 4; ++v) acc[j][v] = _mm256_setzero_ps();
+  for (int64_t e = 0; e < hd; e += 32) {
+    __m256 kv[4];
+    for (int v = 0; v < 4; ++v)
+      kv[v] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + e + 8 * v)));
+    for (int j = 0; j < RB; ++j)
+      for (int v = 0; v < 4; ++v)
+        acc[j][v] = _mm256_fmadd_ps(kv[v], _mm256_loadu_ps(qf + j * hd + e + 8 * v), acc[j][v]);
+  }
+  for (int j = 0; j < RB; ++j)
+    c[j] = _mm256_add_ps(_mm256_add_ps(acc[j][0], acc[j][1]), _mm256_add_ps(acc[j][2], acc[j][3]));
+}
+
+// Lane k = hsum256(c[k]) for k < 8, by the same adds: t = c(l) + c(l + 4), then
+// t(l) + t(l + 2), then the two left.
+inline __m256 hsum256x8(const __m256* c) noexcept {
+  __m256 d[4];  // [t_k | t_k+4]
+  for (int k = 0; k < 4; ++k)
+    d[k] = _mm256_add_ps(_mm256_permute2f128_ps(c[k], c[k + 4], 0x20), _mm256_permute2f128_ps(c[k], c[k + 4], 0x31));
+  const __m256 e01 = _mm256_add_ps(_mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 e23 = _mm256_add_ps(_mm256_shuffle_ps(d[2], d[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(d[2], d[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_shuffle_ps(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Scores of RB rows (qf, head_dim apart) over positions [pb, pe) into s (row j at s + j * ld),
+// eight keys at a time; mx[j] = their max (std::max's order: a NaN score is skipped).
+template <int RB>
+void split_scores_rows(const FlashAttnArgs& a, const float* qf, int64_t pb, int64_t pe, float* s, int64_t ld,
+                       float* mx) noexcept {
+  const __m256 scale = _mm256_set1_ps(a.scale);
+  __m256 vmax[RB];
+  float tail_max[RB];
+  __m256 c[RB][8];
+  for (int j = 0; j < RB; ++j) {
+    vmax[j] = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    tail_max[j] = -std::numeric_limits<float>::infinity();
+  }
+  for (int64_t p = pb; p < pe; p += 8) {
+    const int64_t nk = std::min<int64_t>(8, pe - p);
+    for (int64_t k = 0; k < 8 && p + 32 + k < pe; ++k) {
+      const char* f = reinterpret_cast<const char*>(attn_kv_row_f16(a, a.k_pages, p + 32 + k));
+      for (int64_t b = 0; b < a.head_dim * 2; b += 64) _mm_prefetch(f + b, _MM_HINT_T0);
+    }
+    for (int64_t k = 0; k < 8; ++k) {
+      __m256 ck[RB];
+      if (k < nk) {
+        split_key_lanes<RB>(attn_kv_row_f16(a, a.k_pages, p + k), qf, a.head_dim, ck);
+      } else {
+        for (int j = 0; j < RB; ++j) ck[j] = _mm256_setzero_ps();
+      }
+      for (int j = 0; j < RB; ++j) c[j][k] = ck[j];
+    }
+    for (int j = 0; j < RB; ++j) {
+      const __m256 sv = _mm256_mul_ps(hsum256x8(c[j]), scale);
+      if (nk == 8) {
+        _mm256_storeu_ps(s + j * ld + p, sv);
+        vmax[j] = _mm256_max_ps(sv, vmax[j]);  // a NaN in sv: vmax
+      } else {
+        alignas(32) float t[8];
+        _mm256_store_ps(t, sv);
+        for (int64_t k = 0; k < nk; ++k) {
+          s[j * ld + p + k] = t[k];
+          tail_max[j] = std::max(tail_max[j], t[k]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < RB; ++j) {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, vmax[j]);
+    mx[j] = tail_max[j];
+    for (float x : t) mx[j] = std::max(mx[j], x);
+  }
+}
+
+void attn_split_scores(const FlashAttnArgs& a, int64_t c0, int64_t c1, float* s, int64_t ld, float* row_max) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  const int64_t pb = g.p0 + c0 * kFlashAttnTile, pe = std::min(g.n, g.p0 + c1 * kFlashAttnTile);
+  alignas(32) float qf[kSplitRB * kAttnSplitMaxDim];
+  for (int64_t r = 0; r < a.group; r += kSplitRB) {
+    const int64_t rb = std::min<int64_t>(kSplitRB, a.group - r);
+    split_q_rows(a, r, rb, qf);
+    float* sr = s + r * ld;
+    switch (rb) {
+#if TANDEM_ISA_AVX512
+      case 4:
+        split_scores_rows<4>(a, qf, pb, pe, sr, ld, row_max + r);
+        break;
+      case 3:
+        split_scores_rows<3>(a, qf, pb, pe, sr, ld, row_max + r);
+        break;
+#endif
+      case 2:
+        split_scores_rows<2>(a, qf, pb, pe, sr, ld, row_max + r);
+        break;
+      default:
+        split_scores_rows<1>(a, qf, pb, pe, sr, ld, row_max + r);
+        break;
+    }
+  }
+}
+
+void attn_split_softmax(const FlashAttnArgs& a, float* s, int64_t ld, const float* range_max,
+                        int64_t n_ranges) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  for (int64_t r = 0; r < a.group; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n_ranges; ++i) mx = std::max(mx, range_max[i * a.group + r]);
+    softmax_row(s + r * ld, g.p0, g.n, mx, true);
+  }
+}
+
+// Chunk c's partial outputs of every row into part (row r at part + r * head_dim): from 0,
+// an fma chain over the chunk's positions in order, V read from its f16 pages.
+inline void split_wv_chunk(const FlashAttnArgs& a, const AttnSplitGeom& g, int64_t c, const float* s, int64_t ld,
+                           float* part) noexcept {
+  using V = AttnVec;
+  static constexpr auto wv = make_attn_wv<F16Rows>(std::make_index_sequence<kWvRB * kWvHC>{});
+  const int64_t hd = a.head_dim, R = a.group;
+  const int64_t cb = g.p0 + c * kFlashAttnTile, nc = std::min(kFlashAttnTile, g.n - cb);
+  const uint16_t* rows[kFlashAttnTile];
+  for (int64_t i = 0; i < nc; ++i) rows[i] = attn_kv_row_f16(a, a.v_pages, cb + i);
+  for (int64_t i = 0; i < kFlashAttnTile && cb + kFlashAttnTile + i < g.n; ++i) {
+    const char* f = reinterpret_cast<const char*>(attn_kv_row_f16(a, a.v_pages, cb + kFlashAttnTile + i));
+    for (int64_t b = 0; b < a.head_dim * 2; b += 64) _mm_prefetch(f + b, _MM_HINT_T1);
+  }
+  std::fill(part, part + R * hd, 0.0f);
+  for (int64_t r = 0; r < R; r += kWvRB) {
+    const int64_t rb = std::min<int64_t>(kWvRB, R - r);
+    for (int64_t d0 = 0; d0 < hd; d0 += kWvHC * V::n) {
+      const int64_t hc = std::min<int64_t>(kWvHC, (hd - d0) / V::n);
+      wv[static_cast<size_t>((rb - 1) * kWvHC + (hc - 1))](part + r * hd, hd, s + r * ld + cb, ld, F16Rows{rows}, 0, nc,
+                                                           d0);
+    }
+  }
+}
+
+void attn_split_wv(const FlashAttnArgs& a, int64_t c0, int64_t c1, const float* s, int64_t ld, float* parts) noexcept {
+  const AttnSplitGeom g = attn_split_geom(a);
+  for (int64_t c = c0; c < c1; ++c) split_wv_chunk(a, g, c, s, ld, parts + c * a.group * a.head_dim);
+}
+
 constexpr int64_t kScDotRows = 4;  // attn_tiled: a tile with at most this many rows takes vec_dot_f
 // attn_tiled (cpu_kernels.hpp, docs/arithmetic.md "Attention"). K and V rows are converted
 // to f32 once per call (exact for f16 and for q8_0 rows), a K tile then transposed.
@@ -1507,6 +1733,18 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   float* sc = scratch + L.s;
   float* o = scratch + L.o;
   float* part = scratch + L.part;
+  if (detail::attn_split_applies(a)) {  // one query position: the split's phases in one call
+    const AttnSplitGeom g = attn_split_geom(a);
+    TANDEM_ISA_NS::attn_split_scores(a, 0, g.n_chunks, sc, ld, kv);  // the rows' maxima in kv
+    TANDEM_ISA_NS::attn_split_softmax(a, sc, ld, kv, 1);
+    std::fill(o, o + R * hd, 0.0f);
+    for (int64_t c = 0; c < g.n_chunks; ++c) {
+      split_wv_chunk(a, g, c, sc, ld, part);
+      for (int64_t i = 0; i < R * hd; i += V::n) V::store(o + i, V::add(V::load(o + i), V::load(part + i)));
+    }
+    std::memcpy(a.out, o, size_t(R * hd) * sizeof(float));
+    return;
+  }
   const bool f16 = a.kv_f16 && !a.kv_q8_0;  // q8_0 KV: q and the weights stay f32
   for (int64_t r = 0; r < R; ++r) {
     const float* qr = a.q + (r / G) * a.q_stride + (r % G) * hd;
@@ -1594,45 +1832,19 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       sr[p] *= a.scale;
       mx = std::max(mx, sr[p]);
     }
-    // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane (p - p0) % 8 over the full
-    // groups of 8 positions from the window's start p0, in order), the tree ((l0 + l4) +
-    // (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail in order; inv = f32(1 / sum).
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3, 4-7
-    int64_t p = p0;
-    for (; p + 8 <= n; p += 8) {
-      const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + p), _mm256_set1_ps(mx)));
-      _mm256_storeu_ps(sr + p, e);
-      lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-      hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    const __m256d t = _mm256_add_pd(lo, hi);  // l0 + l4, l1 + l5, l2 + l6, l3 + l7
-    const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
-    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
-    for (; p < n; ++p) {
-      sr[p] = softmax_exp(sr[p] - mx);
-      sum = sum + double(sr[p]);
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (p = p0; p < n; ++p) sr[p] *= inv;
-    if (f16) {
-      for (p = p0; p + kW <= n; p += kW) {
-        uint16_t h[kW];
-        store_f16(VF::load_unaligned(sr + p), h);
-        load_f16(h).store_unaligned(sr + p);
-      }
-      for (; p < n; ++p) sr[p] = h2f(static_cast<uint16_t>(_cvtss_sh(sr[p], _MM_FROUND_TO_NEAREST_INT)));
-    }
+    softmax_row(sr, p0, n, mx, f16);
   }
   // Weights x V, one V tile at a time. Per (row, element): part = fma(w_p, v_p, part) over a
   // chunk's positions in order, then out = out + part, chunk after chunk; a chunk is T
   // positions counted from the row's first position p0 (0 without a window). Rows with the
   // same p0 share the chunk edges and go kWvRB together over their common columns.
-  static constexpr auto wv = make_attn_wv(std::make_index_sequence<kWvRB * kWvHC>{});
+  static constexpr auto wv = make_attn_wv<TileRows>(std::make_index_sequence<kWvRB * kWvHC>{});
   auto wv_rows = [&](int64_t rb, int64_t r, int64_t t0, int64_t c0, int64_t c1) {
     if (c1 <= c0) return;
     for (int64_t d0 = 0; d0 < hp; d0 += kWvHC * V::n) {
       const int64_t hc = std::min<int64_t>(kWvHC, (hp - d0) / V::n);
-      wv[static_cast<size_t>((rb - 1) * kWvHC + (hc - 1))](part + r * hp, hp, sc + r * ld + t0, ld, kv, c0, c1, d0);
+      wv[static_cast<size_t>((rb - 1) * kWvHC + (hc - 1))](part + r * hp, hp, sc + r * ld + t0, ld, TileRows{kv, hp},
+                                                           c0, c1, d0);
     }
   };
   auto flush = [&](int64_t r) {  // out = out + part; part = 0
@@ -1676,14 +1888,15 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
 
 inline const KernelTable& table() noexcept {
   static constexpr KernelTable t{
-      TANDEM_ISA_NAME,     fp16_to_fp32_row,  fp32_to_fp16_row,  quantize_row_q8_0, dequantize_row_q4_0,
-      dequantize_row_q8_0, vec_dot_q4_0_q8_0, vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
-      vec_dot_bf16_f32,    gemm_q4_0_q8_0,    gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
-      gemm_bf16_f32,       axpy_f16,          vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled,        gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
-      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,    gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
-      gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0, gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
-      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,    gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0,  swiglu};
+      TANDEM_ISA_NAME,     fp16_to_fp32_row,   fp32_to_fp16_row,  quantize_row_q8_0, dequantize_row_q4_0,
+      dequantize_row_q8_0, vec_dot_q4_0_q8_0,  vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
+      vec_dot_bf16_f32,    gemm_q4_0_q8_0,     gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
+      gemm_bf16_f32,       axpy_f16,           vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
+      flash_attn,          attn_tiled,         gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
+      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,     gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
+      gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0,  gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
+      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,     gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0,  swiglu,
+      attn_split_scores,   attn_split_softmax, attn_split_wv};
   return t;
 }
 

@@ -3,6 +3,7 @@
 // cpu_dispatch.cpp picks a table once (cpuid) and forwards the public API to it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cpu_kernels.hpp"
@@ -64,6 +65,9 @@ struct KernelTable {
   void (*gemm_q6_kx8_q8_0)(const BlockQ6_Kx8*, const BlockQ8_0*, float*, int64_t, int64_t, int64_t, int64_t,
                            int64_t) noexcept;
   void (*swiglu)(float*, const float*, int64_t) noexcept;
+  void (*attn_split_scores)(const FlashAttnArgs&, int64_t, int64_t, float*, int64_t, float*) noexcept;
+  void (*attn_split_softmax)(const FlashAttnArgs&, float*, int64_t, const float*, int64_t) noexcept;
+  void (*attn_split_wv)(const FlashAttnArgs&, int64_t, int64_t, const float*, int64_t, float*) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction
@@ -147,6 +151,30 @@ inline AttnTiledLayout attn_tiled_scratch_layout(int64_t hd, int64_t rows, int64
   L.part = L.o + size_t(rows * L.hp);
   L.total = L.part + size_t(rows * L.hp);
   return L;
+}
+
+/// The positions a split decode call's rows see (cpu_kernels.hpp, attn_split_*): p0 .. n - 1,
+/// in n_chunks chunks of kFlashAttnTile from p0.
+struct AttnSplitGeom {
+  int64_t p0 = 0, n = 0, n_chunks = 0;
+};
+inline AttnSplitGeom attn_split_geom(const FlashAttnArgs& a) noexcept {
+  AttnSplitGeom g;
+  g.n = int64_t{a.pos0} + 1;
+  g.p0 = a.window > 0 ? std::max<int64_t>(0, g.n - a.window) : 0;
+  g.n_chunks = (g.n - g.p0 + kFlashAttnTile - 1) / kFlashAttnTile;
+  return g;
+}
+/// Position p's K or V row of the call's KV head in an f16 cache.
+inline const uint16_t* attn_kv_row_f16(const FlashAttnArgs& a, const void* const* pages, int64_t p) noexcept {
+  return static_cast<const uint16_t*>(pages[static_cast<size_t>(p / a.page_size)]) + (p % a.page_size) * a.row_stride +
+         a.head_offset;
+}
+inline constexpr int64_t kAttnSplitMaxDim = 512;
+/// cpu_kernels.hpp's attn_split_applies.
+inline bool attn_split_applies(const FlashAttnArgs& a) noexcept {
+  return a.n_pos == 1 && a.group >= 1 && a.kv_f16 && !a.kv_q8_0 && a.head_dim > 0 && a.head_dim % 32 == 0 &&
+         a.head_dim <= kAttnSplitMaxDim;
 }
 
 const KernelTable& table_scalar() noexcept;

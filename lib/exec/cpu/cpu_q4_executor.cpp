@@ -40,15 +40,21 @@ struct PreparedInput {
 };
 
 // One attention task: positions [first, first + n_pos) of sequence `seq` (indices into
-// its tokens), all query heads of KV head `kv_head`.
+// its tokens), all query heads of KV head `kv_head`. split_slot >= 0: a decode task whose
+// keys may be split over the threads (its scratch slot, CpuDecoder::split_scratch).
 struct AttnTask {
-  int32_t seq, kv_head, first, n_pos;
+  int32_t seq, kv_head, first, n_pos, split_slot;
 };
 
 // Query rows per attention task (positions x heads of a group): enough to amortise the
 // per-tile K/V conversion, small enough for the task's scratch to stay in L2.
 constexpr int64_t kAttnTileRows = 64;
 constexpr int64_t kAttnScoreFloats = int64_t{1} << 20;
+// A decode task's keys are split over the threads (kernels::attn_split_*) when a step has
+// fewer than two attention tasks per thread and the layer shows the task at least this many
+// chunks of kFlashAttnTile positions: below it the three extra pool dispatches per layer
+// cost about what the idle thread loses.
+constexpr int64_t kSplitMinChunks = 32;
 
 }  // namespace
 
@@ -58,6 +64,7 @@ struct CpuQ4Executor::Scratch {
   Buffer<uint16_t> xf16;
   Buffer<int32_t> seq, pos, out_row;  // StepInputs
   Buffer<float> fa_scratch;           // [n_threads][flash_attn_scratch_floats]
+  Buffer<float> split_scratch;        // [split slots][CpuDecoder::split_floats]
   Buffer<AttnTask> attn_tasks;        // one per (sequence, KV head, query tile)
   Buffer<const void*> kv_pages;       // per layer: K page pointers of every sequence, then V
   Buffer<size_t> seq_pages;           // per sequence: its first entry in kv_pages
@@ -259,6 +266,11 @@ struct CpuDecoder {
   int64_t n_attn_tasks = 0;
   float* fa_scratch = nullptr;  // [n_threads][fa_floats]
   size_t fa_floats = 0;
+  // Split decode tasks: key ranges per task; per slot the scores [group][split_ld], the
+  // ranges' maxima [split_ranges][group], then the chunks' parts [chunks][group][head_dim].
+  int64_t split_ranges = 1, split_ld = 0;
+  size_t split_floats = 0;
+  float* split_scratch = nullptr;
   const void** kpages = nullptr;
   const void** vpages = nullptr;
   size_t* seq_pages = nullptr;
@@ -353,7 +365,8 @@ struct CpuDecoder {
 
   // Causal GQA attention, tiled over the paged KV (kernels::attn_tiled); a task's query rows
   // are all the heads of its KV head at consecutive positions, so each K/V row is read once
-  // per task.
+  // per task. A long decode task with too few tasks to fill the threads runs as
+  // kernels::attn_split_* phases over key ranges instead (the same bits).
   void attention(const LayerPlan& l) {
     const HParams& h = hp();
     const int64_t hd = h.head_dim, q_w = int64_t{h.n_head} * hd;
@@ -375,31 +388,90 @@ struct CpuDecoder {
         vpages[pg] = page ? page + layout.row_offset(pl.slot, 1, 0) : nullptr;
       }
     }
-    pool.parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
-      float* scratch = fa_scratch + size_t(th) * fa_floats;
+    auto args = [&](const AttnTask& at) {
+      const SequenceStep& sq = batch[size_t(at.seq)];
+      const KvLayout& layout = sq.kv->store().layout();
+      k::FlashAttnArgs fa;
+      fa.k_pages = kpages + seq_pages[size_t(at.seq)];
+      fa.v_pages = vpages + seq_pages[size_t(at.seq)];
+      fa.page_size = layout.page_size;
+      fa.row_stride = static_cast<int64_t>(layout.row_elems());
+      fa.head_offset = int64_t{at.kv_head} * hd;
+      fa.kv_f16 = layout.dtype == KvDtype::kF16;
+      fa.kv_q8_0 = layout.dtype == KvDtype::kQ8_0;
+      fa.head_dim = hd;
+      const int64_t row0 = seq_first_token[size_t(at.seq)] + at.first;
+      fa.q = q + row0 * q_w + int64_t{at.kv_head} * group * hd;
+      fa.out = attn + row0 * q_w + int64_t{at.kv_head} * group * hd;
+      fa.q_stride = q_w;
+      fa.pos0 = sq.pos0 + at.first;
+      fa.n_pos = at.n_pos;
+      fa.group = static_cast<int32_t>(group);
+      fa.scale = l.kq_scale;
+      fa.window = l.window;
+      return fa;
+    };
+    auto split = [&](const AttnTask& at, const k::FlashAttnArgs& fa) {
+      return at.split_slot >= 0 && k::attn_split_applies(fa) && k::attn_split_chunks(fa) >= kSplitMinChunks;
+    };
+    bool any_split = false;
+    for (int64_t task = 0; task < n_attn_tasks && !any_split; ++task)
+      any_split = split(attn_tasks[task], args(attn_tasks[task]));
+    if (!any_split) {
+      pool.parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int th) {
+        for (int64_t task = b; task < e; ++task)
+          k::attn_tiled(args(attn_tasks[task]), fa_scratch + size_t(th) * fa_floats);
+      });
+      return;
+    }
+    // Flash decoding: the split tasks' scores over key ranges (beside the whole tasks), each
+    // split task's softmax, its ranges' chunk parts, their sum in chunk order.
+    const int64_t R = split_ranges;
+    struct Slot {
+      float *s, *range_max, *parts;
+    };
+    auto slot = [&](const AttnTask& at) {
+      float* base = split_scratch + size_t(at.split_slot) * split_floats;
+      return Slot{base, base + group * split_ld, base + group * split_ld + R * group};
+    };
+    auto chunks = [&](const k::FlashAttnArgs& fa, int64_t j) {
+      const int64_t n = k::attn_split_chunks(fa);
+      return std::pair{j * n / R, (j + 1) * n / R};
+    };
+    pool.parallel_for(n_attn_tasks * R, 1, [&](int64_t b, int64_t e, int th) {
+      for (int64_t u = b; u < e; ++u) {
+        const AttnTask& at = attn_tasks[u / R];
+        const k::FlashAttnArgs fa = args(at);
+        if (!split(at, fa)) {
+          if (u % R == 0) k::attn_tiled(fa, fa_scratch + size_t(th) * fa_floats);
+          continue;
+        }
+        const Slot sl = slot(at);
+        const auto [c0, c1] = chunks(fa, u % R);
+        k::attn_split_scores(fa, c0, c1, sl.s, split_ld, sl.range_max + (u % R) * group);
+      }
+    });
+    pool.parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int) {
       for (int64_t task = b; task < e; ++task) {
         const AttnTask& at = attn_tasks[task];
-        const SequenceStep& sq = batch[size_t(at.seq)];
-        const KvLayout& layout = sq.kv->store().layout();
-        k::FlashAttnArgs fa;
-        fa.k_pages = kpages + seq_pages[size_t(at.seq)];
-        fa.v_pages = vpages + seq_pages[size_t(at.seq)];
-        fa.page_size = layout.page_size;
-        fa.row_stride = static_cast<int64_t>(layout.row_elems());
-        fa.head_offset = int64_t{at.kv_head} * hd;
-        fa.kv_f16 = layout.dtype == KvDtype::kF16;
-        fa.kv_q8_0 = layout.dtype == KvDtype::kQ8_0;
-        fa.head_dim = hd;
-        const int64_t row0 = seq_first_token[size_t(at.seq)] + at.first;
-        fa.q = q + row0 * q_w + int64_t{at.kv_head} * group * hd;
-        fa.out = attn + row0 * q_w + int64_t{at.kv_head} * group * hd;
-        fa.q_stride = q_w;
-        fa.pos0 = sq.pos0 + at.first;
-        fa.n_pos = at.n_pos;
-        fa.group = static_cast<int32_t>(group);
-        fa.scale = l.kq_scale;
-        fa.window = l.window;
-        k::attn_tiled(fa, scratch);
+        const k::FlashAttnArgs fa = args(at);
+        if (split(at, fa)) k::attn_split_softmax(fa, slot(at).s, split_ld, slot(at).range_max, R);
+      }
+    });
+    pool.parallel_for(n_attn_tasks * R, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t u = b; u < e; ++u) {
+        const AttnTask& at = attn_tasks[u / R];
+        const k::FlashAttnArgs fa = args(at);
+        if (!split(at, fa)) continue;
+        const auto [c0, c1] = chunks(fa, u % R);
+        k::attn_split_wv(fa, c0, c1, slot(at).s, split_ld, slot(at).parts);
+      }
+    });
+    pool.parallel_for(n_attn_tasks, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t task = b; task < e; ++task) {
+        const AttnTask& at = attn_tasks[task];
+        const k::FlashAttnArgs fa = args(at);
+        if (split(at, fa)) k::attn_split_combine(fa, slot(at).parts);
       }
     });
   }
@@ -519,6 +591,12 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
   d.seq_pages = s.seq_pages.get(batch.size());
   d.seq_first_token = s.seq_first_token.get(batch.size());
   d.attn_tasks = s.attn_tasks.get(size_t(d.n_attn_tasks));
+  // Fewer than two attention tasks per thread: a long decode task's keys go in ranges, about
+  // two per thread over the step's tasks (at most kSplitMinChunks: every range has a chunk).
+  const int64_t two_per_thread = int64_t{2} * n_threads;
+  if (n_threads > 1 && d.n_attn_tasks < two_per_thread)
+    d.split_ranges = std::min<int64_t>(kSplitMinChunks, (two_per_thread + d.n_attn_tasks - 1) / d.n_attn_tasks);
+  int32_t n_split_slots = 0;
   {
     // The longest tasks (latest positions) first, so the pool's threads end together.
     int64_t t = 0, first_token = 0;
@@ -528,11 +606,21 @@ void CpuQ4Executor::step_impl(std::span<const SequenceStep> batch, std::span<flo
       first_token += n;
       for (int64_t i0 = (n - 1) / attn_pos_per_task * attn_pos_per_task; i0 >= 0; i0 -= attn_pos_per_task)
         for (int32_t h = 0; h < hp.n_head_kv; ++h)
-          d.attn_tasks[t++] = AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
-                                       static_cast<int32_t>(std::min(attn_pos_per_task, n - i0))};
+          d.attn_tasks[t++] =
+              AttnTask{static_cast<int32_t>(si), h, static_cast<int32_t>(i0),
+                       static_cast<int32_t>(std::min(attn_pos_per_task, n - i0)),
+                       d.split_ranges > 1 && n == 1 && batch[si].pos0 + 1 >= kSplitMinChunks * k::kFlashAttnTile
+                           ? n_split_slots++
+                           : -1};
     }
   }
 
+  if (n_split_slots > 0) {
+    d.split_ld = (max_ctx + 15) / 16 * 16;
+    const int64_t max_chunks = (max_ctx + k::kFlashAttnTile - 1) / k::kFlashAttnTile;
+    d.split_floats = size_t(group * d.split_ld + d.split_ranges * group + max_chunks * group * hd);
+    d.split_scratch = s.split_scratch.get(size_t(n_split_slots) * d.split_floats);
+  }
   run_decoder(model, d);
   for (const auto& sq : batch) sq.kv->set_n_tokens(sq.pos0 + static_cast<int32_t>(sq.tokens.size()));
 }
