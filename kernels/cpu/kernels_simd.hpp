@@ -1487,10 +1487,9 @@ constexpr std::array<AttnWvFn<Src>, kWvRB * kWvHC> make_attn_wv(std::index_seque
   return {&attn_wv<static_cast<int>(I) / kWvHC + 1, static_cast<int>(I) % kWvHC + 1, Src>...};
 }
 
-// out[i * ldo + j] = in[j * ldi + i] for i, j < 8 (moves only).
-inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) noexcept {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * ldi);
+// out[i * ldo + j] = r[j][i] for i, j < 8 (moves only).
+inline void transpose8x8(__m256 (&r)[8], float* out, int64_t ldo) noexcept {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -1506,38 +1505,103 @@ inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) 
     _mm256_storeu_ps(out + (i + 4) * ldo, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
   }
 }
+// out[i * ldo + j] = in[j * ldi + i] (f32 rows), or row j's element d + i (f16 rows, as f32).
+inline void transpose8x8(const float* in, int64_t ldi, float* out, int64_t ldo) noexcept {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * ldi);
+  transpose8x8(r, out, ldo);
+}
+inline void transpose8x8(const uint16_t* const* rows, int64_t d, float* out, int64_t ldo) noexcept {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + d)));
+  transpose8x8(r, out, ldo);
+}
 
-// The written softmax of one row's scores sr[p0 .. n) (docs/arithmetic.md "Attention"),
-// given their max: e = softmax_exp(s - mx), the sum in double, sr = e * f32(1 / sum), rounded
-// to f16 for an f16 cache.
-inline void softmax_row(float* sr, int64_t p0, int64_t n, float mx, bool f16) noexcept {
+// sr[p] *= scale for p in [p0, n), and the max of the results, 8 lanes at a time (the max
+// is exact in any order; a NaN is skipped, as std::max(mx, s) skips it, and the sign of a
+// zero max changes no s - mx the softmax computes).
+inline float scale_and_max(float* sr, int64_t p0, int64_t n, float scale) noexcept {
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t p = p0;
+  for (; p + 8 <= n; p += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(sr + p), vs);
+    _mm256_storeu_ps(sr + p, v);
+    vmax = _mm256_max_ps(v, vmax);  // a NaN in v: vmax
+  }
+  alignas(32) float t[8];
+  _mm256_store_ps(t, vmax);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (const float x : t) mx = std::max(mx, x);
+  for (; p < n; ++p) {
+    sr[p] *= scale;
+    mx = std::max(mx, sr[p]);
+  }
+  return mx;
+}
+
+// The written softmax of K rows' scores sr[j][p0 .. n) (docs/arithmetic.md "Attention"),
+// given their maxima: e = softmax_exp(s - mx), the sum in double, sr = e * f32(1 / sum),
+// rounded to f16 for an f16 cache. The rows go together only so that their sums' add
+// chains overlap: each row's operations are the one-row ones.
+template <int K>
+void softmax_rows(float* const* sr, int64_t p0, int64_t n, const float* mx, bool f16) noexcept {
   // softmax_exp on 8 lanes; the sum in double: 8 lanes (lane (p - p0) % 8 over the full
   // groups of 8 positions from the window's start p0, in order), the tree ((l0 + l4) +
   // (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then the tail in order; inv = f32(1 / sum).
-  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();  // lanes 0-3, 4-7
+  __m256d lo[K], hi[K];  // lanes 0-3, 4-7
+  __m256 vmx[K];
+  for (int j = 0; j < K; ++j) {
+    lo[j] = hi[j] = _mm256_setzero_pd();
+    vmx[j] = _mm256_set1_ps(mx[j]);
+  }
   int64_t p = p0;
-  for (; p + 8 <= n; p += 8) {
-    const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + p), _mm256_set1_ps(mx)));
-    _mm256_storeu_ps(sr + p, e);
-    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-  }
-  const __m256d t = _mm256_add_pd(lo, hi);  // l0 + l4, l1 + l5, l2 + l6, l3 + l7
-  const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
-  double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
-  for (; p < n; ++p) {
-    sr[p] = softmax_exp(sr[p] - mx);
-    sum = sum + double(sr[p]);
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (p = p0; p < n; ++p) sr[p] *= inv;
-  if (f16) {
-    for (p = p0; p + kW <= n; p += kW) {
-      uint16_t h[kW];
-      store_f16(VF::load_unaligned(sr + p), h);
-      load_f16(h).store_unaligned(sr + p);
+  for (; p + 8 <= n; p += 8)
+    for (int j = 0; j < K; ++j) {
+      const __m256 e = softmax_exp8(_mm256_sub_ps(_mm256_loadu_ps(sr[j] + p), vmx[j]));
+      _mm256_storeu_ps(sr[j] + p, e);
+      lo[j] = _mm256_add_pd(lo[j], _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+      hi[j] = _mm256_add_pd(hi[j], _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
-    for (; p < n; ++p) sr[p] = h2f(static_cast<uint16_t>(_cvtss_sh(sr[p], _MM_FROUND_TO_NEAREST_INT)));
+  const int64_t tail = p;
+  for (int j = 0; j < K; ++j) {
+    float* r = sr[j];
+    const __m256d t = _mm256_add_pd(lo[j], hi[j]);  // l0 + l4, l1 + l5, l2 + l6, l3 + l7
+    const __m128d u = _mm_add_pd(_mm256_castpd256_pd128(t), _mm256_extractf128_pd(t, 1));
+    double sum = _mm_cvtsd_f64(_mm_add_sd(u, _mm_unpackhi_pd(u, u)));
+    for (p = tail; p < n; ++p) {
+      r[p] = softmax_exp(r[p] - mx[j]);
+      sum = sum + double(r[p]);
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (p = p0; p < n; ++p) r[p] *= inv;
+    if (f16) {
+      for (p = p0; p + kW <= n; p += kW) {
+        uint16_t h[kW];
+        store_f16(VF::load_unaligned(r + p), h);
+        load_f16(h).store_unaligned(r + p);
+      }
+      for (; p < n; ++p) r[p] = h2f(static_cast<uint16_t>(_cvtss_sh(r[p], _MM_FROUND_TO_NEAREST_INT)));
+    }
+  }
+}
+// Rows r0 .. r0 + k (k <= 4) at sr + r * ld, all over [p0, n): softmax_rows in one pass.
+inline void softmax_rows(float* sr, int64_t ld, int64_t k, int64_t p0, int64_t n, const float* mx, bool f16) noexcept {
+  float* rows[4];
+  for (int64_t j = 0; j < k; ++j) rows[j] = sr + j * ld;
+  switch (k) {
+    case 4:
+      softmax_rows<4>(rows, p0, n, mx, f16);
+      break;
+    case 3:
+      softmax_rows<3>(rows, p0, n, mx, f16);
+      break;
+    case 2:
+      softmax_rows<2>(rows, p0, n, mx, f16);
+      break;
+    default:
+      softmax_rows<1>(rows, p0, n, mx, f16);
+      break;
   }
 }
 
@@ -1613,14 +1677,17 @@ void split_scores_rows(const FlashAttnArgs& a, const float* qf, int64_t pb, int6
   }
   for (int64_t p = pb; p < pe; p += 8) {
     const int64_t nk = std::min<int64_t>(8, pe - p);
-    for (int64_t k = 0; k < 8 && p + 32 + k < pe; ++k) {
-      const char* f = reinterpret_cast<const char*>(attn_kv_row_f16(a, a.k_pages, p + 32 + k));
-      for (int64_t b = 0; b < a.head_dim * 2; b += 64) _mm_prefetch(f + b, _MM_HINT_T0);
-    }
+    const uint16_t* rows[8];
+    const int64_t n_ahead = std::clamp<int64_t>(pe - (p + 32), 0, 8);  // 32 keys ahead: prefetched
+    attn_kv_rows_f16(a, a.k_pages, p + 32, n_ahead, rows);
+    for (int64_t k = 0; k < n_ahead; ++k)
+      for (int64_t b = 0; b < a.head_dim * 2; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[k]) + b, _MM_HINT_T0);
+    attn_kv_rows_f16(a, a.k_pages, p, nk, rows);
     for (int64_t k = 0; k < 8; ++k) {
       __m256 ck[RB];
       if (k < nk) {
-        split_key_lanes<RB>(attn_kv_row_f16(a, a.k_pages, p + k), qf, a.head_dim, ck);
+        split_key_lanes<RB>(rows[k], qf, a.head_dim, ck);
       } else {
         for (int j = 0; j < RB; ++j) ck[j] = _mm256_setzero_ps();
       }
@@ -1679,10 +1746,14 @@ void attn_split_scores(const FlashAttnArgs& a, int64_t c0, int64_t c1, float* s,
 void attn_split_softmax(const FlashAttnArgs& a, float* s, int64_t ld, const float* range_max,
                         int64_t n_ranges) noexcept {
   const AttnSplitGeom g = attn_split_geom(a);
-  for (int64_t r = 0; r < a.group; ++r) {
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n_ranges; ++i) mx = std::max(mx, range_max[i * a.group + r]);
-    softmax_row(s + r * ld, g.p0, g.n, mx, true);
+  for (int64_t r = 0; r < a.group; r += 4) {
+    const int64_t k = std::min<int64_t>(4, a.group - r);
+    float mx[4];
+    for (int64_t j = 0; j < k; ++j) {
+      mx[j] = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n_ranges; ++i) mx[j] = std::max(mx[j], range_max[i * a.group + r + j]);
+    }
+    softmax_rows(s + r * ld, ld, k, g.p0, g.n, mx, true);
   }
 }
 
@@ -1695,11 +1766,13 @@ inline void split_wv_chunk(const FlashAttnArgs& a, const AttnSplitGeom& g, int64
   const int64_t hd = a.head_dim, R = a.group;
   const int64_t cb = g.p0 + c * kFlashAttnTile, nc = std::min(kFlashAttnTile, g.n - cb);
   const uint16_t* rows[kFlashAttnTile];
-  for (int64_t i = 0; i < nc; ++i) rows[i] = attn_kv_row_f16(a, a.v_pages, cb + i);
-  for (int64_t i = 0; i < kFlashAttnTile && cb + kFlashAttnTile + i < g.n; ++i) {
-    const char* f = reinterpret_cast<const char*>(attn_kv_row_f16(a, a.v_pages, cb + kFlashAttnTile + i));
-    for (int64_t b = 0; b < a.head_dim * 2; b += 64) _mm_prefetch(f + b, _MM_HINT_T1);
-  }
+  // The next chunk's rows prefetched, then this chunk's.
+  const int64_t n_next = std::clamp<int64_t>(g.n - (cb + kFlashAttnTile), 0, kFlashAttnTile);
+  attn_kv_rows_f16(a, a.v_pages, cb + kFlashAttnTile, n_next, rows);
+  for (int64_t i = 0; i < n_next; ++i)
+    for (int64_t b = 0; b < a.head_dim * 2; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[i]) + b, _MM_HINT_T1);
+  attn_kv_rows_f16(a, a.v_pages, cb, nc, rows);
   std::fill(part, part + R * hd, 0.0f);
   for (int64_t r = 0; r < R; r += kWvRB) {
     const int64_t rb = std::min<int64_t>(kWvRB, R - r);
@@ -1793,6 +1866,16 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   auto n_valid = [&](int64_t r, int64_t t0, int64_t nc) { return std::min<int64_t>(nc, a.pos0 + r / G - t0 + 1); };
   auto c_first = [&](int64_t r, int64_t t0) { return std::max<int64_t>(0, win0(r) - t0); };
   const int64_t t_begin = win0(0) / T * T;  // tiles before it: no row's window
+  // An f16 cache with head_dim a multiple of 32 (hp == hd) is read from its pages: each K/V
+  // row converted in registers (exact, the tile's values); rows [0, cs) and [nc, T) of the
+  // tile (never read) point at zeros.
+  const bool direct = f16 && hd % 32 == 0 && hd <= kAttnSplitMaxDim;
+  static constexpr uint16_t kZeroRow[kAttnSplitMaxDim] = {};
+  const uint16_t* rows[T];
+  auto page_rows = [&](const void* const* pages, int64_t t0, int64_t nc, int64_t cs) {
+    std::fill(rows, rows + T, kZeroRow);
+    attn_kv_rows_f16(a, pages, t0 + cs, nc - cs, rows + cs);
+  };
   // Scores, one K tile at a time: blocks of kScRB rows x kScKB key vectors over the keys
   // the block's rows see (rounded out to whole vectors: the other lanes are not read). With
   // at most kScDotRows rows in the tile the transpose costs more than it saves: vec_dot_f
@@ -1803,15 +1886,26 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     const int64_t rf = first_row(t0), re = end_row(t0, nc);
     if (rf >= re) continue;
     const int64_t cs = c_first(rf, t0), n16 = (nc + 15) / 16 * 16;
-    load_tile(a.k_pages, t0, nc, cs);
-    if (re - rf <= kScDotRows) {  // few rows (a decode step): vec_dot_f per score, the same bits
+    if (direct) {
+      page_rows(a.k_pages, t0, nc, cs);
+    } else {
+      load_tile(a.k_pages, t0, nc, cs);
+    }
+    if (re - rf <= kScDotRows) {  // few rows: vec_dot_f per score, the same bits
       for (int64_t r = rf; r < re; ++r)
         for (int64_t c = c_first(r, t0), n = n_valid(r, t0, nc); c < n; ++c)
-          sc[r * ld + t0 + c] = vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
+          sc[r * ld + t0 + c] = direct ? vec_dot_f<LdF16, LdF32>(rows[c], qf + r * hp, hd)
+                                       : vec_dot_f<LdF32, LdF32>(kv + c * hp, qf + r * hp, hd);
       continue;
     }
     for (int64_t c = cs / 16 * 16; c < n16; c += 8)
-      for (int64_t d = 0; d < hp; d += 8) transpose8x8(kv + c * hp + d, hp, kt + d * T + c, T);
+      for (int64_t d = 0; d < hp; d += 8) {
+        if (direct) {
+          transpose8x8(rows + c, d, kt + d * T + c, T);
+        } else {
+          transpose8x8(kv + c * hp + d, hp, kt + d * T + c, T);
+        }
+      }
     for (int64_t r = rf; r < re; r += kScRB) {
       const int64_t rb = std::min<int64_t>(kScRB, re - r);
       const int64_t v0 = c_first(r, t0) / V::n, v1 = (n_valid(r + rb - 1, t0, nc) + V::n - 1) / V::n;
@@ -1822,29 +1916,31 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
       }
     }
   }
-  // Softmax per row (docs/arithmetic.md; f16 weights for an f16 cache).
-  for (int64_t r = 0; r < R; ++r) {
-    float* sr = sc + r * ld;
-    const int64_t n = a.pos0 + r / G + 1;
-    const int64_t p0 = win0(r);
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t p = p0; p < n; ++p) {
-      sr[p] *= a.scale;
-      mx = std::max(mx, sr[p]);
-    }
-    softmax_row(sr, p0, n, mx, f16);
+  // Softmax per row (docs/arithmetic.md; f16 weights for an f16 cache), up to 4 rows of one
+  // position (the same positions seen) in one pass.
+  for (int64_t r = 0; r < R;) {
+    const int64_t n = a.pos0 + r / G + 1, p0 = win0(r), k = std::min<int64_t>(4, G - r % G);
+    float mx[4];
+    for (int64_t j = 0; j < k; ++j) mx[j] = scale_and_max(sc + (r + j) * ld, p0, n, a.scale);
+    softmax_rows(sc + r * ld, ld, k, p0, n, mx, f16);
+    r += k;
   }
   // Weights x V, one V tile at a time. Per (row, element): part = fma(w_p, v_p, part) over a
   // chunk's positions in order, then out = out + part, chunk after chunk; a chunk is T
   // positions counted from the row's first position p0 (0 without a window). Rows with the
   // same p0 share the chunk edges and go kWvRB together over their common columns.
   static constexpr auto wv = make_attn_wv<TileRows>(std::make_index_sequence<kWvRB * kWvHC>{});
+  static constexpr auto wv_f16 = make_attn_wv<F16Rows>(std::make_index_sequence<kWvRB * kWvHC>{});
   auto wv_rows = [&](int64_t rb, int64_t r, int64_t t0, int64_t c0, int64_t c1) {
     if (c1 <= c0) return;
     for (int64_t d0 = 0; d0 < hp; d0 += kWvHC * V::n) {
       const int64_t hc = std::min<int64_t>(kWvHC, (hp - d0) / V::n);
-      wv[static_cast<size_t>((rb - 1) * kWvHC + (hc - 1))](part + r * hp, hp, sc + r * ld + t0, ld, TileRows{kv, hp},
-                                                           c0, c1, d0);
+      const auto i = static_cast<size_t>((rb - 1) * kWvHC + (hc - 1));
+      if (direct) {
+        wv_f16[i](part + r * hp, hp, sc + r * ld + t0, ld, F16Rows{rows}, c0, c1, d0);
+      } else {
+        wv[i](part + r * hp, hp, sc + r * ld + t0, ld, TileRows{kv, hp}, c0, c1, d0);
+      }
     }
   };
   auto flush = [&](int64_t r) {  // out = out + part; part = 0
@@ -1857,7 +1953,11 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
     const int64_t nc = std::min<int64_t>(T, last + 1 - t0);
     const int64_t rf = first_row(t0), re = end_row(t0, nc);
     if (rf >= re) continue;
-    load_tile(a.v_pages, t0, nc, c_first(rf, t0));
+    if (direct) {
+      page_rows(a.v_pages, t0, nc, c_first(rf, t0));
+    } else {
+      load_tile(a.v_pages, t0, nc, c_first(rf, t0));
+    }
     for (int64_t r = rf; r < re;) {
       const int64_t p0 = win0(r);
       int64_t rb = 1;

@@ -170,6 +170,18 @@ inline const uint16_t* attn_kv_row_f16(const FlashAttnArgs& a, const void* const
   return static_cast<const uint16_t*>(pages[static_cast<size_t>(p / a.page_size)]) + (p % a.page_size) * a.row_stride +
          a.head_offset;
 }
+/// rows[i] = attn_kv_row_f16(a, pages, p + i) for i < n, one division for the run.
+inline void attn_kv_rows_f16(const FlashAttnArgs& a, const void* const* pages, int64_t p, int64_t n,
+                             const uint16_t** rows) noexcept {
+  int64_t pg = p / a.page_size, off = p % a.page_size;
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i] = static_cast<const uint16_t*>(pages[static_cast<size_t>(pg)]) + off * a.row_stride + a.head_offset;
+    if (++off == a.page_size) {
+      off = 0;
+      ++pg;
+    }
+  }
+}
 inline constexpr int64_t kAttnSplitMaxDim = 512;
 /// cpu_kernels.hpp's attn_split_applies.
 inline bool attn_split_applies(const FlashAttnArgs& a) noexcept {
