@@ -1599,6 +1599,39 @@ TEST_CASE("swiglu: the written silu times up, the same bits on every ISA, lanes 
   }
 }
 
+TEST_CASE("geglu: ggml's table GEGLU, the same bits on every ISA, lanes and tail alike", "[kernels]") {
+  // Every f16 value as a gate (the table's whole domain, infinities and NaNs included), then
+  // values between them, the clamps' edges (+-10 and their neighbours), -0, and a tail
+  // (n = 65536 + 203, not a multiple of 8). Transcribed: g <= -10 -> +0, g >= 10 -> g * up,
+  // else f32(table[f16(g)]) * up with the round-to-nearest-even conversion.
+  std::mt19937 g(12);
+  std::uniform_real_distribution<float> in(-12.0f, 12.0f), u(-3.0f, 3.0f);
+  const float edges[] = {
+      10.0f, -10.0f,   std::nextafter(10.0f, 0.0f), std::nextafter(-10.0f, 0.0f), 10.0001f, -10.0001f, -0.0f, 0.0f,
+      NAN,   -INFINITY};
+  const int64_t n = 65536 + 203;
+  std::vector<float> gate(n), up(n);
+  for (int64_t i = 0; i < n; ++i) {
+    gate[i] = i < 65536 ? fp16_to_fp32(static_cast<uint16_t>(i)) : i < 65536 + 10 ? edges[i - 65536] : in(g);
+    up[i] = u(g);
+  }
+  const uint16_t* table = gelu_f16_table();
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i)
+    want[i] = gate[i] <= -10.0f  ? 0.0f
+              : gate[i] >= 10.0f ? gate[i] * up[i]
+                                 : fp16_to_fp32(table[fp32_to_fp16(gate[i])]) * up[i];
+  for (const auto& isa : isas()) {
+    INFO("isa " << isa);
+    IsaScope s(isa);
+    std::vector<float> got = gate;
+    geglu(table, got.data(), up.data(), n);
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += bits(got[i]) != bits(want[i]);
+    CHECK(bad == 0);
+  }
+}
+
 namespace {
 
 // A weight type run natively (the file's own blocks) x Q8_0 activations: the scalar path

@@ -373,6 +373,9 @@ void axpy_f16(float a, const uint16_t* x, float* y, int64_t n) noexcept {
 void swiglu(float* gate, const float* up, int64_t n) noexcept {
   K().swiglu(gate, up, n);
 }
+void geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept {
+  K().geglu(table, gate, up, n);
+}
 bool cpu_thread_prepare() noexcept {
   return K().thread_prepare();
 }

@@ -41,6 +41,11 @@ float bf16_to_fp32(uint16_t h) noexcept;
 /// (docs/arithmetic.md). Built once, on first use (thread-safe static; std::bad_alloc if
 /// there is no memory for it); the CPU executor reads it and the GPU executor uploads it.
 const uint16_t* gelu_f16_table();
+/// GEGLU in place with that table (ggml_geglu_split's arithmetic): gate[i] = 0 for gate[i]
+/// <= -10, gate[i] * up[i] for gate[i] >= 10, else f32(table[f16(gate[i])]) * up[i], for
+/// i < n. The same bits on every ISA (the f16 conversions are exact or round to nearest
+/// even, as F16C).
+void geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept;
 
 void fp16_to_fp32_row(const uint16_t* x, float* y, int64_t n) noexcept;
 void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) noexcept;

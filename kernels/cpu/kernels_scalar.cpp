@@ -313,6 +313,19 @@ void s_swiglu(float* gate, const float* up, int64_t n) noexcept {
   for (int64_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
 }
 
+void s_geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      gate[i] = g * up[i];
+    } else {
+      gate[i] = fp16_bits_to_fp32(table[fp32_to_fp16_bits(g)]) * up[i];
+    }
+  }
+}
+
 void s_vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,
                         float* out) noexcept {
   for (int64_t r = 0; r < n_rows; ++r) out[r] = s_vec_dot_f16(k + r * stride, q, n);
@@ -650,7 +663,8 @@ const KernelTable& table_scalar() noexcept {
                                  s_swiglu,
                                  s_attn_split_scores,
                                  s_attn_split_softmax,
-                                 s_attn_split_wv};
+                                 s_attn_split_wv,
+                                 s_geglu};
   return t;
 }
 

@@ -1144,6 +1144,33 @@ void swiglu(float* gate, const float* up, int64_t n) noexcept {
   for (; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
 }
 
+// 8 at a time: F16C conversions (as fp32_to_fp16_bits / fp16_bits_to_fp32), the table read
+// per lane, the two clamps as blends; the tail by the scalar steps.
+void geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i), u = _mm256_loadu_ps(up + i);
+    alignas(16) uint16_t h[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(h), _mm256_cvtps_ph(g, _MM_FROUND_TO_NEAREST_INT));
+    for (uint16_t& x : h) x = table[x];
+    const __m256 t = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h))), u);
+    const __m256 big = _mm256_cmp_ps(g, _mm256_set1_ps(10.0f), _CMP_GE_OQ);
+    const __m256 small = _mm256_cmp_ps(g, _mm256_set1_ps(-10.0f), _CMP_LE_OQ);
+    const __m256 r = _mm256_blendv_ps(t, _mm256_mul_ps(g, u), big);
+    _mm256_storeu_ps(gate + i, _mm256_andnot_ps(small, r));
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    if (g <= -10.0f) {
+      gate[i] = 0.0f;
+    } else if (g >= 10.0f) {
+      gate[i] = g * up[i];
+    } else {
+      gate[i] = h2f(table[static_cast<uint16_t>(_cvtss_sh(g, _MM_FROUND_TO_NEAREST_INT))]) * up[i];
+    }
+  }
+}
+
 bool thread_prepare() noexcept {
   try {
     std::vector<XAux>& aux = aux_buffer();
@@ -1987,16 +2014,50 @@ void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
 }
 
 inline const KernelTable& table() noexcept {
-  static constexpr KernelTable t{
-      TANDEM_ISA_NAME,     fp16_to_fp32_row,   fp32_to_fp16_row,  quantize_row_q8_0, dequantize_row_q4_0,
-      dequantize_row_q8_0, vec_dot_q4_0_q8_0,  vec_dot_q8_0_q8_0, vec_dot_f32,       vec_dot_f16,
-      vec_dot_bf16_f32,    gemm_q4_0_q8_0,     gemm_q8_0_q8_0,    gemm_f32_f32,      gemm_f16_f16,
-      gemm_bf16_f32,       axpy_f16,           vec_dot_f16_rows,  axpy_f16_rows,     thread_prepare,
-      flash_attn,          attn_tiled,         gemm_q4_0x8_q8_0,  vec_dot_q4_1_q8_0, gemm_q4_1_q8_0,
-      vec_dot_q5_0_q8_0,   gemm_q5_0_q8_0,     gemm_q4_1x8_q8_0,  gemm_q5_0x8_q8_0,  vec_dot_q4_k_q8_0,
-      gemm_q4_k_q8_0,      vec_dot_q6_k_q8_0,  gemm_q6_k_q8_0,    vec_dot_q5_1_q8_0, gemm_q5_1_q8_0,
-      vec_dot_q5_k_q8_0,   gemm_q5_k_q8_0,     gemm_q4_kx8_q8_0,  gemm_q6_kx8_q8_0,  swiglu,
-      attn_split_scores,   attn_split_softmax, attn_split_wv};
+  static constexpr KernelTable t{TANDEM_ISA_NAME,
+                                 fp16_to_fp32_row,
+                                 fp32_to_fp16_row,
+                                 quantize_row_q8_0,
+                                 dequantize_row_q4_0,
+                                 dequantize_row_q8_0,
+                                 vec_dot_q4_0_q8_0,
+                                 vec_dot_q8_0_q8_0,
+                                 vec_dot_f32,
+                                 vec_dot_f16,
+                                 vec_dot_bf16_f32,
+                                 gemm_q4_0_q8_0,
+                                 gemm_q8_0_q8_0,
+                                 gemm_f32_f32,
+                                 gemm_f16_f16,
+                                 gemm_bf16_f32,
+                                 axpy_f16,
+                                 vec_dot_f16_rows,
+                                 axpy_f16_rows,
+                                 thread_prepare,
+                                 flash_attn,
+                                 attn_tiled,
+                                 gemm_q4_0x8_q8_0,
+                                 vec_dot_q4_1_q8_0,
+                                 gemm_q4_1_q8_0,
+                                 vec_dot_q5_0_q8_0,
+                                 gemm_q5_0_q8_0,
+                                 gemm_q4_1x8_q8_0,
+                                 gemm_q5_0x8_q8_0,
+                                 vec_dot_q4_k_q8_0,
+                                 gemm_q4_k_q8_0,
+                                 vec_dot_q6_k_q8_0,
+                                 gemm_q6_k_q8_0,
+                                 vec_dot_q5_1_q8_0,
+                                 gemm_q5_1_q8_0,
+                                 vec_dot_q5_k_q8_0,
+                                 gemm_q5_k_q8_0,
+                                 gemm_q4_kx8_q8_0,
+                                 gemm_q6_kx8_q8_0,
+                                 swiglu,
+                                 attn_split_scores,
+                                 attn_split_softmax,
+                                 attn_split_wv,
+                                 geglu};
   return t;
 }
 

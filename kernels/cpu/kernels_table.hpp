@@ -68,6 +68,7 @@ struct KernelTable {
   void (*attn_split_scores)(const FlashAttnArgs&, int64_t, int64_t, float*, int64_t, float*) noexcept;
   void (*attn_split_softmax)(const FlashAttnArgs&, float*, int64_t, const float*, int64_t) noexcept;
   void (*attn_split_wv)(const FlashAttnArgs&, int64_t, int64_t, const float*, int64_t, float*) noexcept;
+  void (*geglu)(const uint16_t*, float*, const float*, int64_t) noexcept;
 };
 
 /// Per (column, block) of the activations: fp16(d) as f32 and the Q4_0 correction

@@ -225,21 +225,6 @@ const float* f32_data(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
 }
 
-// gate[i] = gelu(gate[i]) * up[i] (ggml_geglu_split's arithmetic; x <= -10 gives 0 and
-// x >= 10 gives x, else the table kernels::gelu_f16_table() at f16(x)).
-void geglu(const uint16_t* table, float* gate, const float* up, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; ++i) {
-    const float g = gate[i];
-    if (g <= -10.0f) {
-      gate[i] = 0.0f;
-    } else if (g >= 10.0f) {
-      gate[i] = g * up[i];
-    } else {
-      gate[i] = k::fp16_to_fp32(table[k::fp32_to_fp16(g)]) * up[i];
-    }
-  }
-}
-
 // y[m, W.n] = x[m, W.k] * W^T, split over the pool by weight rows.
 // packed: W repacked 8 rows at a time (kernels::BlockQ4_0x8, BlockQ4_1x8, BlockQ5_0x8, BlockQ4_Kx8 or BlockQ6_Kx8, as
 // W's type), or null.
@@ -505,7 +490,7 @@ struct CpuDecoder {
     const uint16_t* gelu_table = l.gelu ? k::gelu_f16_table() : nullptr;
     pool.parallel_for(T * hp().n_ff, 256, [&](int64_t b, int64_t e, int) {
       if (gelu_table != nullptr) {
-        geglu(gelu_table, gate, up, b, e);  // GELU(tanh)-gated (gemma3)
+        k::geglu(gelu_table, gate + b, up + b, e - b);  // GELU(tanh)-gated (gemma3)
         return;
       }
       k::swiglu(gate + b, up + b, e - b);  // SwiGLU, the written SiLU
