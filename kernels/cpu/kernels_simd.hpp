@@ -1817,8 +1817,10 @@ void attn_split_wv(const FlashAttnArgs& a, int64_t c0, int64_t c1, const float* 
 }
 
 constexpr int64_t kScDotRows = 4;  // attn_tiled: a tile with at most this many rows takes vec_dot_f
-// attn_tiled (cpu_kernels.hpp, docs/arithmetic.md "Attention"). K and V rows are converted
-// to f32 once per call (exact for f16 and for q8_0 rows), a K tile then transposed.
+// attn_tiled (cpu_kernels.hpp, docs/arithmetic.md "Attention"). One query position (f16,
+// head_dim % 32 == 0) is the attn_split_* phases in one call. Otherwise K tiles are
+// transposed and V rows multiplied: f16 rows with head_dim % 32 == 0 straight from their
+// pages (converted in registers), others through an f32 tile (exact for f16 and q8_0).
 void attn_tiled(const FlashAttnArgs& a, float* scratch) noexcept {
   using V = AttnVec;
   constexpr int64_t T = kFlashAttnTile;
