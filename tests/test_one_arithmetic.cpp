@@ -9,6 +9,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,39 @@ using namespace tandem;
 
 namespace {
 
+/// One step's logit rows, appended to `all`.
+void step_into(CpuQ4Executor& cpu, std::span<SequenceStep> batch, size_t rows, int32_t n_vocab,
+               std::vector<float>& all) {
+  std::vector<float> out(rows * size_t(n_vocab));
+  cpu.step(batch, out);
+  all.insert(all.end(), out.begin(), out.end());
+}
+
+/// Checks that run(threads, repack) gives the first configuration's bytes under every ISA,
+/// each repack setting and each thread count.
+template <class Run>
+void check_configs(const std::string& name, std::initializer_list<bool> repacks,
+                   std::initializer_list<int> thread_counts, Run run) {
+  std::vector<float> want;
+  std::string want_of;
+  for (const auto& isa : test::isas()) {
+    test::IsaScope scope(isa);
+    for (const bool repack : repacks)
+      for (const int threads : thread_counts) {
+        const std::string config =
+            isa + (repack ? " repack" : " no-repack") + ", " + std::to_string(threads) + " threads";
+        const auto got = run(threads, repack);
+        if (want.empty()) {
+          want = got;
+          want_of = config;
+          continue;
+        }
+        INFO(name << ": " << config << " vs " << want_of);
+        CHECK(test::same_bits(got, want));
+      }
+  }
+}
+
 /// Prefill of two sequences (37 tokens, all rows; 17 tokens, last row), three decode steps
 /// of both, then one step with a's decode token beside c's 5-token prompt: every logit row.
 std::vector<float> run(const std::shared_ptr<const Model>& model, int threads, bool repack) {
@@ -31,11 +66,7 @@ std::vector<float> run(const std::shared_ptr<const Model>& model, int threads, b
   KvSequence a(*store, 128), b(*store, 128), c(*store, 128);
   const auto ids = test::prompt_ids(42, nv);
   std::vector<float> all;
-  auto step = [&](std::span<SequenceStep> batch, size_t rows) {
-    std::vector<float> out(rows * size_t(nv));
-    cpu.step(batch, out);
-    all.insert(all.end(), out.begin(), out.end());
-  };
+  auto step = [&](std::span<SequenceStep> batch, size_t rows) { step_into(cpu, batch, rows, nv, all); };
   SequenceStep prefill[2] = {{&a, std::span(ids.data(), 37), 0, LogitsRows::kAll},
                              {&b, std::span(ids.data() + 5, 17), 0, LogitsRows::kLast}};
   step(prefill, 38);
@@ -53,24 +84,7 @@ std::vector<float> run(const std::shared_ptr<const Model>& model, int threads, b
 }
 
 void check_model(const std::shared_ptr<const Model>& model, const std::string& name) {
-  std::vector<float> want;
-  std::string want_of;
-  for (const auto& isa : test::isas()) {
-    test::IsaScope scope(isa);
-    for (const bool repack : {true, false})
-      for (const int threads : {2, 1}) {
-        const std::string config =
-            isa + (repack ? " repack" : " no-repack") + ", " + std::to_string(threads) + " threads";
-        const auto got = run(model, threads, repack);
-        if (want.empty()) {
-          want = got;
-          want_of = config;
-          continue;
-        }
-        INFO(name << ": " << config << " vs " << want_of);
-        CHECK(test::same_bits(got, want));
-      }
-  }
+  check_configs(name, {true, false}, {2, 1}, [&](int threads, bool repack) { return run(model, threads, repack); });
 }
 
 }  // namespace
@@ -120,17 +134,13 @@ TEST_CASE("one arithmetic: a long context's decode split over the threads' key r
     std::vector<float> out(static_cast<size_t>(nv));
     cpu.step(std::span(&prefill, 1), out);
   }
-  auto run = [&](int threads) {
-    CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads});
+  auto run_long = [&](int threads, bool repack) {
+    CpuQ4Executor cpu(model, CpuExecutorOptions{.n_threads = threads, .repack = repack});
     KvSequence a(*store, n_ctx + 16), b(*store, n_ctx + 16), c(*store, 16);
     a.share_prefix(base, n_ctx);
     b.share_prefix(base, n_ctx - 7);
     std::vector<float> all;
-    auto step = [&](std::span<SequenceStep> batch, size_t rows) {
-      std::vector<float> out(rows * size_t(nv));
-      cpu.step(batch, out);
-      all.insert(all.end(), out.begin(), out.end());
-    };
+    auto step = [&](std::span<SequenceStep> batch, size_t rows) { step_into(cpu, batch, rows, nv, all); };
     for (int i = 0; i < 3; ++i) {
       const int32_t t = ids[size_t(i)];
       SequenceStep decode{&a, std::span(&t, 1), a.n_tokens(), LogitsRows::kLast};
@@ -146,20 +156,5 @@ TEST_CASE("one arithmetic: a long context's decode split over the threads' key r
     step(mixed, 6);
     return all;
   };
-  std::vector<float> want;
-  std::string want_of;
-  for (const auto& isa : test::isas()) {
-    test::IsaScope scope(isa);
-    for (const int threads : {1, 2, 3}) {
-      const std::string config = isa + ", " + std::to_string(threads) + " threads";
-      const auto got = run(threads);
-      if (want.empty()) {
-        want = got;
-        want_of = config;
-        continue;
-      }
-      INFO(config << " vs " << want_of);
-      CHECK(test::same_bits(got, want));
-    }
-  }
+  check_configs("synth-qwen3-hd64-small, 2100 positions", {true}, {1, 2, 3}, run_long);
 }

@@ -314,16 +314,7 @@ void s_swiglu(float* gate, const float* up, int64_t n) noexcept {
 }
 
 void s_geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    if (g <= -10.0f) {
-      gate[i] = 0.0f;
-    } else if (g >= 10.0f) {
-      gate[i] = g * up[i];
-    } else {
-      gate[i] = fp16_bits_to_fp32(table[fp32_to_fp16_bits(g)]) * up[i];
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) gate[i] = geglu_value(table, gate[i], up[i]);
 }
 
 void s_vec_dot_f16_rows(const uint16_t* k, int64_t stride, int64_t n_rows, const uint16_t* q, int64_t n,

@@ -1145,7 +1145,7 @@ void swiglu(float* gate, const float* up, int64_t n) noexcept {
 }
 
 // 8 at a time: F16C conversions (as fp32_to_fp16_bits / fp16_bits_to_fp32), the table read
-// per lane, the two clamps as blends; the tail by the scalar steps.
+// per lane, the two clamps as blends; the tail by geglu_value.
 void geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexcept {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -1159,16 +1159,7 @@ void geglu(const uint16_t* table, float* gate, const float* up, int64_t n) noexc
     const __m256 r = _mm256_blendv_ps(t, _mm256_mul_ps(g, u), big);
     _mm256_storeu_ps(gate + i, _mm256_andnot_ps(small, r));
   }
-  for (; i < n; ++i) {
-    const float g = gate[i];
-    if (g <= -10.0f) {
-      gate[i] = 0.0f;
-    } else if (g >= 10.0f) {
-      gate[i] = g * up[i];
-    } else {
-      gate[i] = h2f(table[static_cast<uint16_t>(_cvtss_sh(g, _MM_FROUND_TO_NEAREST_INT))]) * up[i];
-    }
-  }
+  for (; i < n; ++i) gate[i] = geglu_value(table, gate[i], up[i]);
 }
 
 bool thread_prepare() noexcept {

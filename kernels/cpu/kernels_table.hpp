@@ -183,6 +183,13 @@ inline void attn_kv_rows_f16(const FlashAttnArgs& a, const void* const* pages, i
     }
   }
 }
+/// One GEGLU value (cpu_kernels.hpp's geglu): 0 for g <= -10, g * u for g >= 10, else
+/// f32(table[f16(g)]) * u; the scalar table's loop and the AVX tables' tail.
+inline float geglu_value(const uint16_t* table, float g, float u) noexcept {
+  if (g <= -10.0f) return 0.0f;
+  if (g >= 10.0f) return g * u;
+  return fp16_bits_to_fp32(table[fp32_to_fp16_bits(g)]) * u;
+}
 inline constexpr int64_t kAttnSplitMaxDim = 512;
 /// cpu_kernels.hpp's attn_split_applies.
 inline bool attn_split_applies(const FlashAttnArgs& a) noexcept {
